@@ -1,0 +1,62 @@
+// Weight and activation formats, described by one traits table.
+//
+// A QuantType stores a row of `k` elements as k / block_elems blocks of block_bytes each
+// (plain types have block_elems == 1). Rows never share a block, so a row-major matrix of
+// shape [rows, k] takes rows * row_bytes(type, k) bytes. GGUF types keep ggml's exact byte
+// layout (so a memory-mapped GGUF tensor is used as is); the ggml type id is in the table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace tessera {
+
+enum class QuantType : uint8_t {
+  kF32 = 0,
+  kF16,
+  kBF16,
+  kQ8_0,   // ggml: 32 elems, fp16 scale + 32 x int8                         (34 B)
+  kQ4_0,   // ggml: 32 elems, fp16 scale + 16 B nibbles, value (q - 8) * d   (18 B)
+  kQ5_0,   // ggml: 32 elems, fp16 scale + 4 B high bits + 16 B nibbles      (22 B)
+  kQ4_K,   // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
+  kQ5_K,   // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
+  kQ6_K,   // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
+  kI8,     // plain int8 (activations, per-channel INT8 weight payloads)
+  kI32,    // plain int32
+  kCount,
+};
+
+struct QuantTraits {
+  QuantType type;
+  std::string_view name;      // "F32", "Q4_K", ... as printed to users
+  int block_elems;            // elements per block
+  int block_bytes;            // bytes per block
+  int ggml_type;              // ggml type id in GGUF files, or -1
+  bool is_float;              // F32/F16/BF16
+};
+
+const QuantTraits& quant_traits(QuantType t);
+inline std::string_view quant_name(QuantType t) { return quant_traits(t).name; }
+std::optional<QuantType> quant_from_ggml(int ggml_type);
+std::optional<QuantType> quant_from_name(std::string_view name);  // case-insensitive
+
+// Bytes of one row of k elements; k must be a multiple of block_elems (callers validate).
+inline size_t row_bytes(QuantType t, int64_t k) {
+  const QuantTraits& tr = quant_traits(t);
+  return static_cast<size_t>(k / tr.block_elems) * static_cast<size_t>(tr.block_bytes);
+}
+
+// ---- scalar conversions (exact round-to-nearest-even) ----
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);
+inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_bf16(float f);
+
+}  // namespace tessera

@@ -1,0 +1,38 @@
+// A read-only memory-mapped file. Move-only; unmaps on destruction.
+// Views into it (TensorView::data) stay valid as long as the MappedFile lives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace tessera {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  // Errors name the path: "io error: /x/model.gguf: No such file or directory".
+  static Result<MappedFile> open(const std::string& path);
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+// Reads a whole (small) file into a string; errors name the path.
+Result<std::string> read_text_file(const std::string& path);
+
+}  // namespace tessera

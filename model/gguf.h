@@ -1,0 +1,74 @@
+// GGUF (version 2 and 3) reader over a memory-mapped file.
+//
+// Every offset and length read from the file is bounds-checked; a truncated or corrupted file
+// gives a kCorrupt Status naming the file and the key or tensor, never a crash.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace tessera {
+
+enum class GgufValueType : uint32_t {
+  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
+  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+};
+
+// One metadata value. Arrays of numbers are widened (ints to int64, floats to double);
+// arrays of strings stay strings.
+struct GgufValue {
+  GgufValueType type = GgufValueType::kUint32;
+  GgufValueType array_type = GgufValueType::kUint32;  // element type when type == kArray
+  std::variant<int64_t, uint64_t, double, bool, std::string, std::vector<int64_t>,
+               std::vector<double>, std::vector<std::string>>
+      value;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  int ggml_type = 0;
+  std::vector<int64_t> shape;  // row-major, outermost first (GGUF's ne[] reversed)
+  uint64_t offset = 0;         // relative to the data section
+  TensorView view;             // into the mapped file; type set when the ggml type is supported
+  bool supported = false;      // false: a ggml type Tessera has no QuantType for
+};
+
+class GgufFile {
+ public:
+  static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
+
+  const std::string& path() const { return file_.path(); }
+  uint32_t version() const { return version_; }
+  const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* find_tensor(std::string_view name) const;
+
+  // Typed metadata access; NotFound or InvalidArgument (wrong type) errors name the key.
+  bool has(std::string_view key) const { return metadata_.count(std::string(key)) != 0; }
+  Result<int64_t> get_int(std::string_view key) const;      // any integer type (uint64 must fit)
+  Result<double> get_float(std::string_view key) const;     // float32/64 or integer
+  Result<bool> get_bool(std::string_view key) const;
+  Result<std::string> get_string(std::string_view key) const;
+  Result<std::vector<std::string>> get_string_array(std::string_view key) const;
+  Result<std::vector<int64_t>> get_int_array(std::string_view key) const;
+  Result<std::vector<double>> get_float_array(std::string_view key) const;
+
+ private:
+  MappedFile file_;
+  uint32_t version_ = 0;
+  std::map<std::string, GgufValue> metadata_;
+  std::vector<GgufTensorInfo> tensors_;
+  friend class GgufParser;
+};
+
+}  // namespace tessera

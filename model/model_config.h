@@ -1,0 +1,60 @@
+// Model hyper-parameters, from a Hugging Face config.json or from GGUF metadata, validated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tessera {
+
+class GgufFile;
+
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
+std::string_view architecture_name(Architecture a);
+
+enum class RopeScalingType { kNone, kLinear, kLlama3 };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;              // llama3
+  float high_freq_factor = 4.0f;             // llama3
+  int64_t original_max_position = 8192;      // llama3
+};
+
+struct ModelConfig {
+  Architecture arch = Architecture::kLlama;
+  int64_t hidden = 0;            // d_model
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;          // hidden / n_heads unless the file says otherwise
+  int64_t ffn = 0;               // intermediate size
+  int64_t vocab = 0;
+  int64_t max_positions = 0;     // context length
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  int64_t sliding_window = 0;    // 0: full attention (Mistral sets it)
+  bool qkv_bias = false;         // Qwen2
+  bool qk_norm = false;          // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool tie_embeddings = false;   // no lm_head: use embed_tokens
+  int32_t bos_id = -1;
+  std::vector<int32_t> eos_ids;  // may hold several (Llama 3)
+
+  // Checks every field for consistency; errors name the source and the field.
+  Status validate(std::string_view source) const;
+};
+
+// Parses a Hugging Face config.json text. `source` names the file in errors.
+Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view source);
+Result<ModelConfig> load_hf_config(const std::string& config_json_path);
+// Reads `general.architecture` and `<arch>.*` keys.
+Result<ModelConfig> config_from_gguf(const GgufFile& gguf);
+
+// RoPE inverse frequencies (head_dim / 2 values) with the config's scaling applied.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+}  // namespace tessera

@@ -1,0 +1,73 @@
+// Tokenizers: Hugging Face tokenizer.json (byte-level BPE with a regex pre-tokenizer, and
+// SentencePiece-style BPE with "▁" and byte fallback) and GGUF tokenizer metadata (`llama` SPM
+// and `gpt2` BPE vocabularies). Added/special tokens are matched in text before the model runs.
+//
+// Thread-safety: a built Tokenizer is immutable; encode/decode may run on many threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tessera {
+
+class GgufFile;
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Reads tokenizer.json; also reads tokenizer_config.json beside it when present (special
+  // token strings such as bos/eos, add_bos_token). Errors name the file and the field.
+  static Result<std::unique_ptr<Tokenizer>> from_hf_file(const std::string& tokenizer_json_path);
+  // Same, from text already in memory. `source` names it in errors. `config_json` may be empty.
+  static Result<std::unique_ptr<Tokenizer>> from_hf_json(std::string_view tokenizer_json,
+                                                        std::string_view config_json,
+                                                        std::string_view source);
+  // From `tokenizer.ggml.*` metadata keys.
+  static Result<std::unique_ptr<Tokenizer>> from_gguf(const GgufFile& gguf);
+
+  // add_special: apply the post-processor (BOS and template tokens). Special-token strings
+  // that appear in `text` are always recognised as those tokens.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
+  // Bytes of the decoded text; may hold incomplete UTF-8 at the ends of `ids` (see
+  // IncrementalDecoder for streaming). skip_special drops special/control tokens.
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
+  virtual std::string id_to_token(int32_t id) const = 0;  // raw vocabulary string
+  virtual bool is_special(int32_t id) const = 0;
+  virtual int32_t bos_id() const = 0;                     // -1 if none
+  virtual std::vector<int32_t> eos_ids() const = 0;       // may be empty
+  // The string forms of BOS/EOS for chat templates ("<s>", "<|begin_of_text|>", ...).
+  virtual std::string bos_token() const = 0;
+  virtual std::string eos_token() const = 0;
+};
+
+// Streaming detokenizer: push ids one by one; each call returns only complete UTF-8 text that
+// follows what was returned before (never a broken code point), so concatenating every
+// returned piece plus flush() equals decode(all ids).
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special = false);
+  std::string push(int32_t id);
+  // Returns what is left, with any incomplete UTF-8 tail replaced by U+FFFD.
+  std::string flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::vector<int32_t> ids_;
+  size_t emitted_bytes_ = 0;  // bytes of decode(ids_) already returned
+  size_t prefix_start_ = 0;   // ids before this are settled (bounded re-decoding)
+  size_t prefix_bytes_ = 0;   // decoded bytes of ids_[0, prefix_start_) counted in emitted_bytes_
+};
+
+}  // namespace tessera

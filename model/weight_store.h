@@ -1,0 +1,80 @@
+// A model on disk, by canonical Hugging Face tensor names, whatever the file format.
+//
+// HF directories (config.json + safetensors) are used as they are. GGUF files are mapped to HF
+// names ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight", "token_embd.weight"
+// -> "model.embed_tokens.weight", "output.weight" -> "lm_head.weight", ...) and llama.cpp's
+// adjacent-pair Q/K row order is converted back to HF's rotate-half order at load (rows are
+// permuted, so block-quantized rows move whole; those two tensors become owned copies).
+// Every other view points into the memory-mapped file.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "model/model_config.h"
+
+namespace tessera {
+
+class GgufFile;
+class SafetensorsCheckpoint;
+
+enum class ModelFormat { kHuggingFace, kGguf };
+
+class WeightStore {
+ public:
+  // `path`: an HF directory (config.json + *.safetensors) or a .gguf file.
+  static Result<std::unique_ptr<WeightStore>> open(const std::string& path);
+  ~WeightStore();
+
+  ModelFormat format() const { return format_; }
+  const std::string& path() const { return path_; }
+  const ModelConfig& config() const { return config_; }
+  bool has(std::string_view hf_name) const;
+  // NotFound error: "<path>: no tensor 'model.layers.3.mlp.up_proj.weight'".
+  Result<TensorView> get(std::string_view hf_name) const;
+  std::vector<std::string> names() const;
+  // The underlying GGUF file (tokenizer metadata, chat template), or nullptr for HF.
+  const GgufFile* gguf() const { return gguf_.get(); }
+
+ private:
+  WeightStore() = default;
+  ModelFormat format_ = ModelFormat::kHuggingFace;
+  std::string path_;
+  ModelConfig config_;
+  std::unique_ptr<GgufFile> gguf_;
+  std::unique_ptr<SafetensorsCheckpoint> safetensors_;
+  struct Entry;
+  std::vector<std::unique_ptr<Entry>> entries_;  // name -> view (+ owned bytes for Q/K)
+  friend class WeightStoreBuilder;
+};
+
+// The weights the decoder forward pass uses, bound and shape-checked against the config.
+// Matrices are [out_features, in_features] row-major in their stored QuantType. Vectors
+// (norm weights, biases) are always converted to owned F32.
+struct LayerWeights {
+  TensorView attn_norm;           // [hidden] F32
+  TensorView wq, wk, wv, wo;      // [n_heads*hd, hidden], [n_kv*hd, hidden] x2, [hidden, n_heads*hd]
+  TensorView bq, bk, bv;          // F32 biases (Qwen2) or data == nullptr
+  TensorView q_norm, k_norm;      // [head_dim] F32 (Qwen3) or data == nullptr
+  TensorView ffn_norm;            // [hidden] F32
+  TensorView w_gate, w_up;        // [ffn, hidden]
+  TensorView w_down;              // [hidden, ffn]
+};
+
+struct ModelWeights {
+  TensorView embed;               // [vocab, hidden]
+  TensorView final_norm;          // [hidden] F32
+  TensorView lm_head;             // [vocab, hidden] (the embedding when tied)
+  std::vector<LayerWeights> layers;
+  std::vector<std::vector<float>> owned_f32;  // storage for converted vectors
+};
+
+// Errors name the file, the tensor and both shapes:
+// "<path>: tensor 'model.layers.3.mlp.up_proj.weight' has shape [172, 64], expected [64, 172]".
+Result<ModelWeights> bind_model_weights(const WeightStore& store);
+
+}  // namespace tessera
