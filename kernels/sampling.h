@@ -6,6 +6,46 @@
 // -> else divide by temperature, top-k, top-p, min-p, then draw from the renormalised
 // distribution with the sequence's RNG. Same seed and same logits give the same token on any
 // machine (the RNG is a fixed counter-based generator, not std::mt19937 distributions).
+//
+// Semantics in detail (p = softmax of the temperature-scaled penalised logits):
+//  * repetition_penalty r (HF / vLLM): for every token id seen in the prompt or the output,
+//    once regardless of its count: logit > 0 -> logit / r, else logit * r.
+//  * presence / frequency (OpenAI), over output tokens only, after the repetition penalty:
+//    logit -= presence * (count > 0) + frequency * count.
+//  * top-k keeps the k largest logits, ties to lower ids. Weights w = exp((logit - max) / T)
+//    are then ordered by w descending, ties by lower id; top-p keeps the smallest prefix of that
+//    order whose mass (renormalised over the top-k set) is >= top_p, at least one token. min-p
+//    keeps tokens with p >= min_p * p_max (p_max is unchanged by the truncations before it, so
+//    min-p is a plain intersection).
+//  * The draw: u = sampling_uniform(seed, n); the first candidate whose running sum of w
+//    exceeds u * (sum of kept w), walking the kept candidates in the order above when top-k or
+//    top-p is on, in id order otherwise.
+//  * Cost for a vocabulary V: greedy O(V) without exp; sampling one exp pass plus O(V)
+//    selection (no full sort for top-k; top-p sorts only the buckets that hold the nucleus).
+//  * NaN logits count as -inf and +inf as the largest float; if every logit is -inf the
+//    distribution is uniform (greedy returns id 0).
+//  * Logprobs cost one exp pass over the vocabulary, so they are computed only when asked for
+//    (return_logprob or n_logprobs > 0); otherwise SampledToken::logprob is 0. The greedy path
+//    without logprobs is a single O(vocab) pass with no exp.
+//
+// Determinism (also the contract for tensor parallelism and any parallel version): the token
+// depends only on the logits, the parameters, the seed and the sequence's output position —
+// never on the thread count, batch composition or the machine. The uniform for the draw at
+// output position n is sampling_uniform(seed, n); the weights use a fixed exp polynomial (not
+// libm) in IEEE double without FMA contraction, rounded to float, and every sum adds them in
+// double in the order stated above. So TP ranks that see the same full logits (or gather
+// exact per-rank candidates and merge them by (logit desc, id asc)) draw the same token with no
+// broadcast. A parallel implementation must reduce in a fixed order that does not depend on
+// the thread count. Another backend (GPU) that sums in a different order can differ only when u
+// falls within rounding error of a boundary between two tokens. Reported logprob values use
+// libm log and may differ in the last bit across platforms.
+//
+// Memory: selection uses a thread-local scratch buffer (8 bytes per vocabulary entry per
+// sampling thread, reused across calls and sequences) rather than per-sequence storage, so a
+// thousand live sequences do not each hold a vocabulary-sized buffer.
+//
+// Thread-safety: a Sampler belongs to one sequence and is used by one thread at a time;
+// different Samplers may be used concurrently from different threads.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +53,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "common/status.h"
 
 namespace tessera {
 
@@ -27,35 +69,71 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool has_seed = false;           // false: seed from a random source at construction
   int32_t n_logprobs = 0;          // top-n logprobs to return (0: none)
+  bool return_logprob = false;     // fill SampledToken::logprob even when n_logprobs == 0
 };
+
+// InvalidArgument naming the field and value for parameters sample() cannot honour:
+// temperature < 0 or not finite, top_p outside (0, 1], min_p outside [0, 1],
+// repetition_penalty <= 0 or not finite, non-finite presence/frequency, n_logprobs < 0.
+// The API layer calls this; Sampler's constructor TESSERA_CHECKs it.
+Status validate_sampling_params(const SamplingParams& params);
 
 struct SampledToken {
   int32_t id = -1;
-  float logprob = 0.0f;                               // of the chosen token
+  float logprob = 0.0f;                               // of the chosen token (see above)
   std::vector<std::pair<int32_t, float>> top_logprobs; // n_logprobs best, descending
 };
+
+// The counter-based generator: 64 random bits for (seed, counter), a pure function (two
+// splitmix64 finaliser rounds), usable from any backend to reproduce the CPU draws.
+constexpr uint64_t sampling_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+constexpr uint64_t sampling_random_bits(uint64_t seed, uint64_t counter) {
+  const uint64_t key = sampling_mix64(seed + 0x9e3779b97f4a7c15ULL);
+  return sampling_mix64(key ^ (counter * 0xd1342543de82ef95ULL + 0x632be59bd9b4e019ULL));
+}
+// Uniform in [0, 1) with 53 random bits.
+constexpr double sampling_uniform(uint64_t seed, uint64_t counter) {
+  return static_cast<double>(sampling_random_bits(seed, counter) >> 11) * 0x1.0p-53;
+}
 
 // Per-sequence sampling state: the RNG and the token counts the penalties need.
 class Sampler {
  public:
+  // TESSERA_CHECKs validate_sampling_params(params).
   explicit Sampler(const SamplingParams& params);
 
   const SamplingParams& params() const { return params_; }
-  // Tokens of the prompt (count for the repetition penalty only).
+  // The effective seed: params.seed, or the random one drawn when has_seed is false (report it
+  // so a user can replay the request).
+  uint64_t seed() const { return seed_; }
+  // Output tokens accepted so far; the next draw uses counter num_output_tokens().
+  int64_t num_output_tokens() const { return num_output_tokens_; }
+
+  // Tokens of the prompt (count for the repetition penalty only). Ids must be >= 0.
   void add_prompt_tokens(std::span<const int32_t> ids);
-  // Samples from logits[0, vocab); `logits` is used as scratch and modified.
+  // Samples from logits[0, vocab); `logits` is used as scratch and modified (on return it
+  // holds the penalised logits, NaN/inf replaced as described above). vocab >= 1.
   SampledToken sample(float* logits, int64_t vocab);
-  // Records an output token (sample() calls this for the token it returns).
+  // Records an output token (sample() calls this for the token it returns). id >= 0.
   void accept(int32_t id);
+
+  // Applies the repetition / presence / frequency penalties in place; sample() starts with
+  // this. Public so callers (and tests) can see the logits the distribution is built from.
+  // Ids >= vocab are ignored.
+  void apply_penalties(float* logits, int64_t vocab) const;
 
  private:
   double next_uniform();  // [0, 1)
 
   SamplingParams params_;
-  uint64_t rng_state_ = 0;
+  uint64_t seed_ = 0;
+  int64_t num_output_tokens_ = 0;
   std::unordered_map<int32_t, int32_t> prompt_counts_;
   std::unordered_map<int32_t, int32_t> output_counts_;
-  std::vector<std::pair<float, int32_t>> scratch_;
 };
 
 }  // namespace tessera

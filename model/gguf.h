@@ -43,11 +43,18 @@ struct GgufTensorInfo {
   bool supported = false;      // false: a ggml type Tessera has no QuantType for
 };
 
+// "Q4_K", "IQ2_XXS", ... for any ggml type id known to exist (also those Tessera cannot compute
+// with), "unknown" otherwise.
+std::string_view ggml_type_name(int ggml_type);
+
 class GgufFile {
  public:
   static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
 
   const std::string& path() const { return file_.path(); }
+  // The mapped file; every tensor view lies inside [file_data(), file_data() + file_size()).
+  const uint8_t* file_data() const { return file_.data(); }
+  size_t file_size() const { return file_.size(); }
   uint32_t version() const { return version_; }
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
@@ -68,6 +75,7 @@ class GgufFile {
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;  // name -> index in tensors_
   friend class GgufParser;
 };
 

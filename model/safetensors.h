@@ -20,7 +20,8 @@ struct SafetensorsTensor {
   std::string name;
   std::string dtype;            // as written in the header: "F32", "BF16", ...
   std::vector<int64_t> shape;
-  TensorView view;              // into the mapped file
+  TensorView view;              // into the mapped file; data == nullptr when the dtype has no
+                                // QuantType (F64, I64, ...), ndim > 4 or the tensor is empty
   const std::string* file = nullptr;  // path of the file that holds it
 };
 
@@ -33,6 +34,8 @@ class SafetensorsCheckpoint {
   const SafetensorsTensor* find(std::string_view name) const;
   const std::map<std::string, SafetensorsTensor, std::less<>>& tensors() const { return tensors_; }
   const std::vector<std::string>& files() const { return paths_; }
+  // The mapped files, parallel to files(); every view lies inside the file named by its `file`.
+  const std::vector<MappedFile>& mapped_files() const { return files_; }
 
  private:
   std::vector<std::string> paths_;

@@ -39,6 +39,12 @@ class Tokenizer {
   // Bytes of the decoded text; may hold incomplete UTF-8 at the ends of `ids` (see
   // IncrementalDecoder for streaming). skip_special drops special/control tokens.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+  // Raw decoded bytes without UTF-8 repair (decode() replaces invalid sequences inside the text
+  // by U+FFFD and keeps only a truncated tail raw). `continuation`: `ids` follow earlier
+  // non-empty output, so start-of-text rules (an SPM decoder stripping the first leading space)
+  // do not apply. IncrementalDecoder is built on this; the default forwards to decode().
+  virtual std::string decode_raw(std::span<const int32_t> ids, bool skip_special,
+                                 bool continuation) const;
 
   virtual int32_t vocab_size() const = 0;
   virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
@@ -51,9 +57,16 @@ class Tokenizer {
   virtual std::string eos_token() const = 0;
 };
 
+// `path`: a Hugging Face model directory (its tokenizer.json), a tokenizer.json file, or a
+// .gguf file (its tokenizer.ggml.* metadata). NotFound names the path when there is none.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer_for_model(const std::string& path);
+
 // Streaming detokenizer: push ids one by one; each call returns only complete UTF-8 text that
 // follows what was returned before (never a broken code point), so concatenating every
 // returned piece plus flush() equals decode(all ids).
+// Each push re-decodes only the ids since the last settled point (a few tokens: ids whose text
+// is fully returned are settled), so the cost per token does not grow with the sequence.
+// Holds a reference to `tokenizer`, which must outlive it. Not thread-safe (one per stream).
 class IncrementalDecoder {
  public:
   explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special = false);
@@ -64,10 +77,10 @@ class IncrementalDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
-  std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;  // bytes of decode(ids_) already returned
-  size_t prefix_start_ = 0;   // ids before this are settled (bounded re-decoding)
-  size_t prefix_bytes_ = 0;   // decoded bytes of ids_[0, prefix_start_) counted in emitted_bytes_
+  std::vector<int32_t> ids_;   // the unsettled window: ids after the last settled point
+  size_t emitted_bytes_ = 0;   // raw bytes of decode_raw(ids_) already consumed (returned)
+  size_t prefix_start_ = 0;    // ids settled so far (dropped from ids_)
+  size_t prefix_bytes_ = 0;    // raw bytes decoded from the settled ids
 };
 
 }  // namespace tessera

@@ -1,1 +1,352 @@
-// placeholder: filled in by its owner
+#include "model/weight_store.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "kernels/quant.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+
+namespace tessera {
+
+struct WeightStore::Entry {
+  std::string name;                // canonical HF name
+  const std::string* file = nullptr;  // the file that holds it (for messages)
+  TensorView view;                 // data == nullptr when unusable (see `unusable`)
+  std::string unusable;            // why get() fails for a listed tensor
+  std::vector<uint8_t> owned;      // the row-permuted copy of a GGUF Q/K tensor
+};
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool has_gguf_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+// GGUF per-layer tensor suffixes and their HF counterparts.
+constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+
+}  // namespace
+
+std::string gguf_to_hf_name(std::string_view gguf_name) {
+  if (gguf_name == "token_embd.weight") return "model.embed_tokens.weight";
+  if (gguf_name == "output_norm.weight") return "model.norm.weight";
+  if (gguf_name == "output.weight") return "lm_head.weight";
+  constexpr std::string_view kBlk = "blk.";
+  if (gguf_name.substr(0, kBlk.size()) != kBlk) return std::string(gguf_name);
+  const std::string_view rest = gguf_name.substr(kBlk.size());
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string_view::npos || dot > 9) return std::string(gguf_name);
+  const std::string_view layer = rest.substr(0, dot);
+  for (char ch : layer)
+    if (ch < '0' || ch > '9') return std::string(gguf_name);
+  const std::string_view suffix = rest.substr(dot + 1);
+  for (const auto& [g, hf] : kLayerNames)
+    if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
+  return std::string(gguf_name);
+}
+
+Status unpermute_gguf_qk_rows(const TensorView& src, int64_t n_heads, std::string_view what,
+                              std::vector<uint8_t>* owned, TensorView* dst) {
+  const QuantTraits& tr = quant_traits(src.type);
+  int64_t rows = 0;
+  size_t row_size = 0;
+  if (src.ndim == 2) {
+    rows = src.shape[0];
+    row_size = src.row_stride_bytes();
+  } else if (src.ndim == 1 && tr.block_elems == 1) {  // a bias: one element per "row"
+    rows = src.shape[0];
+    row_size = static_cast<size_t>(tr.block_bytes);
+  } else {
+    return Status::unimplemented(fmt::format("{} has shape {} in {}; cannot reorder its rows",
+                                             what, src.shape_string(), quant_name(src.type)));
+  }
+  if (n_heads <= 0 || rows % (2 * n_heads) != 0)
+    return Status::invalid_argument(fmt::format(
+        "{} has {} rows, not a multiple of 2 x {} heads", what, rows, n_heads));
+  const int64_t hd = rows / n_heads;
+  owned->resize(static_cast<size_t>(rows) * row_size);
+  const auto* in = static_cast<const uint8_t*>(src.data);
+  uint8_t* out = owned->data();
+  auto row = [&](uint8_t* base, int64_t r) { return base + static_cast<size_t>(r) * row_size; };
+  auto crow = [&](int64_t r) { return in + static_cast<size_t>(r) * row_size; };
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      std::memcpy(row(out, h * hd + i), crow(h * hd + 2 * i), row_size);
+      std::memcpy(row(out, h * hd + i + hd / 2), crow(h * hd + 2 * i + 1), row_size);
+    }
+  }
+  *dst = src;
+  dst->data = out;
+  return Status::ok();
+}
+
+// Builds a WeightStore from either format.
+class WeightStoreBuilder {
+ public:
+  static Result<std::unique_ptr<WeightStore>> open(const std::string& path) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (ec || !fs::exists(st))
+      return Status::not_found(fmt::format("{}: no such file or directory", path));
+    if (fs::is_directory(st)) return open_hf(path, path);
+    if (ends_with(path, ".gguf") || has_gguf_magic(path)) return open_gguf(path);
+    if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+      const fs::path parent = fs::path(path).parent_path();
+      return open_hf(parent.empty() ? std::string(".") : parent.string(), path);
+    }
+    return Status::invalid_argument(fmt::format(
+        "{}: not a model directory, .gguf or .safetensors file", path));
+  }
+
+ private:
+  static std::unique_ptr<WeightStore> make() {
+    return std::unique_ptr<WeightStore>(new WeightStore());
+  }
+
+  static void add(WeightStore* s, std::unique_ptr<WeightStore::Entry> e) {
+    s->index_[e->name] = e.get();
+    s->entries_.push_back(std::move(e));
+  }
+
+  static Result<std::unique_ptr<WeightStore>> open_hf(const std::string& dir,
+                                                      const std::string& weights_path) {
+    auto s = make();
+    s->format_ = ModelFormat::kHuggingFace;
+    s->path_ = dir;
+    const std::string config_path = (fs::path(dir) / "config.json").string();
+    TESSERA_ASSIGN_OR_RETURN(s->config_, load_hf_config(config_path));
+    TESSERA_RETURN_IF_ERROR(s->config_.validate(config_path));
+    TESSERA_ASSIGN_OR_RETURN(s->safetensors_, SafetensorsCheckpoint::open(weights_path));
+    for (const auto& [name, t] : s->safetensors_->tensors()) {
+      auto e = std::make_unique<WeightStore::Entry>();
+      e->name = name;
+      e->file = t.file;
+      e->view = t.view;
+      if (!t.view.data)
+        e->unusable = fmt::format("{}: tensor '{}' ({} {}) has no usable Tessera type", *t.file,
+                                  name, t.dtype, shape_string(t.shape));
+      add(s.get(), std::move(e));
+    }
+    return s;
+  }
+
+  static std::string shape_string(const std::vector<int64_t>& shape) {
+    return fmt::format("[{}]", fmt::join(shape, ", "));
+  }
+
+  static Result<std::unique_ptr<WeightStore>> open_gguf(const std::string& path) {
+    auto s = make();
+    s->format_ = ModelFormat::kGguf;
+    s->path_ = path;
+    TESSERA_ASSIGN_OR_RETURN(s->gguf_, GgufFile::open(path));
+    TESSERA_ASSIGN_OR_RETURN(s->config_, config_from_gguf(*s->gguf_));
+    TESSERA_RETURN_IF_ERROR(s->config_.validate(path));
+    TESSERA_ASSIGN_OR_RETURN(const std::string arch, s->gguf_->get_string("general.architecture"));
+    // llama.cpp's converter interleaves the two rotate-half halves of every Q and K head only
+    // for the "llama" architecture (which Mistral also uses).
+    const bool permuted_qk = arch == "llama";
+    for (const GgufTensorInfo& t : s->gguf_->tensors()) {
+      auto e = std::make_unique<WeightStore::Entry>();
+      e->name = gguf_to_hf_name(t.name);
+      e->file = &s->path_;
+      if (s->index_.count(e->name))
+        return Status::corrupt(fmt::format("{}: tensors '{}' and another both map to '{}'", path,
+                                           t.name, e->name));
+      if (!t.supported) {
+        e->unusable = fmt::format("{}: tensor '{}' has ggml type {} ({}), which Tessera does not "
+                                  "support",
+                                  path, t.name, t.ggml_type, ggml_type_name(t.ggml_type));
+      } else {
+        e->view = t.view;
+        const bool is_q = ends_with(t.name, ".attn_q.weight") || ends_with(t.name, ".attn_q.bias");
+        const bool is_k = ends_with(t.name, ".attn_k.weight") || ends_with(t.name, ".attn_k.bias");
+        if (permuted_qk && (is_q || is_k)) {
+          const int64_t heads = is_q ? s->config_.n_heads : s->config_.n_kv_heads;
+          Status st = unpermute_gguf_qk_rows(t.view, heads, fmt::format("tensor '{}'", t.name),
+                                             &e->owned, &e->view);
+          if (!st.is_ok()) return st.with_context(path);
+        }
+      }
+      add(s.get(), std::move(e));
+    }
+    return s;
+  }
+};
+
+WeightStore::~WeightStore() = default;
+
+Result<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& path) {
+  return WeightStoreBuilder::open(path);
+}
+
+bool WeightStore::has(std::string_view hf_name) const { return index_.find(hf_name) != index_.end(); }
+
+Result<TensorView> WeightStore::get(std::string_view hf_name) const {
+  auto it = index_.find(hf_name);
+  if (it == index_.end())
+    return Status::not_found(fmt::format("{}: no tensor '{}'", path_, hf_name));
+  if (!it->second->unusable.empty()) return Status::unimplemented(it->second->unusable);
+  return it->second->view;
+}
+
+const std::string& WeightStore::source_file(std::string_view hf_name) const {
+  auto it = index_.find(hf_name);
+  return it == index_.end() || !it->second->file ? path_ : *it->second->file;
+}
+
+std::vector<std::string> WeightStore::names() const {
+  std::vector<std::string> out;
+  out.reserve(index_.size());
+  for (const auto& [name, e] : index_) out.push_back(name);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// bind_model_weights
+
+namespace {
+
+class Binder {
+ public:
+  Binder(const WeightStore& s, ModelWeights* w) : s_(s), w_(w) {}
+
+  Status shape_error(std::string_view name, const TensorView& v, std::string_view expected) const {
+    return Status::invalid_argument(fmt::format("{}: tensor '{}' has shape {}, expected {}",
+                                                s_.source_file(name), name, v.shape_string(),
+                                                expected));
+  }
+
+  // A [rows, cols] weight matrix, kept as a view in its stored type.
+  Status matrix(const std::string& name, int64_t rows, int64_t cols, TensorView* out) const {
+    TESSERA_ASSIGN_OR_RETURN(TensorView v, s_.get(name));
+    if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
+      return shape_error(name, v, fmt::format("[{}, {}]", rows, cols));
+    if (v.type == QuantType::kI8 || v.type == QuantType::kI32)
+      return Status::unimplemented(fmt::format(
+          "{}: tensor '{}' is a plain {} matrix; integer weights need a quantization scheme "
+          "(scales) that Tessera does not read from this format",
+          s_.source_file(name), name, quant_name(v.type)));
+    *out = v;
+    return Status::ok();
+  }
+
+  // A [n] vector, converted to owned F32.
+  Status vector(const std::string& name, int64_t n, TensorView* out) const {
+    TESSERA_ASSIGN_OR_RETURN(TensorView v, s_.get(name));
+    if (v.ndim != 1 || v.shape[0] != n) return shape_error(name, v, fmt::format("[{}]", n));
+    std::vector<float> f(static_cast<size_t>(n));
+    switch (v.type) {
+      case QuantType::kF32:
+        std::memcpy(f.data(), v.data, f.size() * sizeof(float));
+        break;
+      case QuantType::kF16:
+      case QuantType::kBF16: {
+        const auto* p = static_cast<const uint8_t*>(v.data);
+        for (size_t i = 0; i < f.size(); ++i) {
+          uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          f[i] = v.type == QuantType::kF16 ? fp16_to_f32(h) : bf16_to_f32(h);
+        }
+        break;
+      }
+      case QuantType::kI8:
+      case QuantType::kI32:
+      case QuantType::kCount:
+        return Status::unimplemented(fmt::format("{}: tensor '{}' has type {}, expected a float vector",
+                                                 s_.source_file(name), name, quant_name(v.type)));
+      default:  // block formats: the loader guaranteed n is a multiple of the block size
+        dequantize_row(v.type, v.data, f.data(), n);
+        break;
+    }
+    w_->owned_f32.push_back(std::move(f));
+    *out = make_view(w_->owned_f32.back().data(), QuantType::kF32, {n});
+    return Status::ok();
+  }
+
+  Status optional_vector(const std::string& name, int64_t n, bool required, TensorView* out) const {
+    if (!required && !s_.has(name)) {
+      *out = TensorView{};
+      return Status::ok();
+    }
+    return vector(name, n, out);
+  }
+
+ private:
+  const WeightStore& s_;
+  ModelWeights* w_;
+};
+
+}  // namespace
+
+Result<ModelWeights> bind_model_weights(const WeightStore& store) {
+  const ModelConfig& c = store.config();
+  ModelWeights w;
+  Binder b(store, &w);
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  TESSERA_RETURN_IF_ERROR(b.matrix("model.embed_tokens.weight", c.vocab, c.hidden, &w.embed));
+  TESSERA_RETURN_IF_ERROR(b.vector("model.norm.weight", c.hidden, &w.final_norm));
+  if (!c.tie_embeddings && store.has("lm_head.weight")) {
+    TESSERA_RETURN_IF_ERROR(b.matrix("lm_head.weight", c.vocab, c.hidden, &w.lm_head));
+  } else {
+    w.lm_head = w.embed;
+  }
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    if (store.has(p + "self_attn.o_proj.bias"))
+      return Status::unimplemented(fmt::format("{}: tensor '{}self_attn.o_proj.bias': attention "
+                                               "output biases are not supported",
+                                               store.source_file(p + "self_attn.o_proj.bias"), p));
+    TESSERA_RETURN_IF_ERROR(b.vector(p + "input_layernorm.weight", c.hidden, &l.attn_norm));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.q_proj.weight", q_dim, c.hidden, &l.wq));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.k_proj.weight", kv_dim, c.hidden, &l.wk));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.v_proj.weight", kv_dim, c.hidden, &l.wv));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.o_proj.weight", c.hidden, q_dim, &l.wo));
+    // Biases present in the file are always used, even when the config does not announce them.
+    TESSERA_RETURN_IF_ERROR(b.optional_vector(p + "self_attn.q_proj.bias", q_dim, c.qkv_bias, &l.bq));
+    TESSERA_RETURN_IF_ERROR(b.optional_vector(p + "self_attn.k_proj.bias", kv_dim, c.qkv_bias, &l.bk));
+    TESSERA_RETURN_IF_ERROR(b.optional_vector(p + "self_attn.v_proj.bias", kv_dim, c.qkv_bias, &l.bv));
+    if (c.qk_norm) {
+      TESSERA_RETURN_IF_ERROR(b.vector(p + "self_attn.q_norm.weight", c.head_dim, &l.q_norm));
+      TESSERA_RETURN_IF_ERROR(b.vector(p + "self_attn.k_norm.weight", c.head_dim, &l.k_norm));
+    }
+    TESSERA_RETURN_IF_ERROR(b.vector(p + "post_attention_layernorm.weight", c.hidden, &l.ffn_norm));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.gate_proj.weight", c.ffn, c.hidden, &l.w_gate));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.up_proj.weight", c.ffn, c.hidden, &l.w_up));
+    TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.down_proj.weight", c.hidden, c.ffn, &l.w_down));
+  }
+  return w;
+}
+
+}  // namespace tessera

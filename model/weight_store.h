@@ -8,6 +8,7 @@
 // Every other view points into the memory-mapped file.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,6 +40,9 @@ class WeightStore {
   std::vector<std::string> names() const;
   // The underlying GGUF file (tokenizer metadata, chat template), or nullptr for HF.
   const GgufFile* gguf() const { return gguf_.get(); }
+  // Path of the file that holds `hf_name` (the shard for sharded safetensors), for messages;
+  // path() when the tensor is unknown.
+  const std::string& source_file(std::string_view hf_name) const;
 
  private:
   WeightStore() = default;
@@ -49,8 +53,21 @@ class WeightStore {
   std::unique_ptr<SafetensorsCheckpoint> safetensors_;
   struct Entry;
   std::vector<std::unique_ptr<Entry>> entries_;  // name -> view (+ owned bytes for Q/K)
+  std::map<std::string, const Entry*, std::less<>> index_;  // HF name -> entry
   friend class WeightStoreBuilder;
 };
+
+// GGUF tensor name -> HF name ("blk.3.ffn_up.weight" -> "model.layers.3.mlp.up_proj.weight");
+// names without an HF counterpart (e.g. "rope_freqs.weight") are returned unchanged.
+std::string gguf_to_hf_name(std::string_view gguf_name);
+
+// Undoes llama.cpp's Q/K row order for `n_heads` heads: GGUF row h*hd + 2i becomes HF row
+// h*hd + i and GGUF row h*hd + 2i + 1 becomes HF row h*hd + i + hd/2 (hd = rows / n_heads).
+// Whole rows move, so any QuantType works for a matrix; a 1-D `src` (a bias) must be a plain
+// type. Writes the permuted bytes to `owned` and a view of them (same type and shape) to `dst`.
+// InvalidArgument when rows is not a multiple of 2 * n_heads. `what` names the tensor in errors.
+Status unpermute_gguf_qk_rows(const TensorView& src, int64_t n_heads, std::string_view what,
+                              std::vector<uint8_t>* owned, TensorView* dst);
 
 // The weights the decoder forward pass uses, bound and shape-checked against the config.
 // Matrices are [out_features, in_features] row-major in their stored QuantType. Vectors

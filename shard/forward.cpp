@@ -1,1 +1,228 @@
-// placeholder
+#include "shard/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <chrono>
+
+#include "comm/device_comm.h"
+#include "common/check.h"
+#include "kernels/activation.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/paged_attention.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+
+namespace tessera {
+namespace {
+
+void add_bias(float* y, const TensorView& bias, int64_t n_tokens, int64_t dim) {
+  if (!bias.data) return;
+  const auto* b = static_cast<const float*>(bias.data);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t i = 0; i < dim; ++i) y[t * dim + i] += b[i];
+}
+
+const float* f32(const TensorView& v) { return static_cast<const float*>(v.data); }
+
+}  // namespace
+
+ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
+                         ThreadPool* pool, KvCache* cache, DeviceComm* comm)
+    : config_(config),
+      layout_(layout),
+      weights_(weights),
+      comm_(comm),
+      pool_(pool),
+      cache_(cache),
+      inv_freq_(rope_inv_freq(config)) {
+  TESSERA_CHECK(comm != nullptr && comm->size() == layout.tp_size, "communicator does not match the layout");
+  TESSERA_CHECK(cache->shape().n_kv_heads == layout.n_kv_heads, "cache holds {} KV heads, layout {}",
+                cache->shape().n_kv_heads, layout.n_kv_heads);
+  TESSERA_CHECK(static_cast<int64_t>(weights.layers.size()) == config.n_layers, "{} layers bound, {} expected",
+                weights.layers.size(), config.n_layers);
+  TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
+}
+
+Status ForwardPass::validate(std::span<const SequenceInput> batch) const {
+  const int64_t block_size = cache_->shape().block_size;
+  const int64_t num_blocks = cache_->shape().num_blocks;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    if (in.tokens.empty()) return Status::invalid_argument(fmt::format("sequence {} has no tokens", s));
+    for (int32_t id : in.tokens) {
+      if (id < 0 || id >= config_.vocab)
+        return Status::out_of_range(
+            fmt::format("token id {} is out of range: the vocabulary has {} tokens (0..{})", id,
+                        config_.vocab, config_.vocab - 1));
+    }
+    const int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
+    if (in.start_pos < 0 || end > config_.max_positions)
+      return Status::out_of_range(fmt::format("positions [{}, {}) exceed the context length {}",
+                                              in.start_pos, end, config_.max_positions));
+    if (static_cast<int64_t>(in.block_table.size()) * block_size < end)
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: block table of {} blocks cannot hold {} tokens", s, in.block_table.size(), end));
+    for (int32_t b : in.block_table)
+      if (b < 0 || b >= num_blocks)
+        return Status::out_of_range(fmt::format("block id {} outside the cache (0..{})", b, num_blocks - 1));
+  }
+  return Status::ok();
+}
+
+void ForwardPass::ensure_workspace(int64_t n) {
+  if (n <= capacity_tokens_) return;
+  const int64_t hd = config_.head_dim;
+  x_.resize(static_cast<size_t>(n * config_.hidden));
+  h_.resize(x_.size());
+  proj_.resize(x_.size());
+  q_.resize(static_cast<size_t>(n * layout_.n_heads * hd));
+  attn_.resize(q_.size());
+  k_.resize(static_cast<size_t>(n * layout_.n_kv_heads * hd));
+  v_.resize(k_.size());
+  gate_.resize(static_cast<size_t>(n * layout_.ffn));
+  up_.resize(gate_.size());
+  positions_.resize(static_cast<size_t>(n));
+  capacity_tokens_ = n;
+}
+
+void ForwardPass::embed(std::span<const SequenceInput> batch) {
+  int64_t t = 0;
+  const int64_t hidden = config_.hidden;
+  for (const SequenceInput& in : batch) {
+    for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
+      dequantize_row(weights_.embed.type, weights_.embed.row_ptr(in.tokens[i]), &x_[static_cast<size_t>(t * hidden)],
+                     hidden);
+      positions_[static_cast<size_t>(t)] = static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i));
+    }
+  }
+}
+
+void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batch, int64_t n) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const int64_t hd = config_.head_dim;
+  const int64_t n_heads = layout_.n_heads;
+  const int64_t n_kv = layout_.n_kv_heads;
+  const int64_t q_dim = n_heads * hd;
+  const int64_t kv_dim = n_kv * hd;
+  matmul(w.wq, h_.data(), n, q_.data(), pool_);
+  matmul(w.wk, h_.data(), n, k_.data(), pool_);
+  matmul(w.wv, h_.data(), n, v_.data(), pool_);
+  add_bias(q_.data(), w.bq, n, q_dim);
+  add_bias(k_.data(), w.bk, n, kv_dim);
+  add_bias(v_.data(), w.bv, n, kv_dim);
+  if (w.q_norm.data) rms_norm(q_.data(), f32(w.q_norm), q_.data(), n * n_heads, hd, config_.rms_eps);
+  if (w.k_norm.data) rms_norm(k_.data(), f32(w.k_norm), k_.data(), n * n_kv, hd, config_.rms_eps);
+  rope_apply(q_.data(), positions_.data(), n, n_heads, hd, inv_freq_.data());
+  rope_apply(k_.data(), positions_.data(), n, n_kv, hd, inv_freq_.data());
+
+  PagedKvLayer kv = cache_->layer(l);
+  int64_t t = 0;
+  for (const SequenceInput& in : batch) {
+    const auto len = static_cast<int64_t>(in.tokens.size());
+    kv_write(kv, in.block_table.data(), in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
+             &v_[static_cast<size_t>(t * kv_dim)]);
+    AttentionArgs args;
+    args.q = &q_[static_cast<size_t>(t * q_dim)];
+    args.out = &attn_[static_cast<size_t>(t * q_dim)];
+    args.n_tokens = len;
+    args.start_pos = in.start_pos;
+    args.n_heads = n_heads;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    args.sliding_window = config_.sliding_window;
+    args.block_table = in.block_table.data();
+    paged_attention(kv, args, pool_);
+    t += len;
+  }
+  matmul(w.wo, attn_.data(), n, proj_.data(), pool_);
+}
+
+Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
+  const int64_t vocab = config_.vocab;
+  const int64_t local = layout_.vocab_end - layout_.vocab_begin;
+  logits.resize(static_cast<size_t>(n_out * vocab));
+  if (layout_.tp_size == 1) {
+    matmul(weights_.lm_head, proj_.data(), n_out, logits.data(), pool_);
+    return Status::ok();
+  }
+  // Each rank computes its vocabulary slice [n_out, per_rank] (padded), the slices are
+  // gathered [rank][n_out][per_rank] and interleaved into [n_out][vocab].
+  const int64_t per = layout_.vocab_per_rank;
+  local_logits_.assign(static_cast<size_t>(n_out * per), 0.0f);
+  if (local > 0) matmul_rows(weights_.lm_head, 0, local, proj_.data(), n_out, local_logits_.data(), per, pool_);
+  gathered_logits_.resize(static_cast<size_t>(n_out * per * layout_.tp_size));
+  const auto t0 = std::chrono::steady_clock::now();
+  TESSERA_RETURN_IF_ERROR(comm_->all_gather(local_logits_.data(), gathered_logits_.data(),
+                                            n_out * per * static_cast<int64_t>(sizeof(float))));
+  comm_micros += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  for (int r = 0; r < layout_.tp_size; ++r) {
+    const int64_t begin = std::min<int64_t>(vocab, per * r);
+    const int64_t count = std::min<int64_t>(vocab, begin + per) - begin;
+    for (int64_t t = 0; t < n_out; ++t)
+      std::copy_n(&gathered_logits_[static_cast<size_t>((r * n_out + t) * per)], count,
+                  &logits[static_cast<size_t>(t * vocab + begin)]);
+  }
+  return Status::ok();
+}
+
+void ForwardPass::mlp_block(int64_t l, int64_t n) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  matmul(w.w_gate, h_.data(), n, gate_.data(), pool_);
+  matmul(w.w_up, h_.data(), n, up_.data(), pool_);
+  silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
+  matmul(w.w_down, gate_.data(), n, proj_.data(), pool_);
+}
+
+Status ForwardPass::all_reduce(float* data, int64_t count) {
+  if (layout_.tp_size == 1) return Status::ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = comm_->all_reduce_sum(data, count);
+  comm_micros += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  return s;
+}
+
+Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  TESSERA_RETURN_IF_ERROR(validate(batch));
+  int64_t n = 0;
+  int64_t n_out = 0;
+  for (const SequenceInput& in : batch) {
+    n += static_cast<int64_t>(in.tokens.size());
+    n_out += in.want_logits ? 1 : 0;
+  }
+  ensure_workspace(n);
+  embed(batch);
+
+  const int64_t hidden = config_.hidden;
+  const float eps = config_.rms_eps;
+  rms_norm(x_.data(), f32(weights_.layers[0].attn_norm), h_.data(), n, hidden, eps);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    attention_block(l, batch, n);
+    TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
+    add_rms_norm(x_.data(), proj_.data(), f32(w.ffn_norm), h_.data(), n, hidden, eps);
+    mlp_block(l, n);
+    TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
+    const TensorView& next_norm =
+        l + 1 < config_.n_layers ? weights_.layers[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
+    add_rms_norm(x_.data(), proj_.data(), f32(next_norm), h_.data(), n, hidden, eps);
+  }
+
+  // Gather the last hidden state of every piece that wants logits, then the LM head.
+  int64_t t = 0, row = 0;
+  for (const SequenceInput& in : batch) {
+    t += static_cast<int64_t>(in.tokens.size());
+    if (!in.want_logits) continue;
+    std::copy_n(&h_[static_cast<size_t>((t - 1) * hidden)], hidden, &proj_[static_cast<size_t>(row * hidden)]);
+    ++row;
+  }
+  if (n_out == 0) {
+    logits.clear();
+    return Status::ok();
+  }
+  return gather_logits(n_out, logits);
+}
+
+}  // namespace tessera

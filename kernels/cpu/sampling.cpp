@@ -1,1 +1,346 @@
-// placeholder: filled in by its owner
+// CPU token sampling; the contract (order of operations, determinism) is in kernels/sampling.h.
+//
+// This file is compiled with -ffp-contract=off (kernels/CMakeLists.txt): the draw must not
+// depend on whether the compiler fused a multiply-add, or the same seed would pick a different
+// token on an FMA machine.
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#include "kernels/sampling.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+
+namespace tessera {
+namespace {
+
+// (key, id): key is a logit or a weight. Candidates are ordered by key descending, then id
+// ascending, so every selection below is a total order and independent of the algorithm used.
+using Candidate = std::pair<float, int32_t>;
+
+struct Before {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  }
+};
+
+// Up to this k, selection is one scan with a small sorted window (no writes for most
+// elements); above it, nth_element over the whole scratch.
+constexpr int64_t kSmallSelect = 64;
+
+// One buffer per sampling thread, grown to the largest vocabulary seen, reused by every
+// sequence: per-sequence vocabulary-sized buffers would cost gigabytes with many sequences.
+std::vector<Candidate>& thread_scratch(int64_t vocab) {
+  thread_local std::vector<Candidate> scratch;
+  if (static_cast<int64_t>(scratch.size()) < vocab) scratch.resize(static_cast<size_t>(vocab));
+  return scratch;
+}
+
+// e^x for x <= 0 from +, -, * and bit operations only, so that it gives the same bits on every
+// IEEE-754 machine (libm's exp may differ by an ulp between platforms). Relative error ~1e-13.
+// Values below e^-700 return 0: they are negligible next to the maximum term, which is always 1.
+inline double det_exp(double x) {
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2Hi = 0.6931471803691238;   // few mantissa bits: n * kLn2Hi is exact
+  constexpr double kLn2Lo = 1.9082149292705877e-10;
+  constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const bool underflow = !(x > -700.0);
+  const double xc = underflow ? -700.0 : x;
+  const double t = xc * kLog2e + kShifter;
+  const double n = t - kShifter;
+  const double r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
+  // Taylor series to degree 10: truncation error < 3e-13 on |r| <= ln2 / 2.
+  double p = 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // The low mantissa bits of t hold n; n in [-1010, 0] keeps 2^n a normal double.
+  const int64_t ni = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(kShifter);
+  const double scale = std::bit_cast<double>(static_cast<uint64_t>(ni + 1023) << 52);
+  return underflow ? 0.0 : p * scale;
+}
+
+// Writes the k best of v[0, n) (by Before on (v[i], i)) to out[0, k), sorted. out holds n.
+void select_top(const float* v, int64_t n, int64_t k, Candidate* out) {
+  if (k <= kSmallSelect && k < n) {
+    int64_t size = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = v[i];
+      // Ids arrive in increasing order, so a tie with the window's last never displaces it.
+      if (size == k && !(x > out[k - 1].first)) continue;
+      int64_t pos = size < k ? size++ : k - 1;
+      const Candidate c{x, static_cast<int32_t>(i)};
+      while (pos > 0 && Before{}(c, out[pos - 1])) {
+        out[pos] = out[pos - 1];
+        --pos;
+      }
+      out[pos] = c;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = {v[i], static_cast<int32_t>(i)};
+  if (k < n) std::nth_element(out, out + k, out + n, Before{});
+  std::sort(out, out + k, Before{});
+}
+
+// Weights in [0, 1] as float bits are ordered like the values; >> 19 keeps exponent and 4
+// mantissa bits: 16 buckets per octave, 2033 in all.
+constexpr int kBucketShift = 19;
+constexpr int kBuckets = (0x3f800000 >> kBucketShift) + 1;
+inline int weight_bucket(float w) { return static_cast<int>(std::bit_cast<uint32_t>(w) >> kBucketShift); }
+
+// Moves to the front of cand[0, size) the candidates of the heaviest buckets that together
+// hold more than `target` (with a margin for summation order); returns how many. The nucleus is
+// a prefix of them, so only they need sorting — one O(size) pass instead of repeated selection.
+int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
+  std::array<double, kBuckets> mass{};
+  for (int64_t i = 0; i < size; ++i) mass[weight_bucket(cand[i].first)] += cand[i].first;
+  const double bound = target * (1.0 + 1e-9);
+  double cumulative = 0.0;
+  int lowest = 0;
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    cumulative += mass[b];
+    if (cumulative >= bound) {
+      lowest = b;
+      break;
+    }
+  }
+  if (lowest == 0) return size;
+  return std::partition(cand, cand + size,
+                        [&](const Candidate& c) { return weight_bucket(c.first) >= lowest; }) -
+         cand;
+}
+
+// Number of leading candidates, in Before order of their weights, whose mass (summed in that
+// order) first reaches `target`; `size` if it is never reached. cand[0, size) is already in
+// that order when `sorted`; otherwise only the part that can hold the nucleus is sorted.
+int64_t top_p_cut(Candidate* cand, int64_t size, bool sorted, double target) {
+  const int64_t bound = sorted ? size : nucleus_bound(cand, size, target);
+  if (!sorted) std::sort(cand, cand + bound, Before{});
+  double cumulative = 0.0;
+  for (int64_t j = 0; j < size; ++j) {
+    // Never taken in practice: the bound already holds more than the target.
+    if (j == bound) std::sort(cand + bound, cand + size, Before{});
+    cumulative += cand[j].first;
+    if (cumulative >= target) return j + 1;
+  }
+  return size;
+}
+
+uint64_t random_seed() {
+  // Drawn once per process; each Sampler then takes the next counter value, so samplers
+  // created in the same microsecond still differ.
+  static const uint64_t base = [] {
+    try {
+      std::random_device device;
+      return (static_cast<uint64_t>(device()) << 32) ^ device();
+    } catch (...) {  // no entropy source: the clock is still better than a constant
+      return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+  }();
+  static std::atomic<uint64_t> next{0};
+  return sampling_random_bits(base, next.fetch_add(1, std::memory_order_relaxed));
+}
+
+}  // namespace
+
+Status validate_sampling_params(const SamplingParams& p) {
+  auto bad = [](std::string_view field, double value, std::string_view expected) {
+    return Status::invalid_argument(
+        fmt::format("sampling parameter {} is {}, expected {}", field, value, expected));
+  };
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f)
+    return bad("temperature", p.temperature, "a finite value >= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "a value in (0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "a value in [0, 1]");
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0.0f)
+    return bad("repetition_penalty", p.repetition_penalty, "a finite value > 0");
+  if (!std::isfinite(p.presence_penalty))
+    return bad("presence_penalty", p.presence_penalty, "a finite value");
+  if (!std::isfinite(p.frequency_penalty))
+    return bad("frequency_penalty", p.frequency_penalty, "a finite value");
+  if (p.n_logprobs < 0) return bad("n_logprobs", p.n_logprobs, "a value >= 0");
+  return Status::ok();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
+  const Status status = validate_sampling_params(params);
+  TESSERA_CHECK(status.is_ok(), "{} (validate requests with validate_sampling_params)",
+                status.message());
+  seed_ = params.has_seed ? params.seed : random_seed();
+}
+
+void Sampler::add_prompt_tokens(std::span<const int32_t> ids) {
+  for (int32_t id : ids) {
+    TESSERA_CHECK(id >= 0, "prompt token id {}", id);
+    ++prompt_counts_[id];
+  }
+}
+
+void Sampler::accept(int32_t id) {
+  TESSERA_CHECK(id >= 0, "output token id {}", id);
+  ++output_counts_[id];
+  ++num_output_tokens_;
+}
+
+double Sampler::next_uniform() { return sampling_uniform(seed_, static_cast<uint64_t>(num_output_tokens_)); }
+
+void Sampler::apply_penalties(float* logits, int64_t vocab) const {
+  const float r = params_.repetition_penalty;
+  if (r != 1.0f) {
+    auto penalise = [&](int32_t id) {
+      float& x = logits[id];
+      x = x > 0.0f ? x / r : x * r;
+    };
+    for (const auto& [id, count] : prompt_counts_) {
+      if (id < vocab) penalise(id);
+    }
+    for (const auto& [id, count] : output_counts_) {
+      if (id < vocab && !prompt_counts_.contains(id)) penalise(id);
+    }
+  }
+  const float presence = params_.presence_penalty;
+  const float frequency = params_.frequency_penalty;
+  if (presence != 0.0f || frequency != 0.0f) {
+    for (const auto& [id, count] : output_counts_) {
+      if (id >= vocab || count <= 0) continue;
+      const float penalty = presence + frequency * static_cast<float>(count);
+      logits[id] -= penalty;
+    }
+  }
+}
+
+SampledToken Sampler::sample(float* logits, int64_t vocab) {
+  TESSERA_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(), "vocab {}", vocab);
+  apply_penalties(logits, vocab);
+
+  // One pass: sanitise non-finite values and find the argmax (first maximum: lowest id).
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float max_logit = kNegInf;
+  int64_t argmax = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    float x = logits[i];
+    if (std::isnan(x)) {
+      x = kNegInf;
+      logits[i] = x;
+    } else if (x == std::numeric_limits<float>::infinity()) {
+      x = std::numeric_limits<float>::max();
+      logits[i] = x;
+    }
+    if (x > max_logit) {
+      max_logit = x;
+      argmax = i;
+    }
+  }
+  if (max_logit == kNegInf) {  // everything masked: the uniform distribution, the limit of equal logits
+    std::fill(logits, logits + vocab, 0.0f);
+    max_logit = 0.0f;
+  }
+
+  SampledToken result;
+  const int64_t n_logprobs = std::min<int64_t>(params_.n_logprobs, vocab);
+  const bool want_logprobs = params_.return_logprob || n_logprobs > 0;
+  double log_sum_exp = 0.0;
+  std::vector<Candidate>& scratch = thread_scratch(vocab);
+  Candidate* cand = scratch.data();
+  if (want_logprobs) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += det_exp(static_cast<double>(logits[i]) - max_logit);
+    log_sum_exp = max_logit + std::log(sum);
+    if (n_logprobs > 0) {
+      select_top(logits, vocab, n_logprobs, cand);
+      result.top_logprobs.reserve(static_cast<size_t>(n_logprobs));
+      for (int64_t j = 0; j < n_logprobs; ++j) {
+        result.top_logprobs.emplace_back(
+            cand[j].second, static_cast<float>(static_cast<double>(cand[j].first) - log_sum_exp));
+      }
+    }
+  }
+
+  if (params_.temperature == 0.0f) {
+    result.id = static_cast<int32_t>(argmax);
+  } else {
+    // Weights w = exp((logit - max) / T) in (0, 1], the maximum exactly 1, so min-p compares
+    // w with min_p directly. Stored as float; every sum adds those floats in double in a fixed
+    // order, which is what makes the draw reproducible.
+    const double temperature = params_.temperature;
+    auto weight = [&](float logit) {
+      return static_cast<float>(det_exp((static_cast<double>(logit) - max_logit) / temperature));
+    };
+    const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
+    int64_t size = 0;
+    double mass = 0.0;  // of the top-k set (the whole vocabulary without top-k)
+    if (use_top_k) {
+      size = params_.top_k;
+      select_top(logits, vocab, size, cand);
+      for (int64_t j = 0; j < size; ++j) {
+        cand[j].first = weight(cand[j].first);
+        mass += cand[j].first;
+      }
+      // Distinct logits can round to equal weights; re-sorting makes the draw order (weight
+      // desc, id asc) the same as on the path without top-k. Nearly sorted already: cheap.
+      std::sort(cand, cand + size, Before{});
+    } else {
+      size = vocab;
+      for (int64_t i = 0; i < vocab; ++i) {
+        cand[i] = {weight(logits[i]), static_cast<int32_t>(i)};
+        mass += cand[i].first;
+      }
+    }
+    // min-p before top-p: it removes only tokens lighter than every one it keeps, i.e. a
+    // suffix of the sorted order, so the top-p prefix sums (over `mass`) are unchanged.
+    if (params_.min_p > 0.0f) {
+      const float min_p = params_.min_p;
+      if (use_top_k) {
+        size = std::partition_point(cand, cand + size,
+                                    [&](const Candidate& c) { return c.first >= min_p; }) -
+               cand;
+      } else {
+        size = std::remove_if(cand, cand + size,
+                              [&](const Candidate& c) { return !(c.first >= min_p); }) -
+               cand;
+      }
+    }
+    if (params_.top_p < 1.0f) {
+      size = top_p_cut(cand, size, use_top_k, static_cast<double>(params_.top_p) * mass);
+    }
+    double kept = 0.0;
+    for (int64_t j = 0; j < size; ++j) kept += cand[j].first;
+    const double target = next_uniform() * kept;
+    double cumulative = 0.0;
+    int32_t chosen = cand[0].second;
+    for (int64_t j = 0; j < size; ++j) {
+      if (cand[j].first <= 0.0f) continue;
+      chosen = cand[j].second;  // the last positive one if rounding runs past the end
+      cumulative += cand[j].first;
+      if (cumulative > target) break;
+    }
+    result.id = chosen;
+  }
+
+  if (want_logprobs) {
+    result.logprob = static_cast<float>(static_cast<double>(logits[result.id]) - log_sum_exp);
+  }
+  accept(result.id);
+  return result;
+}
+
+}  // namespace tessera

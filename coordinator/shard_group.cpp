@@ -1,0 +1,241 @@
+#include "coordinator/shard_group.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "common/logging.h"
+
+namespace tessera {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+ShardGroup::~ShardGroup() {
+  server_.reset();
+  // ZeroMQ leaves ipc:// socket files behind.
+  if (o_.endpoint.rfind("ipc://", 0) == 0) ::unlink(o_.endpoint.substr(6).c_str());
+}
+
+Result<std::unique_ptr<ShardGroup>> ShardGroup::create(const ShardGroupOptions& options) {
+  if (options.world_size < 1) return Status::invalid_argument("world size must be >= 1");
+  std::unique_ptr<ShardGroup> g(new ShardGroup(options));
+  TESSERA_ASSIGN_OR_RETURN(g->server_, ControlServer::bind(options.endpoint));
+  g->hellos_.resize(static_cast<size_t>(options.world_size));
+  g->said_hello_.assign(static_cast<size_t>(options.world_size), false);
+  g->last_heard_.assign(static_cast<size_t>(options.world_size), Clock::now());
+  return g;
+}
+
+const std::string& ShardGroup::endpoint() const { return server_->endpoint(); }
+
+int ShardGroup::rank_of(const std::string& peer) const {
+  // "shard-<rank>" or "shard-<rank>-hb"
+  if (peer.rfind("shard-", 0) != 0) return -1;
+  int rank = 0;
+  size_t i = 6;
+  if (i >= peer.size() || !std::isdigit(static_cast<unsigned char>(peer[i]))) return -1;
+  while (i < peer.size() && std::isdigit(static_cast<unsigned char>(peer[i]))) {
+    rank = rank * 10 + (peer[i] - '0');
+    if (rank > 1 << 20) return -1;
+    ++i;
+  }
+  if (i != peer.size() && peer.substr(i) != "-hb") return -1;
+  return rank < o_.world_size ? rank : -1;
+}
+
+Status ShardGroup::fail(Status s) {
+  if (healthy_ || failure_.empty()) failure_ = s.message();
+  healthy_ = false;
+  TESSERA_LOG_ERROR("{}", s.message());
+  return s;
+}
+
+Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const ShardGroupOptions& o) {
+  if (o.block_size < 1 || o.block_size > 1024)
+    return Status::invalid_argument(fmt::format("block size must be in 1..1024, got {}", o.block_size));
+  if (o.headroom < 0.0 || o.headroom >= 1.0)
+    return Status::invalid_argument(fmt::format("headroom must be in [0, 1), got {}", o.headroom));
+  MemoryPlan p;
+  p.block_size = o.block_size;
+  p.min_available_bytes = UINT64_MAX;
+  for (const ShardHello& h : hellos) {
+    p.kv_bytes_per_block = std::max<uint64_t>(p.kv_bytes_per_block, h.kv_bytes_per_token * static_cast<uint64_t>(o.block_size));
+    p.min_available_bytes = std::min(p.min_available_bytes, h.memory_available_bytes);
+  }
+  if (p.kv_bytes_per_block == 0) return Status::invalid_argument("shards report 0 KV bytes per token");
+  // Never plan to 100%: the headroom stays free for fragmentation, workspace growth, the OS.
+  uint64_t budget = static_cast<uint64_t>(static_cast<double>(p.min_available_bytes) * (1.0 - o.headroom));
+  p.limited_by = "memory";
+  if (o.max_kv_bytes > 0 && o.max_kv_bytes < budget) {
+    budget = o.max_kv_bytes;
+    p.limited_by = "max_kv_bytes";
+  }
+  p.num_blocks = static_cast<int64_t>(budget / p.kv_bytes_per_block);
+  if (o.max_blocks > 0 && o.max_blocks < p.num_blocks) {
+    p.num_blocks = o.max_blocks;
+    p.limited_by = "max_blocks";
+  }
+  if (p.num_blocks < 1)
+    return Status::resource_exhausted(fmt::format(
+        "no room for a single KV block of {} bytes: {} bytes available on the smallest shard, {:.0f}% headroom",
+        p.kv_bytes_per_block, p.min_available_bytes, o.headroom * 100));
+  p.planned_kv_bytes = static_cast<uint64_t>(p.num_blocks) * p.kv_bytes_per_block;
+  return p;
+}
+
+Status ShardGroup::start(const std::function<Status()>& still_starting) {
+  const auto deadline = Clock::now() + o_.start_timeout;
+  int said = 0;
+  while (said < o_.world_size) {
+    if (Clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < o_.world_size; ++r)
+        if (!said_hello_[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      return fail(Status::deadline_exceeded(
+          fmt::format("shard rank(s) {} did not connect within {:.0f} s", missing, seconds(o_.start_timeout))));
+    }
+    if (still_starting) {
+      Status s = still_starting();
+      if (!s.is_ok()) return fail(s);
+    }
+    TESSERA_ASSIGN_OR_RETURN(auto got, server_->receive(std::chrono::milliseconds(100)));
+    if (!got) continue;
+    const int rank = rank_of(got->peer);
+    if (!got->message.is_ok()) {
+      const std::string why = fmt::format("{} sent a message the coordinator refuses: {}", got->peer,
+                                          got->message.status().message());
+      (void)server_->send(got->peer, RefusedMsg{why});
+      return fail(Status::invalid_argument(why));
+    }
+    if (rank < 0) continue;  // not a shard of this group
+    last_heard_[static_cast<size_t>(rank)] = Clock::now();
+    if (auto* refused = std::get_if<RefusedMsg>(&*got->message))
+      return fail(Status::unavailable(fmt::format("shard rank {} cannot start: {}", rank, refused->reason)));
+    auto* hello = std::get_if<ShardHello>(&*got->message);
+    if (!hello) continue;  // early heartbeats
+    if (hello->rank != rank)
+      return fail(Status::invalid_argument(fmt::format("{} says it is rank {}", got->peer, hello->rank)));
+    if (hello->world_size != o_.world_size)
+      return fail(Status::invalid_argument(fmt::format(
+          "shard rank {} runs in a world of {} ranks, but the coordinator expects {}", rank, hello->world_size,
+          o_.world_size)));
+    if (hello->tp_size != o_.world_size)
+      return fail(Status::invalid_argument(
+          fmt::format("shard rank {} uses TP {}, but the coordinator expects TP {}", rank, hello->tp_size, o_.world_size)));
+    if (!said_hello_[static_cast<size_t>(rank)]) ++said;
+    said_hello_[static_cast<size_t>(rank)] = true;
+    hellos_[static_cast<size_t>(rank)] = *hello;
+    TESSERA_LOG_INFO("shard rank {} ready: {} on {} (pid {}), {:.1f} MiB of weights", rank, hello->device,
+                     hello->hostname, hello->pid, static_cast<double>(hello->weight_bytes) / (1 << 20));
+  }
+  // Every rank must serve the same model.
+  const std::string& expected =
+      o_.expected_fingerprint.empty() ? hellos_[0].model_fingerprint : o_.expected_fingerprint;
+  for (const ShardHello& h : hellos_) {
+    if (h.model_fingerprint != expected)
+      return fail(Status::invalid_argument(fmt::format("shard rank {} serves model '{}', expected '{}'", h.rank,
+                                                       h.model_fingerprint, expected)));
+  }
+  TESSERA_ASSIGN_OR_RETURN(plan_, plan_kv_memory(hellos_, o_));
+  TESSERA_LOG_INFO("KV cache plan: {} blocks of {} tokens ({:.1f} MiB per shard, limited by {}, {:.0f}% headroom)",
+                   plan_.num_blocks, plan_.block_size, static_cast<double>(plan_.planned_kv_bytes) / (1 << 20),
+                   plan_.limited_by, o_.headroom * 100);
+  for (int r = 0; r < o_.world_size; ++r) {
+    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size)});
+    if (!s.is_ok()) return fail(s);
+  }
+  last_sent_ = Clock::now();
+  healthy_ = true;
+  return Status::ok();
+}
+
+Status ShardGroup::check_liveness() {
+  const auto now = Clock::now();
+  for (int r = 0; r < o_.world_size; ++r) {
+    const auto silent = now - last_heard_[static_cast<size_t>(r)];
+    if (silent > o_.heartbeat_timeout)
+      return fail(Status::unavailable(fmt::format("shard rank {} stopped responding (silent for {:.1f} s)", r,
+                                                  seconds(silent))));
+  }
+  return Status::ok();
+}
+
+Status ShardGroup::handle(const ReceivedMessage& m, uint64_t wait_step, std::vector<StepResult>* results) {
+  const int rank = rank_of(m.peer);
+  if (rank < 0) return Status::ok();
+  last_heard_[static_cast<size_t>(rank)] = Clock::now();
+  if (!m.message.is_ok()) {
+    (void)server_->send(m.peer, RefusedMsg{m.message.status().message()});
+    return fail(Status::invalid_argument(
+        fmt::format("shard rank {} sent a malformed message: {}", rank, m.message.status().message())));
+  }
+  if (auto* r = std::get_if<StepResult>(&*m.message)) {
+    if (results && r->step_id == wait_step) (*results)[static_cast<size_t>(rank)] = *r;
+  } else if (auto* refused = std::get_if<RefusedMsg>(&*m.message)) {
+    return fail(Status::unavailable(fmt::format("shard rank {} refused a message: {}", rank, refused->reason)));
+  }
+  return Status::ok();
+}
+
+Result<StepResult> ShardGroup::run_step(StepPlan plan) {
+  if (!healthy_) return Status::unavailable("shards are unhealthy: " + failure_);
+  plan.step_id = ++next_step_;
+  for (int r = 0; r < o_.world_size; ++r) {
+    Status s = server_->send(shard_identity(r), plan);
+    if (!s.is_ok()) return fail(s.with_context(fmt::format("shard rank {}", r)));
+  }
+  last_sent_ = Clock::now();
+  std::vector<StepResult> results(static_cast<size_t>(o_.world_size));
+  for (auto& r : results) r.rank = -1;
+  const auto deadline = Clock::now() + o_.step_timeout;
+  for (;;) {
+    bool all = true;
+    for (const StepResult& r : results) all = all && r.rank >= 0;
+    if (all) break;
+    TESSERA_ASSIGN_OR_RETURN(auto got, server_->receive(std::chrono::milliseconds(50)));
+    if (got) TESSERA_RETURN_IF_ERROR(handle(*got, plan.step_id, &results));
+    TESSERA_RETURN_IF_ERROR(check_liveness());
+    if (Clock::now() > deadline) {
+      for (int r = 0; r < o_.world_size; ++r)
+        if (results[static_cast<size_t>(r)].rank < 0)
+          return fail(Status::deadline_exceeded(fmt::format("shard rank {} did not finish step {} within {:.0f} s", r,
+                                                            plan.step_id, seconds(o_.step_timeout))));
+    }
+    // Keep the shards' view of the coordinator alive during long steps.
+    if (Clock::now() - last_sent_ > o_.heartbeat_interval) {
+      for (int r = 0; r < o_.world_size; ++r) (void)server_->send(shard_identity(r), Heartbeat{-1, plan.step_id});
+      last_sent_ = Clock::now();
+    }
+  }
+  for (const StepResult& r : results)
+    if (!r.error.empty()) return Status::internal(r.error);  // a step error, not a dead shard
+  return std::move(results[0]);
+}
+
+Status ShardGroup::keep_alive() {
+  if (!healthy_) return Status::unavailable("shards are unhealthy: " + failure_);
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(auto got, server_->receive(std::chrono::milliseconds(0)));
+    if (!got) break;
+    TESSERA_RETURN_IF_ERROR(handle(*got, 0, nullptr));
+  }
+  TESSERA_RETURN_IF_ERROR(check_liveness());
+  if (Clock::now() - last_sent_ > o_.heartbeat_interval) {
+    for (int r = 0; r < o_.world_size; ++r) (void)server_->send(shard_identity(r), Heartbeat{-1, 0});
+    last_sent_ = Clock::now();
+  }
+  return Status::ok();
+}
+
+void ShardGroup::shutdown(const std::string& reason) {
+  for (int r = 0; r < o_.world_size; ++r) (void)server_->send(shard_identity(r), ShutdownMsg{reason});
+  healthy_ = false;
+}
+
+}  // namespace tessera

@@ -1,0 +1,95 @@
+// The coordinator's view of its shards (DESIGN §1): the control server they connect to, the
+// start-up handshake (every rank's hello is checked: protocol version, world size, TP, model),
+// the memory plan that sizes the KV cache, and one StepPlan -> StepResult round trip at a time.
+//
+// Liveness: every message from a rank (results, heartbeats from its heartbeat socket) counts;
+// a rank silent for `heartbeat_timeout` is declared dead, and a step not answered within
+// `step_timeout` fails. Either way the error names the rank and the group becomes unhealthy;
+// nothing waits forever.
+// Thread-safety: owned and used by one thread (the engine thread).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/control_channel.h"
+#include "comm/control_messages.h"
+#include "common/status.h"
+
+namespace tessera {
+
+struct ShardGroupOptions {
+  std::string endpoint = "tcp://127.0.0.1:0";  // where shards connect
+  int world_size = 1;
+  std::string expected_fingerprint;            // empty: take rank 0's
+  std::chrono::milliseconds start_timeout{120000};
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  std::chrono::milliseconds step_timeout{600000};
+  std::chrono::milliseconds heartbeat_interval{250};
+  // Memory plan.
+  int64_t block_size = 16;
+  double headroom = 0.10;           // fraction of each shard's available memory never planned
+  uint64_t max_kv_bytes = 0;        // cap per shard (0: none)
+  int64_t max_blocks = 0;           // cap on blocks (0: none)
+};
+
+struct MemoryPlan {
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  uint64_t kv_bytes_per_block = 0;       // largest over ranks
+  uint64_t min_available_bytes = 0;      // smallest over ranks
+  uint64_t planned_kv_bytes = 0;         // per rank
+  std::string limited_by;                // "memory", "max_kv_bytes", "max_blocks"
+};
+
+class ShardGroup {
+ public:
+  ~ShardGroup();
+  static Result<std::unique_ptr<ShardGroup>> create(const ShardGroupOptions& options);
+
+  const std::string& endpoint() const;
+  // Waits for every rank's hello, validates them, plans memory and configures the shards.
+  // `still_starting` is polled while waiting (e.g. "is mpirun still alive?"); returning an
+  // error stops the wait with it.
+  Status start(const std::function<Status()>& still_starting = {});
+  const std::vector<ShardHello>& hellos() const { return hellos_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+  // Numbers the plan (step ids are consecutive from 1), sends it to every rank and waits for
+  // every rank's result. Returns rank 0's result (the sampled tokens); the first rank error
+  // becomes the returned Status.
+  Result<StepResult> run_step(StepPlan plan);
+  uint64_t steps_run() const { return next_step_; }
+  // Call while idle: sends heartbeats when due and checks the shards' liveness.
+  Status keep_alive();
+  void shutdown(const std::string& reason);
+  bool healthy() const { return healthy_; }
+  const std::string& failure() const { return failure_; }
+
+ private:
+  explicit ShardGroup(const ShardGroupOptions& o) : o_(o) {}
+  Status handle(const ReceivedMessage& m, uint64_t wait_step, std::vector<StepResult>* results);
+  Status check_liveness();
+  Status fail(Status s);
+  int rank_of(const std::string& peer) const;  // -1 if not a shard identity
+
+  ShardGroupOptions o_;
+  std::unique_ptr<ControlServer> server_;
+  std::vector<ShardHello> hellos_;
+  std::vector<bool> said_hello_;
+  std::vector<std::chrono::steady_clock::time_point> last_heard_;
+  std::chrono::steady_clock::time_point last_sent_;
+  MemoryPlan plan_;
+  uint64_t next_step_ = 0;
+  bool healthy_ = false;
+  std::string failure_;
+};
+
+// Pure arithmetic of the plan, exposed for tests.
+Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const ShardGroupOptions& options);
+
+}  // namespace tessera

@@ -1,0 +1,19 @@
+// Subcommands of the `tessera` CLI. Each registers its options on a CLI11 app and returns the
+// callback that runs it; the callback returns the process exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace tessera::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_generate_command(CLI::App& app);
+Runner add_tokenize_command(CLI::App& app);
+
+// Prints "error: <message>" to stderr and returns 1 (the common error exit).
+int fail(const std::string& message);
+
+}  // namespace tessera::cli

@@ -1,0 +1,256 @@
+// `tessera generate`: one prompt, streamed output. At TP = 1 it runs the model in this process.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "launch/commands.h"
+#include "model/tokenizer.h"
+#include "coordinator/batch_engine.h"
+#include "coordinator/shard_group.h"
+#include "coordinator/shard_launcher.h"
+#include "shard/local_model.h"
+
+namespace tessera::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  int64_t max_tokens = 64;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  uint64_t seed = 0;
+  bool seed_set = false;
+  bool print_ids = false;
+  bool ignore_eos = false;
+  int threads = 0;
+  int64_t block_size = 16;
+  int64_t prefill_chunk = 0;
+  int tp = 0;                 // 0: in this process; >= 1: through a coordinator and shards
+  std::string device = "auto";
+  int64_t heartbeat_timeout_ms = 2000;
+  int64_t max_kv_mb = 1024;
+  std::vector<std::string> hosts;
+  std::vector<std::string> shard_args;
+};
+
+// Streams text pieces to stdout as tokens arrive.
+class TextStreamer {
+ public:
+  explicit TextStreamer(const Tokenizer* t) {
+    if (t) decoder_ = std::make_unique<IncrementalDecoder>(*t, /*skip_special=*/true);
+  }
+  void push(int32_t id) {
+    if (!decoder_) return;
+    write(decoder_->push(id));
+  }
+  void finish() {
+    if (decoder_) write(decoder_->flush());
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  static void write(const std::string& piece) {
+    if (piece.empty()) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  }
+  std::unique_ptr<IncrementalDecoder> decoder_;
+};
+
+void print_ids(const std::vector<int32_t>& ids) {
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ',';
+    line += std::to_string(ids[i]);
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+SamplingParams sampling_of(const GenerateArgs& a) {
+  SamplingParams s;
+  s.temperature = a.temperature;
+  s.top_p = a.top_p;
+  s.top_k = a.top_k;
+  s.min_p = a.min_p;
+  s.repetition_penalty = a.repetition_penalty;
+  s.seed = a.seed;
+  s.has_seed = a.seed_set;
+  return s;
+}
+
+// Runs the request through a coordinator (this process) and `tp` shard processes.
+int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const Tokenizer* tokenizer) {
+  auto store = WeightStore::open(a.model);  // config only: the shards load the weights
+  if (!store.is_ok()) return fail(store.status().to_string());
+  const ModelConfig& config = (*store)->config();
+
+  ShardGroupOptions go;
+  go.world_size = a.tp;
+  go.endpoint = a.hosts.empty() ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl" : "tcp://0.0.0.0:0";
+  go.block_size = a.block_size;
+  go.heartbeat_timeout = std::chrono::milliseconds(a.heartbeat_timeout_ms);
+  go.max_kv_bytes = static_cast<uint64_t>(a.max_kv_mb) << 20;
+  // One request needs at most its prompt plus its new tokens, within the context.
+  const int64_t tokens = std::min<int64_t>(config.max_positions, static_cast<int64_t>(prompt.size()) + a.max_tokens);
+  go.max_blocks = (tokens + a.block_size - 1) / a.block_size + 1;
+  auto group = ShardGroup::create(go);
+  if (!group.is_ok()) return fail(group.status().to_string());
+
+  ShardLaunchSpec spec;
+  spec.shard_binary = sibling_executable("tessera-shard");
+  spec.model_path = a.model;
+  spec.coordinator_endpoint = (*group)->endpoint();
+  spec.tp = a.tp;
+  spec.device = a.device;
+  spec.threads = a.threads;
+  spec.hosts = a.hosts;
+  spec.extra_shard_args = a.shard_args;
+  auto child = ChildProcess::spawn(build_shard_command(spec));
+  if (!child.is_ok()) return fail(child.status().to_string());
+  ChildProcess& shards = *child;
+  Status started = (*group)->start([&]() -> Status {
+    if (shards.running()) return Status::ok();
+    return Status::unavailable(fmt::format("the shard processes exited with code {} during start-up", shards.exit_code()));
+  });
+  if (!started.is_ok()) {
+    shards.terminate();
+    return fail(started.to_string());
+  }
+
+  BatchRequest req;
+  req.prompt = prompt;
+  req.max_tokens = a.max_tokens;
+  req.sampling = sampling_of(a);
+  req.ignore_eos = a.ignore_eos;
+  BatchEngineOptions eo;
+  eo.eos_ids = config.eos_ids;
+  eo.max_positions = config.max_positions;
+  if (a.prefill_chunk > 0) eo.prefill_chunk = a.prefill_chunk;
+  TextStreamer streamer(tokenizer);
+  auto out = run_batch(**group, {req}, eo, [&](size_t, const StepToken& t) { streamer.push(t.token); });
+  if (!out.is_ok()) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    shards.terminate();
+    return fail(out.status().to_string());
+  }
+  streamer.finish();
+  (*group)->shutdown("generation finished");
+  if (!shards.wait_for(std::chrono::milliseconds(5000))) shards.terminate();
+  if (a.print_ids) print_ids(out->front().ids);
+  return 0;
+}
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t b = item.find_first_not_of(" \t");
+    size_t e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return Status::invalid_argument("--prompt-ids: empty item in '" + text + "'");
+    item = item.substr(b, e - b + 1);
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX)
+      return Status::invalid_argument("--prompt-ids: '" + item + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return Status::invalid_argument("--prompt-ids: no ids given");
+  return ids;
+}
+
+int run_generate(const GenerateArgs& a) {
+  if (a.prompt.empty() == a.prompt_ids.empty())
+    return fail("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  if (a.max_tokens < 0) return fail("--max-tokens must be >= 0");
+
+  // The tokenizer is needed for text prompts and for printing text; with --prompt-ids and
+  // --print-ids a model without one still runs.
+  std::unique_ptr<Tokenizer> tokenizer;
+  auto tok = load_tokenizer_for_model(a.model);
+  if (tok.is_ok()) {
+    tokenizer = std::move(tok).value();
+  } else if (!a.prompt.empty()) {
+    return fail(tok.status().to_string());
+  }
+
+  std::vector<int32_t> prompt;
+  if (!a.prompt_ids.empty()) {
+    auto ids = parse_ids(a.prompt_ids);
+    if (!ids.is_ok()) return fail(ids.status().message());
+    prompt = std::move(ids).value();
+  } else {
+    prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
+  }
+
+  if (a.tp > 0) return run_remote(a, prompt, tokenizer.get());
+
+  LocalModelOptions mo;
+  mo.path = a.model;
+  mo.threads = a.threads;
+  mo.block_size = a.block_size;
+  auto model = LocalModel::load(mo);
+  if (!model.is_ok()) return fail(model.status().to_string());
+
+  GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  go.ignore_eos = a.ignore_eos;
+  go.prefill_chunk = a.prefill_chunk;
+  go.sampling = sampling_of(a);
+  TextStreamer streamer(tokenizer.get());
+  auto out = generate(**model, prompt, go, [&](const SampledToken& t) { streamer.push(t.id); });
+  if (!out.is_ok()) {
+    std::fputc('\n', stdout);
+    return fail(out.status().to_string());
+  }
+  streamer.finish();
+  if (a.print_ids) print_ids(out->ids);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  app.add_option("--model", a->model, "HF model directory or .gguf file")->required();
+  app.add_option("--prompt", a->prompt, "prompt text (BOS and template tokens added)");
+  app.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
+  app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
+  app.add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
+  app.add_option("--top-p", a->top_p)->capture_default_str();
+  app.add_option("--top-k", a->top_k, "0 = off")->capture_default_str();
+  app.add_option("--min-p", a->min_p)->capture_default_str();
+  app.add_option("--repetition-penalty", a->repetition_penalty)->capture_default_str();
+  app.add_option("--seed", a->seed, "sampling seed (same seed, same output)")
+      ->each([a](const std::string&) { a->seed_set = true; });
+  app.add_flag("--print-ids", a->print_ids, "print the generated ids, comma-separated, on the last line");
+  app.add_flag("--ignore-eos", a->ignore_eos, "do not stop at end-of-sequence tokens");
+  app.add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
+  app.add_option("--block-size", a->block_size, "KV cache tokens per block")->capture_default_str();
+  app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
+  app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
+  app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--hosts", a->hosts, "with --tp: hosts for mpirun (comma-separated)")->delimiter(',');
+  app.add_option("--shard-arg", a->shard_args, "with --tp: an extra argument for every shard (repeatable)")
+      ->allow_extra_args(false)->group("");
+  app.add_option("--max-kv-mb", a->max_kv_mb, "with --tp: cap on each shard's KV cache")->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", a->heartbeat_timeout_ms, "with --tp: declare a silent shard dead")
+      ->capture_default_str();
+  return [a] { return run_generate(*a); };
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,27 @@
+// `tessera`: the user-facing CLI (DESIGN §1, launch/).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <map>
+
+#include "launch/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: tensor-parallel LLM inference runtime"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, tessera::cli::Runner> runners;
+  auto add = [&](const char* name, const char* help, auto factory) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runners[sub] = factory(*sub);
+  };
+  add("generate", "Generate text from a prompt (streams to stdout)", tessera::cli::add_generate_command);
+  add("tokenize", "Print the token ids of text read on stdin as JSON", tessera::cli::add_tokenize_command);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, run] : runners)
+    if (sub->parsed()) return run();
+  return 2;
+}

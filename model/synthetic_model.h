@@ -1,0 +1,93 @@
+// Tessera's synthetic models: deterministic random-weight Llama / Qwen2 / Qwen3 decoders of any
+// size, written as a Hugging Face directory or as a GGUF file. The "tiny" preset is the
+// project's embedded default model (README quick start, tests, benchmarks).
+//
+// Same spec => same model in every output: weights are generated in fp32 from the seed (each
+// tensor from its own counter-based stream, so values do not depend on the order or the number
+// of threads that produce them), then stored in the requested type. The HF directory and an F32
+// GGUF of one spec hold bitwise-equal tensors once the GGUF loader has undone llama.cpp's Q/K row
+// permutation. Norm weights and biases are rounded to bf16 precision when generated, so they are
+// exact in F32, F16 and BF16 files alike.
+//
+// Scales (so that activations stay O(1) for every preset size and attention is not uniform):
+// linear weights ~ N(0, 1/in_features), the token embedding ~ N(0, 1) and the LM head
+// ~ N(0, 4/hidden) (logits of standard deviation ~2); a tied embedding uses the LM head's scale.
+// Norm weights ~ 1 + N(0, 0.02^2), biases ~ N(0, 0.02^2). The normal law is approximated by the
+// sum of four 16-bit uniforms (Irwin-Hall): pure integer arithmetic, so the bytes are identical
+// on every platform and libm version.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace tessera {
+
+struct SyntheticModelSpec {
+  std::string arch = "llama";   // "llama", "qwen2" (needs qkv_bias) or "qwen3" (needs qk_norm)
+  int64_t hidden = 128;
+  int64_t n_layers = 4;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 2;
+  int64_t ffn = 384;
+  int64_t vocab = 2048;
+  int64_t max_positions = 1024;
+  float rope_theta = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool tie_embeddings = false;
+  uint64_t seed = 1234;
+  // HF: F32, F16 or BF16. GGUF: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A matrix whose
+  // rows are not a multiple of the type's block falls back as llama.cpp does: Q4_K -> Q5_0,
+  // Q5_K / Q6_K -> Q8_0, 32-element types -> F16.
+  QuantType weight_type = QuantType::kF32;
+  // GGUF only, overrides weight_type: a Q4_K_M-like mix - Q4_K everywhere, Q6_K for output.weight
+  // and for attn_v / ffn_down of the even-numbered layers.
+  bool gguf_mixed_q4_k_m = false;
+  bool qkv_bias = false;        // q/k/v projection biases (Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3)
+  int hf_shards = 1;            // HF only: > 1 writes model-0000i-of-0000N.safetensors + index
+};
+
+// Presets: "tiny" (the default), "gqa4", "110m", "1.1b", "llama3-8b". NotFound lists the names.
+Result<SyntheticModelSpec> synthetic_preset(std::string_view name);
+const std::vector<std::string>& synthetic_preset_names();
+
+// Checks sizes and flags for consistency; InvalidArgument names the field and value.
+Status validate_synthetic_spec(const SyntheticModelSpec& spec);
+
+// Writes `dir` (created if missing): config.json, model.safetensors (or shards + index),
+// tokenizer.json, tokenizer_config.json (with the chat template), special_tokens_map.json,
+// generation_config.json. InvalidArgument for a weight_type other than F32/F16/BF16.
+Status write_synthetic_hf(const SyntheticModelSpec& spec, const std::string& dir);
+
+// Writes one GGUF v3 file: hyper-parameters, tokenizer, chat template and tensors named as
+// llama.cpp names them, Q/K rows of "llama" in llama.cpp's adjacent-pair order, norms and biases F32.
+Status write_synthetic_gguf(const SyntheticModelSpec& spec, const std::string& path);
+
+// ---- introspection (tests, tools) ----
+
+struct SyntheticTensorInfo {
+  std::string hf_name;          // "model.layers.0.self_attn.q_proj.weight"
+  std::string gguf_name;        // "blk.0.attn_q.weight"
+  std::vector<int64_t> shape;   // HF shape, outermost first ([out, in] for matrices)
+};
+
+// The model's tensors in GGUF file order (the HF file holds the same set, sorted by name).
+// Empty when the spec is not valid.
+std::vector<SyntheticTensorInfo> synthetic_tensors(const SyntheticModelSpec& spec);
+
+// The fp32 values of one tensor in HF layout (row-major, HF rotate-half Q/K order), exactly
+// what the writers convert from. NotFound for a name not in synthetic_tensors().
+Result<std::vector<float>> synthetic_tensor_values(const SyntheticModelSpec& spec, std::string_view hf_name);
+
+// The type a tensor is stored in by write_synthetic_gguf (after the mix and fallbacks).
+Result<QuantType> synthetic_gguf_tensor_type(const SyntheticModelSpec& spec, std::string_view hf_name);
+
+// GGUF `general.file_type` (llama.cpp's LLAMA_FTYPE numbering) for the spec.
+uint32_t synthetic_gguf_file_type(const SyntheticModelSpec& spec);
+
+}  // namespace tessera

@@ -1,0 +1,109 @@
+@0x9ba24c852429c1c3;
+# Tessera control plane: coordinator <-> shards. See proto/README.md for the conversation.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("tessera::proto");
+
+const protocolVersion :UInt32 = 1;
+
+struct SamplingParams {
+  temperature @0 :Float32 = 1.0;
+  topK @1 :Int32;
+  topP @2 :Float32 = 1.0;
+  minP @3 :Float32;
+  repetitionPenalty @4 :Float32 = 1.0;
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  seed @7 :UInt64;
+  hasSeed @8 :Bool;
+  nLogprobs @9 :Int32;
+  returnLogprob @10 :Bool;
+}
+
+struct ShardHello {
+  rank @0 :Int32;
+  worldSize @1 :Int32;
+  tpSize @2 :Int32;
+  device @3 :Text;                 # "cpu (2 threads, cpus 0-1)", "cuda:0 NVIDIA H200"
+  memoryAvailableBytes @4 :UInt64; # for KV after weights and workspace
+  kvBytesPerToken @5 :UInt64;      # this shard's KV bytes per token (all layers, its heads)
+  modelFingerprint @6 :Text;       # config + file identity; must agree on every rank
+  hostname @7 :Text;
+  pid @8 :Int32;
+  weightBytes @9 :UInt64;
+}
+
+struct Configure {
+  numBlocks @0 :Int64;
+  blockSize @1 :Int32;
+}
+
+struct NewSequence {
+  seqId @0 :UInt64;
+  promptIds @1 :List(Int32);
+  sampling @2 :SamplingParams;
+}
+
+# One sequence's piece of a step: compute tokens [startPos, startPos + numTokens) of its token
+# list (prompt, then generated tokens) and sample one token after it when `sample` is set.
+struct ScheduledSequence {
+  seqId @0 :UInt64;
+  startPos @1 :Int64;
+  numTokens @2 :Int32;
+  sample @3 :Bool;
+  appendBlocks @4 :List(Int32);  # appended to the block table before the step
+  resetBlocks @5 :Bool;          # clear the table first (preemption / recompute)
+}
+
+struct BlockCopy {
+  src @0 :Int32;
+  dst @1 :Int32;
+}
+
+struct StepPlan {
+  stepId @0 :UInt64;
+  newSequences @1 :List(NewSequence);
+  scheduled @2 :List(ScheduledSequence);
+  finished @3 :List(UInt64);     # drop state of these sequences (finished or aborted)
+  blockCopies @4 :List(BlockCopy);  # copy-on-write, done before the step
+}
+
+struct TopLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+struct SampledToken {
+  seqId @0 :UInt64;
+  token @1 :Int32;
+  logprob @2 :Float32;
+  topLogprobs @3 :List(TopLogprob);
+}
+
+struct StepResult {
+  stepId @0 :UInt64;
+  rank @1 :Int32;
+  tokens @2 :List(SampledToken);   # rank 0 only
+  error @3 :Text;                   # empty: ok
+  computeMicros @4 :UInt64;
+  commMicros @5 :UInt64;
+}
+
+struct Heartbeat {
+  rank @0 :Int32;                   # -1: the coordinator
+  lastStepId @1 :UInt64;
+}
+
+struct Envelope {
+  protocolVersion @0 :UInt32;
+  union {
+    hello @1 :ShardHello;
+    configure @2 :Configure;
+    step @3 :StepPlan;
+    result @4 :StepResult;
+    heartbeat @5 :Heartbeat;
+    shutdown @6 :Text;              # reason
+    abort @7 :List(UInt64);         # sequences to drop now
+    refused @8 :Text;               # a peer refused our message (version mismatch, malformed)
+  }
+}

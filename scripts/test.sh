@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test:
+#   1. the normal build (with the CUDA backend when nvcc exists; GPU tests skip without a GPU),
+#   2. an AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+export TESSERA_TESTDATA=${TESSERA_TESTDATA:-$(pwd)/../shared/testdata}
+[ -d "$TESSERA_TESTDATA" ] || echo "note: no test data at $TESSERA_TESTDATA; those tests will skip"
+
+echo "== build (Release) =="
+BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh
+echo "== tests =="
+(cd build && ctest --output-on-failure -j 2 --timeout 900)
+
+if [ "${TESSERA_SKIP_SANITIZERS:-0}" != "1" ]; then
+  echo "== build (ASan + UBSan) =="
+  BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh \
+    -DTESSERA_SANITIZE=ON -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF
+  echo "== tests under ASan + UBSan =="
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  (cd build-asan && ctest --output-on-failure -j 2 -L unit --timeout 1800)
+fi

@@ -1,0 +1,84 @@
+#include "shard/kv_cache.h"
+
+#include <sys/mman.h>
+
+#include <utility>
+
+#include "common/check.h"
+
+namespace tessera {
+
+size_t KvCache::bytes_per_block(const KvCacheShape& s) {
+  return 2 * static_cast<size_t>(s.n_layers * s.block_size * s.n_kv_heads * s.head_dim) * sizeof(float);
+}
+
+Result<KvCache> KvCache::create(const KvCacheShape& shape) {
+  if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
+      shape.num_blocks <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "KV cache shape must be positive: layers {}, kv heads {}, head dim {}, block size {}, blocks {}",
+        shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks));
+  }
+  KvCache cache;
+  cache.shape_ = shape;
+  cache.bytes_ = bytes_per_block(shape) * static_cast<size_t>(shape.num_blocks);
+  void* p = ::mmap(nullptr, cache.bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status::resource_exhausted(fmt::format("KV cache of {} blocks ({} MiB) does not fit in memory",
+                                                  shape.num_blocks, cache.bytes_ >> 20));
+  }
+  cache.storage_ = static_cast<float*>(p);
+  return cache;
+}
+
+KvCache::KvCache(KvCache&& o) noexcept
+    : shape_(o.shape_), storage_(std::exchange(o.storage_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+KvCache& KvCache::operator=(KvCache&& o) noexcept {
+  if (this != &o) {
+    if (storage_) ::munmap(storage_, bytes_);
+    shape_ = o.shape_;
+    storage_ = std::exchange(o.storage_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+KvCache::~KvCache() {
+  if (storage_) ::munmap(storage_, bytes_);
+}
+
+PagedKvLayer KvCache::layer(int64_t l) {
+  TESSERA_CHECK(l >= 0 && l < shape_.n_layers, "layer {} of {}", l, shape_.n_layers);
+  const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.block_size *
+                                               shape_.n_kv_heads * shape_.head_dim);
+  PagedKvLayer kv;
+  kv.k = storage_ + static_cast<size_t>(2 * l) * per_array;
+  kv.v = kv.k + per_array;
+  kv.num_blocks = shape_.num_blocks;
+  kv.block_size = shape_.block_size;
+  kv.n_kv_heads = shape_.n_kv_heads;
+  kv.head_dim = shape_.head_dim;
+  return kv;
+}
+
+SimpleBlockAllocator::SimpleBlockAllocator(int64_t num_blocks) {
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+bool SimpleBlockAllocator::ensure(std::vector<int32_t>& table, int64_t n_tokens, int64_t block_size) {
+  const int64_t need = (n_tokens + block_size - 1) / block_size;
+  while (static_cast<int64_t>(table.size()) < need) {
+    if (free_.empty()) return false;
+    table.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void SimpleBlockAllocator::release(std::vector<int32_t>& table) {
+  for (auto it = table.rbegin(); it != table.rend(); ++it) free_.push_back(*it);
+  table.clear();
+}
+
+}  // namespace tessera

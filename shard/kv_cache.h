@@ -1,0 +1,56 @@
+// A shard's KV storage: for every layer, K and V arrays of
+// [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3). Block ids are assigned by the
+// coordinator's BlockPool (or, in single-process tools, by a SimpleBlockAllocator); this class
+// only owns the memory, allocated once at start-up.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/paged_attention.h"
+
+namespace tessera {
+
+struct KvCacheShape {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;   // heads stored on this shard
+  int64_t head_dim = 0;
+  int64_t block_size = 16;  // tokens per block
+  int64_t num_blocks = 0;
+};
+
+class KvCache {
+ public:
+  // Allocates 2 * n_layers * num_blocks * block_size * n_kv_heads * head_dim floats.
+  // The memory is mapped anonymously: pages are zero and cost nothing until first written.
+  static Result<KvCache> create(const KvCacheShape& shape);
+  KvCache() = default;
+  KvCache(KvCache&& other) noexcept;
+  KvCache& operator=(KvCache&& other) noexcept;
+  ~KvCache();
+  static size_t bytes_per_block(const KvCacheShape& shape);
+
+  const KvCacheShape& shape() const { return shape_; }
+  PagedKvLayer layer(int64_t l);
+
+ private:
+  KvCacheShape shape_;
+  float* storage_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Hands out block ids for one process that has no coordinator (`tessera generate`, tests).
+class SimpleBlockAllocator {
+ public:
+  explicit SimpleBlockAllocator(int64_t num_blocks);
+  // Grows `table` so it covers positions [0, n_tokens); false when blocks ran out.
+  bool ensure(std::vector<int32_t>& table, int64_t n_tokens, int64_t block_size);
+  void release(std::vector<int32_t>& table);
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+
+ private:
+  std::vector<int32_t> free_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+// tessera-shard: one tensor-parallel rank. Under mpirun the ranks form an MPI group for their
+// collectives; started alone it is rank 0 of 1.
+#include <CLI/CLI.hpp>
+
+#include "comm/mpi_comm.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "shard/backend_probe.h"
+#include "shard/shard_worker.h"
+
+int main(int argc, char** argv) {
+  using namespace tessera;
+  ShardOptions o;
+  std::string device = "auto";
+  int64_t heartbeat_ms = 250, coordinator_timeout_ms = 3000;
+  bool no_bind = false;
+  CLI::App app{"tessera-shard: one tensor-parallel rank of a Tessera model"};
+  app.add_option("--model", o.model_path, "HF model directory or .gguf file")->required();
+  app.add_option("--coordinator", o.coordinator, "coordinator control endpoint (tcp://host:port or ipc://path)")
+      ->required();
+  app.add_option("--device", device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--threads", o.threads, "CPU threads (0: the cores this rank is bound to)");
+  app.add_flag("--no-bind", no_bind, "do not bind threads and memory");
+  app.add_option("--local-ranks", o.local_ranks, "ranks on this host (default: from mpirun, else 1)");
+  app.add_option("--heartbeat-ms", heartbeat_ms);
+  app.add_option("--coordinator-timeout-ms", coordinator_timeout_ms,
+                 "exit when the coordinator is silent this long");
+  app.add_option("--protocol-version", o.protocol_version, "testing only: speak another protocol version")
+      ->group("");
+  int64_t debug_step_delay_ms = 0;
+  app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
+  CLI11_PARSE(app, argc, argv);
+  o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
+  o.bind = !no_bind;
+  o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  o.coordinator_timeout = std::chrono::milliseconds(coordinator_timeout_ms);
+  if (!app.count("--local-ranks")) o.local_ranks = static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
+
+  std::unique_ptr<DeviceComm> comm;
+  if (launched_by_mpi()) {
+    auto mpi = make_mpi_comm();
+    if (!mpi.is_ok()) {
+      std::fprintf(stderr, "error: %s\n", mpi.status().to_string().c_str());
+      return 2;
+    }
+    comm = std::move(mpi).value();
+  } else {
+    comm = make_single_rank_comm();
+  }
+  set_log_role("shard", comm->rank());
+  bool ok = true;
+  const BackendChoice backend = choose_backend(device, &ok);
+  if (!ok) {
+    TESSERA_LOG_ERROR("--device cuda: {}", backend.reason);
+    return 2;
+  }
+  o.device = backend.kind;
+  TESSERA_LOG_DEBUG("backend: {}", backend.reason);
+  return run_shard(o, *comm);
+}

@@ -1,0 +1,35 @@
+// The shard's worker loop (DESIGN §1): says hello to the coordinator, takes its KV
+// configuration, then executes StepPlans strictly in step order and answers each with a
+// StepResult. A heartbeat thread tells the coordinator the process is alive; the loop exits by
+// itself when the coordinator is silent for longer than `coordinator_timeout`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "comm/device_comm.h"
+#include "topology/topology.h"
+
+namespace tessera {
+
+struct ShardOptions {
+  std::string model_path;
+  std::string coordinator;                 // control endpoint, e.g. ipc:///tmp/x or tcp://host:port
+  int threads = 0;                         // 0: the cores this rank is bound to
+  DeviceKind device = DeviceKind::kCpu;
+  bool bind = true;                        // bind threads and memory per topology/
+  int local_ranks = 1;                     // ranks sharing this host's memory
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds coordinator_timeout{3000};
+  uint32_t protocol_version = 0;           // tests only: speak another version (0: the real one)
+  std::chrono::milliseconds debug_step_delay{0};  // tests only: sleep before each step (failure tests)
+};
+
+// Runs until shutdown or failure; returns the process exit code (0: orderly shutdown).
+int run_shard(const ShardOptions& options, DeviceComm& comm);
+
+// Identity of a model for the start-up check: architecture, dimensions, file name and size.
+std::string model_fingerprint(const std::string& model_path, const class ModelConfig& config);
+
+}  // namespace tessera

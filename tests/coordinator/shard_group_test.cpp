@@ -1,0 +1,158 @@
+// ShardGroup's start-up checks and liveness, with fake shards speaking the real protocol.
+#include "coordinator/shard_group.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace tessera {
+namespace {
+
+using std::chrono::milliseconds;
+
+ShardHello hello(int rank, int world, const std::string& model = "m") {
+  ShardHello h;
+  h.rank = rank;
+  h.world_size = world;
+  h.tp_size = world;
+  h.device = "cpu";
+  h.memory_available_bytes = 1000 * 1024;
+  h.kv_bytes_per_token = 64;
+  h.model_fingerprint = model;
+  return h;
+}
+
+struct FakeShard {
+  std::unique_ptr<ControlClient> client;
+  FakeShard(const std::string& endpoint, int rank) {
+    client = std::move(ControlClient::connect(endpoint, shard_identity(rank))).value();
+  }
+};
+
+Status start_with(const std::vector<ShardHello>& hellos, int world, ShardGroupOptions o = {}) {
+  o.world_size = world;
+  o.start_timeout = std::min(o.start_timeout, milliseconds(3000));
+  auto g = ShardGroup::create(o);
+  if (!g.is_ok()) return g.status();
+  std::vector<FakeShard> shards;
+  for (const ShardHello& h : hellos) {
+    shards.emplace_back((*g)->endpoint(), h.rank);
+    EXPECT_TRUE(shards.back().client->send(h).is_ok());
+  }
+  return (*g)->start();
+}
+
+TEST(ShardGroupTest, StartsAndPlansMemoryWithHeadroom) {
+  ShardGroupOptions o;
+  o.world_size = 2;
+  o.block_size = 16;
+  o.headroom = 0.10;
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0), b((*g)->endpoint(), 1);
+  ASSERT_TRUE(a.client->send(hello(0, 2)).is_ok());
+  ShardHello hb = hello(1, 2);
+  hb.memory_available_bytes = 500 * 1024;  // the smaller shard decides
+  ASSERT_TRUE(b.client->send(hb).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  // 500 KiB * 0.9 / (64 B/token * 16 tokens/block) = 450 blocks
+  EXPECT_EQ((*g)->plan().num_blocks, 450);
+  for (FakeShard* s : {&a, &b}) {
+    auto m = s->client->receive(milliseconds(2000));
+    ASSERT_TRUE(m.is_ok() && m->has_value());
+    EXPECT_EQ(std::get<ConfigureMsg>(*(*m)->message).num_blocks, 450);
+  }
+}
+
+TEST(ShardGroupTest, WorldSizeMismatchNamesTheRank) {
+  Status s = start_with({hello(0, 2), hello(1, 3)}, 2);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("shard rank 1 runs in a world of 3 ranks"), std::string::npos) << s.message();
+}
+
+TEST(ShardGroupTest, ModelMismatchNamesTheRankAndBothModels) {
+  Status s = start_with({hello(0, 2, "llama hidden=64"), hello(1, 2, "llama hidden=128")}, 2);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("rank 1 serves model 'llama hidden=128', expected 'llama hidden=64'"), std::string::npos)
+      << s.message();
+}
+
+TEST(ShardGroupTest, RankClaimMismatch) {
+  ShardHello h = hello(0, 2);
+  h.rank = 1;  // connects as shard-0 but says rank 1
+  ShardGroupOptions o;
+  o.world_size = 2;
+  o.start_timeout = milliseconds(3000);
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ASSERT_TRUE(a.client->send(h).is_ok());
+  Status s = (*g)->start();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("shard-0 says it is rank 1"), std::string::npos) << s.message();
+}
+
+TEST(ShardGroupTest, MissingRankTimesOut) {
+  ShardGroupOptions o;
+  o.start_timeout = milliseconds(300);
+  Status s = start_with({hello(0, 2)}, 2, o);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("rank(s) 1 did not connect"), std::string::npos) << s.message();
+}
+
+TEST(ShardGroupTest, NoRoomForKvIsAnError) {
+  ShardHello h = hello(0, 1);
+  h.memory_available_bytes = 100;
+  Status s = start_with({h}, 1);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+}
+
+TEST(ShardGroupTest, SilentShardIsDeclaredDead) {
+  ShardGroupOptions o;
+  o.world_size = 1;
+  o.heartbeat_timeout = milliseconds(300);
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ASSERT_TRUE(a.client->send(hello(0, 1)).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  auto r = (*g)->run_step(StepPlan{});  // the fake never answers
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("shard rank 0 stopped responding"), std::string::npos) << r.status().message();
+  EXPECT_FALSE((*g)->healthy());
+  EXPECT_FALSE((*g)->run_step(StepPlan{}).is_ok());
+}
+
+TEST(ShardGroupTest, StepRoundTripWithAnsweringShard) {
+  ShardGroupOptions o;
+  o.world_size = 1;
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ASSERT_TRUE(a.client->send(hello(0, 1)).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  std::thread shard([&] {
+    for (int i = 0; i < 2;) {
+      auto m = a.client->receive(milliseconds(3000));
+      if (!m.is_ok() || !m->has_value()) return;
+      if (auto* p = std::get_if<StepPlan>(&*(*m)->message)) {
+        StepResult r;
+        r.step_id = p->step_id;
+        r.tokens.push_back({7, static_cast<int32_t>(p->step_id), 0.0f, {}});
+        (void)a.client->send(r);
+        ++i;
+      }
+    }
+  });
+  for (uint64_t step = 1; step <= 2; ++step) {
+    auto r = (*g)->run_step(StepPlan{});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->step_id, step);
+    EXPECT_EQ(r->tokens[0].token, static_cast<int32_t>(step));
+  }
+  shard.join();
+}
+
+}  // namespace
+}  // namespace tessera

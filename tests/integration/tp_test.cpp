@@ -1,0 +1,144 @@
+// Coordinator + tensor-parallel shards as real processes (shards under mpirun for TP > 1; the
+// coordinator, here `tessera generate --tp N`, stays outside mpirun).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "common/env.h"
+#include "tests/integration/process_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tessera::testing;
+
+class TpTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("tessera_tp_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static std::string make_model(const std::string& type) {
+    const fs::path out = dir_ / ("gqa4-" + type + ".gguf");
+    if (!fs::exists(out)) {
+      const ProcessResult r = run(bin("tessera-make-model") + " --preset gqa4 --format gguf --type " + type +
+                                  " --out " + quote(out.string()));
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    }
+    return out.string();
+  }
+  static std::string generate(const std::string& model, const std::string& extra) {
+    const ProcessResult r = run(bin("tessera") + " generate --model " + quote(model) +
+                                " --prompt 'Once upon a time' --max-tokens 64 --temperature 0 --ignore-eos --print-ids " +
+                                extra);
+    EXPECT_EQ(r.exit_code, 0) << extra << "\n" << r.output;
+    return last_line(r.output);
+  }
+  static fs::path dir_;
+};
+fs::path TpTest::dir_;
+
+TEST_F(TpTest, StoriesReferenceAtTp1AndTp2) {
+  const std::string stories = testdata_dir() + "/stories260K";
+  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  std::ifstream in(stories + "/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  for (const auto& c : ref["cases"]) {
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    for (const std::string& tp : {"1", "2"}) {
+      const std::string model = stories + (tp == "1" ? "/hf" : "/stories260K-f32.gguf");
+      const ProcessResult r = run(bin("tessera") + " generate --model " + quote(model) + " --prompt-ids " +
+                                  join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +
+                                  std::to_string(greedy.size()) + " --temperature 0 --ignore-eos --print-ids --tp " + tp);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(last_line(r.output), join_ids(greedy)) << "TP " << tp << " " << c["name"];
+    }
+  }
+}
+
+TEST_F(TpTest, GqaModelSameTokensAtEveryTp) {
+  for (const std::string type : {"f32", "q8_0", "q4_0"}) {
+    const std::string model = make_model(type);
+    const std::string single = generate(model, "");
+    EXPECT_EQ(std::count(single.begin(), single.end(), ','), 63) << single;
+    EXPECT_EQ(generate(model, "--tp 1"), single) << type;
+    EXPECT_EQ(generate(model, "--tp 2"), single) << type;
+    EXPECT_EQ(generate(model, "--tp 4"), single) << type << " (oversubscribed)";
+  }
+}
+
+TEST_F(TpTest, SeededSamplingIsTheSameAtEveryTp) {
+  const std::string model = make_model("f32");
+  const std::string args = "--temperature 0.9 --top-k 50 --seed 5";
+  const ProcessResult a = run(bin("tessera") + " generate --model " + quote(model) +
+                              " --prompt-ids 1,40,50 --max-tokens 32 --print-ids --ignore-eos " + args);
+  const ProcessResult b = run(bin("tessera") + " generate --model " + quote(model) +
+                              " --prompt-ids 1,40,50 --max-tokens 32 --print-ids --ignore-eos --tp 2 " + args);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(last_line(a.output), last_line(b.output));
+}
+
+TEST_F(TpTest, KilledShardFailsTheRequestQuicklyAndLeavesNothing) {
+  const std::string model = make_model("f32");
+  const std::string marker = "--debug-step-delay-ms=40";
+  int shard_pid = -1;
+  auto t_kill = std::chrono::steady_clock::now();
+  const ProcessResult r = run(
+      bin("tessera") + " generate --model " + quote(model) +
+          " --prompt-ids 1 --max-tokens 900 --temperature 0 --ignore-eos --tp 2 --shard-arg=" + marker,
+      [&](const std::string& line) {
+        static const std::regex ready(R"(shard rank 1 ready: .*\(pid (\d+)\))");
+        std::smatch m;
+        if (shard_pid < 0 && std::regex_search(line, m, ready)) {
+          shard_pid = std::stoi(m[1]);
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-generation
+          t_kill = std::chrono::steady_clock::now();
+          ::kill(shard_pid, SIGKILL);
+        }
+      });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+  ASSERT_GT(shard_pid, 0) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("shard rank 1"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 5.0) << r.output;
+  EXPECT_TRUE(wait_until([&] { return count_live_processes(marker) == 0; }, std::chrono::milliseconds(3000)))
+      << "shard processes left behind";
+}
+
+TEST_F(TpTest, VersionMismatchedShardIsRefused) {
+  const std::string model = make_model("f32");
+  const ProcessResult r = run(bin("tessera") + " generate --model " + quote(model) +
+                              " --prompt-ids 1 --max-tokens 4 --tp 1 --shard-arg=--protocol-version=7");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("protocol version 7, expected 1"), std::string::npos) << r.output;
+}
+
+TEST_F(TpTest, ShardsExitWhenTheCoordinatorDies) {
+  const std::string model = make_model("f32");
+  const std::string marker = "--debug-step-delay-ms=41";
+  const std::string cmd = bin("tessera") + " generate --model " + quote(model) +
+                          " --prompt-ids 1 --max-tokens 900 --temperature 0 --ignore-eos --tp 2 --shard-arg=" + marker;
+  // Start the coordinator in the background, kill it once its shards run.
+  const ProcessResult started = run("(" + cmd + " > /dev/null 2>&1 & echo $!)");
+  const int coordinator = std::atoi(started.output.c_str());
+  ASSERT_GT(coordinator, 0);
+  ASSERT_TRUE(wait_until([&] { return count_live_processes(marker) >= 2; }, std::chrono::milliseconds(20000)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(coordinator, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(wait_until([&] { return count_live_processes(marker) == 0; }, std::chrono::milliseconds(10000)));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.0);
+}
+
+}  // namespace
+}  // namespace tessera
