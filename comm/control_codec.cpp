@@ -96,6 +96,7 @@ struct Writer {
       sched[i].setNumTokens(s.num_tokens);
       sched[i].setSample(s.sample);
       sched[i].setResetBlocks(s.reset_blocks);
+      sched[i].setPromptLogprobs(s.prompt_logprobs);
       fill_list(sched[i].initAppendBlocks(static_cast<unsigned>(s.append_blocks.size())), s.append_blocks);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
@@ -112,6 +113,19 @@ struct Writer {
     b.setError(r.error);
     b.setComputeMicros(r.compute_micros);
     b.setCommMicros(r.comm_micros);
+    auto pls = b.initPromptLogprobs(static_cast<unsigned>(r.prompt_logprobs.size()));
+    for (unsigned i = 0; i < r.prompt_logprobs.size(); ++i) {
+      const PromptLogprob& p = r.prompt_logprobs[i];
+      pls[i].setSeqId(p.seq_id);
+      pls[i].setPosition(p.position);
+      pls[i].setToken(p.token);
+      pls[i].setLogprob(p.logprob);
+      auto top = pls[i].initTopLogprobs(static_cast<unsigned>(p.top_logprobs.size()));
+      for (unsigned j = 0; j < p.top_logprobs.size(); ++j) {
+        top[j].setToken(p.top_logprobs[j].first);
+        top[j].setLogprob(p.top_logprobs[j].second);
+      }
+    }
     auto toks = b.initTokens(static_cast<unsigned>(r.tokens.size()));
     for (unsigned i = 0; i < r.tokens.size(); ++i) {
       const StepToken& t = r.tokens[i];
@@ -169,6 +183,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.num_tokens = s.getNumTokens();
         q.sample = s.getSample();
         q.reset_blocks = s.getResetBlocks();
+        q.prompt_logprobs = s.getPromptLogprobs();
         q.append_blocks = read_list<int32_t>(s.getAppendBlocks());
         p.scheduled.push_back(std::move(q));
       }
@@ -188,6 +203,11 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         StepToken st{t.getSeqId(), t.getToken(), t.getLogprob(), {}};
         for (auto tl : t.getTopLogprobs()) st.top_logprobs.emplace_back(tl.getToken(), tl.getLogprob());
         res.tokens.push_back(std::move(st));
+      }
+      for (auto p : r.getPromptLogprobs()) {
+        PromptLogprob pl{p.getSeqId(), p.getPosition(), p.getToken(), p.getLogprob(), {}};
+        for (auto tl : p.getTopLogprobs()) pl.top_logprobs.emplace_back(tl.getToken(), tl.getLogprob());
+        res.prompt_logprobs.push_back(std::move(pl));
       }
       return res;
     }

@@ -44,6 +44,7 @@ struct ScheduledSequence {
   bool sample = false;
   std::vector<int32_t> append_blocks;
   bool reset_blocks = false;
+  bool prompt_logprobs = false;
 };
 
 struct BlockCopy {
@@ -66,6 +67,14 @@ struct StepToken {
   std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
+struct PromptLogprob {
+  uint64_t seq_id = 0;
+  int64_t position = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
 struct StepResult {
   uint64_t step_id = 0;
   int32_t rank = 0;
@@ -73,6 +82,7 @@ struct StepResult {
   std::string error;
   uint64_t compute_micros = 0;
   uint64_t comm_micros = 0;
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 struct Heartbeat {

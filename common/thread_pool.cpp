@@ -4,8 +4,46 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace tessera {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long a thread spins for the next event before it sleeps. Long enough to cover the
+// serial work between two kernels of a decode step (norms, RoPE, sampling: tens of
+// microseconds), short enough that an idle pool stops burning CPU at once.
+constexpr auto kSpinTime = std::chrono::microseconds(300);
+
+// Spins until pred() holds or kSpinTime passed; returns pred().
+template <typename Pred>
+bool spin_until(Pred pred) {
+  for (int i = 0; i < 64; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
+}
+
+}  // namespace
 
 bool pin_current_thread(int cpu) {
   cpu_set_t set;
@@ -29,32 +67,36 @@ ThreadPool::ThreadPool(const ThreadPoolOptions& options) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_start_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::run_part(int index) {
+  const int64_t begin = static_cast<int64_t>(index) * job_chunk_;
+  const int64_t end = std::min(job_n_, begin + job_chunk_);
+  if (begin < end) (*job_)(begin, end, index);
+}
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n, chunk;
-    {
+    auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen || stop_.load(); };
+    if (!spin_until(fresh)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunk = job_chunk_;
+      // seq_cst increment, then the predicate's loads: either the caller sees this worker
+      // asleep and notifies, or the worker sees the new generation (see parallel_for).
+      sleeping_workers_.fetch_add(1);
+      cv_start_.wait(lock, [&] { return generation_.load() != seen || stop_.load(); });
+      sleeping_workers_.fetch_sub(1);
     }
-    const int64_t begin = static_cast<int64_t>(index) * chunk;
-    const int64_t end = std::min(n, begin + chunk);
-    if (begin < end) (*job)(begin, end, index);
-    {
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    run_part(index);
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
   }
 }
@@ -69,19 +111,23 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     fn(0, n, 0);
     return;
   }
-  const int64_t chunk = ((units + parts - 1) / parts) * grain;
-  {
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = ((units + parts - 1) / parts) * grain;
+  pending_.store(num_threads_ - 1);
+  generation_.fetch_add(1);  // seq_cst: publishes the job (release) and orders the load below
+  if (sleeping_workers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+    cv_start_.notify_all();
   }
-  cv_start_.notify_all();
-  fn(0, std::min(n, chunk), 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return pending_ == 0; });
+  run_part(0);
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    caller_sleeping_.store(true);
+    cv_done_.wait(lock, done);
+    caller_sleeping_.store(false);
+  }
   job_ = nullptr;
 }
 

@@ -100,6 +100,11 @@ constexpr double sampling_uniform(uint64_t seed, uint64_t counter) {
   return static_cast<double>(sampling_random_bits(seed, counter) >> 11) * 0x1.0p-53;
 }
 
+// Log-probability of `token` under log-softmax(logits) and the n_top most likely tokens
+// (descending, ties by lower id): what prompt logprobs (`echo` with `logprobs`) report. Raw
+// logits, no penalties or temperature. id of the result is `token`.
+SampledToken token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t n_top);
+
 // Per-sequence sampling state: the RNG and the token counts the penalties need.
 class Sampler {
  public:

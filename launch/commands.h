@@ -12,6 +12,9 @@ using Runner = std::function<int()>;
 
 Runner add_generate_command(CLI::App& app);
 Runner add_tokenize_command(CLI::App& app);
+Runner add_topo_command(CLI::App& app);
+Runner add_serve_command(CLI::App& app);
+Runner add_launch_command(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns 1 (the common error exit).
 int fail(const std::string& message);

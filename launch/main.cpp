@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
     runners[sub] = factory(*sub);
   };
   add("generate", "Generate text from a prompt (streams to stdout)", tessera::cli::add_generate_command);
+  add("serve", "Serve the OpenAI API on this node: coordinator and N shards", tessera::cli::add_serve_command);
+  add("launch", "Serve across hosts: run the shards with mpirun (--dry-run prints the line)",
+      tessera::cli::add_launch_command);
+  add("topo", "Print the machine map (hwloc) and the binding each rank would get", tessera::cli::add_topo_command);
   add("tokenize", "Print the token ids of text read on stdin as JSON", tessera::cli::add_tokenize_command);
   try {
     app.parse(argc, argv);

@@ -99,7 +99,7 @@ class GgufParser {
 
   Status parse() {
     ctx_ = "header";
-    char magic[4];
+    char magic[4] = {};
     TESSERA_RETURN_IF_ERROR(read_bytes(magic, 4));
     if (std::memcmp(magic, "GGUF", 4) != 0)
       return Status::corrupt(fmt::format("{}: not a GGUF file (bad magic)", path()));
@@ -167,7 +167,7 @@ class GgufParser {
   // Reads one scalar of type t, widened into int64 / uint64 / double / bool.
   template <typename T, typename Wide>
   Status read_widened(Wide* out) {
-    T v;
+    T v{};
     TESSERA_RETURN_IF_ERROR(read(&v));
     *out = static_cast<Wide>(v);
     return Status::ok();
@@ -184,19 +184,19 @@ class GgufParser {
       case GgufValueType::kInt32: return read_signed<int32_t>(out);
       case GgufValueType::kInt64: return read_signed<int64_t>(out);
       case GgufValueType::kFloat32: {
-        float x;
+        float x = 0;
         TESSERA_RETURN_IF_ERROR(read(&x));
         out->value = static_cast<double>(x);
         return Status::ok();
       }
       case GgufValueType::kFloat64: {
-        double x;
+        double x = 0;
         TESSERA_RETURN_IF_ERROR(read(&x));
         out->value = x;
         return Status::ok();
       }
       case GgufValueType::kBool: {
-        uint8_t b;  // read as a byte: any value other than 0/1 in a bool object is UB
+        uint8_t b = 0;  // read as a byte: any value other than 0/1 in a bool object is UB
         TESSERA_RETURN_IF_ERROR(read(&b));
         out->value = b != 0;
         return Status::ok();
@@ -213,14 +213,14 @@ class GgufParser {
   }
   template <typename T>
   Status read_unsigned(GgufValue* out) {
-    uint64_t v;
+    uint64_t v = 0;
     TESSERA_RETURN_IF_ERROR((read_widened<T, uint64_t>(&v)));
     out->value = v;
     return Status::ok();
   }
   template <typename T>
   Status read_signed(GgufValue* out) {
-    int64_t v;
+    int64_t v = 0;
     TESSERA_RETURN_IF_ERROR((read_widened<T, int64_t>(&v)));
     out->value = v;
     return Status::ok();

@@ -78,10 +78,20 @@ struct Stmt {
   std::vector<std::string> targets;
   std::string attr;                // kSet on a namespace attribute
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro (default may be null), kWith
+  // Names bound to undefined when the frame of `body` (and of a for loop's `else_body`) starts:
+  // see TemplateAst::undefined_at_start.
+  std::vector<std::string> undefined_at_start;
+  std::vector<std::string> else_undefined_at_start;
 };
 
 struct TemplateAst {
   StmtList body;
+  // Jinja decides variable scoping when it compiles: in each frame (the template, a loop
+  // iteration, a macro call, a with/set/filter block), a name whose first use in that frame is an
+  // assignment, and that no enclosing frame uses, starts undefined, hiding the render context's
+  // value of the same name from nested frames until the assignment runs. The parser computes
+  // these names (analyze_scopes in jinja_parser.cpp) so that the interpreter can bind them.
+  std::vector<std::string> undefined_at_start;
 };
 
 }  // namespace tessera::jinja

@@ -219,6 +219,12 @@ Result<Value> f_escape(Interpreter&, const Value& v, const CallArgs&) {
 }
 
 Result<Value> f_first(Interpreter& in, const Value& v, const CallArgs&) {
+  if (v.is_generator()) {  // next(): consumes one item
+    GeneratorState& g = v.generator_state();
+    TESSERA_RETURN_IF_ERROR(g.deferred);
+    if (g.pos >= g.items.size()) return Value::undefined("No first item, sequence was empty.");
+    return g.items[g.pos++];
+  }
   if (v.is_sequence()) return v.as_list().empty() ? Value::undefined("No first item, sequence was empty.") : v.as_list()[0];
   TESSERA_ASSIGN_OR_RETURN(ValueList items, in.iterate(v));
   if (items.empty()) return Value::undefined("No first item, sequence was empty.");
@@ -226,6 +232,7 @@ Result<Value> f_first(Interpreter& in, const Value& v, const CallArgs&) {
 }
 
 Result<Value> f_last(Interpreter& in, const Value& v, const CallArgs&) {
+  if (v.is_generator()) return Status::invalid_argument("'generator' object is not reversible");
   if (v.is_sequence()) return v.as_list().empty() ? Value::undefined("No last item, sequence was empty.") : v.as_list().back();
   TESSERA_ASSIGN_OR_RETURN(ValueList items, in.iterate(v));
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
@@ -323,7 +330,16 @@ Result<Value> f_int(Interpreter&, const Value& v, const CallArgs& a) {
 }
 
 Result<Value> f_format(Interpreter&, const Value& v, const CallArgs& a) {
-  TESSERA_ASSIGN_OR_RETURN(std::string out, py_percent_format(v.to_str(), a));
+  if (!a.positional.empty() && !a.keyword.empty()) {
+    return Status::invalid_argument("format: can't handle positional and keyword arguments at the same time");
+  }
+  Value args = Value::tuple(a.positional);
+  if (!a.keyword.empty()) {
+    ValueDict d;
+    for (const auto& [k, val] : a.keyword) d.set(Value::string(k), val);
+    args = Value::dict(std::move(d));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string out, py_percent_format(v.to_str(), args));
   return Value::string(std::move(out));
 }
 
@@ -503,6 +519,8 @@ Result<Value> f_replace(Interpreter& in, const Value& v, const CallArgs& a) {
   return Value::string(std::move(out));
 }
 
+// Strings reverse to strings; lists, tuples and dicts to a reverse iterator; other iterables
+// (generators) to a list, as Jinja's do_reverse falls back to list(value) reversed.
 Result<Value> f_reverse(Interpreter& in, const Value& v, const CallArgs&) {
   if (v.is_string()) {
     std::u32string cps = decode_utf8(v.as_string());
@@ -511,6 +529,7 @@ Result<Value> f_reverse(Interpreter& in, const Value& v, const CallArgs&) {
   }
   TESSERA_ASSIGN_OR_RETURN(ValueList items, in.iterate(v));
   std::reverse(items.begin(), items.end());
+  if (v.is_sequence() || v.is_dict()) return Value::generator("reverse", std::move(items));
   return Value::list(std::move(items));
 }
 
@@ -667,13 +686,42 @@ Result<Value> f_wordcount(Interpreter&, const Value& v, const CallArgs&) {
   int64_t n = 0;
   bool in_word = false;
   for (char32_t c : decode_utf8(v.to_str())) {
+    // Python's \w, approximately: outside ASCII, anything but spaces, punctuation, symbols,
+    // combining marks and emoji.
+    const bool non_word_above_ascii =
+        is_py_space(c) || (c >= 0x80 && c <= 0xBF && c != 0xAA && c != 0xB2 && c != 0xB3 && c != 0xB5 &&
+                           c != 0xB9 && c != 0xBA && c != 0xBC && c != 0xBD && c != 0xBE) ||
+        c == 0xD7 || c == 0xF7 || (c >= 0x300 && c <= 0x36F) || (c >= 0x2000 && c <= 0x2BFF) ||
+        (c >= 0x3000 && c <= 0x303F) || (c >= 0xFE00 && c <= 0xFE0F) || (c >= 0x1F000 && c <= 0x1FAFF);
     const bool word = c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= 0x80 && !is_py_space(c) && !(c >= 0x2000 && c <= 0x206F) && !(c >= 0x3000 && c <= 0x303F));
+                      (c >= 0x80 && !non_word_above_ascii);
     if (word && !in_word) ++n;
     in_word = word;
   }
   return Value::integer(n);
 }
+
+// The reference's filters of these names are generator functions: see GeneratorState.
+Result<Value> to_generator(std::string_view name, Result<Value> r) {
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kResourceExhausted) return r.status();
+    return Value::generator(std::string(name), {}, r.status());
+  }
+  return Value::generator(std::string(name), r->as_list());
+}
+
+#define TESSERA_JINJA_LAZY(fn, name) \
+  [](Interpreter& in, const Value& v, const CallArgs& a) { return to_generator(name, fn(in, v, a)); }
+
+// A missing required argument fails at the call, before the generator body would run.
+#define TESSERA_JINJA_LAZY_NEEDS_ARG(fn, name, arg_name)                                   \
+  [](Interpreter& in, const Value& v, const CallArgs& a) -> Result<Value> {                \
+    if (a.get(0, arg_name) == nullptr) {                                                   \
+      return Status::invalid_argument(name "() missing 1 required positional argument: '" \
+                                      arg_name "'");                                       \
+    }                                                                                      \
+    return to_generator(name, fn(in, v, a));                                               \
+  }
 
 struct FilterEntry {
   std::string_view name;
@@ -681,22 +729,22 @@ struct FilterEntry {
 };
 
 constexpr FilterEntry kFilters[] = {
-    {"abs", f_abs},           {"attr", f_attr},           {"batch", f_batch},
+    {"abs", f_abs},           {"attr", f_attr},           {"batch", TESSERA_JINJA_LAZY_NEEDS_ARG(f_batch, "do_batch", "linecount")},
     {"capitalize", f_capitalize},
     {"center", f_center},     {"count", f_length},        {"d", f_default},
     {"default", f_default},   {"dictsort", f_dictsort},   {"e", f_escape},
     {"escape", f_escape},     {"first", f_first},         {"float", f_float},
     {"forceescape", f_escape}, {"format", f_format},      {"indent", f_indent},
-    {"int", f_int},           {"items", f_items},         {"join", f_join},
+    {"int", f_int},           {"items", TESSERA_JINJA_LAZY(f_items, "do_items")},         {"join", f_join},
     {"last", f_last},         {"length", f_length},       {"list", f_list},
-    {"lower", f_lower},       {"map", f_map},             {"max", f_max},
-    {"min", f_min},           {"reject", f_reject},       {"rejectattr", f_rejectattr},
+    {"lower", f_lower},       {"map", TESSERA_JINJA_LAZY(f_map, "sync_do_map")},             {"max", f_max},
+    {"min", f_min},           {"reject", TESSERA_JINJA_LAZY(f_reject, "select_or_reject")},       {"rejectattr", TESSERA_JINJA_LAZY(f_rejectattr, "select_or_reject")},
     {"replace", f_replace},   {"reverse", f_reverse},     {"round", f_round},
-    {"safe", f_safe},         {"select", f_select},       {"selectattr", f_selectattr},
-    {"slice", f_slice},
+    {"safe", f_safe},         {"select", TESSERA_JINJA_LAZY(f_select, "select_or_reject")},       {"selectattr", TESSERA_JINJA_LAZY(f_selectattr, "select_or_reject")},
+    {"slice", TESSERA_JINJA_LAZY_NEEDS_ARG(f_slice, "sync_do_slice", "slices")},
     {"sort", f_sort},         {"string", f_string},       {"sum", f_sum},
     {"title", f_title},       {"tojson", f_tojson},       {"trim", f_trim},
-    {"truncate", f_truncate}, {"unique", f_unique},       {"upper", f_upper},
+    {"truncate", f_truncate}, {"unique", TESSERA_JINJA_LAZY(f_unique, "sync_do_unique")},       {"upper", f_upper},
     {"wordcount", f_wordcount},
 };
 
@@ -719,12 +767,13 @@ Result<bool> t_number(Interpreter&, const Value& v, const CallArgs&) { return v.
 Result<bool> t_string(Interpreter&, const Value& v, const CallArgs&) { return v.is_string(); }
 Result<bool> t_mapping(Interpreter&, const Value& v, const CallArgs&) { return v.is_dict(); }
 Result<bool> t_iterable(Interpreter&, const Value& v, const CallArgs&) {
-  return v.is_undefined() || v.is_string() || v.is_sequence() || v.is_dict();
+  return v.is_undefined() || v.is_string() || v.is_sequence() || v.is_dict() || v.is_generator();
 }
 Result<bool> t_sequence(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_undefined() || v.is_string() || v.is_sequence() || v.is_dict();
 }
-Result<bool> t_callable(Interpreter&, const Value& v, const CallArgs&) { return v.is_callable(); }
+// Python's Undefined defines __call__ (to raise), so callable(undefined) holds.
+Result<bool> t_callable(Interpreter&, const Value& v, const CallArgs&) { return v.is_callable() || v.is_undefined(); }
 Result<bool> t_escaped(Interpreter&, const Value&, const CallArgs&) { return false; }
 Result<bool> t_sameas(Interpreter&, const Value& v, const CallArgs& a) { return v.same_as(test_operand(a)); }
 Result<bool> t_eq(Interpreter&, const Value& v, const CallArgs& a) { return py_equal(v, test_operand(a)); }
@@ -740,9 +789,13 @@ Result<bool> t_ge(Interpreter&, const Value& v, const CallArgs& a) {
   return !lt;
 }
 
-Result<bool> t_in(Interpreter&, const Value& v, const CallArgs& a) {
+Result<bool> t_in(Interpreter& in, const Value& v, const CallArgs& a) {
   const Value& container = test_operand(a);
   switch (container.kind()) {
+    case Value::Kind::kGenerator: {
+      TESSERA_ASSIGN_OR_RETURN(ValueList items, in.iterate(container));
+      return std::any_of(items.begin(), items.end(), [&](const Value& x) { return py_equal(x, v); });
+    }
     case Value::Kind::kUndefined: return false;
     case Value::Kind::kString:
       if (!v.is_string()) {
@@ -753,25 +806,43 @@ Result<bool> t_in(Interpreter&, const Value& v, const CallArgs& a) {
     case Value::Kind::kList: case Value::Kind::kTuple:
       return std::any_of(container.as_list().begin(), container.as_list().end(),
                          [&](const Value& x) { return py_equal(x, v); });
-    case Value::Kind::kDict: return container.as_dict().find(v) != nullptr;
+    case Value::Kind::kDict:
+      if (v.kind() == Value::Kind::kList || v.is_dict() || v.is_namespace()) {
+        return Status::invalid_argument(fmt::format("unhashable type: '{}'", v.type_name()));
+      }
+      return container.as_dict().find(v) != nullptr;
     default:
       return Status::invalid_argument(fmt::format("argument of type '{}' is not iterable", container.type_name()));
   }
 }
 
+// Python `value % n` for the parity and divisibility tests (floats allowed, as in Python).
+Result<Value> py_mod(const Value& v, const Value& n) {
+  if (v.is_undefined()) return Status::invalid_argument(v.undefined_message());
+  if (!v.is_number() || !n.is_number()) {
+    return Status::invalid_argument(fmt::format("unsupported operand type(s) for %: '{}' and '{}'", v.type_name(), n.type_name()));
+  }
+  if (n.as_double() == 0.0) return Status::invalid_argument("integer division or modulo by zero");
+  if (v.is_float() || n.is_float()) {
+    double m = std::fmod(v.as_double(), n.as_double());
+    if (m != 0 && ((m < 0) != (n.as_double() < 0))) m += n.as_double();
+    return Value::number(m);
+  }
+  int64_t r = v.as_int() % n.as_int();
+  if (r != 0 && ((r < 0) != (n.as_int() < 0))) r += n.as_int();
+  return Value::integer(r);
+}
 Result<bool> t_odd(Interpreter&, const Value& v, const CallArgs&) {
-  if (!v.is_integral()) return Status::invalid_argument("odd: an integer is required");
-  return v.as_int() % 2 != 0;
+  TESSERA_ASSIGN_OR_RETURN(Value m, py_mod(v, Value::integer(2)));
+  return py_equal(m, Value::integer(1));
 }
 Result<bool> t_even(Interpreter&, const Value& v, const CallArgs&) {
-  if (!v.is_integral()) return Status::invalid_argument("even: an integer is required");
-  return v.as_int() % 2 == 0;
+  TESSERA_ASSIGN_OR_RETURN(Value m, py_mod(v, Value::integer(2)));
+  return py_equal(m, Value::integer(0));
 }
 Result<bool> t_divisibleby(Interpreter&, const Value& v, const CallArgs& a) {
-  const Value& n = test_operand(a);
-  if (!v.is_integral() || !n.is_integral()) return Status::invalid_argument("divisibleby: integers are required");
-  if (n.as_int() == 0) return Status::invalid_argument("integer division or modulo by zero");
-  return v.as_int() % n.as_int() == 0;
+  TESSERA_ASSIGN_OR_RETURN(Value m, py_mod(v, test_operand(a)));
+  return py_equal(m, Value::integer(0));
 }
 Result<bool> t_lower(Interpreter&, const Value& v, const CallArgs&) {
   const std::string s = v.to_str();
@@ -853,7 +924,7 @@ Result<Value> g_dict(Interpreter&, const CallArgs& a) {
   return Value::dict(std::move(d));
 }
 
-Result<Value> g_namespace(Interpreter&, const CallArgs& a) {
+Result<Value> g_namespace(Interpreter& in, const CallArgs& a) {
   ValueDict d;
   if (!a.positional.empty()) {
     if (a.positional.size() > 1 || !a.positional[0].is_dict()) {
@@ -862,7 +933,9 @@ Result<Value> g_namespace(Interpreter&, const CallArgs& a) {
     d = a.positional[0].as_dict();
   }
   for (const auto& [k, v] : a.keyword) d.set(Value::string(k), v);
-  return Value::make_namespace(std::move(d));
+  Value ns = Value::make_namespace(std::move(d));
+  in.track_namespace(ns);
+  return ns;
 }
 
 Result<Value> g_raise_exception(Interpreter& in, const CallArgs& a) {

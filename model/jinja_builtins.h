@@ -38,7 +38,8 @@ std::string py_capitalize(std::string_view s);
 // sep null/None: split on whitespace runs. maxsplit < 0: no limit.
 Result<ValueList> py_split(std::string_view s, const Value* sep, int64_t maxsplit, bool from_right);
 std::string py_replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count);
-// printf-style `fmt % args` (the `format` filter and the `%` operator on strings).
-Result<std::string> py_percent_format(std::string_view fmt, const CallArgs& args);
+// printf-style `fmt % args` (the `%` operator on strings and the `format` filter): a tuple gives
+// positional arguments, a dict also serves `%(name)s`, anything else is one argument.
+Result<std::string> py_percent_format(std::string_view fmt, const Value& args);
 
 }  // namespace tessera::jinja

@@ -39,9 +39,20 @@ struct Scope {
 
 namespace {
 
+// A frame's scope, with the names that start undefined in it (see TemplateAst).
+std::shared_ptr<Scope> new_frame(const std::shared_ptr<Scope>& parent, const std::vector<std::string>& undefined) {
+  auto s = std::make_shared<Scope>();
+  s->parent = parent;
+  for (const std::string& name : undefined) s->set(name, Value::undefined(fmt::format("'{}' is undefined", name)));
+  return s;
+}
+
 // Recursion through exec/eval nests C++ frames; this bound keeps the stack small (well under
 // 1 MiB even with sanitizer-sized frames) whatever the template or its macros do.
 constexpr int kMaxEvalDepth = 400;
+// Values nested deeper than this are refused where templates build them (literals, set), so that
+// recursive printing, comparison and destruction stay shallow.
+constexpr uint32_t kMaxValueDepth = 200;
 
 Status undefined_error(const Value& v) { return Status::invalid_argument(v.undefined_message()); }
 
@@ -132,14 +143,13 @@ Result<std::string> Interpreter::render(const TemplateAst& ast, const ValueDict&
   for (const auto& [k, v] : variables.entries()) {
     if (k.is_string()) context->set(k.as_string(), v);
   }
-  root_ = std::make_shared<Scope>();
-  root_->parent = context;
+  root_ = new_frame(context, ast.undefined_at_start);
   std::string out;
   Flow flow = Flow::kNormal;
   Status status = exec_list(ast.body, root_, out, flow);
-  // Break the scope chain's references so that macros (which hold weak references) and
-  // namespaces are released with the render.
   root_.reset();
+  for (Value& ns : namespaces_) ns.namespace_dict().clear();
+  namespaces_.clear();
   if (!status.is_ok()) return status;
   return out;
 }
@@ -169,6 +179,14 @@ int64_t Interpreter::now_unix_seconds() const {
 Status Interpreter::raise(std::string message) {
   raised_ = true;
   return Status::invalid_argument(std::move(message));
+}
+
+Status Interpreter::check_depth(const Value& v) const {
+  if (v.depth() > kMaxValueDepth) {
+    return Status::resource_exhausted(
+        fmt::format("chat template built a value nested more than {} levels deep", kMaxValueDepth));
+  }
+  return Status::ok();
 }
 
 Status Interpreter::emit(std::string& out, std::string_view text) {
@@ -228,7 +246,7 @@ Status Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std::string& o
     case StmtKind::kSetBlock: {
       std::string captured;
       Flow inner = Flow::kNormal;
-      status = exec_list(stmt.body, scope, captured, inner);
+      status = exec_list(stmt.body, new_frame(scope, stmt.undefined_at_start), captured, inner);
       if (status.is_ok()) {
         Value v = Value::string(std::move(captured));
         if (stmt.expr) {
@@ -255,8 +273,7 @@ Status Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std::string& o
       flow = Flow::kContinue;
       break;
     case StmtKind::kWith: {
-      auto inner = std::make_shared<Scope>();
-      inner->parent = scope;
+      auto inner = new_frame(scope, stmt.undefined_at_start);
       for (const auto& [name, expr] : stmt.params) {
         auto v = eval(*expr, scope);
         if (!v.is_ok()) {
@@ -271,7 +288,7 @@ Status Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std::string& o
     case StmtKind::kFilterBlock: {
       std::string captured;
       Flow inner = Flow::kNormal;
-      status = exec_list(stmt.body, scope, captured, inner);
+      status = exec_list(stmt.body, new_frame(scope, stmt.undefined_at_start), captured, inner);
       if (status.is_ok()) {
         const Value input = Value::string(std::move(captured));
         auto v = eval_filter(*stmt.expr, scope, &input);
@@ -279,9 +296,11 @@ Status Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std::string& o
       }
       break;
     }
-    case StmtKind::kBlock:
-      status = exec_list(stmt.body, scope, out, flow);
+    case StmtKind::kBlock: {
+      Flow inner = Flow::kNormal;
+      status = exec_list(stmt.body, new_frame(scope, stmt.undefined_at_start), out, inner);
       break;
+    }
   }
   --eval_depth_;
   if (!status.is_ok() && !raised_ && !error_located_ && status.code() == StatusCode::kInvalidArgument) {
@@ -319,17 +338,13 @@ Status Interpreter::exec_for(const Stmt& stmt, const ScopePtr& scope, std::strin
     }
     items = std::move(kept);
   }
-  if (items.empty()) {
-    auto s = std::make_shared<Scope>();
-    s->parent = scope;
-    Flow flow = Flow::kNormal;
-    return exec_list(stmt.else_body, s, out, flow);
-  }
+  // Jinja runs the else block unless some iteration reached the end of the body: an empty loop,
+  // but also one whose iterations all ended in break/continue (the reference does this).
+  bool completed_iteration = false;
   const auto n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
     TESSERA_RETURN_IF_ERROR(charge_iterations(1));
-    auto s = std::make_shared<Scope>();
-    s->parent = scope;
+    auto s = new_frame(scope, stmt.undefined_at_start);
     TESSERA_RETURN_IF_ERROR(bind(*s, items[static_cast<size_t>(i)]));
     ValueDict loop;
     loop.append_new(Value::string("index"), Value::integer(i + 1));
@@ -352,13 +367,20 @@ Status Interpreter::exec_for(const Stmt& stmt, const ScopePtr& scope, std::strin
     s->set("loop", Value::dict(std::move(loop)));
     Flow flow = Flow::kNormal;
     TESSERA_RETURN_IF_ERROR(exec_list(stmt.body, s, out, flow));
+    if (flow == Flow::kNormal) completed_iteration = true;
     if (flow == Flow::kBreak) break;
+  }
+  if (!completed_iteration && !stmt.else_body.empty()) {
+    auto s = new_frame(scope, stmt.else_undefined_at_start);
+    Flow flow = Flow::kNormal;
+    return exec_list(stmt.else_body, s, out, flow);
   }
   return Status::ok();
 }
 
 Status Interpreter::exec_set(const Stmt& stmt, const ScopePtr& scope) {
   TESSERA_ASSIGN_OR_RETURN(Value v, eval(*stmt.expr, scope));
+  TESSERA_RETURN_IF_ERROR(check_depth(v));
   if (!stmt.attr.empty()) {
     const Value* target = scope->lookup(stmt.targets[0]);
     if (target == nullptr || !target->is_namespace()) {
@@ -395,9 +417,8 @@ Result<Value> Interpreter::call_macro(const Stmt& def, const std::weak_ptr<Scope
     for (const auto& p : def.params) known = known || p.first == k;
     if (!known) return Status::invalid_argument(fmt::format("macro '{}' takes no keyword argument '{}'", def.targets[0], k));
   }
-  auto scope = std::make_shared<Scope>();
-  scope->parent = closure.lock();
-  if (!scope->parent) scope->parent = root_;
+  std::shared_ptr<Scope> parent = closure.lock();
+  auto scope = new_frame(parent ? parent : root_, def.undefined_at_start);
   for (size_t i = 0; i < def.params.size(); ++i) {
     const auto& [name, default_expr] = def.params[i];
     if (const Value* given = args.get(i, name)) {
@@ -475,7 +496,9 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const ScopePtr& scope) {
         TESSERA_ASSIGN_OR_RETURN(Value v, eval(*a, scope));
         items.push_back(std::move(v));
       }
-      return e.kind == ExprKind::kList ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+      Value v = e.kind == ExprKind::kList ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+      TESSERA_RETURN_IF_ERROR(check_depth(v));
+      return v;
     }
     case ExprKind::kDict: {
       ValueDict d;
@@ -487,7 +510,9 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const ScopePtr& scope) {
         }
         d.set(std::move(k), std::move(v));
       }
-      return Value::dict(std::move(d));
+      Value v = Value::dict(std::move(d));
+      TESSERA_RETURN_IF_ERROR(check_depth(v));
+      return v;
     }
     case ExprKind::kAttr: {
       TESSERA_ASSIGN_OR_RETURN(Value obj, eval(*e.operand, scope));
@@ -618,6 +643,11 @@ Result<Value> Interpreter::binary_op(std::string_view op, const Value& a, const 
     TESSERA_RETURN_IF_ERROR(check_size(s.size()));
     return Value::string(std::move(s));
   }
+  if (op == "%" && a.is_string()) {  // printf-style formatting; an undefined argument prints empty
+    TESSERA_ASSIGN_OR_RETURN(std::string out, py_percent_format(a.as_string(), b));
+    TESSERA_RETURN_IF_ERROR(check_size(out.size()));
+    return Value::string(std::move(out));
+  }
   if (a.is_undefined()) return undefined_error(a);
   if (b.is_undefined()) return undefined_error(b);
   if (a.is_number() && b.is_number()) {
@@ -725,12 +755,6 @@ Result<Value> Interpreter::binary_op(std::string_view op, const Value& a, const 
     }
     return type_error("*", a, b);
   }
-  if (op == "%" && a.is_string()) {
-    CallArgs args;
-    if (b.kind() == Value::Kind::kTuple) args.positional = b.as_list();
-    else args.positional.push_back(b);
-    return apply_filter("format", a, args);
-  }
   return type_error(op, a, b);
 }
 
@@ -758,6 +782,13 @@ Result<ValueList> Interpreter::iterate(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return ValueList{};
     case Value::Kind::kList: case Value::Kind::kTuple: return v.as_list();
+    case Value::Kind::kGenerator: {
+      GeneratorState& g = v.generator_state();
+      TESSERA_RETURN_IF_ERROR(g.deferred);
+      ValueList rest(g.items.begin() + static_cast<std::ptrdiff_t>(g.pos), g.items.end());
+      g.pos = g.items.size();
+      return rest;
+    }
     case Value::Kind::kDict: {
       ValueList keys;
       keys.reserve(v.as_dict().size());

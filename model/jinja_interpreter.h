@@ -59,6 +59,11 @@ class Interpreter {
   int64_t now_unix_seconds() const;
   // raise_exception(message): the render fails with exactly this message.
   Status raise(std::string message);
+  // Fails when `v` nests containers deeper than the interpreter allows.
+  Status check_depth(const Value& v) const;
+  // Namespaces are the only values that can reference themselves; the render empties the ones
+  // it created when it ends, so that such cycles do not outlive it.
+  void track_namespace(const Value& ns) { namespaces_.push_back(ns); }
 
   Result<Value> call(const Value& callee, const CallArgs& args);
   Result<Value> apply_filter(std::string_view name, const Value& operand, const CallArgs& args);
@@ -92,6 +97,7 @@ class Interpreter {
   bool error_located_ = false;  // the pending error already names its line
   bool raised_ = false;         // the pending error came from raise_exception
   ScopePtr root_;
+  std::vector<Value> namespaces_;
 };
 
 }  // namespace tessera::jinja

@@ -491,7 +491,12 @@ std::string py_replace(std::string_view s, std::string_view old, std::string_vie
   }
 }
 
-Result<std::string> py_percent_format(std::string_view fmt_str, const CallArgs& args) {
+Result<std::string> py_percent_format(std::string_view fmt_str, const Value& args) {
+  ValueList items;
+  if (args.kind() == Value::Kind::kTuple) items = args.as_list();
+  else items.push_back(args);
+  // Python lets a mapping-like single argument go unused ('a' % {'x': 1} == 'a').
+  const bool mapping_like = args.is_dict() || args.kind() == Value::Kind::kList || args.is_undefined();
   std::string out;
   size_t next_arg = 0;
   for (size_t i = 0; i < fmt_str.size(); ++i) {
@@ -500,6 +505,17 @@ Result<std::string> py_percent_format(std::string_view fmt_str, const CallArgs& 
       continue;
     }
     ++i;
+    const Value* keyed = nullptr;
+    if (i < fmt_str.size() && fmt_str[i] == '(') {
+      const size_t close = fmt_str.find(')', i);
+      if (close == std::string_view::npos) return Status::invalid_argument("incomplete format key");
+      if (!args.is_dict()) return Status::invalid_argument("format requires a mapping");
+      keyed = args.as_dict().find(fmt_str.substr(i + 1, close - i - 1));
+      if (keyed == nullptr) {
+        return Status::invalid_argument(fmt::format("format key '{}' not found", fmt_str.substr(i + 1, close - i - 1)));
+      }
+      i = close + 1;
+    }
     std::string spec = "%";
     while (i < fmt_str.size() && std::string_view("-+ 0#").find(fmt_str[i]) != std::string_view::npos) spec += fmt_str[i++];
     while (i < fmt_str.size() && fmt_str[i] >= '0' && fmt_str[i] <= '9') spec += fmt_str[i++];
@@ -513,12 +529,13 @@ Result<std::string> py_percent_format(std::string_view fmt_str, const CallArgs& 
       out.push_back('%');
       continue;
     }
-    if (next_arg >= args.positional.size()) return Status::invalid_argument("not enough arguments for format string");
-    const Value& v = args.positional[next_arg++];
+    if (keyed == nullptr && next_arg >= items.size()) {
+      return Status::invalid_argument("not enough arguments for format string");
+    }
+    const Value& v = keyed != nullptr ? *keyed : items[next_arg++];
     char buf[512];
     if (conv == 's' || conv == 'r') {
       const std::string text = conv == 's' ? v.to_str() : v.repr();
-      // Width/precision apply to characters; the common case has neither.
       if (spec == "%") {
         out += text;
       } else {
@@ -526,19 +543,23 @@ Result<std::string> py_percent_format(std::string_view fmt_str, const CallArgs& 
         out += buf;
       }
     } else if (std::string_view("dixXoc").find(conv) != std::string_view::npos) {
-      if (!v.is_number()) return Status::invalid_argument(fmt::format("%{} format: a number is required, not {}", conv, v.type_name()));
+      if (!v.is_number()) {
+        return Status::invalid_argument(fmt::format("%{} format: a number is required, not {}", conv, v.type_name()));
+      }
       const long long n = v.is_float() ? static_cast<long long>(v.as_double()) : v.as_int();
       std::snprintf(buf, sizeof(buf), (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
       out += buf;
     } else if (std::string_view("eEfFgG").find(conv) != std::string_view::npos) {
-      if (!v.is_number()) return Status::invalid_argument(fmt::format("%{} format: a number is required, not {}", conv, v.type_name()));
+      if (!v.is_number()) {
+        return Status::invalid_argument(fmt::format("%{} format: a number is required, not {}", conv, v.type_name()));
+      }
       std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), v.as_double());
       out += buf;
     } else {
       return Status::invalid_argument(fmt::format("unsupported format character '{}'", conv));
     }
   }
-  if (next_arg < args.positional.size()) {
+  if (next_arg < items.size() && !(mapping_like && args.kind() != Value::Kind::kTuple)) {
     return Status::invalid_argument("not all arguments converted during string formatting");
   }
   return out;

@@ -1,6 +1,8 @@
 #include "model/jinja_parser.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -756,11 +758,151 @@ class Parser {
   int loop_depth_ = 0;
 };
 
+// ---- scoping analysis -----------------------------------------------------------------------
+//
+// Mirrors the symbol tracking of the reference compiler (jinja2/idtracking.py): per frame, each
+// referenced name gets an initial binding: a parameter, the enclosing or context value ("resolve"
+// / "alias"), or undefined when the first reference is a store and no enclosing frame knows the
+// name. Only the undefined case differs from plain dynamic lookup, so only it is recorded.
+class ScopeAnalyzer {
+ public:
+  enum class Load : uint8_t { kParam, kResolve, kAlias, kUndefined };
+  struct Symbols {
+    std::map<std::string, Load> refs;
+    std::set<std::string> stores;
+  };
+
+  // Analyzes one frame whose enclosing frames' symbols are `ancestors` (innermost last), then
+  // the frames nested in it. Returns the frame's undefined-at-start names.
+  std::vector<std::string> frame(StmtList& body, const std::vector<std::string>& params,
+                                 std::vector<const Symbols*>& ancestors) {
+    Symbols sym;
+    for (const auto& p : params) sym.refs[p] = Load::kParam;
+    for (const StmtPtr& s : body) visit(*s, sym, ancestors);
+    std::vector<std::string> undefined;
+    for (const auto& [name, load] : sym.refs) {
+      if (load == Load::kUndefined) undefined.push_back(name);
+    }
+    ancestors.push_back(&sym);
+    for (const StmtPtr& s : body) nested(*s, ancestors);
+    ancestors.pop_back();
+    return undefined;
+  }
+
+ private:
+  static bool known_outside(const std::string& name, const std::vector<const Symbols*>& ancestors) {
+    for (const Symbols* a : ancestors) {
+      if (a->refs.count(name) != 0) return true;
+    }
+    return false;
+  }
+
+  static void load(const std::string& name, Symbols& sym) { sym.refs.emplace(name, Load::kResolve); }
+
+  static void store(const std::string& name, Symbols& sym, const std::vector<const Symbols*>& ancestors) {
+    sym.stores.insert(name);
+    if (sym.refs.count(name) == 0) sym.refs[name] = known_outside(name, ancestors) ? Load::kAlias : Load::kUndefined;
+  }
+
+  static void visit_expr(const Expr* e, Symbols& sym) {
+    if (e == nullptr) return;
+    if (e->kind == ExprKind::kName) load(e->name, sym);
+    visit_expr(e->operand.get(), sym);
+    for (const ExprPtr& a : e->args) visit_expr(a.get(), sym);
+    for (const auto& [k, a] : e->kwargs) visit_expr(a.get(), sym);
+  }
+
+  // The symbols of `s` as seen from the frame that contains it (nested frames stop the visit).
+  void visit(const Stmt& s, Symbols& sym, const std::vector<const Symbols*>& ancestors) {
+    switch (s.kind) {
+      case StmtKind::kOutput: visit_expr(s.expr.get(), sym); break;
+      case StmtKind::kSet:
+        visit_expr(s.expr.get(), sym);
+        if (!s.attr.empty()) load(s.targets[0], sym);
+        else for (const auto& t : s.targets) store(t, sym, ancestors);
+        break;
+      case StmtKind::kSetBlock: store(s.targets[0], sym, ancestors); break;
+      case StmtKind::kMacro: store(s.targets[0], sym, ancestors); break;
+      case StmtKind::kFor: visit_expr(s.expr.get(), sym); break;
+      case StmtKind::kWith:
+        for (const auto& [name, value] : s.params) visit_expr(value.get(), sym);
+        break;
+      case StmtKind::kFilterBlock: visit_expr(s.expr.get(), sym); break;
+      case StmtKind::kIf: visit_if(s, 0, sym, ancestors); break;
+      default: break;
+    }
+  }
+
+  // An if with elifs is an if whose else branch holds the next if, as in the reference's tree:
+  // branches are the body, the elif chain and the else body.
+  void visit_if(const Stmt& s, size_t index, Symbols& sym, const std::vector<const Symbols*>& ancestors) {
+    visit_expr(s.conds[index].get(), sym);
+    std::vector<Symbols> branches(3, sym);
+    for (const StmtPtr& b : s.bodies[index]) visit(*b, branches[0], ancestors);
+    if (index + 1 < s.conds.size()) {
+      visit_if(s, index + 1, branches[1], ancestors);
+    } else {
+      for (const StmtPtr& b : s.else_body) visit(*b, branches[2], ancestors);
+    }
+    std::map<std::string, size_t> counts;
+    for (const Symbols& b : branches) {
+      for (const auto& t : b.stores) {
+        if (sym.stores.count(t) == 0) ++counts[t];
+      }
+    }
+    for (const Symbols& b : branches) {
+      for (const auto& [name, load] : b.refs) sym.refs[name] = load;
+      sym.stores.insert(b.stores.begin(), b.stores.end());
+    }
+    for (const auto& [name, count] : counts) {
+      if (count != branches.size()) sym.refs[name] = known_outside(name, ancestors) ? Load::kAlias : Load::kResolve;
+    }
+  }
+
+  // Frames nested in `s` (directly or inside if branches).
+  void nested(Stmt& s, std::vector<const Symbols*>& ancestors) {
+    switch (s.kind) {
+      case StmtKind::kIf:
+        for (auto& body : s.bodies) {
+          for (StmtPtr& b : body) nested(*b, ancestors);
+        }
+        for (StmtPtr& b : s.else_body) nested(*b, ancestors);
+        break;
+      case StmtKind::kFor: {
+        std::vector<std::string> params = s.targets;
+        params.push_back("loop");
+        s.undefined_at_start = frame(s.body, params, ancestors);
+        s.else_undefined_at_start = frame(s.else_body, {}, ancestors);
+        break;
+      }
+      case StmtKind::kMacro: {
+        std::vector<std::string> params = {"varargs", "kwargs", "caller"};
+        for (const auto& [name, def] : s.params) params.push_back(name);
+        s.undefined_at_start = frame(s.body, params, ancestors);
+        break;
+      }
+      case StmtKind::kWith: {
+        std::vector<std::string> params;
+        for (const auto& [name, value] : s.params) params.push_back(name);
+        s.undefined_at_start = frame(s.body, params, ancestors);
+        break;
+      }
+      case StmtKind::kSetBlock: case StmtKind::kFilterBlock: case StmtKind::kBlock:
+        s.undefined_at_start = frame(s.body, {}, ancestors);
+        break;
+      default: break;
+    }
+  }
+};
+
 }  // namespace
 
 Result<std::unique_ptr<TemplateAst>> parse_template(std::string_view source) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<Token> tokens, tokenize(source));
-  return Parser(std::move(tokens)).run();
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<TemplateAst> ast, Parser(std::move(tokens)).run());
+  std::vector<const ScopeAnalyzer::Symbols*> ancestors;
+  ast->undefined_at_start = ScopeAnalyzer().frame(ast->body, {}, ancestors);
+  return ast;
 }
 
 }  // namespace tessera::jinja

@@ -229,27 +229,44 @@ Value Value::string(std::string s) {
   v.str_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
+namespace {
+uint32_t depth_of(const ValueList& items) {
+  uint32_t d = 0;
+  for (const Value& item : items) d = std::max(d, item.depth());
+  return d + 1;
+}
+uint32_t depth_of(const ValueDict& dict) {
+  uint32_t d = 0;
+  for (const auto& [k, item] : dict.entries()) d = std::max({d, k.depth(), item.depth()});
+  return d + 1;
+}
+}  // namespace
+
 Value Value::list(ValueList items) {
   Value v;
   v.kind_ = Kind::kList;
+  v.depth_ = depth_of(items);
   v.list_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
 Value Value::tuple(ValueList items) {
   Value v;
   v.kind_ = Kind::kTuple;
+  v.depth_ = depth_of(items);
   v.list_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
 Value Value::dict(ValueDict d) {
   Value v;
   v.kind_ = Kind::kDict;
+  v.depth_ = depth_of(d);
   v.dict_ = std::make_shared<ValueDict>(std::move(d));
   return v;
 }
 Value Value::make_namespace(ValueDict d) {
   Value v;
   v.kind_ = Kind::kNamespace;
+  v.depth_ = 1;
   v.dict_ = std::make_shared<ValueDict>(std::move(d));
   return v;
 }
@@ -257,6 +274,17 @@ Value Value::callable(std::string name, NativeFunction fn) {
   Value v;
   v.kind_ = Kind::kCallable;
   v.fn_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)});
+  return v;
+}
+
+Value Value::generator(std::string name, ValueList items, Status deferred) {
+  Value v;
+  v.kind_ = Kind::kGenerator;
+  v.gen_ = std::make_shared<GeneratorState>();
+  v.gen_->name = std::move(name);
+  v.gen_->items = std::move(items);
+  v.gen_->deferred = std::move(deferred);
+  v.depth_ = depth_of(v.gen_->items);
   return v;
 }
 
@@ -274,7 +302,7 @@ bool Value::truthy() const {
     case Kind::kString: return !str_->empty();
     case Kind::kList: case Kind::kTuple: return !list_->empty();
     case Kind::kDict: return dict_->size() > 0;
-    case Kind::kNamespace: case Kind::kCallable: return true;
+    case Kind::kNamespace: case Kind::kCallable: case Kind::kGenerator: return true;
   }
   return false;
 }
@@ -292,6 +320,7 @@ std::string_view Value::type_name() const {
     case Kind::kDict: return "dict";
     case Kind::kNamespace: return "Namespace";
     case Kind::kCallable: return "function";
+    case Kind::kGenerator: return "generator";
   }
   return "object";
 }
@@ -349,7 +378,11 @@ std::string Value::to_str() const {
   }
 }
 
-std::string Value::repr() const {
+std::string Value::repr() const { return repr_at(0); }
+
+std::string Value::repr_at(int level) const {
+  // Only a namespace can contain itself; stop where Python would print "{...}".
+  if (level > 128) return "...";
   switch (kind_) {
     case Kind::kUndefined: return "Undefined";
     case Kind::kNone: return "None";
@@ -362,7 +395,7 @@ std::string Value::repr() const {
       std::string out = tuple ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i > 0) out += ", ";
-        out += (*list_)[i].repr();
+        out += (*list_)[i].repr_at(level + 1);
       }
       if (tuple && list_->size() == 1) out += ",";
       out += tuple ? ")" : "]";
@@ -374,14 +407,15 @@ std::string Value::repr() const {
       for (const auto& [k, v] : dict_->entries()) {
         if (!first) out += ", ";
         first = false;
-        out += k.repr();
+        out += k.repr_at(level + 1);
         out += ": ";
-        out += v.repr();
+        out += v.repr_at(level + 1);
       }
       out += kind_ == Kind::kNamespace ? "}>" : "}";
       return out;
     }
     case Kind::kCallable: return fmt::format("<function {}>", fn_->name);
+    case Kind::kGenerator: return fmt::format("<generator object {}>", gen_->name);
   }
   return "";
 }
@@ -392,6 +426,7 @@ bool Value::same_as(const Value& other) const {
     case Kind::kList: case Kind::kTuple: return list_ == other.list_;
     case Kind::kDict: case Kind::kNamespace: return dict_ == other.dict_;
     case Kind::kCallable: return fn_ == other.fn_;
+    case Kind::kGenerator: return gen_ == other.gen_;
     default: return py_equal(*this, other);
   }
 }

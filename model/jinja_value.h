@@ -38,6 +38,7 @@ class ValueDict {
   void set(Value key, Value value);
   // Appends without looking for an existing key: the caller knows the key is new.
   void append_new(Value key, Value value);
+  void clear() { entries_.clear(); }
   const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
   size_t size() const { return entries_.size(); }
 
@@ -59,6 +60,17 @@ struct CallArgs {
 
 using NativeFunction = std::function<Result<Value>(Interpreter&, const CallArgs&)>;
 
+// A one-pass iterator, as Jinja's map/select/reject/selectattr/rejectattr/items/unique/batch/
+// slice/reverse filters return: always truthy, without len(), consumed by iteration. Items are
+// computed eagerly; an error met while computing them is deferred to the first consumption,
+// where the lazy reference would raise it (or never, when nothing consumes the iterator).
+struct GeneratorState {
+  std::string name;  // the producing filter, for printing
+  ValueList items;
+  size_t pos = 0;    // items before pos are consumed
+  Status deferred;
+};
+
 struct Callable {
   std::string name;  // for messages and printing
   NativeFunction fn;
@@ -67,7 +79,8 @@ struct Callable {
 class Value {
  public:
   enum class Kind : uint8_t {
-    kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace, kCallable
+    kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace, kCallable,
+    kGenerator
   };
 
   Value() = default;  // undefined
@@ -82,6 +95,7 @@ class Value {
   static Value dict(ValueDict d);
   static Value make_namespace(ValueDict d);
   static Value callable(std::string name, NativeFunction fn);
+  static Value generator(std::string name, ValueList items, Status deferred = Status::ok());
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -97,15 +111,22 @@ class Value {
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_callable() const { return kind_ == Kind::kCallable; }
+  bool is_generator() const { return kind_ == Kind::kGenerator; }
 
   bool as_bool() const { return b_; }
   int64_t as_int() const { return kind_ == Kind::kBool ? (b_ ? 1 : 0) : i_; }
   double as_double() const { return kind_ == Kind::kFloat ? f_ : static_cast<double>(as_int()); }
+  // Container nesting: 0 for scalars, 1 + the deepest element for lists, tuples, dicts and
+  // generators; a namespace counts 1 (its members can change). The interpreter bounds it so that
+  // printing, comparing and freeing values cannot recurse without limit.
+  uint32_t depth() const { return depth_; }
+
   const std::string& as_string() const { return *str_; }
   const ValueList& as_list() const { return *list_; }
   const ValueDict& as_dict() const { return *dict_; }
   ValueDict& namespace_dict() const { return *dict_; }
   const Callable& as_callable() const { return *fn_; }
+  GeneratorState& generator_state() const { return *gen_; }
   // For undefined values: what was looked up ("'x' is undefined"), used in error messages.
   std::string undefined_message() const;
 
@@ -121,7 +142,10 @@ class Value {
   bool same_as(const Value& other) const;
 
  private:
+  std::string repr_at(int level) const;
+
   Kind kind_ = Kind::kUndefined;
+  uint32_t depth_ = 0;
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
@@ -129,6 +153,7 @@ class Value {
   std::shared_ptr<const ValueList> list_;
   std::shared_ptr<ValueDict> dict_;         // const in use for kDict; mutable for kNamespace
   std::shared_ptr<const Callable> fn_;
+  std::shared_ptr<GeneratorState> gen_;
 };
 
 // Python ==: numbers compare by value across bool/int/float; containers element-wise.

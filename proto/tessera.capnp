@@ -53,6 +53,7 @@ struct ScheduledSequence {
   sample @3 :Bool;
   appendBlocks @4 :List(Int32);  # appended to the block table before the step
   resetBlocks @5 :Bool;          # clear the table first (preemption / recompute)
+  promptLogprobs @6 :Bool;       # report the logprob of every prompt token this piece predicts
 }
 
 struct BlockCopy {
@@ -80,6 +81,15 @@ struct SampledToken {
   topLogprobs @3 :List(TopLogprob);
 }
 
+# Logprob of the prompt token at `position`, predicted by position - 1 (echo + logprobs).
+struct PromptLogprob {
+  seqId @0 :UInt64;
+  position @1 :Int64;
+  token @2 :Int32;
+  logprob @3 :Float32;
+  topLogprobs @4 :List(TopLogprob);
+}
+
 struct StepResult {
   stepId @0 :UInt64;
   rank @1 :Int32;
@@ -87,6 +97,7 @@ struct StepResult {
   error @3 :Text;                   # empty: ok
   computeMicros @4 :UInt64;
   commMicros @5 :UInt64;
+  promptLogprobs @6 :List(PromptLogprob);  # rank 0 only
 }
 
 struct Heartbeat {

@@ -8,6 +8,12 @@ bash scripts/install_deps.sh
 export TESSERA_TESTDATA=${TESSERA_TESTDATA:-$(pwd)/../shared/testdata}
 [ -d "$TESSERA_TESTDATA" ] || echo "note: no test data at $TESSERA_TESTDATA; those tests will skip"
 
+echo "== Python environment for the API tests (.venv) =="
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check openai pytest
+fi
+
 echo "== build (Release) =="
 BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh
 echo "== tests =="

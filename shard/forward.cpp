@@ -190,7 +190,7 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
   int64_t n_out = 0;
   for (const SequenceInput& in : batch) {
     n += static_cast<int64_t>(in.tokens.size());
-    n_out += in.want_logits ? 1 : 0;
+    n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
   }
   ensure_workspace(n);
   embed(batch);
@@ -213,10 +213,11 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
   // Gather the last hidden state of every piece that wants logits, then the LM head.
   int64_t t = 0, row = 0;
   for (const SequenceInput& in : batch) {
-    t += static_cast<int64_t>(in.tokens.size());
-    if (!in.want_logits) continue;
-    std::copy_n(&h_[static_cast<size_t>((t - 1) * hidden)], hidden, &proj_[static_cast<size_t>(row * hidden)]);
-    ++row;
+    const auto len = static_cast<int64_t>(in.tokens.size());
+    t += len;
+    const int64_t first = in.all_logits ? t - len : in.want_logits ? t - 1 : t;
+    for (int64_t i = first; i < t; ++i, ++row)
+      std::copy_n(&h_[static_cast<size_t>(i * hidden)], hidden, &proj_[static_cast<size_t>(row * hidden)]);
   }
   if (n_out == 0) {
     logits.clear();

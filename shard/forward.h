@@ -29,6 +29,7 @@ struct SequenceInput {
   int64_t start_pos = 0;                 // position of tokens[0]
   std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
   bool want_logits = true;               // logits of the last token of this piece
+  bool all_logits = false;               // logits of every token of this piece (prompt logprobs)
 };
 
 class ForwardPass {
@@ -39,8 +40,9 @@ class ForwardPass {
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
               ThreadPool* pool, KvCache* cache, DeviceComm* comm);
 
-  // Runs every piece; writes fp32 logits [number of pieces with want_logits, vocab] (the full
-  // vocabulary, identical on every rank) to `logits` (resized). Errors: token id out of range,
+  // Runs every piece; writes fp32 logits (the full vocabulary, identical on every rank) to
+  // `logits` (resized): in batch order, one row per token of a piece with all_logits, else one
+  // row for a piece with want_logits. Errors: token id out of range,
   // block table too short; the cache is not modified when the input is rejected. Every rank
   // of the group validates the same plan the same way, so all reject it together.
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);

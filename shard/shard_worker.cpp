@@ -56,6 +56,7 @@ std::string hostname() {
 // Per-sequence state a shard keeps between steps.
 struct SequenceState {
   std::vector<int32_t> tokens;       // prompt, then every sampled token
+  size_t n_prompt = 0;
   std::vector<int32_t> block_table;
   std::unique_ptr<Sampler> sampler;
 };
@@ -240,6 +241,7 @@ class ShardWorker {
                                                   n.seq_id, id, vocab - 1));
       SequenceState st;
       st.tokens = n.prompt_ids;
+      st.n_prompt = n.prompt_ids.size();
       st.sampler = std::make_unique<Sampler>(n.sampling);
       st.sampler->add_prompt_tokens(n.prompt_ids);
       sequences_.emplace(n.seq_id, std::move(st));
@@ -289,6 +291,7 @@ class ShardWorker {
         in.start_pos = q.start_pos;
         in.block_table = st.block_table;
         in.want_logits = q.sample;
+        in.all_logits = q.prompt_logprobs;
         batch_.push_back(in);
       }
       const uint64_t comm_before = forward_->comm_micros;
@@ -308,8 +311,27 @@ class ShardWorker {
     const int64_t vocab = store_->config().vocab;
     int64_t row = 0;
     for (const ScheduledSequence& q : plan.scheduled) {
-      if (!q.sample) continue;
       SequenceState& st = sequences_.at(q.seq_id);
+      if (q.prompt_logprobs) {
+        // Row i predicts the token at start_pos + i + 1; report those inside the prompt.
+        const auto n_prompt = static_cast<int64_t>(st.n_prompt);
+        for (int64_t i = 0; i < q.num_tokens; ++i) {
+          const int64_t pos = q.start_pos + i + 1;
+          if (comm_.rank() == 0 && pos < n_prompt) {
+            const int32_t token = st.tokens[static_cast<size_t>(pos)];
+            SampledToken lp = token_logprobs(&logits_[static_cast<size_t>((row + i) * vocab)], vocab, token,
+                                             st.sampler->params().n_logprobs);
+            r.prompt_logprobs.push_back({q.seq_id, pos, token, lp.logprob, std::move(lp.top_logprobs)});
+          }
+        }
+        row += q.num_tokens - 1;  // the last row is the sampling row below
+        if (!q.sample) {
+          ++row;
+          continue;
+        }
+      } else if (!q.sample) {
+        continue;
+      }
       SampledToken tok = st.sampler->sample(&logits_[static_cast<size_t>(row * vocab)], vocab);
       ++row;
       // Recompute after preemption re-samples only when the plan covers every known token.

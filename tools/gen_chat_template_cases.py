@@ -247,6 +247,15 @@ FEATURES = [
     ("nested_loops", "{% for a in [1, 2] %}{% for b in ['x', 'y'] %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}({{ loop.index }}){% endfor %}", {}),
     ("loop_scoping", "{% set a = 1 %}{% for x in [1, 2] %}{{ a }}{% set a = a + 1 %}{{ a }}{% endfor %}{{ a }}|{% for x in [1, 2] %}{% if loop.first %}{% set b = 5 %}{% endif %}[{{ b }}]{% endfor %}", {}),
     ("if_scoping", "{% if true %}{% set b = 3 %}{% endif %}{{ b }}", {}),
+    # Jinja decides scopes at compile time: a template-level name first assigned after a loop is
+    # undefined inside the loop even though the context has it; blocks are frames of their own.
+    ("scoping_compile_time", "{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'new' %}{{ s }}|{% for i in [1] %}[{{ t }}]{% endfor %}{% if false %}{% set t = 'x' %}{% endif %}|{% set u2 = u %}{% for i in [1] %}[{{ u }}]{% endfor %}{% set u = 'new' %}|{% macro m() %}[{{ v }}]{% endmacro %}{{ m() }}{% set v = 'new' %}{{ m() }}", {"s": "ctx", "t": "ctx", "u": "ctx", "v": "ctx"}),
+    ("block_frames_do_not_leak", "{% set blk %}{% set inner = 1 %}x{% endset %}[{{ inner }}]{% filter upper %}{% set inner2 = 2 %}y{% endfilter %}[{{ inner2 }}]{% with %}{% set inner3 = 3 %}{% endwith %}[{{ inner3 }}]", {}),
+    ("for_else_after_break_continue", "{% for x in [1, 2] %}{% break %}{% else %}E1{% endfor %}|{% for x in [1, 2] %}{{ x }}{% continue %}{% else %}E2{% endfor %}|{% for x in [1, 2] %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}{% else %}E3{% endfor %}|{% for x in [1, 2] if x > 5 %}{% else %}E4{% endfor %}", {}),
+    ("generators_are_truthy_and_single_pass", "{% if empty|selectattr('role', 'equalto', 'system') %}truthy{% endif %}|{% set g = [1, 2, 3]|select('odd') %}{{ g|list }}{{ g|list }}|{% set h = [1, 2, 3]|map('string') %}{{ h|first }}{{ h|join }}|{{ [3, 1]|reverse|list }}{{ (none|map(attribute='x')) is defined }}", {"empty": []}),
+    ("percent_format_mappings", "{{ 'a' % {'x': 1} }}|{{ 'a' % [1] }}|{{ 'a%s' % [1] }}|{{ '%(x)s-%(y)d' % {'x': 'X', 'y': 2} }}|{{ '%s' % missing }}|{{ '%s and %s' % ('a', 'b') }}|{{ '%5.1f|%-4d|%x' % (3.14159, 7, 255) }}", {}),
+    ("tests_on_floats", "{{ 2.5 is divisibleby 2 }}{{ 4.0 is divisibleby 2 }}{{ 3.0 is odd }}{{ 2.0 is even }}{{ loop is callable }}", {}),
+    ("tuple_subscript_and_name_not", "[{{ d[1, 2] }}][{{ {'a': 1}['a'] }}]", {"d": {}}),
     ("namespace", "{% set ns = namespace(count=0, found=false) %}{% for m in msgs %}{% if m.role == 'user' %}{% set ns.count = ns.count + 1 %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.count }} {{ ns.found }} {{ ns.missing }}", {"msgs": [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]}),
     ("set_multiple_and_block", "{% set a, b = 1, 2 %}{{ b }}{{ a }}{% set blk %}  hi {{ a }}\n{% endset %}[{{ blk }}]{% set up | upper %}shout{% endset %}{{ up }}", {}),
     ("macro", "{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', '?') }} {{ greet(punct='.', name='C') }} {{ greet() }}", {}),

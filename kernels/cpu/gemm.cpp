@@ -1,15 +1,13 @@
-// CPU matmul for every weight QuantType.
+// CPU matmul for every weight QuantType: picks the kernel family and splits rows over threads.
 //
-// Work is split over weight rows (grain kRowGrain); each output element is one dot product
-// computed by one thread in a fixed order, so results do not depend on the pool size.
-//   n_tokens == 1 (decode): a per-format fused row-dot (dequantize in registers + FMA) where
-//     one exists, else dequantize the row into a thread-local buffer and dot it.
-//   n_tokens > 1 (prefill): a tile of rows is dequantized once into a thread-local buffer
-//     (F32 rows are used in place) and dotted with every token; the tile is sized to stay in
-//     L2 while the token rows stream through L1.
-// Both paths give bit-identical results (see kernels/cpu/vec.h). A format gains a faster
-// decode path by adding an entry to row_dot_for(); int8-activation kernels (VNNI) would slot
-// in the same way.
+//   GGUF block formats (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): the activations are quantized to
+//     int8 blocks once per call (kernels/cpu/qgemm.h), then integer-dot kernels run on the
+//     weight blocks as stored in the file.
+//   F32 / F16 / BF16: fp32 fma kernels (kernels/cpu/fgemm.h), fp32-accurate.
+//   Anything else (I8, I32): each row dequantized, then the F32 kernel.
+// Every output element is computed by one thread in an order fixed by the format (see those
+// headers), so the result depends neither on the thread count, nor on the ISA path, nor on
+// which other tokens share the call.
 #include "kernels/gemm.h"
 
 #include <algorithm>
@@ -17,92 +15,44 @@
 
 #include "common/check.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/fgemm.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/quant.h"
 
 namespace tessera {
 namespace {
 
-constexpr int64_t kRowGrain = 16;
-constexpr int64_t kMaxTileRows = 16;
-constexpr int64_t kTileFloats = 64 * 1024;  // 256 KiB of dequantized weights per tile
-
-// dot(W row, x) over k elements; must be bit-identical to dot_f32(dequantize(row), x).
-using RowDotFn = float (*)(const void* row, const float* x, int64_t k);
-
-float dot_row_f32(const void* row, const float* x, int64_t k) {
-  return cpu::dot_f32(static_cast<const float*>(row), x, k);
+// Caller-thread scratch for the quantized activations: grows to the largest call, then is
+// reused (no allocation per decode step).
+void* acts_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
 }
 
-RowDotFn row_dot_for(QuantType type) {
-  switch (type) {
-    case QuantType::kF32: return dot_row_f32;
-    case QuantType::kF16: return cpu::dot_f16_f32;
-    case QuantType::kBF16: return cpu::dot_bf16_f32;
-    case QuantType::kQ8_0: return cpu::dot_q8_0_f32;
-    default: return nullptr;  // generic: dequantize, then dot_f32
-  }
-}
-
-float* thread_scratch(size_t n) {
+float* row_scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
   return buf.data();
 }
 
-struct MatmulJob {
-  const TensorView* w;
-  int64_t row_begin;
-  const float* x;
-  int64_t n_tokens;
-  float* y;
-  int64_t y_stride;
-  int64_t k;
-  RowDotFn dot;
-  int64_t tile_rows;
-};
+void run_q(const cpu::QMatmulArgs& a, int64_t b, int64_t e) {
+  switch (cpu::active_isa()) {
+    case cpu::Isa::kAvx512: return cpu::qmatmul_avx512(a, b, e);
+    case cpu::Isa::kAvx2: return cpu::qmatmul_avx2(a, b, e);
+    case cpu::Isa::kScalar: return cpu::qmatmul_scalar(a, b, e);
+  }
+}
 
-// Output rows [b, e) relative to row_begin.
-void run_rows(const MatmulJob& job, int64_t b, int64_t e) {
-  const TensorView& w = *job.w;
-  const int64_t k = job.k;
-  if (job.n_tokens == 1 && job.dot != nullptr) {
-    for (int64_t r = b; r < e; ++r) job.y[r] = job.dot(w.row_ptr(job.row_begin + r), job.x, k);
+template <typename Fn>
+void for_rows(ThreadPool* pool, int64_t n, int64_t grain, Fn&& fn) {
+  if (pool == nullptr) {
+    fn(0, n);
     return;
   }
-  const bool in_place = w.type == QuantType::kF32;
-  float* tile = in_place ? nullptr : thread_scratch(static_cast<size_t>(job.tile_rows * k));
-  for (int64_t r0 = b; r0 < e; r0 += job.tile_rows) {
-    const int64_t r1 = std::min(e, r0 + job.tile_rows);
-    const float* rows[kMaxTileRows];
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* src = w.row_ptr(job.row_begin + r);
-      if (in_place) {
-        rows[r - r0] = reinterpret_cast<const float*>(src);
-      } else {
-        float* dst = tile + (r - r0) * k;
-        dequantize_row(w.type, src, dst, k);
-        rows[r - r0] = dst;
-      }
-    }
-    int64_t t = 0;
-    for (; t + 3 <= job.n_tokens; t += 3) {  // three tokens share each weight load
-      const float* xt = job.x + t * k;
-      float* yt = job.y + t * job.y_stride;
-      for (int64_t r = r0; r < r1; ++r) {
-        float out[3];
-        cpu::dot3_f32(rows[r - r0], xt, xt + k, xt + 2 * k, k, out);
-        yt[r] = out[0];
-        yt[job.y_stride + r] = out[1];
-        yt[2 * job.y_stride + r] = out[2];
-      }
-    }
-    for (; t < job.n_tokens; ++t) {
-      const float* xt = job.x + t * k;
-      float* yt = job.y + t * job.y_stride;
-      for (int64_t r = r0; r < r1; ++r) yt[r] = cpu::dot_f32(rows[r - r0], xt, k);
-    }
-  }
+  pool->parallel_for(n, grain, [&fn](int64_t b, int64_t e, int) { fn(b, e); });
 }
 
 }  // namespace
@@ -119,15 +69,57 @@ void matmul_rows(const TensorView& w, int64_t row_begin, int64_t row_end, const 
                 n_tokens, y_stride);
   const int64_t n_rows = row_end - row_begin;
   if (n_rows == 0 || n_tokens == 0) return;
-  // One token: dequantize a row at a time so it is still in L1 when dotted.
-  const int64_t tile_rows =
-      n_tokens == 1 ? 1 : std::clamp<int64_t>(kTileFloats / std::max<int64_t>(k, 1), 1, kMaxTileRows);
-  MatmulJob job{&w, row_begin, x, n_tokens, y, y_stride, k, row_dot_for(w.type), tile_rows};
-  if (pool == nullptr) {
-    run_rows(job, 0, n_rows);
+  const uint8_t* w0 = w.row_ptr(row_begin);
+  const size_t rb = w.row_stride_bytes();
+
+  if (cpu::has_qdot(w.type)) {
+    const int64_t blk = cpu::act_block(w.type);
+    void* scratch = acts_scratch(cpu::acts_bytes(n_tokens, k, blk));
+    cpu::QMatmulArgs a;
+    a.type = w.type;
+    a.w = w0;
+    a.row_bytes = rb;
+    a.k = k;
+    a.acts = cpu::acts_view(scratch, n_tokens, k, blk);
+    a.n_tokens = n_tokens;
+    a.y = y;
+    a.y_stride = y_stride;
+    const cpu::QuantizedActs acts = a.acts;
+    if (n_tokens >= 8 && pool != nullptr) {
+      pool->parallel_for(n_tokens, 1, [&](int64_t b, int64_t e, int) { cpu::quantize_acts(x, b, e, acts); });
+    } else {
+      cpu::quantize_acts(x, 0, n_tokens, acts);
+    }
+    for_rows(pool, n_rows, cpu::kQRowGroup, [&a](int64_t b, int64_t e) { run_q(a, b, e); });
     return;
   }
-  pool->parallel_for(n_rows, kRowGrain, [&job](int64_t b, int64_t e, int) { run_rows(job, b, e); });
+
+  cpu::FMatmulArgs a;
+  a.w = w0;
+  a.row_bytes = rb;
+  a.k = k;
+  a.x = x;
+  a.n_tokens = n_tokens;
+  a.y = y;
+  a.y_stride = y_stride;
+  if (cpu::is_float_weight(w.type)) {
+    a.type = w.type;
+    for_rows(pool, n_rows, cpu::kFRowGroup, [&a](int64_t b, int64_t e) { cpu::fmatmul(a, b, e); });
+    return;
+  }
+  // Rare formats: widen one row at a time to fp32 and use the F32 kernel on it.
+  for_rows(pool, n_rows, cpu::kFRowGroup, [&a, &w0, rb, type = w.type](int64_t b, int64_t e) {
+    float* row = row_scratch(static_cast<size_t>(a.k));
+    cpu::FMatmulArgs one = a;
+    one.type = QuantType::kF32;
+    one.w = reinterpret_cast<const uint8_t*>(row);
+    one.row_bytes = static_cast<size_t>(a.k) * 4;
+    for (int64_t r = b; r < e; ++r) {
+      dequantize_row(type, w0 + static_cast<size_t>(r) * rb, row, a.k);
+      one.y = a.y + r;
+      cpu::fmatmul(one, 0, 1);
+    }
+  });
 }
 
 void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {

@@ -343,4 +343,26 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
   return result;
 }
 
+SampledToken token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t n_top) {
+  double max = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (logits[i] > max) max = logits[i];
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  SampledToken t;
+  t.id = token;
+  t.logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
+  if (n_top > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const auto n = static_cast<size_t>(std::min<int64_t>(n_top, vocab));
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (size_t i = 0; i < n; ++i)
+      t.top_logprobs.emplace_back(order[i], static_cast<float>(static_cast<double>(logits[order[i]]) - log_z));
+  }
+  return t;
+}
+
 }  // namespace tessera

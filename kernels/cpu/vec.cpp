@@ -1,5 +1,6 @@
 #include "kernels/cpu/vec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -14,15 +15,20 @@
 namespace tessera::cpu {
 namespace {
 
-bool g_force_scalar = false;
+Isa g_max_isa = Isa::kAvx512;
 
-bool detect_avx2() {
+Isa detect_isa() {
 #ifdef TESSERA_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (!avx2) return Isa::kScalar;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return avx512 ? Isa::kAvx512 : Isa::kAvx2;
 #else
-  return false;
+  return Isa::kScalar;
 #endif
 }
 
@@ -224,14 +230,29 @@ TESSERA_AVX2 float dot_q8_0_avx2(const void* row, const float* x, int64_t n) {
 
 }  // namespace
 
-bool has_avx2() {
-  static const bool kHas = detect_avx2();
-  return kHas;
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
 }
 
-void set_force_scalar(bool force) { g_force_scalar = force; }
+Isa detected_isa() {
+  static const Isa kIsa = detect_isa();
+  return kIsa;
+}
 
-bool simd_enabled() { return has_avx2() && !g_force_scalar; }
+Isa active_isa() { return std::min(detected_isa(), g_max_isa); }
+
+void set_max_isa(Isa isa) { g_max_isa = isa; }
+
+bool has_avx2() { return detected_isa() >= Isa::kAvx2; }
+
+void set_force_scalar(bool force) { g_max_isa = force ? Isa::kScalar : Isa::kAvx512; }
+
+bool simd_enabled() { return active_isa() >= Isa::kAvx2; }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
 #ifdef TESSERA_X86

@@ -12,14 +12,30 @@
 
 namespace tessera::cpu {
 
+// Instruction-set levels of the kernels, chosen at run time (never by -march flags).
+//   kAvx2:   AVX2 + FMA + F16C (Haswell, Zen 1 and later).
+//   kAvx512: AVX-512 F/BW/DQ/VL + VNNI + VBMI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* isa_name(Isa isa);
+
+// The best level this CPU (and OS) supports; computed once.
+Isa detected_isa();
+
+// The level the kernels use now: min(detected_isa(), the cap set below).
+Isa active_isa();
+
+// Caps the level (tests force each path that the CPU supports; benchmarks compare them).
+// Not thread-safe with concurrent kernels; call before starting work.
+void set_max_isa(Isa isa);
+
 // True when the CPU (and OS) support AVX2, FMA and F16C; computed once.
 bool has_avx2();
 
-// has_avx2() and not forced scalar: whether the kernels take their AVX2 paths now.
+// Whether the kernels take a SIMD path now (active_isa() >= kAvx2).
 bool simd_enabled();
 
-// Forces the scalar path (tests use it to cover both paths on an AVX2 machine). Not
-// thread-safe with concurrent kernels; call before starting work.
+// set_max_isa(kScalar) when force is true, else removes the cap.
 void set_force_scalar(bool force);
 
 // sum_i a[i] * b[i], fp32 accumulation in the canonical order.

@@ -2,6 +2,7 @@
 // sizes, for both the AVX2 and the scalar paths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -65,22 +66,45 @@ QuantizedMatrix make_matrix(QuantType type, int64_t rows, int64_t cols, uint32_t
   return m;
 }
 
-// y_ref[t, r] in double, and the scale sum |w||x| the fp32 error is relative to.
+// The block of activations the integer-dot kernels quantize together (0: float weights, no
+// activation quantization); see kernels/cpu/qgemm.h.
+int64_t activation_block(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0: return 32;
+    case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K: return 256;
+    default: return 0;
+  }
+}
+
+// y_ref[t, r] in double, and the error budget: the scale sum |w||x| the fp32 error is relative
+// to, plus, for formats with int8 activations, the rounding of each activation to its block's
+// int8 grid (at most amax / 254 per element, times |w|).
 void reference_matmul(const QuantizedMatrix& m, const std::vector<float>& x, int64_t n_tokens,
-                      std::vector<double>* y, std::vector<double>* mag) {
+                      std::vector<double>* y, std::vector<double>* mag, std::vector<double>* act_err) {
   const int64_t rows = m.view.rows(), cols = m.view.cols();
+  const int64_t blk = activation_block(m.view.type);
   y->assign(static_cast<size_t>(n_tokens * rows), 0.0);
   mag->assign(static_cast<size_t>(n_tokens * rows), 0.0);
+  act_err->assign(static_cast<size_t>(n_tokens * rows), 0.0);
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t r = 0; r < rows; ++r) {
-      double s = 0, a = 0;
+      double s = 0, a = 0, e = 0, amax = 0;
       for (int64_t c = 0; c < cols; ++c) {
-        const double p = static_cast<double>(m.dequantized[r * cols + c]) * x[t * cols + c];
+        const double w = m.dequantized[r * cols + c];
+        const double p = w * x[t * cols + c];
         s += p;
         a += std::fabs(p);
+        if (blk > 0) {
+          if (c % blk == 0) {
+            amax = 0;
+            for (int64_t j = c; j < c + blk; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[t * cols + j])));
+          }
+          e += std::fabs(w) * amax / 254.0;
+        }
       }
       (*y)[t * rows + r] = s;
       (*mag)[t * rows + r] = a;
+      (*act_err)[t * rows + r] = e;
     }
 }
 
@@ -102,8 +126,8 @@ TEST_P(MatmulTest, MatchesReferenceOverShapesAndTypes) {
         const auto m = make_matrix(type, rows, k, static_cast<uint32_t>(rows * 1000 + k));
         for (int64_t n_tokens : {1, 3}) {
           const auto x = gaussian(n_tokens * k, static_cast<uint32_t>(k + n_tokens));
-          std::vector<double> ref, mag;
-          reference_matmul(m, x, n_tokens, &ref, &mag);
+          std::vector<double> ref, mag, act_err;
+          reference_matmul(m, x, n_tokens, &ref, &mag, &act_err);
           std::vector<float> y1(static_cast<size_t>(n_tokens * rows), NAN);
           std::vector<float> y3(y1.size(), NAN), y0(y1.size(), NAN);
           ThreadPool pool1(ThreadPoolOptions{.num_threads = 1});
@@ -111,7 +135,7 @@ TEST_P(MatmulTest, MatchesReferenceOverShapesAndTypes) {
           matmul(m.view, x.data(), n_tokens, y3.data(), &pool3);
           matmul(m.view, x.data(), n_tokens, y0.data(), nullptr);
           for (size_t i = 0; i < y1.size(); ++i) {
-            ASSERT_NEAR(y1[i], ref[i], 2e-6 * mag[i] + 1e-7)
+            ASSERT_NEAR(y1[i], ref[i], 1.001 * act_err[i] + 2e-6 * mag[i] + 1e-7)
                 << quant_name(type) << " rows " << rows << " k " << k << " tokens " << n_tokens
                 << " i " << i;
             // Deterministic reduction: the pool size never changes a bit of the result.
@@ -173,12 +197,12 @@ TEST_P(MatmulTest, LongRowsUseSmallTiles) {
   const int64_t rows = 37, k = 256 * 80, n_tokens = 2;
   const auto m = make_matrix(QuantType::kQ6_K, rows, k, 9);
   const auto x = gaussian(n_tokens * k, 10);
-  std::vector<double> ref, mag;
-  reference_matmul(m, x, n_tokens, &ref, &mag);
+  std::vector<double> ref, mag, act_err;
+  reference_matmul(m, x, n_tokens, &ref, &mag, &act_err);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
   matmul(m.view, x.data(), n_tokens, y.data(), &pool);
-  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-5 * mag[i]) << i;
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1.001 * act_err[i] + 1e-5 * mag[i]) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, MatmulTest, ::testing::Values(false, true), path_name);

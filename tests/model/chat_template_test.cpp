@@ -179,6 +179,9 @@ TEST(ChatTemplateTest, RunawayTemplatesAreBounded) {
       "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
       "{{ 'abc' * 1000000000 }}",
       "{{ [1, 2] * 1000000000 }}",
+      // Unbounded nesting of values.
+      "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}",
+      "{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = {'k': ns.d} %}{% endfor %}",
       // Unbounded recursion.
       "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
       "{% macro f(n) %}{% for i in range(3) %}{{ f(n) }}{% endfor %}{% endmacro %}{{ f(0) }}",
@@ -193,6 +196,17 @@ TEST(ChatTemplateTest, RunawayTemplatesAreBounded) {
   auto big = ChatTemplate::parse("{{ range(1000000)|length }}");
   ASSERT_TRUE(big.is_ok());
   EXPECT_FALSE(big->render({}, options).is_ok());
+}
+
+TEST(ChatTemplateTest, SelfReferencingNamespaceRendersAndIsReleased) {
+  // Only a namespace can contain itself; printing stops, and the render frees the cycle (the
+  // sanitizer build's leak checker would report it otherwise).
+  auto t = ChatTemplate::parse(
+      "{% set ns = namespace(n=1) %}{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns.me.me.n }}{{ (ns|string)[:20] }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render({}, {});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->substr(0, 21), "1<Namespace {'n': 1, ");
 }
 
 TEST(ChatTemplateTest, DeepNestingIsASyntaxErrorNotACrash) {

@@ -332,7 +332,7 @@ TEST(FileMutation, StoriesGguf) {
     const Bytes base = loader_test::read_file(loader_test::stories_dir() + "/" + name);
     const size_t hot = gguf_header_end(loader_test::stories_dir() + "/" + name);
     ASSERT_GT(hot, 0u);
-    for (int i = 0; i < 150; ++i) {
+    for (int i = 0; i < 100; ++i) {
       loader_test::write_file(path, m.mutate(base, hot));
       check_gguf_file(path, i, &outcomes);
       if (::testing::Test::HasFatalFailure()) return;
@@ -355,7 +355,7 @@ TEST(FileMutation, HandBuiltSafetensorsAndConfig) {
   const std::string header(base.begin() + 8, base.begin() + static_cast<std::ptrdiff_t>(hot));
   Mutator m(0x7361'6665'0001ull);
   Outcomes outcomes;
-  for (int i = 0; i < 1500; ++i) {
+  for (int i = 0; i < 1000; ++i) {
     Bytes b;
     if (i % 3 == 0) {  // edit the JSON header and keep its length field right
       const std::string h = m.mutate_json(header);
@@ -370,7 +370,7 @@ TEST(FileMutation, HandBuiltSafetensorsAndConfig) {
     if (::testing::Test::HasFatalFailure()) return;
   }
   loader_test::write_file(dir.file("model.safetensors"), base);
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 300; ++i) {
     const std::string c = i % 2 ? m.mutate_json(config) : [&] {
       const Bytes cb = m.mutate(Bytes(config.begin(), config.end()), config.size());
       return std::string(cb.begin(), cb.end());
@@ -394,7 +394,7 @@ TEST(FileMutation, StoriesSafetensors) {
   const std::string header(base.begin() + 8, base.begin() + static_cast<std::ptrdiff_t>(hot));
   Mutator m(0x7361'6665'0002ull);
   Outcomes outcomes;
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 200; ++i) {
     Bytes b;
     if (i % 2 == 0) {
       const std::string h = m.mutate_json(header);

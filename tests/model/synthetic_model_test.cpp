@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/mapped_file.h"
+#include "model/chat_template.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -649,6 +650,30 @@ TEST(SyntheticModel, TokenizerRoundTripThroughBothFiles) {
     ASSERT_FALSE(with_bos.empty());
     EXPECT_EQ(with_bos[0], 1);
     EXPECT_EQ((*gg)->encode(text, true), with_bos) << text;
+  }
+}
+
+TEST(SyntheticModel, ChatTemplateThroughBothFiles) {
+  TempDir dir;
+  const SyntheticModelSpec spec = small_spec();
+  ASSERT_TRUE(write_synthetic_hf(spec, dir / "hf").is_ok());
+  ASSERT_TRUE(write_synthetic_gguf(spec, dir / "m.gguf").is_ok());
+  auto from_config = ChatTemplate::from_tokenizer_config(dir / "hf/tokenizer_config.json");
+  ASSERT_TRUE(from_config.is_ok()) << from_config.status().to_string();
+  auto g = GgufFile::open(dir / "m.gguf");
+  ASSERT_TRUE(g.is_ok());
+  auto from_gguf = ChatTemplate::from_gguf(**g);
+  ASSERT_TRUE(from_gguf.is_ok()) << from_gguf.status().to_string();
+  ChatTemplateOptions options;
+  options.bos_token = "<s>";
+  options.eos_token = "</s>";
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "A story?"}};
+  const std::string expected = "<s><<SYS>>\nBe brief.\n<</SYS>>\n\n[INST] Hi [/INST] Hello.</s>[INST] A story? [/INST]";
+  for (const ChatTemplate* t : {&*from_config, &*from_gguf}) {
+    auto text = t->render(chat, options);
+    ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+    EXPECT_EQ(*text, expected);
   }
 }
 

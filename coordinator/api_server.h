@@ -1,0 +1,46 @@
+// The OpenAI-compatible HTTP API (DESIGN §1): /v1/completions, /v1/chat/completions,
+// /v1/models, /health, /metrics, /tokenize, /detokenize, /tokenizer_info. Handlers run on the
+// HTTP server's thread: they parse, tokenize and hand a Job to the engine; the job's events
+// (engine thread) render responses or SSE chunks and write them to the client.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "coordinator/engine.h"
+#include "coordinator/http_server.h"
+#include "coordinator/metrics.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+
+namespace tessera {
+
+struct ApiServerOptions {
+  std::string model_name;          // the id clients send as "model"
+  std::string host = "127.0.0.1";
+  int port = 8000;                 // 0: ephemeral
+  size_t max_body_bytes = 8 << 20;
+  int64_t max_positions = 0;       // context length
+};
+
+class ApiServer {
+ public:
+  // Everything passed must outlive the server. `chat_template` may be null (chat requests are
+  // then refused with 400). `extra_metrics` is appended to /metrics (scheduler knobs).
+  static Result<std::unique_ptr<ApiServer>> start(const ApiServerOptions& options, Engine& engine,
+                                                  const Tokenizer& tokenizer, const ChatTemplate* chat_template,
+                                                  MetricsRegistry& metrics, std::function<std::string()> extra_metrics);
+  ~ApiServer();
+  int port() const;
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit ApiServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,385 @@
+#include "coordinator/engine.h"
+
+#include <algorithm>
+#include <random>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "coordinator/stop_checker.h"
+
+namespace tessera {
+namespace {
+
+using WallClock = std::chrono::steady_clock;
+
+double seconds_between(WallClock::time_point a, WallClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+struct Engine::JobState {
+  uint64_t id = 0;
+  Job job;
+  WallClock::time_point arrival;
+  std::vector<uint64_t> seq_ids;
+  int remaining = 0;
+  bool cancelled = false;
+};
+
+struct Engine::SeqState {
+  SeqState(const Tokenizer& t, std::vector<std::string> stops) : decoder(t, /*skip_special=*/true), stop(std::move(stops)) {}
+  uint64_t seq_id = 0;
+  std::shared_ptr<JobState> job;
+  int32_t choice = 0;
+  int64_t prompt_len = 0;
+  IncrementalDecoder decoder;
+  StopChecker stop;
+  int64_t generated = 0;
+  bool scheduled_once = false;
+  bool finished = false;
+  WallClock::time_point last_token;
+};
+
+void declare_engine_metrics(MetricsRegistry& m) {
+  m.declare_counter("tessera_requests_total", "Finished requests by outcome (ok, aborted, error)");
+  m.declare_counter("tessera_prompt_tokens_total", "Prompt tokens of admitted sequences");
+  m.declare_counter("tessera_generation_tokens_total", "Generated tokens");
+  m.declare_counter("tessera_preemptions_total", "Sequences preempted (recomputed later) because KV blocks ran out");
+  m.declare_counter("tessera_steps_total", "Steps run on the shards");
+  m.declare_gauge("tessera_running", "Sequences holding KV blocks");
+  m.declare_gauge("tessera_waiting", "Sequences waiting to be scheduled");
+  m.declare_gauge("tessera_batch_size", "Sequences in the last step");
+  m.declare_gauge("tessera_step_tokens", "Tokens in the last step");
+  m.declare_gauge("tessera_kv_usage", "Fraction of KV blocks in use");
+  m.declare_gauge("tessera_kv_blocks", "KV blocks by state (used, free, cached)");
+  m.declare_gauge("tessera_kv_block_size", "Tokens per KV block");
+  m.declare_gauge("tessera_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up");
+  m.declare_gauge("tessera_kv_fragmentation", "Unused slots in the last blocks of sequences, as a fraction of used slots");
+  m.declare_gauge("tessera_healthy", "1 while every shard answers");
+  m.declare_histogram("tessera_time_to_first_token_seconds", "Arrival to first token", latency_buckets_s());
+  m.declare_histogram("tessera_inter_token_latency_seconds", "Time between consecutive tokens of a sequence",
+                      latency_buckets_s());
+  m.declare_histogram("tessera_e2e_latency_seconds", "Arrival to last token", latency_buckets_s());
+  m.declare_histogram("tessera_queue_time_seconds", "Arrival to first scheduled step", latency_buckets_s());
+  m.declare_histogram("tessera_step_seconds", "Wall time of one step", latency_buckets_s());
+  m.declare_histogram("tessera_prompt_length_tokens", "Prompt length", token_buckets());
+  m.declare_histogram("tessera_output_length_tokens", "Output length", token_buckets());
+}
+
+Engine::Engine(const EngineOptions& options, ShardGroup& shards, BlockPool& pool, const Tokenizer& tokenizer,
+               MetricsRegistry& metrics)
+    : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics) {
+  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_);
+  metrics_.set("tessera_healthy", 1);
+  metrics_.set("tessera_kv_block_size", pool_.block_size());
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() { thread_ = std::thread([this] { run(); }); }
+
+void Engine::stop() {
+  stop_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Engine::failure() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  return failure_;
+}
+
+Result<uint64_t> Engine::submit(Job job) {
+  if (!healthy_) return Status::unavailable("the engine is unhealthy: " + failure());
+  const auto n = static_cast<int64_t>(job.sequences.size());
+  if (queued_.load() + n > options_.max_queued_sequences)
+    return Status::resource_exhausted(
+        fmt::format("the queue is full ({} sequences waiting); retry later", queued_.load()));
+  auto state = std::make_shared<JobState>();
+  state->id = next_job_id_++;
+  state->job = std::move(job);
+  state->arrival = WallClock::now();
+  queued_ += n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(state);
+  }
+  cv_.notify_all();
+  return state->id;
+}
+
+void Engine::cancel(uint64_t job_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(job_id);
+  }
+  cv_.notify_all();
+}
+
+void Engine::admit(std::shared_ptr<JobState> job) {
+  std::random_device rd;
+  jobs_[job->id] = job;
+  job->remaining = static_cast<int>(job->job.sequences.size());
+  for (const JobSequence& js : job->job.sequences) {
+    auto s = std::make_unique<SeqState>(tokenizer_, job->job.stop);
+    s->seq_id = next_seq_id_++;
+    s->job = job;
+    s->choice = js.choice;
+    s->prompt_len = static_cast<int64_t>(js.prompt.size());
+    SchedulerRequest r;
+    r.seq_id = s->seq_id;
+    r.prompt = js.prompt;
+    r.sampling = job->job.sampling;
+    // Every rank samples with the same seed; choices of one request must differ.
+    if (r.sampling.has_seed) {
+      r.sampling.seed += static_cast<uint64_t>(js.choice);
+    } else {
+      r.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+      r.sampling.has_seed = true;
+    }
+    if (job->job.want_logprobs) r.sampling.return_logprob = true;
+    r.max_tokens = std::max<int64_t>(1, job->job.max_tokens);
+    r.priority = std::min(job->job.priority, options_.scheduler.priority_classes - 1);
+    r.arrival = job->arrival;
+    job->seq_ids.push_back(s->seq_id);
+    SeqState& ref = *s;
+    seqs_[s->seq_id] = std::move(s);
+    metrics_.observe("tessera_prompt_length_tokens", static_cast<double>(js.prompt.size()));
+    if (job->job.max_tokens == 0) {  // nothing to generate (echo-only requests)
+      finish_seq(ref, "length");
+      continue;
+    }
+    Status st = scheduler_->add(std::move(r));
+    if (!st.is_ok()) finish_seq(ref, "error", st.message());
+  }
+}
+
+void Engine::finish_seq(SeqState& s, const std::string& reason, const std::string& error) {
+  if (s.finished) return;
+  s.finished = true;
+  JobEvent ev;
+  ev.choice = s.choice;
+  if (reason != "error" && reason != "abort") {
+    ev.text = s.stop.push(s.decoder.flush());
+    ev.text += s.stop.flush();
+  }
+  ev.finish_reason = reason;
+  ev.error = error;
+  ev.prompt_tokens = s.prompt_len;
+  ev.completion_tokens = s.generated;
+  if (scheduler_->contains(s.seq_id)) {
+    if (reason == "abort" || reason == "error") scheduler_->abort(s.seq_id);
+    else scheduler_->finish(s.seq_id);
+  }
+  const auto now = WallClock::now();
+  metrics_.observe("tessera_e2e_latency_seconds", seconds_between(s.job->arrival, now));
+  metrics_.observe("tessera_output_length_tokens", static_cast<double>(s.generated));
+  if (s.job->job.on_event) s.job->job.on_event(ev);
+  JobState& job = *s.job;
+  if (--job.remaining == 0) {
+    const char* outcome = reason == "error" ? "error" : reason == "abort" ? "aborted" : "ok";
+    metrics_.add("tessera_requests_total", 1, fmt::format("outcome=\"{}\"", outcome));
+    jobs_.erase(job.id);
+    for (uint64_t id : job.seq_ids) seqs_.erase(id);  // `s` is gone after this
+  }
+}
+
+void Engine::fail_all(const std::string& error) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, s] : seqs_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) finish_seq(*it->second, "error", error);
+  }
+}
+
+void Engine::drain_inbox() {
+  std::deque<std::shared_ptr<JobState>> inbox;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& job : inbox) {
+    queued_ -= static_cast<int64_t>(job->job.sequences.size());
+    if (!healthy_) {
+      job->remaining = 0;
+      for (const JobSequence& js : job->job.sequences) {
+        JobEvent ev;
+        ev.choice = js.choice;
+        ev.finish_reason = "error";
+        ev.error = "the engine is unhealthy: " + failure();
+        if (job->job.on_event) job->job.on_event(ev);
+      }
+      continue;
+    }
+    admit(job);
+  }
+  for (uint64_t job_id : cancels) {
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) continue;
+    std::shared_ptr<JobState> job = it->second;
+    job->cancelled = true;
+    for (uint64_t id : std::vector<uint64_t>(job->seq_ids)) {
+      auto s = seqs_.find(id);
+      if (s != seqs_.end()) finish_seq(*s->second, "abort");
+    }
+  }
+}
+
+void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
+  const auto now = WallClock::now();
+  // Prompt logprobs first: they precede the first generated token of their sequence.
+  std::unordered_map<uint64_t, std::vector<PromptLogprob>> prompt_lps;
+  for (const PromptLogprob& p : result.prompt_logprobs) prompt_lps[p.seq_id].push_back(p);
+  for (auto& [seq_id, lps] : prompt_lps) {
+    auto it = seqs_.find(seq_id);
+    if (it == seqs_.end() || it->second->finished) continue;
+    JobEvent ev;
+    ev.choice = it->second->choice;
+    ev.prompt_logprobs = std::move(lps);
+    if (it->second->job->job.on_event) it->second->job->job.on_event(ev);
+  }
+  for (const StepToken& t : result.tokens) {
+    auto it = seqs_.find(t.seq_id);
+    if (it == seqs_.end() || it->second->finished) continue;
+    SeqState& s = *it->second;
+    const Job& job = s.job->job;
+    ++s.generated;
+    metrics_.add("tessera_generation_tokens_total");
+    if (s.generated == 1) {
+      metrics_.observe("tessera_time_to_first_token_seconds", seconds_between(s.job->arrival, now));
+    } else {
+      metrics_.observe("tessera_inter_token_latency_seconds", seconds_between(s.last_token, now));
+    }
+    s.last_token = now;
+    JobEvent ev;
+    ev.choice = s.choice;
+    ev.tokens.push_back(t.token);
+    if (job.want_logprobs) {
+      ev.token_logprobs.emplace_back(t.token, t.logprob);
+      ev.top_logprobs.push_back(t.top_logprobs);
+    }
+    const bool can_stop = s.generated >= job.min_tokens;
+    const bool eos = std::find(options_.eos_ids.begin(), options_.eos_ids.end(), t.token) != options_.eos_ids.end();
+    std::optional<std::string> reason;
+    if (eos && !job.ignore_eos && can_stop) {
+      reason = "stop";
+    } else {
+      ev.text = s.stop.push(s.decoder.push(t.token));
+      if (s.stop.stopped() && can_stop) reason = "stop";
+    }
+    if (!reason && (s.generated >= job.max_tokens ||
+                    (options_.max_positions > 0 && s.prompt_len + s.generated >= options_.max_positions)))
+      reason = "length";
+    if (reason) {
+      // The final event carries this token's text too.
+      JobEvent tail = ev;
+      const uint64_t id = s.seq_id;
+      if (!tail.text.empty() || !tail.tokens.empty()) {
+        tail.finish_reason.reset();
+        if (job.on_event) job.on_event(tail);
+      }
+      auto again = seqs_.find(id);
+      if (again != seqs_.end()) finish_seq(*again->second, *reason);
+    } else if (job.on_event) {
+      job.on_event(ev);
+    }
+  }
+  (void)plan;
+}
+
+void Engine::update_gauges() {
+  const SchedulerStats st = scheduler_->stats();
+  metrics_.set("tessera_running", static_cast<double>(st.running));
+  metrics_.set("tessera_waiting", static_cast<double>(st.waiting + queued_.load()));
+  metrics_.set("tessera_batch_size", static_cast<double>(st.last_batch_size));
+  metrics_.set("tessera_step_tokens", static_cast<double>(st.last_step_tokens));
+  metrics_.set("tessera_preemptions_total", static_cast<double>(st.preemptions));
+  metrics_.set("tessera_kv_usage", st.kv.usage);
+  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.used_blocks), "state=\"used\"");
+  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.free_blocks), "state=\"free\"");
+  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.cached_blocks), "state=\"cached\"");
+  metrics_.set("tessera_prefix_cache_hit_rate", st.kv.prefix_hit_rate);
+  metrics_.set("tessera_kv_fragmentation", st.kv.fragmentation);
+}
+
+void Engine::step() {
+  std::optional<StepPlan> plan = scheduler_->schedule();
+  if (!plan) return;
+  const auto now = WallClock::now();
+  for (ScheduledSequence& q : plan->scheduled) {
+    auto it = seqs_.find(q.seq_id);
+    if (it == seqs_.end()) continue;
+    SeqState& s = *it->second;
+    if (!s.scheduled_once) {
+      s.scheduled_once = true;
+      metrics_.observe("tessera_queue_time_seconds", seconds_between(s.job->arrival, now));
+      metrics_.add("tessera_prompt_tokens_total", static_cast<double>(s.prompt_len));
+    }
+    if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
+  }
+  const auto t0 = WallClock::now();
+  auto result = shards_.run_step(*plan);
+  metrics_.observe("tessera_step_seconds", seconds_between(t0, WallClock::now()));
+  metrics_.add("tessera_steps_total");
+  if (!result.is_ok()) {
+    const std::vector<uint64_t> ids = scheduler_->on_step_failed();
+    const std::string error = result.status().message();
+    if (!shards_.healthy()) {
+      healthy_ = false;
+      metrics_.set("tessera_healthy", 0);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failure_ = error;
+      }
+      TESSERA_LOG_ERROR("shards failed: {}", error);
+      fail_all(error);
+      return;
+    }
+    for (uint64_t id : ids) {
+      auto it = seqs_.find(id);
+      if (it != seqs_.end()) finish_seq(*it->second, "error", error);
+    }
+    return;
+  }
+  Status s = scheduler_->on_result(*result);
+  if (!s.is_ok()) TESSERA_LOG_WARN("step result: {}", s.to_string());
+  handle_tokens(*plan, *result);
+  update_gauges();
+}
+
+void Engine::run() {
+  set_log_role("coordinator");
+  while (!stop_) {
+    drain_inbox();
+    if (healthy_ && scheduler_->has_work()) {
+      const uint64_t before = shards_.steps_run();
+      step();
+      if (shards_.steps_run() != before) continue;  // a step ran: look for more work at once
+    }
+    // Idle (or everything held by max_wait_ms): keep the shards alive and wait for arrivals.
+    if (healthy_) {
+      Status alive = shards_.keep_alive();
+      if (!alive.is_ok()) {
+        healthy_ = false;
+        metrics_.set("tessera_healthy", 0);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          failure_ = alive.message();
+        }
+        fail_all(alive.message());
+      }
+    }
+    auto wait = std::chrono::milliseconds(20);
+    if (auto next = scheduler_->time_until_next_decision())
+      wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(*next) + std::chrono::milliseconds(1));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, wait, [this] { return stop_.load() || !inbox_.empty() || !cancels_.empty(); });
+  }
+  fail_all("the server is shutting down");
+}
+
+}  // namespace tessera

@@ -1,0 +1,131 @@
+// The engine thread (DESIGN §1): the one owner of the Scheduler, the BlockPool and the shard
+// group. HTTP threads hand it jobs and cancellations through a queue (submit / cancel, both
+// thread-safe); it runs steps, turns sampled tokens into text (incremental detokenization, stop
+// strings, EOS, length), and reports each job's progress through the job's event callback,
+// which runs on the engine thread and must not block (it formats and writes to a stream).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/block_pool.h"
+#include "coordinator/clock.h"
+#include "coordinator/metrics.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/shard_group.h"
+#include "model/tokenizer.h"
+
+namespace tessera {
+
+// One output sequence of a job (a prompt times n).
+struct JobSequence {
+  std::vector<int32_t> prompt;
+  int32_t choice = 0;          // choice index in the response
+};
+
+// Progress of one choice, delivered on the engine thread.
+struct JobEvent {
+  int32_t choice = 0;
+  std::string text;                       // new text (stop strings held back and cut)
+  std::vector<int32_t> tokens;            // tokens that produced it
+  std::vector<std::pair<int32_t, float>> token_logprobs;  // (id, logprob) per token, if asked
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // per token
+  std::optional<std::string> finish_reason;  // "stop", "length", "abort", or "error"
+  std::string error;                      // for finish_reason "error"
+  int64_t prompt_tokens = 0;              // on the finishing event
+  int64_t completion_tokens = 0;          // on the finishing event
+  // Prompt logprobs (echo + logprobs): (position, token, logprob, top) of prompt tokens.
+  std::vector<PromptLogprob> prompt_logprobs;
+};
+
+struct Job {
+  std::vector<JobSequence> sequences;
+  SamplingParams sampling;
+  int64_t max_tokens = 16;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int64_t min_tokens = 0;
+  int32_t priority = 0;
+  bool want_logprobs = false;
+  bool want_prompt_logprobs = false;
+  std::function<void(const JobEvent&)> on_event;  // engine thread; called until each choice finishes
+};
+
+struct EngineOptions {
+  SchedulerConfig scheduler;
+  std::vector<int32_t> eos_ids;
+  int64_t max_positions = 0;
+  int64_t max_queued_sequences = 4096;  // beyond: submit() says busy (429)
+};
+
+class Engine {
+ public:
+  // Everything passed must outlive the engine. start() launches the engine thread.
+  Engine(const EngineOptions& options, ShardGroup& shards, BlockPool& pool, const Tokenizer& tokenizer,
+         MetricsRegistry& metrics);
+  ~Engine();
+  void start();
+  void stop();
+
+  // Thread-safe. Returns the job id, or ResourceExhausted when the queue is full and
+  // Unavailable when the shards are unhealthy.
+  Result<uint64_t> submit(Job job);
+  // Thread-safe: aborts a job (client gone); its remaining choices finish with "abort".
+  void cancel(uint64_t job_id);
+
+  bool healthy() const { return healthy_.load(); }
+  std::string failure() const;
+  int64_t queued() const { return queued_.load(); }
+  const SchedulerConfig& scheduler_config() const { return options_.scheduler; }
+
+ private:
+  struct JobState;
+  struct SeqState;
+  void run();
+  void drain_inbox();
+  void admit(std::shared_ptr<JobState> job);
+  void step();
+  void handle_tokens(const StepPlan& plan, const StepResult& result);
+  void finish_seq(SeqState& s, const std::string& reason, const std::string& error = "");
+  void fail_all(const std::string& error);
+  void update_gauges();
+
+  EngineOptions options_;
+  ShardGroup& shards_;
+  BlockPool& pool_;
+  const Tokenizer& tokenizer_;
+  MetricsRegistry& metrics_;
+  SteadyClock clock_;
+  std::unique_ptr<Scheduler> scheduler_;
+
+  std::mutex mu_;  // guards inbox_, cancels_, failure_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<JobState>> inbox_;
+  std::vector<uint64_t> cancels_;
+  std::string failure_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> healthy_{true};
+  std::atomic<int64_t> queued_{0};
+  std::atomic<uint64_t> next_job_id_{1};
+  std::thread thread_;
+
+  // Engine-thread state.
+  uint64_t next_seq_id_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<JobState>> jobs_;
+  std::unordered_map<uint64_t, std::unique_ptr<SeqState>> seqs_;  // by seq id
+};
+
+// Declares every metric the engine exports.
+void declare_engine_metrics(MetricsRegistry& metrics);
+
+}  // namespace tessera

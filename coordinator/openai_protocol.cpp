@@ -1,0 +1,314 @@
+#include "coordinator/openai_protocol.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace tessera {
+namespace {
+
+using json = nlohmann::json;
+
+Status field_error(std::string_view field, std::string_view what) {
+  return Status::invalid_argument(fmt::format("'{}' {}", field, what));
+}
+
+// Typed optional getters: absent or null -> unchanged; wrong type -> error naming the field.
+Status get_bool(const json& j, const char* key, bool& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_boolean()) return field_error(key, "must be a boolean");
+  out = it->get<bool>();
+  return Status::ok();
+}
+
+template <typename Int>
+Status get_int(const json& j, const char* key, Int& out, int64_t lo, int64_t hi) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  int64_t v = 0;
+  if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() &&
+             std::abs(it->get<double>()) < 9e15) {
+    v = static_cast<int64_t>(it->get<double>());
+  } else {
+    return field_error(key, "must be an integer");
+  }
+  if (v < lo || v > hi) return field_error(key, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
+  out = static_cast<Int>(v);
+  return Status::ok();
+}
+
+Status get_float(const json& j, const char* key, float& out, double lo, double hi) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_number()) return field_error(key, "must be a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) return field_error(key, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
+  out = static_cast<float>(v);
+  return Status::ok();
+}
+
+Status get_string(const json& j, const char* key, std::string& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_string()) return field_error(key, "must be a string");
+  out = it->get<std::string>();
+  return Status::ok();
+}
+
+Result<std::vector<int32_t>> token_list(const json& j, const char* field) {
+  std::vector<int32_t> ids;
+  for (const json& x : j) {
+    if (!x.is_number_integer()) return field_error(field, "must hold only integer token ids");
+    const int64_t v = x.get<int64_t>();
+    if (v < 0 || v > INT32_MAX) return field_error(field, fmt::format("holds an invalid token id {}", v));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+Status parse_common(const json& j, GenerationParams& p) {
+  TESSERA_RETURN_IF_ERROR(get_string(j, "model", p.model));
+  TESSERA_RETURN_IF_ERROR(get_int(j, "max_tokens", p.max_tokens, 0, int64_t{1} << 40));
+  SamplingParams& s = p.sampling;
+  TESSERA_RETURN_IF_ERROR(get_float(j, "temperature", s.temperature, 0.0, 100.0));
+  TESSERA_RETURN_IF_ERROR(get_float(j, "top_p", s.top_p, 0.0, 1.0));
+  if (j.contains("top_p") && !j["top_p"].is_null() && s.top_p <= 0.0f) return field_error("top_p", "must be in (0, 1]");
+  TESSERA_RETURN_IF_ERROR(get_int(j, "top_k", s.top_k, -1, INT32_MAX));
+  TESSERA_RETURN_IF_ERROR(get_float(j, "min_p", s.min_p, 0.0, 1.0));
+  TESSERA_RETURN_IF_ERROR(get_float(j, "presence_penalty", s.presence_penalty, -2.0, 2.0));
+  TESSERA_RETURN_IF_ERROR(get_float(j, "frequency_penalty", s.frequency_penalty, -2.0, 2.0));
+  TESSERA_RETURN_IF_ERROR(get_float(j, "repetition_penalty", s.repetition_penalty, 0.0, 100.0));
+  if (s.repetition_penalty <= 0.0f) return field_error("repetition_penalty", "must be > 0");
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return field_error("seed", "must be an integer");
+    s.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+    s.has_seed = true;
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& x : *it) {
+        if (!x.is_string()) return field_error("stop", "must be a string or a list of strings");
+        p.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return field_error("stop", "must be a string or a list of strings");
+    }
+    if (p.stop.size() > 16) return field_error("stop", "may hold at most 16 strings");
+    for (const std::string& st : p.stop)
+      if (st.empty()) return field_error("stop", "must not hold an empty string");
+  }
+  TESSERA_RETURN_IF_ERROR(get_int(j, "n", p.n, 1, 16));
+  TESSERA_RETURN_IF_ERROR(get_bool(j, "ignore_eos", p.ignore_eos));
+  TESSERA_RETURN_IF_ERROR(get_int(j, "min_tokens", p.min_tokens, 0, int64_t{1} << 40));
+  TESSERA_RETURN_IF_ERROR(get_bool(j, "stream", p.stream));
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return field_error("stream_options", "must be an object");
+    TESSERA_RETURN_IF_ERROR(get_bool(*it, "include_usage", p.include_usage));
+  }
+  TESSERA_RETURN_IF_ERROR(get_int(j, "priority", p.priority, 0, 7));
+  return Status::ok();
+}
+
+Result<json> parse_object(std::string_view body) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::invalid_argument("the request body is not valid JSON");
+  if (!j.is_object()) return Status::invalid_argument("the request body must be a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Result<CompletionRequest> parse_completion_request(std::string_view body) {
+  TESSERA_ASSIGN_OR_RETURN(json j, parse_object(body));
+  CompletionRequest r;
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) return field_error("prompt", "is required");
+  if (it->is_string()) {
+    r.prompts.push_back({it->get<std::string>(), {}, false});
+  } else if (it->is_array()) {
+    if (it->empty()) return field_error("prompt", "must not be empty");
+    if ((*it)[0].is_number_integer()) {
+      TESSERA_ASSIGN_OR_RETURN(auto ids, token_list(*it, "prompt"));
+      r.prompts.push_back({"", std::move(ids), true});
+    } else {
+      for (const json& x : *it) {
+        if (x.is_string()) {
+          r.prompts.push_back({x.get<std::string>(), {}, false});
+        } else if (x.is_array()) {
+          TESSERA_ASSIGN_OR_RETURN(auto ids, token_list(x, "prompt"));
+          if (ids.empty()) return field_error("prompt", "must not hold an empty token list");
+          r.prompts.push_back({"", std::move(ids), true});
+        } else {
+          return field_error("prompt", "must be a string, a list of strings, a token list, or a list of token lists");
+        }
+      }
+    }
+  } else {
+    return field_error("prompt", "must be a string, a list of strings, a token list, or a list of token lists");
+  }
+  if (r.prompts.size() > 64) return field_error("prompt", "may hold at most 64 prompts");
+  TESSERA_RETURN_IF_ERROR(parse_common(j, r.params));
+  if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
+    if (lp->is_boolean()) return field_error("logprobs", "must be an integer for completions");
+    TESSERA_RETURN_IF_ERROR(get_int(j, "logprobs", r.logprobs, 0, 20));
+  }
+  TESSERA_RETURN_IF_ERROR(get_bool(j, "echo", r.echo));
+  if (r.params.max_tokens < 0) r.params.max_tokens = 16;  // the API's default
+  return r;
+}
+
+Result<ChatRequest> parse_chat_request(std::string_view body) {
+  TESSERA_ASSIGN_OR_RETURN(json j, parse_object(body));
+  ChatRequest r;
+  auto it = j.find("messages");
+  if (it == j.end() || !it->is_array()) return field_error("messages", "is required and must be a list");
+  if (it->empty()) return field_error("messages", "must not be empty");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return field_error(where, "must be an object");
+    ChatMessageInput msg;
+    if (!m.contains("role") || !m["role"].is_string()) return field_error(where + ".role", "is required (a string)");
+    msg.role = m["role"].get<std::string>();
+    if (auto c = m.find("content"); c != m.end() && !c->is_null()) {
+      if (c->is_string()) {
+        msg.content = c->get<std::string>();
+      } else if (c->is_array()) {  // [{"type": "text", "text": ...}]
+        for (const json& part : *c) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+            return field_error(where + ".content", "parts must be {\"type\": \"text\", \"text\": ...}");
+          msg.content += part["text"].get<std::string>();
+        }
+      } else {
+        return field_error(where + ".content", "must be a string or a list of text parts");
+      }
+    }
+    r.messages.push_back(std::move(msg));
+  }
+  TESSERA_RETURN_IF_ERROR(parse_common(j, r.params));
+  int64_t mct = -1;
+  TESSERA_RETURN_IF_ERROR(get_int(j, "max_completion_tokens", mct, 0, int64_t{1} << 40));
+  if (mct >= 0) r.params.max_tokens = mct;
+  TESSERA_RETURN_IF_ERROR(get_bool(j, "logprobs", r.logprobs));
+  TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", r.top_logprobs, 0, 20));
+  if (r.top_logprobs > 0 && !r.logprobs) return field_error("top_logprobs", "needs 'logprobs': true");
+  return r;
+}
+
+std::string error_body(int http_status, std::string_view message, std::string_view param) {
+  const char* type = http_status == 400   ? "invalid_request_error"
+                     : http_status == 404 ? "not_found_error"
+                     : http_status == 413 ? "invalid_request_error"
+                     : http_status == 429 ? "rate_limit_error"
+                     : http_status == 503 ? "service_unavailable"
+                                          : "internal_error";
+  json e = {{"error",
+             {{"message", std::string(message)},
+              {"type", type},
+              {"param", param.empty() ? json(nullptr) : json(std::string(param))},
+              {"code", http_status}}}};
+  return e.dump();
+}
+
+namespace {
+
+json completion_logprobs(const CompletionChoice& c) {
+  if (!c.has_logprobs) return nullptr;
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (size_t i = 0; i < c.logprobs.size(); ++i) {
+    const TokenLogprob& t = c.logprobs[i];
+    tokens.push_back(t.token);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [tok, lp] : t.top) top[tok] = lp;
+    tops.push_back(top);
+    offs.push_back(i < c.text_offsets.size() ? c.text_offsets[i] : 0);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+  return b;
+}
+
+json chat_logprobs(const ChatChoice& c) {
+  if (!c.has_logprobs) return nullptr;
+  json content = json::array();
+  for (const TokenLogprob& t : c.logprobs) {
+    json top = json::array();
+    for (const auto& [tok, lp] : t.top) top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes_of(tok)}});
+    content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json finish(const std::optional<std::string>& f) { return f ? json(*f) : json(nullptr); }
+
+// Text from the model may hold invalid UTF-8 (byte tokens); never let the JSON writer throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string render_completion(const std::string& id, int64_t created, const std::string& model,
+                              const std::vector<CompletionChoice>& choices, const Usage& usage) {
+  json cs = json::array();
+  for (const CompletionChoice& c : choices)
+    cs.push_back({{"index", c.index}, {"text", c.text}, {"logprobs", completion_logprobs(c)},
+                  {"finish_reason", finish(c.finish_reason)}});
+  return dump({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}, {"choices", cs},
+               {"usage", usage_json(usage)}});
+}
+
+std::string render_completion_chunk(const std::string& id, int64_t created, const std::string& model,
+                                    const CompletionChoice& c) {
+  json choice = {{"index", c.index}, {"text", c.text}, {"logprobs", completion_logprobs(c)},
+                 {"finish_reason", finish(c.finish_reason)}};
+  return dump({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+               {"choices", json::array({choice})}});
+}
+
+std::string render_chat(const std::string& id, int64_t created, const std::string& model,
+                        const std::vector<ChatChoice>& choices, const Usage& usage) {
+  json cs = json::array();
+  for (const ChatChoice& c : choices)
+    cs.push_back({{"index", c.index}, {"message", {{"role", "assistant"}, {"content", c.content}}},
+                  {"logprobs", chat_logprobs(c)}, {"finish_reason", finish(c.finish_reason)}});
+  return dump({{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model}, {"choices", cs},
+               {"usage", usage_json(usage)}});
+}
+
+std::string render_chat_chunk(const std::string& id, int64_t created, const std::string& model, const ChatChoice& d,
+                              bool with_role) {
+  json delta = json::object();
+  if (with_role) delta["role"] = "assistant";
+  if (!d.content.empty() || (!d.finish_reason && !with_role)) delta["content"] = d.content;
+  if (with_role && d.content.empty() && !d.finish_reason) delta["content"] = "";
+  json choice = {{"index", d.index}, {"delta", delta}, {"logprobs", chat_logprobs(d)},
+                 {"finish_reason", finish(d.finish_reason)}};
+  return dump({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+               {"choices", json::array({choice})}});
+}
+
+std::string render_usage_chunk(const std::string& id, int64_t created, const std::string& model, bool chat,
+                               const Usage& usage) {
+  return dump({{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+               {"model", model}, {"choices", json::array()}, {"usage", usage_json(usage)}});
+}
+
+std::string sse_event(const std::string& j) { return "data: " + j + "\n\n"; }
+
+}  // namespace tessera

@@ -1,0 +1,633 @@
+#include "coordinator/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace tessera {
+
+struct Scheduler::Sequence {
+  uint64_t id = 0;
+  uint64_t serial = 0;  // unique per Sequence object, so a stale in-flight entry never matches a reused id
+  std::vector<int32_t> tokens;  // prompt, then sampled tokens
+  int64_t prompt_len = 0;
+  SamplingParams sampling;
+  int64_t max_tokens = 0;
+  int32_t priority = 0;
+  Clock::time_point arrival;
+  int64_t ticket = 0;
+  SequenceState state = SequenceState::kWaiting;
+  bool sent = false;           // NewSequence emitted: the shards hold its token list
+  bool admitted_once = false;
+  bool table_stale = false;    // the shards hold a table from before a preemption
+  int64_t shard_table_len = 0; // blocks[0, shard_table_len) are in the shards' table, in order
+  int64_t num_computed = 0;    // positions whose KV is in `blocks` (committed by results)
+  int64_t high_water = 0;      // most positions ever scheduled (to tell recompute from new work)
+  int64_t num_registered = 0;  // leading full blocks already offered to the prefix cache
+  std::vector<int32_t> blocks;
+  std::vector<BlockHash> hashes;  // hash chain of the full blocks of `tokens`, grown lazily
+  int64_t preemptions = 0;
+  int64_t cached_prompt_tokens = 0;
+  // Scratch for the step being built.
+  uint64_t step_mark = 0;       // step id of its piece in this step, if any
+  size_t piece_index = 0;
+  uint64_t preempted_step = 0;  // step id of its last preemption
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+struct Scheduler::Piece {
+  Sequence* seq = nullptr;
+  int64_t start = 0;
+  int64_t n = 0;
+  bool is_new = false;       // carries the sequence's NewSequence
+  bool dropped = false;      // its sequence was preempted later in the same step
+  bool force_reset = false;  // copy-on-write replaced a block the shards already hold
+  std::vector<BlockCopy> copies;
+};
+
+struct Scheduler::StepBuilder {
+  uint64_t step_id = 0;
+  Clock::time_point now;
+  int64_t tokens_left = 0;
+  std::vector<Piece> pieces;
+  std::vector<int32_t> holds;  // copy-on-write sources, retained until the plan is built
+  bool prefill_in_step = false;
+};
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock)
+    : config_(config), pool_(pool), clock_(clock) {
+  const Status s = validate_scheduler_config(config);
+  TESSERA_CHECK(s.is_ok(), "{}", s.to_string());
+  max_wait_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.max_wait_ms));
+  aging_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.aging_ms));
+  if (aging_.count() <= 0) aging_ = Clock::duration(1);
+}
+
+Scheduler::~Scheduler() = default;
+
+// ---- requests --------------------------------------------------------------------------------
+
+Status Scheduler::add(SchedulerRequest r) {
+  const auto fail = [&](std::string why) {
+    return Status::invalid_argument(fmt::format("request {}: {}", r.seq_id, why));
+  };
+  if (seqs_.count(r.seq_id)) return fail("this sequence id is already in use");
+  if (r.prompt.empty()) return fail("prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0) return fail(fmt::format("prompt token {} is {}; token ids are >= 0", i, r.prompt[i]));
+  if (r.max_tokens < 1) return fail(fmt::format("max_tokens is {}; it must be at least 1", r.max_tokens));
+  if (r.priority < 0 || r.priority >= config_.priority_classes)
+    return fail(fmt::format("priority is {}; it must be in 0..{}", r.priority, config_.priority_classes - 1));
+  // The last generated token's KV is never needed, hence the -1.
+  const int64_t positions = static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1;
+  const int64_t blocks = ceil_div(positions, pool_.block_size());
+  if (blocks > pool_.num_blocks())
+    return Status::resource_exhausted(fmt::format(
+        "request {}: {} prompt tokens + {} max_tokens need {} KV blocks of {} tokens; the pool has {} in all",
+        r.seq_id, r.prompt.size(), r.max_tokens, blocks, pool_.block_size(), pool_.num_blocks()));
+  auto s = std::make_unique<Sequence>();
+  s->id = r.seq_id;
+  s->serial = next_serial_++;
+  s->prompt_len = static_cast<int64_t>(r.prompt.size());
+  s->tokens = std::move(r.prompt);
+  s->sampling = r.sampling;
+  s->max_tokens = r.max_tokens;
+  s->priority = r.priority;
+  s->arrival = r.arrival.value_or(clock_.now());
+  s->ticket = ++next_ticket_;
+  waiting_.push_back(s.get());
+  seqs_.emplace(r.seq_id, std::move(s));
+  return Status::ok();
+}
+
+void Scheduler::release_blocks(Sequence& s) {
+  // Last block first: the LRU cache then evicts a prefix's tail before its head, and the head
+  // is what other requests share.
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) pool_.release(*it);
+  s.blocks.clear();
+}
+
+void Scheduler::drop(uint64_t seq_id, bool aborted) {
+  auto it = seqs_.find(seq_id);
+  Sequence& s = *it->second;
+  if (s.state == SequenceState::kRunning) {
+    release_blocks(s);
+    running_.erase(std::find(running_.begin(), running_.end(), &s));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &s));
+  }
+  if (s.sent) pending_finished_.push_back(seq_id);
+  ++(aborted ? stats_.aborted : stats_.finished);
+  seqs_.erase(it);
+}
+
+bool Scheduler::abort(uint64_t seq_id) {
+  if (!seqs_.count(seq_id)) return false;
+  drop(seq_id, /*aborted=*/true);
+  return true;
+}
+
+bool Scheduler::finish(uint64_t seq_id) {
+  if (!seqs_.count(seq_id)) return false;
+  drop(seq_id, /*aborted=*/false);
+  return true;
+}
+
+// ---- ranking ---------------------------------------------------------------------------------
+
+int Scheduler::effective_class(const Sequence& s, Clock::time_point now) const {
+  const auto age = now - s.arrival;
+  if (age.count() <= 0) return s.priority;
+  const int64_t steps = age / aging_;
+  return static_cast<int>(std::max<int64_t>(0, s.priority - steps));
+}
+
+bool Scheduler::ranks_before(const Sequence& a, const Sequence& b, Clock::time_point now) const {
+  const int ca = effective_class(a, now), cb = effective_class(b, now);
+  if (ca != cb) return ca < cb;
+  return a.ticket < b.ticket;
+}
+
+bool Scheduler::schedulable(const Sequence& s) const { return s.generated() < s.max_tokens; }
+
+int64_t Scheduler::remaining(const Sequence& s) const {
+  return static_cast<int64_t>(s.tokens.size()) - s.num_computed;
+}
+
+// ---- prefix cache ----------------------------------------------------------------------------
+
+const std::vector<BlockHash>& Scheduler::block_hashes(Sequence& s, int64_t n_blocks) {
+  const int64_t bs = pool_.block_size();
+  TESSERA_CHECK(n_blocks * bs <= static_cast<int64_t>(s.tokens.size()), "hash of a partial block");
+  while (static_cast<int64_t>(s.hashes.size()) < n_blocks) {
+    const int64_t i = static_cast<int64_t>(s.hashes.size());
+    const BlockHash parent = i == 0 ? kRootBlockHash : s.hashes.back();
+    s.hashes.push_back(BlockPool::hash_block(parent, std::span<const int32_t>(s.tokens).subspan(i * bs, bs)));
+  }
+  return s.hashes;
+}
+
+int64_t Scheduler::match_prefix(Sequence& s) {
+  if (!pool_.prefix_cache_enabled()) return 0;
+  const int64_t bs = pool_.block_size();
+  const int64_t full = static_cast<int64_t>(s.tokens.size()) / bs;
+  const auto& h = block_hashes(s, full);
+  s.blocks.clear();
+  for (int64_t i = 0; i < full; ++i) {
+    auto b = pool_.find_cached(h[i], i == 0 ? kRootBlockHash : h[i - 1],
+                               std::span<const int32_t>(s.tokens).subspan(i * bs, bs));
+    if (!b) break;
+    s.blocks.push_back(*b);  // not retained yet: admit() decides
+  }
+  return static_cast<int64_t>(s.blocks.size());
+}
+
+void Scheduler::register_computed_blocks(Sequence& s) {
+  const int64_t bs = pool_.block_size();
+  const int64_t full = std::min<int64_t>(s.num_computed / bs, static_cast<int64_t>(s.blocks.size()));
+  if (!pool_.prefix_cache_enabled() || full <= s.num_registered) return;
+  const auto& h = block_hashes(s, full);
+  for (int64_t i = s.num_registered; i < full; ++i)
+    pool_.register_full_block(s.blocks[i], h[i], i == 0 ? kRootBlockHash : h[i - 1],
+                              std::span<const int32_t>(s.tokens).subspan(i * bs, bs));
+  s.num_registered = full;
+}
+
+// ---- building a step -------------------------------------------------------------------------
+
+// New blocks a piece [start, end) needs: blocks past the table's end, plus a private copy of
+// every block already in the table that the piece writes and that is shared or cached.
+int64_t Scheduler::blocks_needed(const Sequence& s, int64_t start, int64_t end) const {
+  const int64_t bs = pool_.block_size();
+  const auto have = static_cast<int64_t>(s.blocks.size());
+  int64_t n = std::max<int64_t>(0, ceil_div(end, bs) - have);
+  for (int64_t i = start / bs; i < have && i * bs < end; ++i)
+    if (pool_.ref_count(s.blocks[i]) > 1 || pool_.is_cached(s.blocks[i])) ++n;
+  return n;
+}
+
+Scheduler::Sequence* Scheduler::pick_victim(const StepBuilder& b, const Sequence& s) const {
+  Sequence* victim = nullptr;
+  for (Sequence* r : running_) {
+    if (r != &s) {
+      // Never one whose NewSequence is in this plan, nor one that only waits to be finished.
+      if (r->step_mark == b.step_id && b.pieces[r->piece_index].is_new) continue;
+      if (!schedulable(*r)) continue;
+    }
+    if (!victim || ranks_before(*victim, *r, b.now)) victim = r;
+  }
+  return victim;
+}
+
+void Scheduler::preempt(StepBuilder& b, Sequence& v) {
+  if (v.step_mark == b.step_id) {
+    Piece& p = b.pieces[v.piece_index];
+    TESSERA_CHECK(!p.is_new && !p.dropped, "preempting sequence {} admitted in this step", v.id);
+    p.dropped = true;
+    b.tokens_left += p.n;
+    v.step_mark = 0;
+  }
+  release_blocks(v);
+  v.num_computed = 0;
+  v.num_registered = 0;
+  v.shard_table_len = 0;
+  v.table_stale = v.sent;
+  v.state = SequenceState::kWaiting;
+  v.ticket = --front_ticket_;
+  v.preempted_step = b.step_id;
+  ++v.preemptions;
+  ++stats_.preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), &v));
+  waiting_.push_back(&v);
+}
+
+// Frees the blocks a piece of `n` tokens of `s` needs by preempting the lowest-ranked running
+// sequences. false when `s` itself was the lowest and has been preempted.
+bool Scheduler::make_room(StepBuilder& b, Sequence& s, int64_t n) {
+  const int64_t start = s.num_computed;
+  const int64_t end = start + n;
+  int64_t blocks = blocks_needed(s, start, end);
+  while (pool_.num_free() < blocks) {
+    Sequence* v = pick_victim(b, s);
+    TESSERA_CHECK(v != nullptr, "no preemption victim for sequence {}", s.id);
+    preempt(b, *v);
+    if (v == &s) return false;
+    blocks = blocks_needed(s, start, end);
+  }
+  return true;
+}
+
+void Scheduler::add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n) {
+  const int64_t bs = pool_.block_size();
+  const int64_t end = start + n;
+  Piece p;
+  p.seq = &s;
+  p.start = start;
+  p.n = n;
+  p.is_new = !s.sent;
+  for (int64_t i = start / bs; i < static_cast<int64_t>(s.blocks.size()) && i * bs < end; ++i) {
+    const int32_t old = s.blocks[i];
+    if (pool_.ref_count(old) == 1 && !pool_.is_cached(old)) continue;
+    auto fresh = pool_.allocate();
+    TESSERA_CHECK(fresh.has_value(), "copy-on-write of block {}: no free block after make_room", old);
+    p.copies.push_back({old, *fresh});
+    b.holds.push_back(old);  // our reference now keeps the source alive until the copy is planned
+    s.blocks[i] = *fresh;
+    if (i < s.shard_table_len) p.force_reset = true;
+  }
+  while (static_cast<int64_t>(s.blocks.size()) * bs < end) {
+    auto fresh = pool_.allocate();
+    TESSERA_CHECK(fresh.has_value(), "sequence {}: no free block after make_room", s.id);
+    s.blocks.push_back(*fresh);
+  }
+  if (n > 1) b.prefill_in_step = true;
+  b.tokens_left -= n;
+  s.step_mark = b.step_id;
+  s.piece_index = b.pieces.size();
+  b.pieces.push_back(std::move(p));
+}
+
+void Scheduler::schedule_running(StepBuilder& b, Sequence& s, int64_t n) {
+  if (!make_room(b, s, n)) return;
+  add_piece(b, s, s.num_computed, n);
+}
+
+bool Scheduler::should_hold(const StepBuilder& b) const {
+  if (max_wait_.count() <= 0 || b.prefill_in_step) return false;
+  int64_t fresh = 0, fresh_tokens = 0;
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const Sequence* s : waiting_) {
+    if (s->sent) continue;
+    ++fresh;
+    fresh_tokens += static_cast<int64_t>(s->tokens.size());
+    oldest = std::min(oldest, s->arrival);
+  }
+  if (fresh == 0 || b.now - oldest >= max_wait_) return false;
+  // Enough company already: the step would be full anyway.
+  const int64_t free_slots = config_.max_batch - static_cast<int64_t>(running_.size());
+  if (fresh >= free_slots || fresh_tokens >= b.tokens_left) return false;
+  return true;
+}
+
+// Preempts running sequences of a strictly lower effective class than `s` (lowest rank first)
+// until `needed` blocks are free, but only if that can succeed. `keep` are blocks `s` is about
+// to take from the cache: freeing them does not help it.
+bool Scheduler::preempt_lower_classes(StepBuilder& b, const Sequence& s, int64_t needed,
+                                      const std::vector<int32_t>& keep) {
+  const int cls = effective_class(s, b.now);
+  std::vector<Sequence*> victims;
+  for (Sequence* r : running_) {
+    if (effective_class(*r, b.now) <= cls || !schedulable(*r)) continue;
+    if (r->step_mark == b.step_id && b.pieces[r->piece_index].is_new) continue;
+    victims.push_back(r);
+  }
+  std::sort(victims.begin(), victims.end(), [&](Sequence* x, Sequence* y) { return ranks_before(*y, *x, b.now); });
+  auto kept_free = [&] {
+    int64_t n = 0;
+    for (int32_t k : keep) n += pool_.ref_count(k) == 0;
+    return n;
+  };
+  int64_t avail = pool_.num_free() - kept_free();
+  size_t take = 0;
+  while (avail < needed && take < victims.size()) {
+    for (int32_t blk : victims[take]->blocks)
+      if (pool_.ref_count(blk) == 1 && std::find(keep.begin(), keep.end(), blk) == keep.end()) ++avail;
+    ++take;
+  }
+  if (avail < needed) return false;
+  for (size_t i = 0; i < take && pool_.num_free() - kept_free() < needed; ++i) preempt(b, *victims[i]);
+  return pool_.num_free() - kept_free() >= needed;
+}
+
+bool Scheduler::admit(StepBuilder& b, Sequence& s) {
+  const int64_t bs = pool_.block_size();
+  const auto n_tok = static_cast<int64_t>(s.tokens.size());
+  const int64_t matched = match_prefix(s);  // s.blocks = the matched blocks, not yet retained
+  const int64_t chunk = config_.prefill_chunk;
+
+  struct Option {
+    int64_t k, start, n, needed;
+  };
+  auto option = [&](int64_t k) {
+    Option o{k, k * bs, 0, 0};
+    if (o.start == n_tok) o.start = n_tok - 1;  // everything cached: recompute the last token (COW)
+    o.n = std::min({n_tok - o.start, chunk, b.tokens_left});
+    const int64_t end = o.start + o.n;
+    o.needed = std::max<int64_t>(0, ceil_div(end, bs) - k) + (o.start < k * bs ? 1 : 0);
+    for (int64_t i = 0; i < k; ++i) o.needed += pool_.ref_count(s.blocks[i]) == 0;  // leaves the free list
+    return o;
+  };
+  Option o = option(matched);
+  if (pool_.num_free() < o.needed && o.start < o.k * bs) {
+    // The copy-on-write needs one block more than recomputing the whole last block.
+    Option alt = option(matched - 1);
+    if (pool_.num_free() >= alt.needed) o = alt;
+  }
+  if (pool_.num_free() < o.needed) {
+    std::vector<int32_t> keep(s.blocks.begin(), s.blocks.begin() + o.k);
+    const int64_t new_blocks = o.needed - static_cast<int64_t>(
+                                              std::count_if(keep.begin(), keep.end(),
+                                                            [&](int32_t k) { return pool_.ref_count(k) == 0; }));
+    if (!preempt_lower_classes(b, s, new_blocks, keep)) {
+      s.blocks.clear();
+      return false;
+    }
+    o = option(o.k);
+    TESSERA_CHECK(pool_.num_free() >= o.needed, "admission of {} after preemption", s.id);
+  }
+  s.blocks.resize(static_cast<size_t>(o.k));
+  for (int32_t blk : s.blocks) pool_.retain(blk);
+  s.num_computed = o.start;
+  s.num_registered = std::min(o.k, o.start / bs);
+  if (!s.admitted_once) {
+    s.admitted_once = true;
+    s.cached_prompt_tokens = o.start;
+    pool_.record_prefix_query(n_tok, o.start);
+    ++stats_.admitted;
+  }
+  s.state = SequenceState::kRunning;
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &s));
+  running_.push_back(&s);
+  add_piece(b, s, o.start, o.n);
+  return true;
+}
+
+std::optional<StepPlan> Scheduler::schedule() {
+  TESSERA_CHECK(!in_flight_, "schedule() while step {} is in flight", next_step_id_ - 1);
+  StepBuilder b;
+  b.step_id = next_step_id_;
+  b.now = clock_.now();
+  b.tokens_left = config_.max_step_tokens;
+
+  std::vector<Sequence*> order = running_;
+  std::sort(order.begin(), order.end(), [&](Sequence* x, Sequence* y) { return ranks_before(*x, *y, b.now); });
+  auto ready = [&](const Sequence* s) {
+    return s->state == SequenceState::kRunning && s->step_mark != b.step_id && schedulable(*s);
+  };
+  // 1. Decodes: one token each, highest rank first.
+  for (Sequence* s : order) {
+    if (!ready(s) || remaining(*s) != 1 || s->num_computed == 0) continue;
+    if (b.tokens_left < 1) break;
+    schedule_running(b, *s, 1);
+  }
+  // 2. Prefills and recomputes already under way: one piece each.
+  for (Sequence* s : order) {
+    if (!ready(s)) continue;
+    if (b.tokens_left < 1) break;
+    schedule_running(b, *s, std::min({remaining(*s), static_cast<int64_t>(config_.prefill_chunk), b.tokens_left}));
+  }
+  // 3. Admissions, strictly in rank order.
+  stats_.held = 0;
+  if (!waiting_.empty()) {
+    std::vector<Sequence*> queue = waiting_;
+    std::sort(queue.begin(), queue.end(), [&](Sequence* x, Sequence* y) { return ranks_before(*x, *y, b.now); });
+    // Decided once, at the first new request: once released, the whole group goes.
+    std::optional<bool> hold;
+    for (Sequence* s : queue) {
+      if (s->preempted_step == b.step_id) break;
+      if (static_cast<int64_t>(running_.size()) >= config_.max_batch || b.tokens_left < 1) break;
+      if (!s->sent && !hold) hold = should_hold(b);
+      if (!s->sent && *hold) {
+        for (const Sequence* w : waiting_) stats_.held += !w->sent;
+        break;
+      }
+      if (!admit(b, *s)) break;
+    }
+  }
+
+  // Build the plan.
+  StepPlan plan;
+  plan.step_id = b.step_id;
+  const int64_t bs = pool_.block_size();
+  int64_t batch = 0, step_tokens = 0;
+  for (Piece& p : b.pieces) {
+    if (p.dropped) continue;
+    Sequence& s = *p.seq;
+    const int64_t end = p.start + p.n;
+    ScheduledSequence q;
+    q.seq_id = s.id;
+    q.start_pos = p.start;
+    q.num_tokens = static_cast<int32_t>(p.n);
+    q.sample = end == static_cast<int64_t>(s.tokens.size());
+    q.reset_blocks = s.table_stale || p.force_reset;
+    const int64_t from = q.reset_blocks ? 0 : s.shard_table_len;
+    q.append_blocks.assign(s.blocks.begin() + from, s.blocks.end());
+    s.shard_table_len = static_cast<int64_t>(s.blocks.size());
+    s.table_stale = false;
+    if (p.is_new) {
+      plan.new_sequences.push_back({s.id, s.tokens, s.sampling});
+      s.sent = true;
+    }
+    plan.block_copies.insert(plan.block_copies.end(), p.copies.begin(), p.copies.end());
+    for (int64_t i = p.start / bs; i < ceil_div(end, bs); ++i)
+      pool_.set_fill(s.blocks[i], static_cast<int32_t>(std::min<int64_t>(bs, end - i * bs)));
+    const int64_t recompute = std::max<int64_t>(0, std::min(end, s.high_water) - p.start);
+    const int64_t fresh_prompt = std::max<int64_t>(0, std::min(end, s.prompt_len) - std::max(p.start, s.high_water));
+    stats_.recompute_tokens += recompute;
+    stats_.prefill_tokens += fresh_prompt;
+    stats_.decode_tokens += p.n - recompute - fresh_prompt;
+    s.high_water = std::max(s.high_water, end);
+    in_flight_pieces_.push_back({s.id, s.serial, end, q.sample});
+    plan.scheduled.push_back(std::move(q));
+    ++batch;
+    step_tokens += p.n;
+  }
+  for (int32_t blk : b.holds) pool_.release(blk);
+  if (plan.scheduled.empty() && pending_finished_.empty()) {
+    in_flight_pieces_.clear();
+    return std::nullopt;
+  }
+  plan.finished = std::move(pending_finished_);
+  pending_finished_.clear();
+  ++next_step_id_;
+  in_flight_ = true;
+  ++stats_.steps;
+  stats_.last_batch_size = batch;
+  stats_.last_step_tokens = step_tokens;
+  return plan;
+}
+
+// ---- results ---------------------------------------------------------------------------------
+
+Status Scheduler::on_result(const StepResult& result) {
+  if (!in_flight_) return Status::internal("on_result: no step is in flight");
+  if (!result.error.empty()) {
+    on_step_failed();
+    return Status::invalid_argument(fmt::format("step {} failed: {}", result.step_id, result.error));
+  }
+  in_flight_ = false;
+  std::vector<const StepToken*> tokens;
+  tokens.reserve(result.tokens.size());
+  for (const StepToken& t : result.tokens) tokens.push_back(&t);
+  std::string problems;
+  auto take_token = [&](uint64_t id) -> const StepToken* {
+    const StepToken* found = nullptr;
+    for (auto& t : tokens) {
+      if (t && t->seq_id == id) {
+        if (found) problems += fmt::format("; sequence {} got two tokens", id);
+        else found = t;
+        t = nullptr;
+      }
+    }
+    return found;
+  };
+  for (const InFlight& f : in_flight_pieces_) {
+    auto it = seqs_.find(f.seq_id);
+    const bool live = it != seqs_.end() && it->second->serial == f.serial;
+    const StepToken* tok = f.sample ? take_token(f.seq_id) : nullptr;
+    if (!live) continue;  // finished or aborted while the step ran
+    Sequence& s = *it->second;
+    TESSERA_CHECK(s.state == SequenceState::kRunning, "sequence {} left running while its step was in flight", s.id);
+    s.num_computed = f.end;
+    register_computed_blocks(s);
+    if (!f.sample) continue;
+    if (!tok) {
+      problems += fmt::format("; no sampled token for sequence {}", s.id);
+      continue;
+    }
+    s.tokens.push_back(tok->token);
+  }
+  for (const StepToken* t : tokens)
+    if (t) problems += fmt::format("; unexpected token for sequence {}", t->seq_id);
+  in_flight_pieces_.clear();
+  if (!problems.empty())
+    return Status::invalid_argument(fmt::format("step {}: result does not match the plan{}", result.step_id, problems));
+  return Status::ok();
+}
+
+std::vector<uint64_t> Scheduler::on_step_failed() {
+  std::vector<uint64_t> ids;
+  for (const InFlight& f : in_flight_pieces_) {
+    auto it = seqs_.find(f.seq_id);
+    if (it != seqs_.end() && it->second->serial == f.serial) ids.push_back(f.seq_id);
+  }
+  in_flight_pieces_.clear();
+  in_flight_ = false;
+  return ids;
+}
+
+// ---- queries ---------------------------------------------------------------------------------
+
+std::optional<Clock::duration> Scheduler::time_until_next_decision() const {
+  if (max_wait_.count() <= 0) return std::nullopt;
+  std::optional<Clock::time_point> oldest;
+  for (const Sequence* s : waiting_)
+    if (!s->sent && (!oldest || s->arrival < *oldest)) oldest = s->arrival;
+  if (!oldest) return std::nullopt;
+  const auto left = *oldest + max_wait_ - clock_.now();
+  return left.count() > 0 ? left : Clock::duration::zero();
+}
+
+bool Scheduler::has_work() const { return !seqs_.empty() || !pending_finished_.empty(); }
+
+bool Scheduler::contains(uint64_t seq_id) const { return seqs_.count(seq_id) > 0; }
+
+const std::vector<int32_t>& Scheduler::tokens(uint64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  TESSERA_CHECK(it != seqs_.end(), "tokens() of unknown sequence {}", seq_id);
+  return it->second->tokens;
+}
+
+std::optional<SequenceInfo> Scheduler::info(uint64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return std::nullopt;
+  const Sequence& s = *it->second;
+  SequenceInfo i;
+  i.state = s.state;
+  i.prompt_tokens = s.prompt_len;
+  i.generated_tokens = s.generated();
+  i.computed_tokens = s.num_computed;
+  i.blocks = static_cast<int64_t>(s.blocks.size());
+  i.priority = s.priority;
+  i.preemptions = s.preemptions;
+  i.cached_prompt_tokens = s.cached_prompt_tokens;
+  i.sent = s.sent;
+  return i;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = stats_;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.kv = pool_.stats();
+  return s;
+}
+
+Status Scheduler::check_invariants() const {
+  TESSERA_RETURN_IF_ERROR(pool_.check_invariants());
+  if (static_cast<int64_t>(running_.size()) > config_.max_batch)
+    return Status::internal(fmt::format("{} running, max_batch {}", running_.size(), config_.max_batch));
+  if (running_.size() + waiting_.size() != seqs_.size())
+    return Status::internal(fmt::format("{} running + {} waiting but {} sequences", running_.size(), waiting_.size(),
+                                        seqs_.size()));
+  std::vector<int64_t> refs(static_cast<size_t>(pool_.num_blocks()), 0);
+  const int64_t bs = pool_.block_size();
+  for (const Sequence* s : running_) {
+    if (s->state != SequenceState::kRunning) return Status::internal(fmt::format("sequence {}: state", s->id));
+    if (static_cast<int64_t>(s->blocks.size()) * bs < s->num_computed)
+      return Status::internal(fmt::format("sequence {}: {} blocks for {} computed tokens", s->id, s->blocks.size(),
+                                          s->num_computed));
+    for (int32_t b : s->blocks) ++refs[static_cast<size_t>(b)];
+  }
+  for (const Sequence* s : waiting_) {
+    if (s->state != SequenceState::kWaiting || !s->blocks.empty())
+      return Status::internal(fmt::format("waiting sequence {} holds {} blocks", s->id, s->blocks.size()));
+  }
+  for (int32_t b = 0; b < pool_.num_blocks(); ++b)
+    if (pool_.ref_count(b) != refs[static_cast<size_t>(b)])
+      return Status::internal(fmt::format("block {}: ref {} but {} tables hold it", b, pool_.ref_count(b),
+                                          refs[static_cast<size_t>(b)]));
+  return Status::ok();
+}
+
+}  // namespace tessera

@@ -1,0 +1,68 @@
+// The scheduler's knobs (DESIGN §4), its named profiles, and how they are set (flags, a JSON
+// config file) and shown (start-up log line, Prometheus gauges).
+//
+// Precedence: a profile gives every knob a value; a config file may name a profile and set
+// knobs on top of it; flags set knobs on top of that. `--scheduler-profile` on the command
+// line wins over the file's "profile".
+//
+//   Flags (both `--name value` and `--name=value`; '-' and '_' are interchangeable):
+//     --scheduler-profile interactive|offline
+//     --scheduler-config FILE         JSON object: {"profile": "offline", "max_batch": 128, ...}
+//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --prefill-chunk N
+//     --priority-classes N  --aging-ms MS
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tessera {
+
+struct SchedulerConfig {
+  std::string profile = "interactive";  // the profile the values started from (a label)
+  int32_t max_batch = 32;               // most sequences in one step (and most running at once)
+  int32_t max_step_tokens = 2048;       // token budget per step: decode tokens + prefill pieces
+  double max_wait_ms = 2.0;             // longest a new prefill waits for companions
+  int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
+  int32_t priority_classes = 2;         // request priority in [0, classes); 0 is served first
+  double aging_ms = 5000.0;             // a request's class improves by one per aging_ms in the system
+};
+
+// "interactive" or "offline"; NotFound listing the known names otherwise.
+Result<SchedulerConfig> scheduler_profile(std::string_view name);
+std::vector<std::string> scheduler_profile_names();
+
+// InvalidArgument naming the knob and value: max_batch < 1, max_step_tokens < max_batch
+// (every running sequence must be able to decode in each step), prefill_chunk < 1,
+// max_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values.
+Status validate_scheduler_config(const SchedulerConfig& config);
+
+// Sets one knob by name ("max_batch" or "max-batch", ...; "profile" resets every knob to that
+// profile). InvalidArgument naming the knob for an unknown name or a value that does not parse.
+// Does not validate the combination (call validate_scheduler_config when done).
+Status set_scheduler_knob(SchedulerConfig& config, std::string_view name, std::string_view value);
+
+// Applies a JSON object's fields to `config` ("profile" first, then the knobs; numbers or
+// numeric strings). `source` names the text in errors (e.g. the file's path). Unknown keys are
+// errors: a misspelt knob in an operator's file should not be silently ignored.
+Status apply_scheduler_json(SchedulerConfig& config, std::string_view json_text, std::string_view source);
+// Reads and applies a JSON config file (IoError naming the path if it cannot be read).
+Status apply_scheduler_config_file(SchedulerConfig& config, const std::string& path);
+
+// Parses the scheduler flags out of `args` (see the top of this file), starting from the
+// interactive profile, and validates the result. Arguments that are not scheduler flags are
+// appended to `rest` in order; when `rest` is null they are an error.
+Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::string>& args,
+                                                    std::vector<std::string>* rest = nullptr);
+
+// One line for the start-up log:
+// "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 ..."
+std::string format_scheduler_config(const SchedulerConfig& config);
+// Prometheus text exposition: a HELP and TYPE line and one gauge per knob, e.g.
+// tessera_scheduler_max_batch{profile="interactive"} 32
+std::string scheduler_config_prometheus(const SchedulerConfig& config);
+
+}  // namespace tessera

@@ -1,0 +1,188 @@
+#include "coordinator/server.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "common/logging.h"
+#include "common/mapped_file.h"
+#include "coordinator/api_server.h"
+#include "coordinator/block_pool.h"
+#include "coordinator/engine.h"
+#include "coordinator/metrics.h"
+#include "coordinator/shard_group.h"
+#include "coordinator/shard_launcher.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/weight_store.h"
+
+namespace tessera {
+namespace {
+
+std::string default_model_name(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint) {
+  ShardLaunchSpec spec;
+  spec.shard_binary = sibling_executable("tessera-shard");
+  spec.model_path = o.model_path;
+  spec.coordinator_endpoint = endpoint;
+  spec.tp = o.tp;
+  spec.device = o.device;
+  spec.threads = o.threads;
+  spec.hosts = o.hosts;
+  spec.hostfile = o.hostfile;
+  spec.bind = o.bind;
+  spec.force_mpirun = o.force_mpirun;
+  spec.extra_shard_args = o.extra_shard_args;
+  return spec;
+}
+
+int fail(const std::string& message) {
+  TESSERA_LOG_ERROR("{}", message);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+std::string describe_shard_command(const ServerOptions& o, const std::string& endpoint) {
+  return format_command(build_shard_command(launch_spec(o, endpoint)));
+}
+
+int run_server(const ServerOptions& o) {
+  set_log_role("coordinator");
+  // Signals are taken by this thread with sigtimedwait; every thread started later inherits
+  // the block, so Ctrl-C never lands in a worker.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto store = WeightStore::open(o.model_path);  // the config; the shards load the weights
+  if (!store.is_ok()) return fail(store.status().to_string());
+  const ModelConfig& config = (*store)->config();
+  auto tokenizer = load_tokenizer_for_model(o.model_path);
+  if (!tokenizer.is_ok()) return fail(tokenizer.status().to_string());
+  std::unique_ptr<ChatTemplate> chat;
+  if (!o.chat_template_path.empty()) {
+    auto source = read_text_file(o.chat_template_path);
+    if (!source.is_ok()) return fail(source.status().to_string());
+    auto t = ChatTemplate::parse(*source);
+    if (!t.is_ok()) return fail(t.status().with_context(o.chat_template_path).to_string());
+    chat = std::make_unique<ChatTemplate>(std::move(t).value());
+  } else {
+    Result<ChatTemplate> t = (*store)->gguf()
+                                 ? ChatTemplate::from_gguf(*(*store)->gguf())
+                                 : ChatTemplate::from_tokenizer_config(
+                                       (std::filesystem::path(o.model_path) / "tokenizer_config.json").string());
+    if (t.is_ok()) chat = std::make_unique<ChatTemplate>(std::move(t).value());
+    else TESSERA_LOG_WARN("no chat template ({}): /v1/chat/completions is off", t.status().message());
+  }
+  Status sched_ok = validate_scheduler_config(o.scheduler);
+  if (!sched_ok.is_ok()) return fail(sched_ok.to_string());
+
+  ShardGroupOptions go;
+  go.world_size = o.tp;
+  go.endpoint = !o.shard_endpoint.empty() ? o.shard_endpoint
+                : (o.hosts.empty() && o.hostfile.empty())
+                    ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl"
+                    : "tcp://0.0.0.0:0";
+  go.block_size = o.block_size;
+  go.headroom = o.headroom;
+  go.max_kv_bytes = o.max_kv_bytes != 0 ? o.max_kv_bytes : (o.device == "cuda" ? 0 : uint64_t{2} << 30);
+  go.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_timeout_ms);
+  go.start_timeout = std::chrono::milliseconds(o.start_timeout_ms);
+  auto group = ShardGroup::create(go);
+  if (!group.is_ok()) return fail(group.status().to_string());
+  std::string endpoint = (*group)->endpoint();
+  if (endpoint.rfind("tcp://0.0.0.0:", 0) == 0) {  // tell remote shards a reachable address
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    endpoint = "tcp://" + std::string(host) + endpoint.substr(13);
+  }
+
+  std::unique_ptr<ChildProcess> shards;
+  if (o.spawn_shards) {
+    const std::vector<std::string> cmd = build_shard_command(launch_spec(o, endpoint));
+    TESSERA_LOG_INFO("starting shards: {}", format_command(cmd));
+    auto child = ChildProcess::spawn(cmd);
+    if (!child.is_ok()) return fail(child.status().to_string());
+    shards = std::make_unique<ChildProcess>(std::move(child).value());
+  } else {
+    TESSERA_LOG_INFO("waiting for {} shard(s) at {}", o.tp, endpoint);
+  }
+  Status started = (*group)->start([&]() -> Status {
+    if (!shards || shards->running()) return Status::ok();
+    return Status::unavailable(fmt::format("the shard processes exited with code {} during start-up", shards->exit_code()));
+  });
+  if (!started.is_ok()) {
+    if (shards) shards->terminate();
+    return fail(started.to_string());
+  }
+
+  BlockPoolOptions po;
+  po.num_blocks = (*group)->plan().num_blocks;
+  po.block_size = static_cast<int32_t>((*group)->plan().block_size);
+  auto pool = BlockPool::create(po);
+  if (!pool.is_ok()) {
+    (*group)->shutdown("bad configuration");
+    if (shards) shards->terminate();
+    return fail(pool.status().to_string());
+  }
+
+  MetricsRegistry metrics;
+  declare_engine_metrics(metrics);
+  EngineOptions eo;
+  eo.scheduler = o.scheduler;
+  eo.eos_ids = config.eos_ids;
+  if (eo.eos_ids.empty()) eo.eos_ids = (*tokenizer)->eos_ids();
+  eo.max_positions = config.max_positions;
+  eo.max_queued_sequences = o.max_queued_sequences;
+  Engine engine(eo, **group, *pool, **tokenizer, metrics);
+  TESSERA_LOG_INFO("{}", format_scheduler_config(o.scheduler));
+
+  ApiServerOptions ao;
+  ao.model_name = o.model_name.empty() ? default_model_name(o.model_path) : o.model_name;
+  ao.host = o.host;
+  ao.port = o.port;
+  ao.max_body_bytes = o.max_body_bytes;
+  ao.max_positions = config.max_positions;
+  const SchedulerConfig sched = o.scheduler;
+  auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
+                              [sched] { return scheduler_config_prometheus(sched); });
+  if (!api.is_ok()) {
+    (*group)->shutdown("cannot serve");
+    if (shards) shards->terminate();
+    return fail(api.status().to_string());
+  }
+  engine.start();
+  std::printf("listening on http://%s:%d (model '%s', TP %d)\n", o.host.c_str(), (*api)->port(), ao.model_name.c_str(),
+              o.tp);
+  std::fflush(stdout);
+
+  int exit_code = 0;
+  for (;;) {
+    timespec timeout{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &timeout);
+    if (sig == SIGINT || sig == SIGTERM) {
+      TESSERA_LOG_INFO("signal {}: shutting down", sig);
+      break;
+    }
+  }
+  (*api)->stop();
+  engine.stop();
+  (*group)->shutdown("server stopping");
+  if (shards && !shards->wait_for(std::chrono::milliseconds(3000))) shards->terminate();
+  return exit_code;
+}
+
+}  // namespace tessera

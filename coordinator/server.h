@@ -1,0 +1,48 @@
+// A whole serving process: the coordinator (API server + engine thread + shard group), and,
+// when asked, the shard processes it starts itself (one tessera-shard, or mpirun for TP > 1).
+// Used by `tessera serve`, `tessera launch` and `tessera-coordinator`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coordinator/scheduler_config.h"
+
+namespace tessera {
+
+struct ServerOptions {
+  std::string model_path;
+  std::string model_name;            // default: the model's directory or file name
+  std::string chat_template_path;    // a Jinja file overriding the model's chat template
+  int tp = 1;
+  std::string device = "auto";       // for the shards: cpu | cuda | auto
+  int threads = 0;                   // per shard (0: its bound cores)
+  std::string host = "127.0.0.1";
+  int port = 8000;                   // 0: ephemeral
+  SchedulerConfig scheduler;
+  int32_t block_size = 16;
+  double headroom = 0.10;
+  uint64_t max_kv_bytes = 0;         // per shard; 0: 2 GiB for CPU shards, none for CUDA
+  int64_t max_queued_sequences = 4096;
+  size_t max_body_bytes = 8 << 20;
+  // Shards.
+  bool spawn_shards = true;          // false: wait for shards started elsewhere (mpirun MPMD, by hand)
+  std::string shard_endpoint;        // control endpoint; default ipc:// (local) or tcp://0.0.0.0:0
+  std::vector<std::string> hosts;
+  std::string hostfile;
+  std::string bind = "auto";
+  bool force_mpirun = false;         // mpirun even for TP = 1 (tessera launch)
+  std::vector<std::string> extra_shard_args;
+  int64_t heartbeat_timeout_ms = 2000;
+  int64_t start_timeout_ms = 300000;
+};
+
+// Runs until SIGINT or SIGTERM (then stops every process it started) and returns the exit code.
+// Prints "listening on http://HOST:PORT" on stdout once it serves.
+int run_server(const ServerOptions& options);
+
+// The shard launch spec a server with these options would use, for --dry-run.
+std::string describe_shard_command(const ServerOptions& options, const std::string& endpoint);
+
+}  // namespace tessera

@@ -1,0 +1,65 @@
+// Command-line options of a serving process, shared by `tessera serve`, `tessera launch` and
+// `tessera-coordinator`: register them on a CLI11 app, then finish() turns them into
+// ServerOptions (profile, then a config file, then individual knobs, then validation).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "coordinator/server.h"
+
+namespace tessera {
+
+struct ServerCli {
+  ServerOptions options;
+  std::string profile = "interactive";
+  std::string scheduler_file;
+  std::map<std::string, std::string> knobs;  // knob name -> value given on the command line
+  double max_kv_gb = 0;
+
+  void add_to(CLI::App& app, bool spawns_shards) {
+    ServerOptions& o = options;
+    app.add_option("--model", o.model_path, "HF model directory or .gguf file")->required();
+    app.add_option("--model-name", o.model_name, "the model id clients use (default: the file or directory name)");
+    app.add_option("--chat-template", o.chat_template_path, "Jinja chat template file (overrides the model's)");
+    app.add_option("--tp", o.tp, "tensor-parallel shards")->capture_default_str()->check(CLI::Range(1, 512));
+    app.add_option("--host", o.host, "HTTP address to listen on")->capture_default_str();
+    app.add_option("--port", o.port, "HTTP port (0: ephemeral)")->capture_default_str();
+    app.add_option("--block-size", o.block_size, "KV cache tokens per block (16..1024)")->capture_default_str();
+    app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
+    app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
+    app.add_option("--max-queued", o.max_queued_sequences, "queued sequences before 429")->capture_default_str();
+    app.add_option("--profile", profile, "scheduler profile: interactive or offline")->capture_default_str();
+    app.add_option("--scheduler-config", scheduler_file, "JSON file of scheduler knobs");
+    for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "prefill-chunk", "priority-classes", "aging-ms"})
+      app.add_option(std::string("--") + knob, knobs[knob], std::string("scheduler knob ") + knob);
+    app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
+    app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "declare a silent shard dead")->capture_default_str();
+    if (spawns_shards) {
+      app.add_option("--device", o.device, "shard device: cpu, cuda or auto")
+          ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+          ->capture_default_str();
+      app.add_option("--threads", o.threads, "CPU threads per shard (0: its cores)");
+      app.add_option("--bind", o.bind, "auto (shards bind from hwloc), none, or core (mpirun binds)")
+          ->check(CLI::IsMember({"auto", "none", "core"}));
+      app.add_option("--shard-arg", o.extra_shard_args, "an extra argument for every shard (repeatable)")->group("");
+    }
+  }
+
+  Status finish() {
+    ServerOptions& o = options;
+    TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, "profile", profile));
+    if (!scheduler_file.empty()) TESSERA_RETURN_IF_ERROR(apply_scheduler_config_file(o.scheduler, scheduler_file));
+    for (const auto& [name, value] : knobs)
+      if (!value.empty()) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, name, value));
+    TESSERA_RETURN_IF_ERROR(validate_scheduler_config(o.scheduler));
+    if (max_kv_gb > 0) o.max_kv_bytes = static_cast<uint64_t>(max_kv_gb * (1ull << 30));
+    return Status::ok();
+  }
+};
+
+}  // namespace tessera

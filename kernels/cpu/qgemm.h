@@ -1,0 +1,103 @@
+// Internal interface of the integer-dot matmul kernels for GGUF block weights (Q8_0, Q4_0,
+// Q5_0, Q4_K, Q5_K, Q6_K): activations are quantized to int8 per block once per matmul and
+// every weight block is dotted with them in integer arithmetic.
+//
+// Canonical arithmetic (the contract every ISA path implements exactly, so results are
+// bit-identical across scalar / AVX2 / AVX-512, thread counts, and batch composition):
+//
+// Activations (one row x of k fp32 values per token), blocks of kActBlock32 (32-element weight
+// formats) or kActBlock256 (K-quants):
+//   amax = max |x_i| over the block; d = amax / 127; id = d != 0 ? 1 / d : 0;
+//   q_i = round_to_nearest_even(x_i * id)   (in [-127, 127]); stored with d and the sums of
+//   every 16 consecutive q (bsum16).
+//
+// Output y[t, r] = acc after walking the row's blocks in order, acc starting at +0.0f:
+//   Q8_0 / Q4_0 / Q5_0, per 32-block b with weight scale dw (fp16 -> fp32, exact):
+//     isum = sum_j w_j * q_j with w the signed level (Q8_0 int8, Q4_0 nibble - 8,
+//            Q5_0 five bits - 16), exact in int32;
+//     acc = fma((float)isum, dw * dx_b, acc)
+//   Q4_K / Q5_K, per 256-superblock with d, dmin and 6-bit sc[8], m[8]:
+//     isum = sum_s sc[s] * sum_{j in s} level_j * q_j;   msum = sum_s m[s] * bsum32[s]
+//     acc = fma((float)isum, d * dx, acc); acc = fma((float)(-msum), dmin * dx, acc)
+//   Q6_K, per 256-superblock with d and int8 sc[16] per 16 elements:
+//     isum = sum_g sc[g] * sum_{j in g} (level_j - 32) * q_j;  acc = fma((float)isum, d * dx, acc)
+// All integer sums are exact (bounded well inside int32); every float operation is one IEEE
+// fp32 rounding, so any order of the integer work gives the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace tessera::cpu {
+
+constexpr int64_t kActBlock32 = 32;
+constexpr int64_t kActBlock256 = 256;
+
+// Whether `type` has an integer-dot kernel, and its activation block size (32 or 256).
+bool has_qdot(QuantType type);
+int64_t act_block(QuantType type);
+
+// Activations quantized for one matmul: n_tokens rows of k values.
+struct QuantizedActs {
+  const int8_t* q = nullptr;      // [n_tokens][k]
+  const float* d = nullptr;       // [n_tokens][k / block]
+  const int16_t* bsum = nullptr;  // [n_tokens][k / 16]: sums of 16 consecutive q
+  int64_t k = 0;
+  int64_t block = 32;
+};
+
+// Bytes of scratch quantize_acts needs for n_tokens rows of k (k % block == 0).
+size_t acts_bytes(int64_t n_tokens, int64_t k, int64_t block);
+
+// Lays out the QuantizedActs view over `scratch` (acts_bytes() bytes, 64-byte aligned).
+QuantizedActs acts_view(void* scratch, int64_t n_tokens, int64_t k, int64_t block);
+
+// Quantizes tokens [t0, t1) of x ([n_tokens, k] fp32) into the view's storage.
+void quantize_acts(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
+
+// One matmul piece: rows [r0, r1) of the weight against every token.
+struct QMatmulArgs {
+  QuantType type = QuantType::kQ8_0;
+  const uint8_t* w = nullptr;  // row 0 of the weight slice
+  size_t row_bytes = 0;
+  int64_t k = 0;
+  QuantizedActs acts;
+  int64_t n_tokens = 0;
+  float* y = nullptr;          // y[t * y_stride + r]
+  int64_t y_stride = 0;
+};
+
+// Rows a thread should take at a time (the AVX-512 kernels work on 16 rows).
+constexpr int64_t kQRowGroup = 16;
+
+void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
+void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);
+void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
+
+// Quantizers per ISA (bit-identical); quantize_acts dispatches.
+void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
+void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
+void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
+
+// ---- block field access shared by the scalar and SIMD paths
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block (12 packed bytes).
+inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+}  // namespace tessera::cpu

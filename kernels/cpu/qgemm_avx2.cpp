@@ -1,0 +1,472 @@
+// AVX2 integer-dot kernels for GGUF block weights: the AVX-512 scheme (qgemm_avx512.cpp) on 8
+// rows per vector, with maddubs + madd in place of vpdpbusd. maddubs saturates its 16-bit
+// pair sums, so levels must stay below 128: Q8_0 keeps its signed bytes and moves the sign onto
+// the activation (|w| * sign(x, w)); the other formats' levels are at most 63.
+// Same integer sums, same float operations: bit-identical to the scalar and AVX-512 paths.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/qgemm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
+// maybe-uninitialized; the values are always overwritten.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_AVX2_INLINE inline __attribute__((always_inline)) TESSERA_AVX2
+
+namespace tessera::cpu {
+namespace {
+
+constexpr int kRows = 8;
+constexpr size_t kUnit = 256;  // 8 dword groups x 8 rows x 4 bytes
+
+// out[d] lane r = dword d of the 16 bytes at p[r] + off (d = 0..3).
+TESSERA_AVX2_INLINE void tr8x4(const uint8_t* const* p, size_t off, __m256i* out) {
+  __m256i y[4];
+  for (int i = 0; i < 4; ++i)
+    y[i] = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[i] + off))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[i + 4] + off)), 1);
+  const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+  out[0] = _mm256_unpacklo_epi64(t0, t2);
+  out[1] = _mm256_unpackhi_epi64(t0, t2);
+  out[2] = _mm256_unpacklo_epi64(t1, t3);
+  out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// out[d] lane r = dword d of the 32 bytes at p[r] + off (d = 0..7).
+TESSERA_AVX2_INLINE void tr8x8(const uint8_t* const* p, size_t off, __m256i* out) {
+  __m256i r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[i] + off));
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int d = 0; d < 4; ++d) {
+    out[d] = _mm256_permute2x128_si256(u[d], u[4 + d], 0x20);
+    out[d + 4] = _mm256_permute2x128_si256(u[d], u[4 + d], 0x31);
+  }
+}
+
+TESSERA_AVX2_INLINE __m256 gather_f16_lo(const uint8_t* base, __m256i vindex, size_t off) {
+  const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + off), vindex, 1);
+  const __m256i w = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  return _mm256_cvtph_ps(packed);
+}
+
+TESSERA_AVX2_INLINE __m256 gather_f16_hi(const uint8_t* base, __m256i vindex, size_t off) {
+  const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + off - 2), vindex, 1);
+  const __m256i w = _mm256_srli_epi32(v, 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  return _mm256_cvtph_ps(packed);
+}
+
+// The two fp16 halves of each dword -> 8 floats (low or high halves).
+TESSERA_AVX2_INLINE __m256 f16_half(__m256i v, bool high) {
+  const __m256i w = high ? _mm256_srli_epi32(v, 16) : _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+
+TESSERA_AVX2_INLINE __m256i bcast_x4(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm256_set1_epi32(v);
+}
+
+struct Rows {
+  const uint8_t* p[kRows];
+  __m256i vindex;
+};
+
+struct TileLayout {
+  size_t units_per_block;
+  size_t scale_bytes;
+  size_t block_stride() const { return units_per_block * kUnit + scale_bytes; }
+};
+
+TileLayout tile_layout(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return {8, 8 * 32 * 2 + 32 * 2};
+    case QuantType::kQ6_K: return {8, 16 * 32 + 32};
+    default: return {1, 32};
+  }
+}
+
+int q32_offset(QuantType t) {
+  switch (t) {
+    case QuantType::kQ8_0: return 0;  // signed levels, see the file comment
+    case QuantType::kQ4_0: return 8;
+    default: return 16;
+  }
+}
+
+TESSERA_AVX2_INLINE void store_unit(uint8_t* dst, const __m256i* w) {
+  for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32 * g), w[g]);
+}
+
+TESSERA_AVX2 void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const size_t bb = type == QuantType::kQ8_0 ? 34 : type == QuantType::kQ4_0 ? 18 : 22;
+  for (int64_t b = b0; b < b1; ++b, tile += kUnit + 32) {
+    const size_t off = static_cast<size_t>(b) * bb;
+    __m256i w[8];
+    if (type == QuantType::kQ8_0) {
+      tr8x8(rows.p, off + 2, w);
+    } else if (type == QuantType::kQ4_0) {
+      __m256i d[4];
+      tr8x4(rows.p, off + 2, d);
+      for (int g = 0; g < 4; ++g) {
+        w[g] = _mm256_and_si256(d[g], m4);
+        w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
+      }
+    } else {
+      __m256i d[4];
+      tr8x4(rows.p, off + 6, d);
+      const __m256i qh = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows.p[0] + off + 2), rows.vindex, 1);
+      const __m256i spread = _mm256_set1_epi32(0x00204081);
+      const __m256i ones = _mm256_set1_epi32(0x01010101);
+      for (int g = 0; g < 8; ++g) {
+        const __m256i bits = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * g), _mm256_set1_epi32(0xF));
+        const __m256i hb = _mm256_slli_epi32(_mm256_and_si256(_mm256_mullo_epi32(bits, spread), ones), 4);
+        const __m256i nib = g < 4 ? _mm256_and_si256(d[g], m4)
+                                  : _mm256_and_si256(_mm256_srli_epi16(d[g - 4], 4), m4);
+        w[g] = _mm256_or_si256(nib, hb);
+      }
+    }
+    store_unit(tile, w);
+    _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), gather_f16_lo(rows.p[0], rows.vindex, off));
+  }
+}
+
+TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const bool q5 = type == QuantType::kQ5_K;
+  const size_t bb = q5 ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m6 = _mm256_set1_epi32(63);
+  const __m256i lsb = _mm256_set1_epi8(0x01);
+  const size_t stride = tile_layout(type).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const size_t off = static_cast<size_t>(b) * bb;
+    __m256i qh[8];
+    if (q5) tr8x8(rows.p, off + 16, qh);
+    for (int c = 0; c < 4; ++c) {
+      __m256i d[8], lo[8], hi[8];
+      tr8x8(rows.p, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      for (int g = 0; g < 8; ++g) {
+        lo[g] = _mm256_and_si256(d[g], m4);
+        hi[g] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
+        if (q5) {
+          lo[g] = _mm256_or_si256(lo[g], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[g], 2 * c), lsb), 4));
+          hi[g] = _mm256_or_si256(hi[g], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[g], 2 * c + 1), lsb), 4));
+        }
+      }
+      store_unit(tile + kUnit * (2 * c), lo);
+      store_unit(tile + kUnit * (2 * c + 1), hi);
+    }
+    __m256i hd[4];
+    tr8x4(rows.p, off, hd);
+    auto* sc = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
+    auto* mm = sc + 8 * 8;
+    auto* df = reinterpret_cast<float*>(mm + 8 * 8);
+    const __m256i m3 = _mm256_set1_epi32(3), mf = _mm256_set1_epi32(0xF);
+    for (int s = 0; s < 4; ++s) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * s), _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * s), m6));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mm + 8 * s), _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * s), m6));
+      const __m256i lo4 = _mm256_srli_epi32(hd[3], 8 * s);
+      const __m256i top_sc = _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * s + 6), m3);
+      const __m256i top_m = _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * s + 6), m3);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * (s + 4)),
+                         _mm256_or_si256(_mm256_and_si256(lo4, mf), _mm256_slli_epi32(top_sc, 4)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mm + 8 * (s + 4)),
+                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(lo4, 4), mf), _mm256_slli_epi32(top_m, 4)));
+    }
+    _mm256_store_ps(df, f16_half(hd[0], false));
+    _mm256_store_ps(df + 8, f16_half(hd[0], true));
+  }
+}
+
+TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const size_t off = static_cast<size_t>(b) * 210;
+    for (int h = 0; h < 2; ++h) {
+      __m256i a[8], c[8], qh[8];
+      tr8x8(rows.p, off + 64 * static_cast<size_t>(h), a);
+      tr8x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
+      tr8x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      __m256i u[4][8];
+      for (int g = 0; g < 8; ++g) {
+        const __m256i t0 = _mm256_and_si256(qh[g], m2);
+        const __m256i t1 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2);
+        const __m256i t2 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 4), m2);
+        const __m256i t3 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 6), m2);
+        u[0][g] = _mm256_or_si256(_mm256_and_si256(a[g], m4), _mm256_slli_epi16(t0, 4));
+        u[1][g] = _mm256_or_si256(_mm256_and_si256(c[g], m4), _mm256_slli_epi16(t1, 4));
+        u[2][g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a[g], 4), m4), _mm256_slli_epi16(t2, 4));
+        u[3][g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[g], 4), m4), _mm256_slli_epi16(t3, 4));
+      }
+      for (int q = 0; q < 4; ++q) store_unit(tile + kUnit * (4 * h + q), u[q]);
+    }
+    __m256i s[4];
+    tr8x4(rows.p, off + 192, s);
+    auto* sc = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
+    for (int g = 0; g < 16; ++g)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * g),
+                         _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24));
+    _mm256_store_ps(reinterpret_cast<float*>(sc + 128), gather_f16_hi(rows.p[0], rows.vindex, off + 208));
+  }
+}
+
+void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  switch (type) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
+    case QuantType::kQ6_K: return build_q6_k(rows, b0, b1, tile);
+    default: return build_q32(type, rows, b0, b1, tile);
+  }
+}
+
+struct TokenPtrs {
+  const int8_t* q[8];
+  const float* d[8];
+  const int16_t* bsum[8];
+};
+
+// Exact 4-element dot per lane (levels < 128, see the file comment).
+TESSERA_AVX2_INLINE __m256i dot4(__m256i w, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+template <int T, bool kSigned>
+TESSERA_AVX2 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x, __m256* acc) {
+  for (int64_t b = b0; b < b1; ++b, tile += kUnit + 32) {
+    __m256i ia[T];
+    for (int t = 0; t < T; ++t)
+      ia[t] = _mm256_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
+      if (kSigned) {
+        const __m256i wa = _mm256_abs_epi8(w);
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm256_add_epi32(ia[t], dot4(wa, _mm256_sign_epi8(bcast_x4(x.q[t] + 32 * b + 4 * g), w)));
+      } else {
+        for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 32 * b + 4 * g)));
+      }
+    }
+    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+template <int T>
+TESSERA_AVX2 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
+  const size_t stride = 8 * kUnit + 8 * 32 * 2 + 32 * 2;
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+    const auto* mm = sc + 8 * 8;
+    const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
+    __m256i tot[T];
+    for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      __m256i ia[T];
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_setzero_si256();
+      const uint8_t* u = tile + kUnit * s;
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 256 * b + 32 * s + 4 * g)));
+      }
+      const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
+      for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
+    }
+    const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
+    for (int t = 0; t < T; ++t) {
+      __m256i ms = _mm256_setzero_si256();
+      const int16_t* bs = x.bsum[t] + 16 * b;
+      for (int s = 0; s < 8; ++s)
+        ms = _mm256_add_epi32(ms, _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 8 * s)),
+                                                     _mm256_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
+      const __m256 dx = _mm256_set1_ps(x.d[t][b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dx), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
+                               _mm256_mul_ps(dmin, dx), acc[t]);
+    }
+  }
+}
+
+template <int T>
+TESSERA_AVX2 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
+  const size_t stride = 8 * kUnit + 16 * 32 + 32;
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+    __m256i tot[T];
+    for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+    for (int grp = 0; grp < 16; ++grp) {
+      __m256i ia[T];
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_set1_epi32(-32 * x.bsum[t][16 * b + grp]);
+      const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 256 * b + 16 * grp + 4 * g)));
+      }
+      const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * grp));
+      for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
+    }
+    const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(sc + 128));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+template <int T>
+TESSERA_AVX2 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x,
+                             __m256* acc) {
+  switch (type) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
+    case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
+    case QuantType::kQ8_0: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
+    default: return mk_q32<T, false>(tile, b0, b1, q32_offset(type), x, acc);
+  }
+}
+
+TESSERA_AVX2 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64_t b0, int64_t b1,
+                           const TokenPtrs& x, __m256* acc) {
+  switch (n_tok) {
+    case 1: return run_tile_t<1>(type, tile, b0, b1, x, acc);
+    case 2: return run_tile_t<2>(type, tile, b0, b1, x, acc);
+    case 3: return run_tile_t<3>(type, tile, b0, b1, x, acc);
+    default: return run_tile_t<4>(type, tile, b0, b1, x, acc);
+  }
+}
+
+uint8_t* tile_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
+}
+
+TESSERA_AVX2 void store_rows(float* y, __m256 v, int n_valid) {
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(y, tmp, static_cast<size_t>(n_valid) * 4);
+}
+
+}  // namespace
+
+TESSERA_AVX2 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  const int64_t k = acts.k, blk = acts.block, nb = k / blk;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xt = x + t * k;
+    auto* q = const_cast<int8_t*>(acts.q) + t * k;
+    auto* d = const_cast<float*>(acts.d) + t * nb;
+    auto* bs = const_cast<int16_t*>(acts.bsum) + t * (k / 16);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = xt + b * blk;
+      __m256 m = _mm256_setzero_ps();
+      for (int64_t j = 0; j < blk; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      const float db = amax / 127.0f;
+      const float id = db != 0.0f ? 1.0f / db : 0.0f;
+      d[b] = db;
+      const __m256 vid = _mm256_set1_ps(id);
+      for (int64_t j = 0; j < blk; j += 16) {
+        const __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), vid));
+        const __m256i v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8), vid));
+        const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(v0, v1), 0xD8);
+        const __m128i b8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * blk + j), b8);
+        __m256i s = _mm256_add_epi32(v0, v1);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        bs[(b * blk + j) / 16] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+      }
+    }
+  }
+}
+
+TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
+  const QuantType type = a.type;
+  const int64_t nb = a.k / quant_traits(type).block_elems;
+  const TileLayout lay = tile_layout(type);
+  const size_t stride = lay.block_stride();
+  const bool whole = a.n_tokens > 1;
+  const int64_t chunk = whole ? nb : (lay.units_per_block == 1 ? 8 : 1);
+  uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
+  const int64_t nb_act = a.k / a.acts.block;
+  for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
+    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
+    Rows rows;
+    alignas(32) int32_t offs[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      offs[r] = static_cast<int32_t>(static_cast<size_t>(std::min(r, n_valid - 1)) * a.row_bytes);
+      rows.p[r] = a.w + static_cast<size_t>(g0) * a.row_bytes + static_cast<size_t>(offs[r]);
+    }
+    rows.vindex = _mm256_load_si256(reinterpret_cast<const __m256i*>(offs));
+    if (!whole) {
+      TokenPtrs x{};
+      x.q[0] = a.acts.q;
+      x.d[0] = a.acts.d;
+      x.bsum[0] = a.acts.bsum;
+      __m256 acc[1] = {_mm256_setzero_ps()};
+      for (int64_t b = 0; b < nb; b += chunk) {
+        const int64_t e = std::min(nb, b + chunk);
+        build_tile(type, rows, b, e, tile);
+        run_tile(type, 1, tile, b, e, x, acc);
+      }
+      store_rows(a.y + g0, acc[0], n_valid);
+      continue;
+    }
+    build_tile(type, rows, 0, nb, tile);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 4) {
+      const int n_tok = static_cast<int>(std::min<int64_t>(4, a.n_tokens - t0));
+      TokenPtrs x{};
+      for (int t = 0; t < n_tok; ++t) {
+        x.q[t] = a.acts.q + (t0 + t) * a.k;
+        x.d[t] = a.acts.d + (t0 + t) * nb_act;
+        x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
+      }
+      __m256 acc[4];
+      for (auto& v : acc) v = _mm256_setzero_ps();
+      run_tile(type, n_tok, tile, 0, nb, x, acc);
+      for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0, acc[t], n_valid);
+    }
+  }
+}
+
+}  // namespace tessera::cpu
+
+#else
+
+namespace tessera::cpu {
+void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  quantize_acts_scalar(x, t0, t1, acts);
+}
+void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) { qmatmul_scalar(a, r0, r1); }
+}  // namespace tessera::cpu
+
+#endif

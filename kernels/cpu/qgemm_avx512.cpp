@@ -1,0 +1,492 @@
+// AVX-512 VNNI integer-dot kernels for GGUF block weights (the arithmetic is in qgemm.h).
+//
+// Layout trick: 16 weight rows are processed together, each in one 32-bit lane. A 32-element
+// unit of the 16 rows is transposed ("interleaved") into 8 vectors W[g], g = 0..7, where lane r
+// of W[g] holds the unsigned levels of elements 4g..4g+3 of row r. vpdpbusd(acc, W[g],
+// broadcast(x[4g..4g+3])) then adds the 4-element partial dot of every row to its lane, so 8
+// instructions give the exact integer dot of the unit for 16 rows, with no horizontal sums,
+// and the per-row float update (acc = fma(isum, dw * dx, acc)) is one vector operation.
+//
+// Decode (one token) builds the interleaved units of a few blocks into a small L1 buffer and
+// consumes them at once; prefill and batched decode build a whole 16-row tile once and run it
+// against up to 8 tokens at a time (each weight byte is read from memory once per matmul).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/qgemm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
+// maybe-uninitialized; the values are always overwritten.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define TESSERA_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+#define TESSERA_AVX512_INLINE inline __attribute__((always_inline)) TESSERA_AVX512
+
+namespace tessera::cpu {
+namespace {
+
+constexpr int kRows = 16;
+
+// ------------------------------------------------------------------ transposes
+
+// out[d] lane r = dword d of the 16 bytes at p[r] + off (d = 0..3).
+TESSERA_AVX512_INLINE void tr16x4(const uint8_t* const* p, size_t off, __m512i* out) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256i a = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[4 * i] + off))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[4 * i + 1] + off)), 1);
+    const __m256i b = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[4 * i + 2] + off))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[4 * i + 3] + off)), 1);
+    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  }
+  // z[i] lane 4r' + d = row 4i + r', dword d. P: [dword d0 of 8 rows | dword d1 of 8 rows].
+  const __m512i idx_lo = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i idx_hi = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  const __m512i p0 = _mm512_permutex2var_epi32(z[0], idx_lo, z[1]);
+  const __m512i p1 = _mm512_permutex2var_epi32(z[2], idx_lo, z[3]);
+  const __m512i q0 = _mm512_permutex2var_epi32(z[0], idx_hi, z[1]);
+  const __m512i q1 = _mm512_permutex2var_epi32(z[2], idx_hi, z[3]);
+  out[0] = _mm512_shuffle_i64x2(p0, p1, 0x44);
+  out[1] = _mm512_shuffle_i64x2(p0, p1, 0xEE);
+  out[2] = _mm512_shuffle_i64x2(q0, q1, 0x44);
+  out[3] = _mm512_shuffle_i64x2(q0, q1, 0xEE);
+}
+
+// out[d] lane r = dword d of the 32 bytes at p[r] + off (d = 0..7).
+TESSERA_AVX512_INLINE void tr16x8(const uint8_t* const* p, size_t off, __m512i* out) {
+  __m512i z[8];
+  for (int i = 0; i < 8; ++i)
+    z[i] = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[2 * i] + off))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[2 * i + 1] + off)), 1);
+  // z[i] lane j = row 2i + j / 8, dword j % 8.
+  // Stage 1 (rows 4i..4i+3): lane 4d + r' = row r', dword d (L: d 0..3, H: d 4..7).
+  const __m512i i1l = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+  const __m512i i1h = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+  __m512i l[4], h[4];
+  for (int i = 0; i < 4; ++i) {
+    l[i] = _mm512_permutex2var_epi32(z[2 * i], i1l, z[2 * i + 1]);
+    h[i] = _mm512_permutex2var_epi32(z[2 * i], i1h, z[2 * i + 1]);
+  }
+  // Stage 2 (rows 8j..8j+7): lane 8d' + r'' = row r'', dword d' of the pair taken.
+  const __m512i i2a = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i2b = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  __m512i s2[8];
+  for (int j = 0; j < 2; ++j) {
+    s2[0 + j] = _mm512_permutex2var_epi32(l[2 * j], i2a, l[2 * j + 1]);  // d 0, 1
+    s2[2 + j] = _mm512_permutex2var_epi32(l[2 * j], i2b, l[2 * j + 1]);  // d 2, 3
+    s2[4 + j] = _mm512_permutex2var_epi32(h[2 * j], i2a, h[2 * j + 1]);  // d 4, 5
+    s2[6 + j] = _mm512_permutex2var_epi32(h[2 * j], i2b, h[2 * j + 1]);  // d 6, 7
+  }
+  for (int q = 0; q < 4; ++q) {
+    out[2 * q] = _mm512_shuffle_i64x2(s2[2 * q], s2[2 * q + 1], 0x44);
+    out[2 * q + 1] = _mm512_shuffle_i64x2(s2[2 * q], s2[2 * q + 1], 0xEE);
+  }
+}
+
+// 16 fp16 values at base + vindex[r] + off, gathered as dwords that start there (the two
+// bytes after the value must belong to the block).
+TESSERA_AVX512_INLINE __m512 gather_f16_lo(const uint8_t* base, __m512i vindex, size_t off) {
+  const __m512i v = _mm512_i32gather_epi32(vindex, base + off, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+// The same for a value at the end of a block: the dword starts two bytes before it.
+TESSERA_AVX512_INLINE __m512 gather_f16_hi(const uint8_t* base, __m512i vindex, size_t off) {
+  const __m512i v = _mm512_i32gather_epi32(vindex, base + off - 2, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+}
+
+TESSERA_AVX512_INLINE __m512i bcast_x4(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// ------------------------------------------------------------------ tiles
+//
+// A tile holds, for 16 rows, interleaved units (512 bytes each: W[0..7]) and per-row scales.
+//   Q32 (Q8_0 / Q4_0 / Q5_0): per block: 1 unit, dw[16] floats.
+//   K-affine (Q4_K / Q5_K):   per super-block: 8 units, sc[8][16], m[8][16] int32, d[16], dmin[16].
+//   Q6_K:                     per super-block: 8 units, sc[16][16] int32, d[16].
+struct Rows {
+  const uint8_t* p[kRows];  // row pointers (invalid rows repeat the last valid one)
+  __m512i vindex;           // byte offset of each row from p[0]
+};
+
+struct TileLayout {
+  size_t units_per_block;    // interleaved units per weight block
+  size_t scale_bytes;        // per block
+  size_t block_stride() const { return units_per_block * 512 + scale_bytes; }
+};
+
+TileLayout tile_layout(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return {8, 8 * 64 * 2 + 64 * 2};
+    case QuantType::kQ6_K: return {8, 16 * 64 + 64};
+    default: return {1, 64};
+  }
+}
+
+// Offset subtracted from the stored unsigned levels (level - o is the signed weight).
+int q32_offset(QuantType t) {
+  switch (t) {
+    case QuantType::kQ8_0: return 128;
+    case QuantType::kQ4_0: return 8;
+    default: return 16;  // Q5_0
+  }
+}
+
+TESSERA_AVX512_INLINE void store_unit(uint8_t* dst, const __m512i* w) {
+  for (int g = 0; g < 8; ++g) _mm512_store_si512(reinterpret_cast<__m512i*>(dst + 64 * g), w[g]);
+}
+
+TESSERA_AVX512 void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const size_t bb = type == QuantType::kQ8_0 ? 34 : type == QuantType::kQ4_0 ? 18 : 22;
+  for (int64_t b = b0; b < b1; ++b, tile += 512 + 64) {
+    const size_t off = static_cast<size_t>(b) * bb;
+    __m512i w[8];
+    if (type == QuantType::kQ8_0) {
+      tr16x8(rows.p, off + 2, w);
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(w[g], flip);
+    } else if (type == QuantType::kQ4_0) {
+      __m512i d[4];
+      tr16x4(rows.p, off + 2, d);
+      for (int g = 0; g < 4; ++g) {
+        w[g] = _mm512_and_si512(d[g], m4);
+        w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
+      }
+    } else {  // Q5_0: nibbles as Q4_0, fifth bit of element j from bit j of qh
+      __m512i d[4];
+      tr16x4(rows.p, off + 6, d);
+      const __m512i qh = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + off + 2, 1);
+      const __m512i spread = _mm512_set1_epi32(0x00204081);
+      const __m512i ones = _mm512_set1_epi32(0x01010101);
+      for (int g = 0; g < 8; ++g) {
+        // 4 bits of qh -> bit 0 of 4 bytes: multiply by 1 + 2^7 + 2^14 + 2^21 and mask.
+        const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * g), _mm512_set1_epi32(0xF));
+        const __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(bits, spread), ones), 4);
+        const __m512i nib = g < 4 ? _mm512_and_si512(d[g], m4)
+                                  : _mm512_and_si512(_mm512_srli_epi16(d[g - 4], 4), m4);
+        w[g] = _mm512_or_si512(nib, hb);
+      }
+    }
+    store_unit(tile, w);
+    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), gather_f16_lo(rows.p[0], rows.vindex, off));
+  }
+}
+
+TESSERA_AVX512 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const bool q5 = type == QuantType::kQ5_K;
+  const size_t bb = q5 ? 176 : 144;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m6 = _mm512_set1_epi32(63);
+  const __m512i lsb = _mm512_set1_epi8(0x01);
+  const size_t stride = tile_layout(type).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const size_t off = static_cast<size_t>(b) * bb;
+    __m512i qh[8];
+    if (q5) tr16x8(rows.p, off + 16, qh);
+    for (int c = 0; c < 4; ++c) {
+      __m512i d[8], lo[8], hi[8];
+      tr16x8(rows.p, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      for (int g = 0; g < 8; ++g) {
+        lo[g] = _mm512_and_si512(d[g], m4);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
+        if (q5) {
+          lo[g] = _mm512_or_si512(lo[g], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[g], 2 * c), lsb), 4));
+          hi[g] = _mm512_or_si512(hi[g], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[g], 2 * c + 1), lsb), 4));
+        }
+      }
+      store_unit(tile + 512 * (2 * c), lo);
+      store_unit(tile + 512 * (2 * c + 1), hi);
+    }
+    // Header: d, dmin (dword 0), scales[0..3], [4..7], [8..11] (dwords 1..3).
+    __m512i hd[4];
+    tr16x4(rows.p, off, hd);
+    auto* sc = reinterpret_cast<int32_t*>(tile + 4096);
+    auto* mm = sc + 8 * 16;
+    auto* df = reinterpret_cast<float*>(mm + 8 * 16);
+    for (int s = 0; s < 4; ++s) {
+      _mm512_store_si512(sc + 16 * s, _mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s), m6));
+      _mm512_store_si512(mm + 16 * s, _mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s), m6));
+      const __m512i lo4 = _mm512_srli_epi32(hd[3], 8 * s);
+      const __m512i top_sc = _mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s + 6), _mm512_set1_epi32(3));
+      const __m512i top_m = _mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s + 6), _mm512_set1_epi32(3));
+      _mm512_store_si512(sc + 16 * (s + 4), _mm512_or_si512(_mm512_and_si512(lo4, _mm512_set1_epi32(0xF)),
+                                                             _mm512_slli_epi32(top_sc, 4)));
+      _mm512_store_si512(mm + 16 * (s + 4), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lo4, 4), _mm512_set1_epi32(0xF)),
+                                                             _mm512_slli_epi32(top_m, 4)));
+    }
+    const __m512i dd = hd[0];
+    _mm512_store_ps(df, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+    _mm512_store_ps(df + 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+  }
+}
+
+TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m2 = _mm512_set1_epi8(0x03);
+  const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const size_t off = static_cast<size_t>(b) * 210;
+    for (int h = 0; h < 2; ++h) {
+      __m512i a[8], c[8], qh[8];
+      tr16x8(rows.p, off + 64 * static_cast<size_t>(h), a);
+      tr16x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
+      tr16x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      __m512i u[4][8];
+      for (int g = 0; g < 8; ++g) {
+        const __m512i t0 = _mm512_and_si512(qh[g], m2);
+        const __m512i t1 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 2), m2);
+        const __m512i t2 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 4), m2);
+        const __m512i t3 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 6), m2);
+        u[0][g] = _mm512_or_si512(_mm512_and_si512(a[g], m4), _mm512_slli_epi16(t0, 4));
+        u[1][g] = _mm512_or_si512(_mm512_and_si512(c[g], m4), _mm512_slli_epi16(t1, 4));
+        u[2][g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[g], 4), m4), _mm512_slli_epi16(t2, 4));
+        u[3][g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(c[g], 4), m4), _mm512_slli_epi16(t3, 4));
+      }
+      for (int q = 0; q < 4; ++q) store_unit(tile + 512 * (4 * h + q), u[q]);
+    }
+    __m512i s[4];
+    tr16x4(rows.p, off + 192, s);
+    auto* sc = reinterpret_cast<int32_t*>(tile + 4096);
+    for (int g = 0; g < 16; ++g)
+      _mm512_store_si512(sc + 16 * g, _mm512_srai_epi32(_mm512_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24));
+    _mm512_store_ps(reinterpret_cast<float*>(sc + 256), gather_f16_hi(rows.p[0], rows.vindex, off + 208));
+  }
+}
+
+void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  switch (type) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
+    case QuantType::kQ6_K: return build_q6_k(rows, b0, b1, tile);
+    default: return build_q32(type, rows, b0, b1, tile);
+  }
+}
+
+// ------------------------------------------------------------------ micro-kernels
+//
+// Run weight blocks [b0, b1) of a tile (tile points at block b0) against T tokens, updating
+// acc[t] (16 rows each) in the canonical order.
+struct TokenPtrs {
+  const int8_t* q[8];
+  const float* d[8];
+  const int16_t* bsum[8];
+};
+
+template <int T>
+TESSERA_AVX512 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x,
+                           __m512* acc) {
+  for (int64_t b = b0; b < b1; ++b, tile += 512 + 64) {
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t)
+      ia[t] = _mm512_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
+    }
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+template <int T>
+TESSERA_AVX512 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+  const size_t stride = 8 * 512 + 8 * 64 * 2 + 64 * 2;
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
+    const auto* mm = sc + 8 * 16;
+    const auto* df = reinterpret_cast<const float*>(mm + 8 * 16);
+    __m512i tot[T];
+    for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i ia[T];
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_setzero_si512();
+      const uint8_t* u = tile + 512 * s;
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 256 * b + 32 * s + 4 * g));
+      }
+      const __m512i scv = _mm512_load_si512(sc + 16 * s);
+      for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
+    }
+    const __m512 d = _mm512_load_ps(df), dmin = _mm512_load_ps(df + 16);
+    for (int t = 0; t < T; ++t) {
+      __m512i ms = _mm512_setzero_si512();
+      const int16_t* bs = x.bsum[t] + 16 * b;
+      for (int s = 0; s < 8; ++s)
+        ms = _mm512_add_epi32(ms, _mm512_mullo_epi32(_mm512_load_si512(mm + 16 * s),
+                                                     _mm512_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
+      const __m512 dx = _mm512_set1_ps(x.d[t][b]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, dx), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), ms)),
+                               _mm512_mul_ps(dmin, dx), acc[t]);
+    }
+  }
+}
+
+template <int T>
+TESSERA_AVX512 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+  const size_t stride = 8 * 512 + 16 * 64 + 64;
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
+    __m512i tot[T];
+    for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
+    for (int grp = 0; grp < 16; ++grp) {
+      __m512i ia[T];
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(-32 * x.bsum[t][16 * b + grp]);
+      const uint8_t* u = tile + 512 * (grp / 2) + 256 * (grp % 2);
+      for (int g = 0; g < 4; ++g) {
+        const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 256 * b + 16 * grp + 4 * g));
+      }
+      const __m512i scv = _mm512_load_si512(sc + 16 * grp);
+      for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
+    }
+    const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(sc + 256));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+template <int T>
+TESSERA_AVX512 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x,
+                               __m512* acc) {
+  switch (type) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
+    case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
+    default: return mk_q32<T>(tile, b0, b1, q32_offset(type), x, acc);
+  }
+}
+
+TESSERA_AVX512 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64_t b0, int64_t b1,
+                             const TokenPtrs& x, __m512* acc) {
+  switch (n_tok) {
+    case 1: return run_tile_t<1>(type, tile, b0, b1, x, acc);
+    case 2: return run_tile_t<2>(type, tile, b0, b1, x, acc);
+    case 3: return run_tile_t<3>(type, tile, b0, b1, x, acc);
+    case 4: return run_tile_t<4>(type, tile, b0, b1, x, acc);
+    case 5: return run_tile_t<5>(type, tile, b0, b1, x, acc);
+    case 6: return run_tile_t<6>(type, tile, b0, b1, x, acc);
+    case 7: return run_tile_t<7>(type, tile, b0, b1, x, acc);
+    default: return run_tile_t<8>(type, tile, b0, b1, x, acc);
+  }
+}
+
+uint8_t* tile_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
+}
+
+TESSERA_AVX512 void store_rows(float* y, __m512 v, int n_valid) {
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n_valid) - 1u), v);
+}
+
+}  // namespace
+
+TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  const int64_t k = acts.k, blk = acts.block, nb = k / blk;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xt = x + t * k;
+    auto* q = const_cast<int8_t*>(acts.q) + t * k;
+    auto* d = const_cast<float*>(acts.d) + t * nb;
+    auto* bs = const_cast<int16_t*>(acts.bsum) + t * (k / 16);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = xt + b * blk;
+      __m512 m = _mm512_setzero_ps();
+      for (int64_t j = 0; j < blk; j += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)));
+      const float amax = _mm512_reduce_max_ps(m);
+      const float db = amax / 127.0f;
+      const float id = db != 0.0f ? 1.0f / db : 0.0f;
+      d[b] = db;
+      const __m512 vid = _mm512_set1_ps(id);
+      for (int64_t j = 0; j < blk; j += 16) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j), vid));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * blk + j), _mm512_cvtepi32_epi8(v));
+        bs[(b * blk + j) / 16] = static_cast<int16_t>(_mm512_reduce_add_epi32(v));
+      }
+    }
+  }
+}
+
+TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1) {
+  const QuantType type = a.type;
+  const int64_t nb = a.k / quant_traits(type).block_elems;
+  const TileLayout lay = tile_layout(type);
+  const size_t stride = lay.block_stride();
+  // Decode builds a few blocks at a time (stays in L1); batches build the whole row tile.
+  const bool whole = a.n_tokens > 1;
+  const int64_t chunk = whole ? nb : (lay.units_per_block == 1 ? 8 : 1);
+  uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
+  const int64_t nb_act = a.k / a.acts.block;
+  for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
+    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
+    Rows rows;
+    alignas(64) int32_t offs[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      offs[r] = static_cast<int32_t>(static_cast<size_t>(std::min(r, n_valid - 1)) * a.row_bytes);
+      rows.p[r] = a.w + static_cast<size_t>(g0) * a.row_bytes + static_cast<size_t>(offs[r]);
+    }
+    rows.vindex = _mm512_load_si512(offs);
+    if (!whole) {
+      TokenPtrs x{};
+      x.q[0] = a.acts.q;
+      x.d[0] = a.acts.d;
+      x.bsum[0] = a.acts.bsum;
+      __m512 acc[1] = {_mm512_setzero_ps()};
+      for (int64_t b = 0; b < nb; b += chunk) {
+        const int64_t e = std::min(nb, b + chunk);
+        build_tile(type, rows, b, e, tile);
+        // The micro-kernels index activations by absolute block; the tile starts at block b.
+        run_tile(type, 1, tile, b, e, x, acc);
+      }
+      store_rows(a.y + g0, acc[0], n_valid);
+      continue;
+    }
+    build_tile(type, rows, 0, nb, tile);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 8) {
+      const int n_tok = static_cast<int>(std::min<int64_t>(8, a.n_tokens - t0));
+      TokenPtrs x{};
+      for (int t = 0; t < n_tok; ++t) {
+        x.q[t] = a.acts.q + (t0 + t) * a.k;
+        x.d[t] = a.acts.d + (t0 + t) * nb_act;
+        x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
+      }
+      __m512 acc[8];
+      for (auto& v : acc) v = _mm512_setzero_ps();
+      run_tile(type, n_tok, tile, 0, nb, x, acc);
+      for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0, acc[t], n_valid);
+    }
+  }
+}
+
+}  // namespace tessera::cpu
+
+#else  // not x86-64: never dispatched
+
+namespace tessera::cpu {
+void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  quantize_acts_scalar(x, t0, t1, acts);
+}
+void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1) { qmatmul_scalar(a, r0, r1); }
+}  // namespace tessera::cpu
+
+#endif

@@ -1,0 +1,228 @@
+// The portable integer-dot kernels: the reading of the canonical arithmetic in qgemm.h that
+// the SIMD paths must reproduce bit for bit. Also the activation quantizer dispatch.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/vec.h"
+
+namespace tessera::cpu {
+namespace {
+
+// Signed levels of one 32-block of Q8_0 / Q4_0 / Q5_0 and its scale.
+float levels_q32(QuantType type, const uint8_t* blk, int* w) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(blk[2 + j]);
+      break;
+    case QuantType::kQ4_0:
+      for (int j = 0; j < 16; ++j) {
+        w[j] = (blk[2 + j] & 0xF) - 8;
+        w[j + 16] = (blk[2 + j] >> 4) - 8;
+      }
+      break;
+    case QuantType::kQ5_0: {
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        w[j] = ((blk[6 + j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4)) - 16;
+        w[j + 16] = ((blk[6 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4)) - 16;
+      }
+      break;
+    }
+    default: TESSERA_CHECK(false, "levels_q32: {}", quant_name(type));
+  }
+  return f16_at(blk);
+}
+
+// Unsigned levels (0..15 or 0..31) of a Q4_K / Q5_K super-block in element order.
+void levels_k_affine(QuantType type, const uint8_t* sb, int* q) {
+  const bool q5 = type == QuantType::kQ5_K;
+  const uint8_t* qh = sb + 16;
+  const uint8_t* qs = sb + (q5 ? 48 : 16);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
+      if (q5) {
+        lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+        hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
+      q[64 * c + l] = lo;
+      q[64 * c + 32 + l] = hi;
+    }
+  }
+}
+
+// Levels (0..63) of a Q6_K super-block in element order.
+void levels_q6_k(const uint8_t* sb, int* q) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = sb + 64 * h;
+    const uint8_t* qh = sb + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      q[128 * h + l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+      q[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+      q[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+      q[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+    }
+  }
+}
+
+float row_dot_q32(QuantType type, const uint8_t* row, size_t block_bytes, const int8_t* xq,
+                  const float* xd, int64_t nb) {
+  float acc = 0.0f;
+  int w[32];
+  for (int64_t b = 0; b < nb; ++b) {
+    const float dw = levels_q32(type, row + b * block_bytes, w);
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += w[j] * xq[32 * b + j];
+    acc = std::fma(static_cast<float>(isum), dw * xd[b], acc);
+  }
+  return acc;
+}
+
+float row_dot_k_affine(QuantType type, const uint8_t* row, size_t block_bytes, const int8_t* xq,
+                       const float* xd, const int16_t* bsum, int64_t nb) {
+  float acc = 0.0f;
+  int q[256];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = row + b * block_bytes;
+    levels_k_affine(type, sb, q);
+    const int8_t* x = xq + 256 * b;
+    int32_t isum = 0, msum = 0;
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      k_scale_min(sb + 4, s, &sc, &m);
+      int32_t part = 0;
+      for (int j = 32 * s; j < 32 * s + 32; ++j) part += q[j] * x[j];
+      isum += sc * part;
+      msum += m * (bsum[16 * b + 2 * s] + bsum[16 * b + 2 * s + 1]);
+    }
+    acc = std::fma(static_cast<float>(isum), f16_at(sb) * xd[b], acc);
+    acc = std::fma(static_cast<float>(-msum), f16_at(sb + 2) * xd[b], acc);
+  }
+  return acc;
+}
+
+float row_dot_q6_k(const uint8_t* row, const int8_t* xq, const float* xd, int64_t nb) {
+  float acc = 0.0f;
+  int q[256];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = row + b * 210;
+    levels_q6_k(sb, q);
+    const int8_t* x = xq + 256 * b;
+    const auto* sc = reinterpret_cast<const int8_t*>(sb + 192);
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t part = 0;
+      for (int j = 16 * g; j < 16 * g + 16; ++j) part += (q[j] - 32) * x[j];
+      isum += sc[g] * part;
+    }
+    acc = std::fma(static_cast<float>(isum), f16_at(sb + 208) * xd[b], acc);
+  }
+  return acc;
+}
+
+}  // namespace
+
+bool has_qdot(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
+    case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t act_block(QuantType type) {
+  switch (type) {
+    case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K: return kActBlock256;
+    default: return kActBlock32;
+  }
+}
+
+namespace {
+constexpr size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
+}  // namespace
+
+size_t acts_bytes(int64_t n_tokens, int64_t k, int64_t block) {
+  const auto n = static_cast<size_t>(n_tokens);
+  const auto kk = static_cast<size_t>(k);
+  // + 64 bytes of slack after q: the SIMD kernels may read one vector past a row's end.
+  return align64(n * kk + 64) + align64(n * (kk / static_cast<size_t>(block)) * 4) +
+         align64(n * (kk / 16) * 2);
+}
+
+QuantizedActs acts_view(void* scratch, int64_t n_tokens, int64_t k, int64_t block) {
+  TESSERA_CHECK(k % block == 0, "activation row of {} is not a multiple of {}", k, block);
+  auto* p = static_cast<uint8_t*>(scratch);
+  const auto n = static_cast<size_t>(n_tokens);
+  const auto kk = static_cast<size_t>(k);
+  QuantizedActs a;
+  a.k = k;
+  a.block = block;
+  a.q = reinterpret_cast<const int8_t*>(p);
+  p += align64(n * kk + 64);
+  a.d = reinterpret_cast<const float*>(p);
+  p += align64(n * (kk / static_cast<size_t>(block)) * 4);
+  a.bsum = reinterpret_cast<const int16_t*>(p);
+  return a;
+}
+
+void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  const int64_t k = acts.k, blk = acts.block, nb = k / blk;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xt = x + t * k;
+    auto* q = const_cast<int8_t*>(acts.q) + t * k;
+    auto* d = const_cast<float*>(acts.d) + t * nb;
+    auto* bs = const_cast<int16_t*>(acts.bsum) + t * (k / 16);
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int64_t j = 0; j < blk; ++j) amax = std::max(amax, std::fabs(xt[b * blk + j]));
+      const float db = amax / 127.0f;
+      const float id = db != 0.0f ? 1.0f / db : 0.0f;
+      d[b] = db;
+      for (int64_t j = 0; j < blk; ++j)
+        q[b * blk + j] = static_cast<int8_t>(std::nearbyint(xt[b * blk + j] * id));
+    }
+    for (int64_t g = 0; g < k / 16; ++g) {
+      int s = 0;
+      for (int j = 0; j < 16; ++j) s += q[16 * g + j];
+      bs[g] = static_cast<int16_t>(s);
+    }
+  }
+}
+
+void quantize_acts(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
+  switch (active_isa()) {
+    case Isa::kAvx512: return quantize_acts_avx512(x, t0, t1, acts);
+    case Isa::kAvx2: return quantize_acts_avx2(x, t0, t1, acts);
+    case Isa::kScalar: break;
+  }
+  quantize_acts_scalar(x, t0, t1, acts);
+}
+
+void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1) {
+  const int64_t nb = a.k / a.acts.block;
+  const size_t block_bytes = static_cast<size_t>(quant_traits(a.type).block_bytes);
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const int8_t* xq = a.acts.q + t * a.k;
+    const float* xd = a.acts.d + t * nb;
+    const int16_t* bs = a.acts.bsum + t * (a.k / 16);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = a.w + static_cast<size_t>(r) * a.row_bytes;
+      float v;
+      switch (a.type) {
+        case QuantType::kQ4_K:
+        case QuantType::kQ5_K: v = row_dot_k_affine(a.type, row, block_bytes, xq, xd, bs, nb); break;
+        case QuantType::kQ6_K: v = row_dot_q6_k(row, xq, xd, nb); break;
+        default: v = row_dot_q32(a.type, row, block_bytes, xq, xd, nb); break;
+      }
+      a.y[t * a.y_stride + r] = v;
+    }
+  }
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,53 @@
+// `tessera serve`: one node: the coordinator (this process) and N shards it starts itself
+// (a tessera-shard for TP = 1, mpirun for TP > 1). Ctrl-C stops every process it started.
+// `tessera launch`: the same across hosts (--hosts / --hostfile): builds and runs the mpirun
+// line for the shards, with the coordinator here, reachable over tcp; --dry-run prints it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "coordinator/server_cli.h"
+#include "launch/commands.h"
+
+namespace tessera::cli {
+
+Runner add_serve_command(CLI::App& app) {
+  auto cli = std::make_shared<ServerCli>();
+  cli->add_to(app, /*spawns_shards=*/true);
+  return [cli] {
+    Status s = cli->finish();
+    if (!s.is_ok()) return fail(s.to_string());
+    return run_server(cli->options);
+  };
+}
+
+Runner add_launch_command(CLI::App& app) {
+  auto cli = std::make_shared<ServerCli>();
+  auto dry_run = std::make_shared<bool>(false);
+  cli->add_to(app, /*spawns_shards=*/true);
+  app.add_option("--hosts", cli->options.hosts, "hosts for the shards (comma-separated, host or host:slots)")
+      ->delimiter(',');
+  app.add_option("--hostfile", cli->options.hostfile, "an Open MPI hostfile for the shards");
+  app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
+  return [cli, dry_run] {
+    Status s = cli->finish();
+    if (!s.is_ok()) return fail(s.to_string());
+    ServerOptions& o = cli->options;
+    if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";
+    if (*dry_run) {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      const std::string port = o.shard_endpoint.substr(o.shard_endpoint.rfind(':') + 1);
+      std::printf("# coordinator (this process, outside mpirun): HTTP on %s:%d, shards connect to %s\n", o.host.c_str(),
+                  o.port, o.shard_endpoint.c_str());
+      o.force_mpirun = true;
+      std::printf("%s\n", describe_shard_command(o, "tcp://" + std::string(host) + ":" + port).c_str());
+      return 0;
+    }
+    o.force_mpirun = true;  // launch always runs the shards under mpirun, even one
+    return run_server(o);
+  };
+}
+
+}  // namespace tessera::cli

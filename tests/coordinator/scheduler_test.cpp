@@ -1,0 +1,941 @@
+// The scheduler, step by step, against a simulated shard that enforces the StepPlan contract
+// (comm/control_messages.h, coordinator/scheduler.h) strictly, with a manual clock.
+//
+// Each plan is summarised in one line, e.g. "-3 +1 c4>9 1:0+16 2:31+1sr":
+//   -id finished, +id new sequence, cS>D block copy, id:start+n piece ("s": sample,
+//   "r": reset_blocks). Scenario tables compare these lines step by step.
+#include "coordinator/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "coordinator/scheduler_config.h"
+
+namespace tessera {
+namespace {
+
+using std::chrono::milliseconds;
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9e3779b97f4a7c15ULL ^ (b + 0x632be59bd9b4e019ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A shard that does what tessera-shard does with a plan, but with a "KV" slot that holds the
+// identity of the whole prefix it was computed from. It fails the test (ADD_FAILURE, with the
+// step) on any breach of the contract:
+//  * step ids consecutive; finished ids known; a new sequence sent once, never again;
+//  * each scheduled id known and once per plan; 1 <= num_tokens; 0 <= start; end <= tokens;
+//    sample exactly when the piece ends at the last known token;
+//  * the table (after reset/append) holds valid, distinct block ids and exactly covers
+//    [0, end) (no block allocated ahead);
+//  * every position < start holds the KV of this sequence's own prefix (so prefix-cache hits,
+//    copies and recomputes are right), read before anything of this step is written: a piece
+//    never depends on another piece of the same step;
+//  * no block written by one piece appears in another scheduled sequence's table;
+//  * batch and token limits.
+// A sampled token is a function of the KV identity of the last position, so a sequence's
+// output does not depend on how it was scheduled, only on its own tokens.
+class SimShard {
+ public:
+  SimShard(int64_t num_blocks, int32_t bs, const SchedulerConfig& cfg)
+      : bs_(bs), num_blocks_(num_blocks), cfg_(cfg), kv_(static_cast<size_t>(num_blocks * bs), 0) {}
+
+  StepResult execute(const StepPlan& plan) {
+    StepResult r;
+    r.step_id = plan.step_id;
+    const std::string at = "step " + std::to_string(plan.step_id) + ": ";
+    if (plan.step_id != last_step_ + 1) ADD_FAILURE() << at << "after step " << last_step_;
+    last_step_ = plan.step_id;
+    for (uint64_t id : plan.finished) {
+      if (!seqs_.erase(id)) ADD_FAILURE() << at << "finished id " << id << " the shard never knew";
+    }
+    for (const NewSequence& n : plan.new_sequences) {
+      if (!ever_.insert(n.seq_id).second) ADD_FAILURE() << at << "sequence " << n.seq_id << " sent twice";
+      if (n.prompt_ids.empty()) ADD_FAILURE() << at << "empty prompt";
+      seqs_[n.seq_id].tokens = n.prompt_ids;
+    }
+    for (const BlockCopy& c : plan.block_copies) {
+      if (!valid(c.src) || !valid(c.dst) || c.src == c.dst) {
+        ADD_FAILURE() << at << "copy " << c.src << "->" << c.dst;
+        continue;
+      }
+      std::copy_n(&kv_[slot(c.src, 0)], bs_, &kv_[slot(c.dst, 0)]);
+    }
+    if (static_cast<int64_t>(plan.scheduled.size()) > cfg_.max_batch)
+      ADD_FAILURE() << at << plan.scheduled.size() << " sequences, max_batch " << cfg_.max_batch;
+    int64_t total = 0;
+    std::set<uint64_t> ids;
+    std::map<int32_t, uint64_t> written;  // block -> writer
+    // Tables and reads first.
+    for (const ScheduledSequence& q : plan.scheduled) {
+      total += q.num_tokens;
+      if (!ids.insert(q.seq_id).second) ADD_FAILURE() << at << "sequence " << q.seq_id << " twice";
+      auto it = seqs_.find(q.seq_id);
+      if (it == seqs_.end()) {
+        ADD_FAILURE() << at << "unknown sequence " << q.seq_id;
+        continue;
+      }
+      Seq& s = it->second;
+      const int64_t end = q.start_pos + q.num_tokens;
+      const auto known = static_cast<int64_t>(s.tokens.size());
+      if (q.num_tokens < 1 || q.start_pos < 0 || end > known)
+        ADD_FAILURE() << at << "sequence " << q.seq_id << " positions [" << q.start_pos << ", " << end << ") of "
+                      << known;
+      if (q.sample != (end == known))
+        ADD_FAILURE() << at << "sequence " << q.seq_id << " sample=" << q.sample << " ends at " << end << " of "
+                      << known;
+      if (q.reset_blocks) s.table.clear();
+      s.table.insert(s.table.end(), q.append_blocks.begin(), q.append_blocks.end());
+      std::set<int32_t> distinct(s.table.begin(), s.table.end());
+      if (distinct.size() != s.table.size()) ADD_FAILURE() << at << "sequence " << q.seq_id << " repeats a block";
+      for (int32_t b : s.table)
+        if (!valid(b)) ADD_FAILURE() << at << "block " << b;
+      if (static_cast<int64_t>(s.table.size()) != (end + bs_ - 1) / bs_) {
+        ADD_FAILURE() << at << "sequence " << q.seq_id << " table of " << s.table.size() << " blocks for " << end
+                      << " positions";
+        continue;
+      }
+      std::vector<uint64_t> ident = identities(s.tokens);
+      for (int64_t p = 0; p < q.start_pos && p < known; ++p) {
+        if (kv_[slot(s.table[p / bs_], p % bs_)] != ident[p]) {
+          ADD_FAILURE() << at << "sequence " << q.seq_id << " reads wrong KV at position " << p << " (block "
+                        << s.table[p / bs_] << ")";
+          break;
+        }
+      }
+      for (int64_t i = q.start_pos / bs_; i * bs_ < end; ++i) written[s.table[i]] = q.seq_id;
+    }
+    if (total > cfg_.max_step_tokens) ADD_FAILURE() << at << total << " tokens, budget " << cfg_.max_step_tokens;
+    for (const ScheduledSequence& q : plan.scheduled) {
+      auto it = seqs_.find(q.seq_id);
+      if (it == seqs_.end()) continue;
+      for (int32_t b : it->second.table) {
+        auto w = written.find(b);
+        if (w != written.end() && w->second != q.seq_id)
+          ADD_FAILURE() << at << "block " << b << " written by " << w->second << " is in the table of " << q.seq_id;
+      }
+    }
+    // Writes and samples.
+    for (const ScheduledSequence& q : plan.scheduled) {
+      auto it = seqs_.find(q.seq_id);
+      if (it == seqs_.end()) continue;
+      Seq& s = it->second;
+      const int64_t end = q.start_pos + q.num_tokens;
+      if (static_cast<int64_t>(s.table.size()) * bs_ < end || end > static_cast<int64_t>(s.tokens.size())) continue;
+      std::vector<uint64_t> ident = identities(s.tokens);
+      for (int64_t p = q.start_pos; p < end; ++p) kv_[slot(s.table[p / bs_], p % bs_)] = ident[p];
+      if (q.sample) {
+        const uint64_t last = kv_[slot(s.table[(end - 1) / bs_], (end - 1) % bs_)];
+        const auto tok = static_cast<int32_t>(last % 50000);
+        s.tokens.push_back(tok);
+        r.tokens.push_back({q.seq_id, tok, -0.5f, {}});
+      }
+    }
+    return r;
+  }
+
+  const std::vector<int32_t>* tokens(uint64_t id) const {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : &it->second.tokens;
+  }
+  size_t live() const { return seqs_.size(); }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> table;
+  };
+  bool valid(int32_t b) const { return b >= 0 && b < num_blocks_; }
+  size_t slot(int32_t block, int64_t off) const { return static_cast<size_t>(block * bs_ + off); }
+  static std::vector<uint64_t> identities(const std::vector<int32_t>& t) {
+    std::vector<uint64_t> id(t.size());
+    uint64_t h = 1;
+    for (size_t i = 0; i < t.size(); ++i) id[i] = h = mix(h, static_cast<uint64_t>(t[i]) + 1);
+    return id;
+  }
+
+  int64_t bs_, num_blocks_;
+  SchedulerConfig cfg_;
+  std::vector<uint64_t> kv_;
+  std::map<uint64_t, Seq> seqs_;
+  std::set<uint64_t> ever_;
+  uint64_t last_step_ = 0;
+};
+
+std::string summarize(const StepPlan& p) {
+  std::string s;
+  auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
+  for (uint64_t id : p.finished) add("-" + std::to_string(id));
+  for (const NewSequence& n : p.new_sequences) add("+" + std::to_string(n.seq_id));
+  for (const BlockCopy& c : p.block_copies) add("c" + std::to_string(c.src) + ">" + std::to_string(c.dst));
+  for (const ScheduledSequence& q : p.scheduled)
+    add(std::to_string(q.seq_id) + ":" + std::to_string(q.start_pos) + "+" + std::to_string(q.num_tokens) +
+        (q.sample ? "s" : "") + (q.reset_blocks ? "r" : ""));
+  return s;
+}
+
+// The piece of `id` in a summary line, e.g. "16+33sr" for "2:16+33sr"; empty if none.
+std::string piece_of(const std::string& line, uint64_t id) {
+  const std::string key = std::to_string(id) + ":";
+  size_t pos = 0;
+  while ((pos = line.find(key, pos)) != std::string::npos) {
+    if (pos == 0 || line[pos - 1] == ' ') {
+      const size_t end = line.find(' ', pos);
+      return line.substr(pos + key.size(), end == std::string::npos ? std::string::npos : end - pos - key.size());
+    }
+    pos += key.size();
+  }
+  return "";
+}
+
+SchedulerConfig knobs(int32_t max_batch, int32_t step_tokens, int32_t chunk, double wait_ms = 0,
+                      int32_t classes = 2, double aging_ms = 1e9) {
+  SchedulerConfig c;
+  c.profile = "test";
+  c.max_batch = max_batch;
+  c.max_step_tokens = step_tokens;
+  c.prefill_chunk = chunk;
+  c.max_wait_ms = wait_ms;
+  c.priority_classes = classes;
+  c.aging_ms = aging_ms;
+  return c;
+}
+
+std::vector<int32_t> prompt_of(int32_t base, int len) {
+  std::vector<int32_t> t(static_cast<size_t>(len));
+  for (int i = 0; i < len; ++i) t[static_cast<size_t>(i)] = base + i;
+  return t;
+}
+
+// The engine around the scheduler: runs each plan on the simulated shard, feeds the result
+// back, finishes sequences after their output length, and checks the invariants each step.
+struct Harness {
+  Harness(const SchedulerConfig& cfg, int64_t num_blocks, int32_t bs = 16, bool cache = true)
+      : pool(std::move(BlockPool::create({num_blocks, bs, cache})).value()),
+        sched(cfg, pool, clock),
+        shard(num_blocks, bs, cfg) {}
+
+  Status add(uint64_t id, std::vector<int32_t> prompt, int64_t out_len, int32_t priority = 0) {
+    SchedulerRequest r;
+    r.seq_id = id;
+    r.prompt = std::move(prompt);
+    r.max_tokens = out_len;
+    r.priority = priority;
+    out_len_[id] = out_len;
+    return sched.add(std::move(r));
+  }
+  Status add(uint64_t id, int prompt_len, int64_t out_len, int32_t priority = 0) {
+    return add(id, prompt_of(static_cast<int32_t>(id) * 1000, prompt_len), out_len, priority);
+  }
+
+  // One engine iteration; the plan's summary, or "idle" when schedule() had nothing to run.
+  std::string step() {
+    std::optional<StepPlan> plan = sched.schedule();
+    if (!plan) return "idle";
+    const std::string line = summarize(*plan);
+    for (const ScheduledSequence& q : plan->scheduled) ever_scheduled.insert(q.seq_id);
+    for (const NewSequence& n : plan->new_sequences) first_step.emplace(n.seq_id, steps);
+    ++steps;
+    StepResult r = shard.execute(*plan);
+    Status s = sched.on_result(r);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    for (const StepToken& t : r.tokens) {
+      if (!sched.contains(t.seq_id)) continue;
+      const std::vector<int32_t>* mine = shard.tokens(t.seq_id);
+      EXPECT_TRUE(mine && *mine == sched.tokens(t.seq_id)) << "token lists differ for " << t.seq_id;
+      const auto info = sched.info(t.seq_id);
+      if (info->generated_tokens >= out_len_[t.seq_id]) {
+        outputs[t.seq_id] = sched.tokens(t.seq_id);
+        sched.finish(t.seq_id);
+      }
+    }
+    Status inv = sched.check_invariants();
+    EXPECT_TRUE(inv.is_ok()) << inv.to_string();
+    return line;
+  }
+
+  // Steps until there is nothing left (at most `limit` steps); the summaries. When the
+  // scheduler holds requests, the clock jumps to its next decision, as the engine's wait would.
+  std::vector<std::string> run(int limit = 1000) {
+    std::vector<std::string> lines;
+    while (sched.has_work() && limit-- > 0) {
+      lines.push_back(step());
+      if (lines.back() == "idle") {
+        auto wait = sched.time_until_next_decision();
+        EXPECT_TRUE(wait.has_value()) << "idle with work but no decision pending";
+        if (!wait) break;
+        clock.advance(*wait);
+      }
+    }
+    return lines;
+  }
+
+  ManualClock clock;
+  BlockPool pool;
+  Scheduler sched;
+  SimShard shard;
+  int steps = 0;
+  std::set<uint64_t> ever_scheduled;
+  std::map<uint64_t, int> first_step;
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  std::map<uint64_t, int64_t> out_len_;
+};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += "  " + x + "\n";
+  return s;
+}
+
+// ---- table-driven scenarios ------------------------------------------------------------------
+
+struct ReqSpec {
+  uint64_t id;
+  int prompt_len;
+  int out_len;
+  int priority = 0;
+  int at_step = 0;  // added before this engine iteration
+};
+
+struct Scenario {
+  const char* name;
+  SchedulerConfig cfg;
+  int64_t num_blocks;
+  std::vector<ReqSpec> reqs;
+  std::vector<std::string> expected;  // every step, to the end
+};
+
+class SchedulerScenarioTest : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(SchedulerScenarioTest, StepByStep) {
+  const Scenario& sc = GetParam();
+  Harness h(sc.cfg, sc.num_blocks);
+  std::vector<std::string> lines;
+  int last_add = 0;
+  for (const ReqSpec& r : sc.reqs) last_add = std::max(last_add, r.at_step);
+  for (int i = 0; i < 500 && (h.sched.has_work() || i <= last_add); ++i) {
+    for (const ReqSpec& r : sc.reqs) {
+      if (r.at_step == i) {
+        ASSERT_TRUE(h.add(r.id, r.prompt_len, r.out_len, r.priority).is_ok());
+      }
+    }
+    lines.push_back(h.step());
+  }
+  EXPECT_EQ(lines, sc.expected) << "actual:\n" << join(lines);
+  EXPECT_FALSE(h.sched.has_work());
+  EXPECT_EQ(h.pool.num_used(), 0);
+  EXPECT_EQ(h.shard.live(), 0u);
+  for (const ReqSpec& r : sc.reqs) EXPECT_EQ(h.outputs[r.id].size(), static_cast<size_t>(r.prompt_len + r.out_len));
+}
+
+const Scenario kScenarios[] = {
+    {"SingleRequestPrefillThenDecode",
+     knobs(4, 64, 64),
+     8,
+     {{1, 5, 3}},
+     {"+1 1:0+5s", "1:5+1s", "1:6+1s", "-1"}},
+    {"LongPromptIsChunkedAndNeverStallsDecode",
+     // Sequence 1 decodes while 2's 40-token prompt is prefilled in chunks of 16: 1 is in
+     // every step.
+     knobs(4, 64, 16),
+     16,
+     {{1, 4, 8}, {2, 40, 2, 0, 2}},
+     {"+1 1:0+4s", "1:4+1s", "+2 1:5+1s 2:0+16", "1:6+1s 2:16+16", "1:7+1s 2:32+8s", "1:8+1s 2:40+1s",
+      "-2 1:9+1s", "1:10+1s", "-1"}},
+    {"TokenBudgetSplitsAdmissions",
+     // 8 tokens per step: the second prompt starts with the 2 tokens left, the third waits
+     // for the budget.
+     knobs(4, 8, 8),
+     16,
+     {{1, 6, 2}, {2, 6, 2}, {3, 6, 2}},
+     {"+1 +2 1:0+6s 2:0+2", "+3 1:6+1s 2:2+4s 3:0+3", "-1 2:6+1s 3:3+3s", "-2 3:6+1s", "-3"}},
+    {"MaxBatchHoldsTheThirdRequest",
+     knobs(2, 64, 64),
+     16,
+     {{1, 4, 2}, {2, 4, 3}, {3, 4, 1}},
+     {"+1 +2 1:0+4s 2:0+4s", "1:4+1s 2:4+1s", "-1 +3 2:5+1s 3:0+4s", "-2 -3"}},
+    {"InteractiveAdmittedBeforeBatch",
+     // One slot; the batch request (class 1) came first but the interactive one runs first.
+     knobs(1, 64, 64),
+     16,
+     {{1, 4, 2, 1}, {2, 4, 2, 0}},
+     {"+2 2:0+4s", "2:4+1s", "-2 +1 1:0+4s", "1:4+1s", "-1"}},
+    {"FcfsWithinAClass",
+     knobs(1, 64, 64),
+     16,
+     {{1, 4, 1, 1}, {2, 4, 1, 1}, {3, 4, 1, 1}},
+     {"+1 1:0+4s", "-1 +2 2:0+4s", "-2 +3 3:0+4s", "-3"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, SchedulerScenarioTest, ::testing::ValuesIn(kScenarios),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- preemption ------------------------------------------------------------------------------
+
+TEST(SchedulerTest, PreemptionByRecomputeThenResume) {
+  // 4 blocks of 16. Each sequence alone fits (16 + 40 - 1 positions = 4 blocks), together not.
+  Harness h(knobs(4, 256, 256), 4, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 16, 40).is_ok());
+  ASSERT_TRUE(h.add(2, 16, 40).is_ok());
+  std::vector<std::string> lines = h.run();
+  // Steps 0..: both prefill, decode to position 32 where each needs a third block: 2 (newest)
+  // is the victim; it resumes once 1 is done, with reset_blocks and a recompute of its prompt
+  // and the 16 tokens it generated (positions 0..32), sampling at the end.
+  ASSERT_GE(lines.size(), 20u);
+  EXPECT_EQ(lines[0], "+1 +2 1:0+16s 2:0+16s");
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+  int resume = -1;
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (lines[i].find("2:0+33sr") != std::string::npos) resume = static_cast<int>(i);
+  ASSERT_GE(resume, 0) << join(lines);
+  EXPECT_NE(lines[static_cast<size_t>(resume)].find("-1"), std::string::npos) << "resumes when 1 finishes";
+  EXPECT_EQ(h.outputs[1].size(), 56u);
+  EXPECT_EQ(h.outputs[2].size(), 56u);
+  EXPECT_EQ(h.pool.num_used(), 0);
+  // The same output as alone: recompute reproduced the KV exactly.
+  Harness solo(knobs(4, 256, 256), 4, 16, false);
+  ASSERT_TRUE(solo.add(2, 16, 40).is_ok());
+  solo.run();
+  EXPECT_EQ(solo.outputs[2], h.outputs[2]);
+}
+
+TEST(SchedulerTest, PreemptionStepByStep) {
+  // Smaller: 3 blocks of 16; two 16-token prompts generating 18 tokens (33 positions, 3 blocks).
+  Harness h(knobs(4, 256, 256), 3, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 16, 18).is_ok());
+  ASSERT_TRUE(h.add(2, 16, 18).is_ok());
+  std::vector<std::string> expected = {"+1 +2 1:0+16s 2:0+16s"};
+  // Position 16 needs a second block each: only one is free, so 2 is preempted at once.
+  expected.push_back("1:16+1s");
+  for (int p = 17; p < 33; ++p) expected.push_back("1:" + std::to_string(p) + "+1s");
+  // 1 has 18 tokens after position 32's sample: finished. 2 recomputes its 17 known tokens.
+  expected.push_back("-1 2:0+17sr");
+  for (int p = 17; p < 33; ++p) expected.push_back("2:" + std::to_string(p) + "+1s");
+  expected.push_back("-2");
+  EXPECT_EQ(h.run(), expected) << join(h.run());
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+}
+
+TEST(SchedulerTest, BatchClassIsPreemptedFirst) {
+  // The batch request is older but of the lower class: it is the victim, not the newer
+  // interactive one.
+  Harness h(knobs(4, 256, 256), 3, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 16, 18, /*priority=*/1).is_ok());
+  ASSERT_TRUE(h.add(2, 16, 18, /*priority=*/0).is_ok());
+  EXPECT_EQ(h.step(), "+2 +1 2:0+16s 1:0+16s");
+  EXPECT_EQ(h.step(), "2:16+1s");
+  EXPECT_EQ(h.sched.info(1)->state, SequenceState::kWaiting);
+  EXPECT_EQ(h.sched.info(1)->preemptions, 1);
+  h.run();
+  EXPECT_EQ(h.outputs[1].size(), 34u);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, InteractiveArrivalPreemptsBatchWork) {
+  // A full pool of batch work; an interactive request takes blocks from it at admission.
+  Harness h(knobs(4, 256, 256), 4, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 32, 20, /*priority=*/1).is_ok());
+  ASSERT_TRUE(h.add(2, 32, 20, /*priority=*/1).is_ok());
+  EXPECT_EQ(h.step(), "+1 +2 1:0+32s 2:0+32s");  // all 4 blocks
+  ASSERT_TRUE(h.add(3, 8, 2, /*priority=*/0).is_ok());
+  // 1 and 2 decode into their second blocks' free slots; 3 needs one block: the newest batch
+  // sequence (2) is preempted, its decode piece withdrawn from the plan.
+  EXPECT_EQ(h.step(), "+3 1:32+1s 3:0+8s");
+  EXPECT_EQ(h.sched.info(2)->state, SequenceState::kWaiting);
+  // Interactive work does not preempt work of its own class at admission: a second
+  // interactive request waits for blocks.
+  h.run();
+  EXPECT_EQ(h.outputs[2].size(), 52u);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, SameClassAdmissionDoesNotPreempt) {
+  Harness h(knobs(4, 256, 256), 2, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 32, 1).is_ok());
+  EXPECT_EQ(h.step(), "+1 1:0+32s");
+  ASSERT_TRUE(h.add(2, 8, 1).is_ok());
+  // 1 is done after one token but not yet finished in this iteration? It is: out_len 1.
+  EXPECT_EQ(h.step(), "-1 +2 2:0+8s");
+  h.run();
+  EXPECT_EQ(h.sched.stats().preemptions, 0);
+}
+
+// ---- no starvation ---------------------------------------------------------------------------
+
+TEST(SchedulerTest, BatchRequestIsNotStarvedBySustainedInteractiveLoad) {
+  // One slot, a new interactive request every step (more than can be served), 10 ms per
+  // step, aging 100 ms: the batch request competes as interactive after 100 ms and, being the
+  // oldest, runs next.
+  Harness h(knobs(1, 64, 64, 0, 2, 100), 64);
+  ASSERT_TRUE(h.add(1, 4, 2, /*priority=*/1).is_ok());
+  uint64_t next = 100;
+  for (int i = 0; i < 60 && h.sched.contains(1); ++i) {
+    ASSERT_TRUE(h.add(next++, 4, 2, 0).is_ok());
+    ASSERT_TRUE(h.add(next++, 4, 2, 0).is_ok());
+    h.step();
+    h.clock.advance(milliseconds(10));
+  }
+  ASSERT_TRUE(h.first_step.count(1)) << "the batch request never ran";
+  EXPECT_LE(h.first_step[1], 12);
+  EXPECT_GE(h.first_step[1], 9) << "it must not jump the queue before aging";
+  EXPECT_EQ(h.outputs[1].size(), 6u);
+}
+
+TEST(SchedulerTest, WithoutAgingBatchWaitsForInteractive) {
+  // Control for the test above: with aging effectively off, the batch request does wait.
+  Harness h(knobs(1, 64, 64, 0, 2, 1e9), 64);
+  ASSERT_TRUE(h.add(1, 4, 2, 1).is_ok());
+  uint64_t next = 100;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(h.add(next++, 4, 2, 0).is_ok());
+    h.step();
+    h.clock.advance(milliseconds(10));
+  }
+  EXPECT_FALSE(h.first_step.count(1));
+}
+
+// ---- abort -----------------------------------------------------------------------------------
+
+TEST(SchedulerTest, AbortWaitingAndRunningFreesBlocks) {
+  Harness h(knobs(1, 64, 64), 8);
+  ASSERT_TRUE(h.add(1, 20, 10).is_ok());
+  ASSERT_TRUE(h.add(2, 20, 10).is_ok());
+  EXPECT_EQ(h.step(), "+1 1:0+20s");
+  EXPECT_EQ(h.pool.num_used(), 2);
+  EXPECT_TRUE(h.sched.abort(2));  // waiting, never sent: no "finished" for it
+  EXPECT_FALSE(h.sched.abort(2));
+  EXPECT_TRUE(h.sched.abort(1));  // running
+  EXPECT_EQ(h.pool.num_used(), 0);
+  EXPECT_TRUE(h.sched.has_work());  // the shards must still drop 1
+  EXPECT_EQ(h.step(), "-1");
+  EXPECT_FALSE(h.sched.has_work());
+  EXPECT_EQ(h.step(), "idle");
+  EXPECT_EQ(h.sched.stats().aborted, 2);
+}
+
+TEST(SchedulerTest, AbortDuringAStepIgnoresItsToken) {
+  Harness h(knobs(4, 64, 64), 8);
+  ASSERT_TRUE(h.add(1, 4, 5).is_ok());
+  ASSERT_TRUE(h.add(2, 4, 5).is_ok());
+  auto plan = h.sched.schedule();
+  ASSERT_TRUE(plan);
+  StepResult r = h.shard.execute(*plan);
+  EXPECT_TRUE(h.sched.abort(1));  // the client went away while the step ran
+  ASSERT_TRUE(h.sched.on_result(r).is_ok());
+  EXPECT_EQ(h.sched.tokens(2).size(), 5u);
+  auto next = h.sched.schedule();
+  ASSERT_TRUE(next);
+  EXPECT_EQ(summarize(*next), "-1 2:4+1s");
+  ASSERT_TRUE(h.sched.on_result(h.shard.execute(*next)).is_ok());
+}
+
+TEST(SchedulerTest, PreemptedWaitingSequenceIsDroppedByShardsOnAbort) {
+  Harness h(knobs(4, 256, 256), 3, 16, false);
+  ASSERT_TRUE(h.add(1, 16, 18).is_ok());
+  ASSERT_TRUE(h.add(2, 16, 18).is_ok());
+  h.step();
+  h.step();  // 2 preempted: waiting, but the shards know it
+  ASSERT_EQ(h.sched.info(2)->state, SequenceState::kWaiting);
+  EXPECT_TRUE(h.sched.abort(2));
+  EXPECT_EQ(h.step(), "-2 1:17+1s");
+}
+
+// ---- max_wait_ms -----------------------------------------------------------------------------
+
+TEST(SchedulerTest, MaxWaitHoldsALonePrefillUntilItsDeadline) {
+  Harness h(knobs(4, 256, 64, /*wait_ms=*/10), 32);
+  ASSERT_TRUE(h.add(1, 8, 2).is_ok());
+  EXPECT_EQ(h.step(), "idle");
+  EXPECT_EQ(h.sched.stats().held, 1);
+  ASSERT_TRUE(h.sched.time_until_next_decision().has_value());
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(10));
+  h.clock.advance(milliseconds(9));
+  EXPECT_EQ(h.step(), "idle");
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(1));
+  h.clock.advance(milliseconds(1));
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(0));
+  EXPECT_EQ(h.step(), "+1 1:0+8s");
+  EXPECT_FALSE(h.sched.time_until_next_decision().has_value());
+}
+
+TEST(SchedulerTest, MaxWaitReleasesWhenCompanionsFillTheBatch) {
+  Harness h(knobs(3, 256, 64, 50), 32);
+  ASSERT_TRUE(h.add(1, 8, 2).is_ok());
+  EXPECT_EQ(h.step(), "idle");
+  h.clock.advance(milliseconds(5));
+  ASSERT_TRUE(h.add(2, 8, 2).is_ok());
+  EXPECT_EQ(h.step(), "idle");
+  ASSERT_TRUE(h.add(3, 8, 2).is_ok());  // three waiting for three slots: go now
+  EXPECT_EQ(h.step(), "+1 +2 +3 1:0+8s 2:0+8s 3:0+8s");
+}
+
+TEST(SchedulerTest, MaxWaitReleasesWhenPromptsFillTheTokenBudget) {
+  Harness h(knobs(8, 64, 64, 50), 32);
+  ASSERT_TRUE(h.add(1, 30, 2).is_ok());
+  EXPECT_EQ(h.step(), "idle");
+  ASSERT_TRUE(h.add(2, 40, 2).is_ok());  // 70 prompt tokens >= 64 budget
+  EXPECT_EQ(h.step(), "+1 +2 1:0+30s 2:0+34");
+}
+
+TEST(SchedulerTest, MaxWaitWhileDecodingThenJoin) {
+  Harness h(knobs(4, 256, 16, 10), 32);
+  ASSERT_TRUE(h.add(1, 40, 20).is_ok());
+  h.clock.advance(milliseconds(10));
+  EXPECT_EQ(h.step(), "+1 1:0+16");
+  // A new arrival joins a step that prefills anyway, without waiting.
+  ASSERT_TRUE(h.add(2, 4, 20).is_ok());
+  EXPECT_EQ(h.step(), "+2 1:16+16 2:0+4s");
+  EXPECT_EQ(h.step(), "2:4+1s 1:32+8s");  // decodes first
+  // Now only decodes: a new arrival is held for up to 10 ms...
+  ASSERT_TRUE(h.add(3, 4, 2).is_ok());
+  EXPECT_EQ(h.step(), "1:40+1s 2:5+1s");
+  h.clock.advance(milliseconds(4));
+  EXPECT_EQ(h.step(), "1:41+1s 2:6+1s");
+  h.clock.advance(milliseconds(6));
+  // ... and admitted beside the decodes when its time is up.
+  EXPECT_EQ(h.step(), "+3 1:42+1s 2:7+1s 3:0+4s");
+}
+
+TEST(SchedulerTest, PreemptedSequencesDoNotWait) {
+  Harness h(knobs(4, 256, 256, 1000), 3, 16, false);
+  ASSERT_TRUE(h.add(1, 16, 18).is_ok());
+  ASSERT_TRUE(h.add(2, 16, 18).is_ok());
+  h.clock.advance(milliseconds(1000));
+  h.run();
+  EXPECT_EQ(h.outputs[2].size(), 34u);  // resumed without another wait: run() never idled
+}
+
+// ---- prefix cache ----------------------------------------------------------------------------
+
+TEST(SchedulerTest, SharedPrefixStartsAtTheCachedPosition) {
+  Harness h(knobs(4, 256, 256), 32);
+  std::vector<int32_t> system = prompt_of(7000, 48);  // three full blocks
+  auto with_tail = [&](int32_t base, int n) {
+    std::vector<int32_t> p = system;
+    for (int i = 0; i < n; ++i) p.push_back(base + i);
+    return p;
+  };
+  ASSERT_TRUE(h.add(1, with_tail(100, 10), 3).is_ok());
+  EXPECT_EQ(h.step(), "+1 1:0+58s");
+  h.run();
+  EXPECT_DOUBLE_EQ(h.pool.stats().prefix_hit_rate, 0.0);
+  EXPECT_EQ(h.pool.num_cached(), 3);  // 60 positions computed: three full blocks
+  ASSERT_TRUE(h.add(2, with_tail(200, 5), 3).is_ok());
+  EXPECT_EQ(h.step(), "+2 2:48+5s");
+  EXPECT_EQ(h.sched.info(2)->cached_prompt_tokens, 48);
+  h.run();
+  EXPECT_DOUBLE_EQ(h.pool.stats().prefix_hit_rate, 48.0 / (58 + 53));
+  // Same output as without the cache.
+  Harness cold(knobs(4, 256, 256), 32, 16, /*cache=*/false);
+  ASSERT_TRUE(cold.add(2, with_tail(200, 5), 3).is_ok());
+  cold.run();
+  EXPECT_EQ(cold.outputs[2], h.outputs[2]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, FullyCachedPromptRecomputesTheLastTokenIntoACopy) {
+  Harness h(knobs(4, 256, 256), 16);
+  ASSERT_TRUE(h.add(1, prompt_of(5000, 32), 2).is_ok());
+  EXPECT_EQ(h.step(), "+1 1:0+32s");
+  // Running: 2 is admitted while 1 still holds the blocks: shared, so the last one is copied.
+  ASSERT_TRUE(h.add(2, prompt_of(5000, 32), 2).is_ok());
+  const std::string line = h.step();
+  EXPECT_EQ(line, "+2 c1>3 1:32+1s 2:31+1s");
+  EXPECT_EQ(h.sched.info(2)->cached_prompt_tokens, 31);
+  h.run();
+  EXPECT_EQ(h.outputs[1], h.outputs[2]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+  // After both finished, a third identical prompt: the cached blocks are free, still copied.
+  ASSERT_TRUE(h.add(3, prompt_of(5000, 32), 2).is_ok());
+  const std::string third = h.step();
+  EXPECT_NE(third.find("c1>"), std::string::npos) << third;
+  EXPECT_NE(third.find("3:31+1s"), std::string::npos) << third;
+  h.run();
+  EXPECT_EQ(h.outputs[3], h.outputs[1]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, PrefixCacheEvictsLeastRecentlyUsedPrefixes) {
+  // 9 blocks of 16. Each request: 32 prompt tokens + 1 generated = 33 positions, 3 blocks, of
+  // which the 2 prompt blocks are full and stay cached after it finishes.
+  Harness h(knobs(4, 256, 256), 9);
+  for (uint64_t id : {1, 2, 3}) {
+    ASSERT_TRUE(h.add(id, prompt_of(static_cast<int32_t>(id) * 1000, 32), 2).is_ok());
+    h.run();
+  }
+  EXPECT_EQ(h.pool.num_cached(), 6);
+  EXPECT_EQ(h.pool.num_cached_free(), 6);
+  EXPECT_EQ(h.pool.stats().evictions, 0) << "uncached free blocks are used first";
+  // 4 needs 5 blocks (64 + 1 positions): the 3 uncached ones, then 2 evictions, which take
+  // prefix 1 (the least recently released).
+  ASSERT_TRUE(h.add(4, prompt_of(4000, 64), 2).is_ok());
+  h.run();
+  EXPECT_EQ(h.pool.stats().evictions, 2);
+  ASSERT_TRUE(h.add(5, prompt_of(1000, 32), 2).is_ok());
+  EXPECT_EQ(piece_of(h.step(), 5), "0+32s") << "prefix 1 was evicted";
+  h.run();
+  ASSERT_TRUE(h.add(6, prompt_of(3000, 32), 2).is_ok());
+  const std::string line = h.step();
+  EXPECT_NE(line.find("c"), std::string::npos) << line;
+  EXPECT_EQ(piece_of(line, 6), "31+1s") << "prefix 3 survived: only its last token is recomputed";
+  h.run();
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, ResumeAfterPreemptionUsesItsCachedBlocks) {
+  // With the prefix cache on, a preempted sequence's full blocks stay cached and it resumes
+  // from the first uncached position, still with reset_blocks. 5 blocks of 16: 1 needs 4
+  // blocks, 2 needs 4; 2 (newer) is preempted when 1 needs its third block.
+  Harness h(knobs(4, 256, 256), 5, 16);
+  ASSERT_TRUE(h.add(1, 16, 40).is_ok());
+  ASSERT_TRUE(h.add(2, 32, 20).is_ok());
+  std::vector<std::string> lines = h.run();
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+  std::string resume;
+  for (const auto& l : lines) {
+    const std::string p = piece_of(l, 2);
+    if (!p.empty() && p.back() == 'r') resume = p;
+  }
+  // At preemption 2 had 49 tokens, 48 computed (3 full blocks, all cached on release, tail
+  // first). 1 then evicted two of them for its positions 32 and 48, LRU first: 2's tail blocks.
+  // 2's first block survives, so it recomputes [16, 49) and samples.
+  EXPECT_EQ(resume, "16+33sr") << join(lines);
+  Harness solo(knobs(4, 256, 256), 5, 16, false);
+  ASSERT_TRUE(solo.add(2, 32, 20).is_ok());
+  solo.run();
+  EXPECT_EQ(solo.outputs[2], h.outputs[2]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+// ---- requests that cannot run, stats ---------------------------------------------------------
+
+TEST(SchedulerTest, RejectsRequestsThatCanNeverFitOrAreInvalid) {
+  Harness h(knobs(4, 64, 64, 0, 2), 4, 16);
+  struct Case {
+    int prompt_len;
+    int64_t max_tokens;
+    int32_t priority;
+    StatusCode code;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {64, 1, 0, StatusCode::kOk, ""},
+      {64, 2, 0, StatusCode::kResourceExhausted, "need 5 KV blocks"},
+      {0, 4, 0, StatusCode::kInvalidArgument, "prompt is empty"},
+      {8, 0, 0, StatusCode::kInvalidArgument, "max_tokens"},
+      {8, 4, 2, StatusCode::kInvalidArgument, "priority is 2"},
+      {8, 4, -1, StatusCode::kInvalidArgument, "priority"},
+  };
+  uint64_t id = 1;
+  for (const Case& c : cases) {
+    Status s = h.add(id++, c.prompt_len, c.max_tokens, c.priority);
+    EXPECT_EQ(s.code(), c.code) << s.to_string();
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.to_string();
+  }
+  EXPECT_EQ(h.add(1, 8, 1).code(), StatusCode::kInvalidArgument) << "id 1 is live";
+  EXPECT_EQ(h.add(99, std::vector<int32_t>{1, -2}, 1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SchedulerTest, ResultMismatchIsReported) {
+  Harness h(knobs(4, 64, 64), 8);
+  ASSERT_TRUE(h.add(1, 4, 3).is_ok());
+  EXPECT_EQ(h.sched.on_result(StepResult{}).code(), StatusCode::kInternal) << "nothing in flight";
+  auto plan = h.sched.schedule();
+  ASSERT_TRUE(plan);
+  StepResult r = h.shard.execute(*plan);
+  r.tokens.push_back({77, 1, 0.0f, {}});
+  Status s = h.sched.on_result(r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("unexpected token for sequence 77"), std::string::npos) << s.to_string();
+  EXPECT_EQ(h.sched.tokens(1).size(), 5u) << "the matching part is committed";
+}
+
+TEST(SchedulerTest, FailedStepReturnsItsSequences) {
+  Harness h(knobs(4, 64, 64), 8);
+  ASSERT_TRUE(h.add(1, 4, 3).is_ok());
+  ASSERT_TRUE(h.add(2, 4, 3).is_ok());
+  ASSERT_TRUE(h.sched.schedule());
+  StepResult bad;
+  bad.error = "rank 1: out of memory";
+  EXPECT_FALSE(h.sched.on_result(bad).is_ok());
+  EXPECT_FALSE(h.sched.in_flight());
+  for (uint64_t id : {1, 2}) h.sched.abort(id);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, StatsCountWork) {
+  Harness h(knobs(4, 64, 16), 16);
+  ASSERT_TRUE(h.add(1, 40, 4).is_ok());
+  ASSERT_TRUE(h.add(2, 8, 4).is_ok());
+  h.step();
+  SchedulerStats s = h.sched.stats();
+  EXPECT_EQ(s.running, 2);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.last_batch_size, 2);
+  EXPECT_EQ(s.last_step_tokens, 24);
+  EXPECT_EQ(s.kv.used_blocks, 2);
+  EXPECT_DOUBLE_EQ(s.kv.fragmentation, (32.0 - 24.0) / 32.0);
+  h.run();
+  s = h.sched.stats();
+  EXPECT_EQ(s.prefill_tokens, 48);
+  EXPECT_EQ(s.decode_tokens, 6);  // 3 + 3 after each first token
+  EXPECT_EQ(s.recompute_tokens, 0);
+  EXPECT_EQ(s.admitted, 2);
+  EXPECT_EQ(s.finished, 2);
+  EXPECT_EQ(s.kv.used_blocks, 0);
+  EXPECT_EQ(s.kv.fragmentation, 0.0);
+}
+
+// ---- randomized stress -----------------------------------------------------------------------
+
+TEST(SchedulerTest, RandomLoadKeepsTheContract) {
+  // Random arrivals (some sharing prefixes), priorities, output lengths, aborts and clock
+  // steps on a small pool: the simulated shard checks every plan; at the end every block is
+  // free, and each completed request produced exactly what it produces alone.
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    SchedulerConfig cfg = knobs(6, 64, 24, /*wait_ms=*/3, /*classes=*/3, /*aging_ms=*/200);
+    Harness h(cfg, 24, 16);
+    std::map<uint64_t, std::pair<std::vector<int32_t>, int64_t>> requests;
+    const std::vector<int32_t> shared = prompt_of(90000, 40);
+    uint64_t next = 1;
+    for (int step = 0; step < 1500; ++step) {
+      if (step < 1200 && rng() % 3 == 0) {
+        std::vector<int32_t> prompt;
+        if (rng() % 2) prompt.assign(shared.begin(), shared.begin() + 16 + rng() % 25);
+        const int extra = 1 + static_cast<int>(rng() % 70);
+        for (int i = 0; i < extra; ++i) prompt.push_back(static_cast<int32_t>(rng() % 1000));
+        const int64_t out = 1 + rng() % 40;
+        const int32_t prio = static_cast<int32_t>(rng() % 3);
+        const uint64_t id = next++;
+        Status s = h.add(id, prompt, out, prio);
+        if (s.is_ok()) requests[id] = {prompt, out};
+        else EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+      }
+      if (rng() % 40 == 0 && next > 1) h.sched.abort(1 + rng() % (next - 1));
+      if (h.step() == "idle") h.clock.advance(*h.sched.time_until_next_decision());
+      else h.clock.advance(milliseconds(rng() % 3));
+      if (::testing::Test::HasFailure()) break;
+    }
+    h.run(5000);
+    ASSERT_FALSE(h.sched.has_work()) << "seed " << seed;
+    EXPECT_EQ(h.pool.num_used(), 0) << "seed " << seed;
+    EXPECT_EQ(h.shard.live(), 0u);
+    EXPECT_GT(h.sched.stats().preemptions, 0) << "seed " << seed << ": the pool should be under pressure";
+    EXPECT_GT(h.pool.stats().prefix_hit_rate, 0.0);
+    const SchedulerStats st = h.sched.stats();
+    std::printf("seed %u: %zu completed, %lld aborted, %lld steps, %lld preemptions, hit rate %.3f, %lld evictions\n",
+                seed, h.outputs.size(), static_cast<long long>(st.aborted), static_cast<long long>(st.steps),
+                static_cast<long long>(st.preemptions), st.kv.prefix_hit_rate, static_cast<long long>(st.kv.evictions));
+    // Spot-check outputs against solo runs.
+    int checked = 0;
+    for (const auto& [id, out] : h.outputs) {
+      if (checked++ >= 10) break;
+      Harness solo(cfg, 24, 16, /*cache=*/false);
+      ASSERT_TRUE(solo.add(id, requests[id].first, requests[id].second).is_ok());
+      solo.run();
+      EXPECT_EQ(solo.outputs[id], out) << "seed " << seed << " request " << id;
+    }
+  }
+}
+
+// ---- config ----------------------------------------------------------------------------------
+
+TEST(SchedulerConfigTest, ProfilesAndValidation) {
+  auto i = scheduler_profile("interactive");
+  auto o = scheduler_profile("offline");
+  ASSERT_TRUE(i.is_ok() && o.is_ok());
+  EXPECT_TRUE(validate_scheduler_config(*i).is_ok());
+  EXPECT_TRUE(validate_scheduler_config(*o).is_ok());
+  EXPECT_LT(i->max_wait_ms, o->max_wait_ms);
+  EXPECT_LT(i->max_batch, o->max_batch);
+  EXPECT_EQ(scheduler_profile("fast").status().code(), StatusCode::kNotFound);
+  struct Case {
+    const char* knob;
+    const char* value;
+    const char* needle;
+  };
+  const Case bad[] = {
+      {"max_batch", "0", "max_batch"},          {"max_step_tokens", "8", "max_step_tokens"},
+      {"prefill_chunk", "0", "prefill_chunk"},  {"max_wait_ms", "-1", "max_wait_ms"},
+      {"priority_classes", "17", "priority_classes"}, {"aging_ms", "0", "aging_ms"},
+  };
+  for (const Case& c : bad) {
+    SchedulerConfig cfg = *i;
+    ASSERT_TRUE(set_scheduler_knob(cfg, c.knob, c.value).is_ok()) << c.knob;
+    Status s = validate_scheduler_config(cfg);
+    EXPECT_FALSE(s.is_ok()) << c.knob;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.to_string();
+  }
+  SchedulerConfig cfg = *i;
+  EXPECT_FALSE(set_scheduler_knob(cfg, "max_batch", "12x").is_ok());
+  EXPECT_FALSE(set_scheduler_knob(cfg, "max_bach", "12").is_ok());
+  EXPECT_TRUE(set_scheduler_knob(cfg, "max-wait-ms", "0.5").is_ok());
+  EXPECT_DOUBLE_EQ(cfg.max_wait_ms, 0.5);
+}
+
+TEST(SchedulerConfigTest, FlagsAndFileLayerOverAProfile) {
+  const std::string path = ::testing::TempDir() + "/tessera_scheduler_config_test.json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"max_batch": 100, "profile": "offline", "prefill_chunk": "1024"})", f);
+    std::fclose(f);
+  }
+  std::vector<std::string> rest;
+  auto c = scheduler_config_from_flags({"--model", "m.gguf", "--scheduler-config", path, "--max-wait-ms=7"}, &rest);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->profile, "offline");
+  EXPECT_EQ(c->max_batch, 100);           // file over profile
+  EXPECT_EQ(c->prefill_chunk, 1024);      // file
+  EXPECT_EQ(c->max_step_tokens, 8192);    // profile
+  EXPECT_DOUBLE_EQ(c->max_wait_ms, 7.0);  // flag over file
+  EXPECT_EQ(rest, (std::vector<std::string>{"--model", "m.gguf"}));
+  // The command line's profile wins over the file's, the file's knobs still apply.
+  c = scheduler_config_from_flags({"--scheduler-profile", "interactive", "--scheduler-config", path});
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->profile, "interactive");
+  EXPECT_EQ(c->max_batch, 100);
+  EXPECT_EQ(c->max_step_tokens, 2048);
+  // Errors name the problem.
+  EXPECT_NE(scheduler_config_from_flags({"--max-batch"}).status().message().find("needs a value"), std::string::npos);
+  EXPECT_NE(scheduler_config_from_flags({"--max-batch", "0"}).status().message().find("max_batch"),
+            std::string::npos);
+  EXPECT_NE(scheduler_config_from_flags({"--bogus", "1"}).status().message().find("--bogus"), std::string::npos);
+  EXPECT_EQ(scheduler_config_from_flags({"--scheduler-config", "/nonexistent/x.json"}).status().code(),
+            StatusCode::kIoError);
+  SchedulerConfig j;
+  Status s = apply_scheduler_json(j, R"({"max_batch": 4, "typo_knob": 1})", "cfg.json");
+  EXPECT_NE(s.message().find("typo_knob"), std::string::npos) << s.to_string();
+  s = apply_scheduler_json(j, "{not json", "cfg.json");
+  EXPECT_NE(s.message().find("cfg.json"), std::string::npos) << s.to_string();
+  s = apply_scheduler_json(j, R"({"max_batch": [1]})", "cfg.json");
+  EXPECT_NE(s.message().find("max_batch"), std::string::npos) << s.to_string();
+  s = apply_scheduler_json(j, R"({"max_batch": 2.5})", "cfg.json");
+  EXPECT_FALSE(s.is_ok());
+  std::remove(path.c_str());
+}
+
+TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
+  SchedulerConfig c = *scheduler_profile("interactive");
+  EXPECT_EQ(format_scheduler_config(c),
+            "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 prefill_chunk=512 "
+            "priority_classes=2 aging_ms=5000");
+  const std::string prom = scheduler_config_prometheus(c);
+  EXPECT_NE(prom.find("tessera_scheduler_max_batch{profile=\"interactive\"} 32\n"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("# TYPE tessera_scheduler_max_wait_ms gauge\n"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("tessera_scheduler_max_wait_ms{profile=\"interactive\"} 2\n"), std::string::npos) << prom;
+  c = *scheduler_profile("offline");
+  c.max_wait_ms = 0.5;
+  EXPECT_NE(scheduler_config_prometheus(c).find("tessera_scheduler_max_wait_ms{profile=\"offline\"} 0.5\n"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,350 @@
+"""End-to-end tests of `tessera serve` with the official `openai` Python client.
+
+Run by CTest (tests/integration/CMakeLists.txt) with the project's virtual environment; every
+server is a real process tree (coordinator + shards; mpirun for TP 2) on loopback.
+"""
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+BIN = os.environ.get("TESSERA_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+TESTDATA = os.environ.get("TESSERA_TESTDATA", os.path.join(os.path.dirname(__file__), "../../../shared/testdata"))
+STORIES = os.path.join(TESTDATA, "stories260K")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Server:
+    def __init__(self, model, tp=1, extra=()):
+        self.cmd = [os.path.join(BIN, "tessera"), "serve", "--model", model, "--port", "0", "--tp", str(tp),
+                    "--model-name", "test-model", *extra]
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.log = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+            if m:
+                self.base = f"http://{m.group(1)}:{m.group(2)}"
+                break
+        else:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.log))
+        if not hasattr(self, "base"):
+            self.stop()
+            raise RuntimeError("server exited:\n" + "".join(self.log))
+        # Keep draining the output so the server never blocks on a full pipe.
+        self._drain = concurrent.futures.ThreadPoolExecutor(1).submit(self._read_rest)
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def _read_rest(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.base + path, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    def post_raw(self, path, body, content_type="application/json"):
+        req = urllib.request.Request(self.base + path, data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name, labels=""):
+        _, text = self.get("/metrics")
+        for line in text.splitlines():
+            if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
+                return float(line.split()[-1])
+        raise KeyError(name + labels)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def stories_available():
+    return os.path.exists(os.path.join(STORIES, "reference.json"))
+
+
+@pytest.fixture(scope="module")
+def synthetic_model():
+    d = tempfile.mkdtemp(prefix="tessera_api_test_")
+    out = os.path.join(d, "gqa4-f32.gguf")
+    subprocess.run([os.path.join(BIN, "tessera-make-model"), "--preset", "gqa4", "--format", "gguf", "--type", "f32",
+                    "--out", out], check=True, capture_output=True)
+    yield out
+
+
+@pytest.fixture(scope="module")
+def stories_server():
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    s = Server(os.path.join(STORIES, "hf"),
+               extra=["--chat-template", os.path.join(HERE, "data", "stories_chat_template.jinja")])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def synthetic_server(request, synthetic_model):
+    s = Server(synthetic_model, tp=request.param)
+    yield s
+    s.stop()
+
+
+def reference():
+    with open(os.path.join(STORIES, "reference.json")) as f:
+        return json.load(f)
+
+
+# ---- stories260K: exact reference outputs through the API ----
+
+def test_completion_matches_reference_ids(stories_server):
+    ref = reference()
+    case = ref["cases"][-1]
+    r = stories_server.client.completions.create(model="test-model", prompt=case["prompt_ids"], max_tokens=64,
+                                                 temperature=0, extra_body={"ignore_eos": True})
+    expected = stories_server.post_raw("/detokenize", json.dumps({"tokens": case["greedy_ids"]}).encode())[1]
+    assert r.choices[0].text == json.loads(expected)["prompt"]
+    assert r.usage.prompt_tokens == len(case["prompt_ids"])
+    assert r.usage.completion_tokens == 64
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_streaming_completion_equals_non_streaming(stories_server):
+    c = stories_server.client
+    whole = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0)
+    chunks = list(c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text == whole.choices[0].text
+    assert "there was a little girl named Lily" in text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert len({ch.id for ch in chunks}) == 1
+
+
+def test_chat_streaming_and_not(stories_server):
+    c = stories_server.client
+    msgs = [{"role": "user", "content": "Once upon a time"}]
+    whole = c.chat.completions.create(model="test-model", messages=msgs, max_tokens=30, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert "Lily" in whole.choices[0].message.content
+    chunks = list(c.chat.completions.create(model="test-model", messages=msgs, max_completion_tokens=30,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({ch.id for ch in chunks}) == 1
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert content == whole.choices[0].message.content
+    finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_sse_wire_format(stories_server):
+    req = urllib.request.Request(stories_server.base + "/v1/completions",
+                                 data=json.dumps({"prompt": "Hello", "max_tokens": 3, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = r.read().decode()
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+    events = body.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for e in events[:-1]:
+        assert e.startswith("data: ") and "\n" not in e
+
+
+def test_logprobs(stories_server):
+    c = stories_server.client
+    r = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5
+    for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert l <= 0 and len(top) == 3
+        assert abs(max(top.values()) - l) < 1e-4  # greedy: the chosen token is the most likely
+    chat = c.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "Once upon"}],
+                                     max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+    echo = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=2, temperature=0,
+                                logprobs=1, echo=True)
+    assert echo.choices[0].text.startswith("Once upon a time")
+    assert len(echo.choices[0].logprobs.tokens) >= 2 + 3  # prompt tokens after the first, then 2 new ones
+
+
+def test_stop_strings(stories_server):
+    c = stories_server.client
+    full = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    stop = "little"
+    assert stop in text
+    r = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0, stop=[stop])
+    assert r.choices[0].text == text[:text.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0,
+                                       stop=stop, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text[:text.index(stop)]
+
+
+def test_seeds(stories_server):
+    c = stories_server.client
+    kw = dict(model="test-model", prompt="Once upon a time", max_tokens=30, temperature=1.0, top_p=0.95)
+    a = c.completions.create(seed=123, **kw).choices[0].text
+    b = c.completions.create(seed=123, **kw).choices[0].text
+    d = c.completions.create(seed=999, **kw).choices[0].text
+    assert a == b
+    assert a != d
+    n2 = c.completions.create(seed=123, n=2, **kw)
+    assert len(n2.choices) == 2 and n2.choices[0].text == a
+
+
+def test_models_health_tokenize(stories_server):
+    status, body = stories_server.get("/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "test-model"
+    assert stories_server.get("/health")[0] == 200
+    status, body = stories_server.post_raw("/tokenize", json.dumps({"prompt": "Once upon a time"}).encode())
+    assert json.loads(body)["tokens"] == [1, 403, 407, 261, 378]
+    status, body = stories_server.post_raw("/detokenize", json.dumps({"tokens": [403, 407, 261, 378]}).encode())
+    assert json.loads(body)["prompt"] == "Once upon a time"
+    status, body = stories_server.get("/tokenizer_info")
+    assert json.loads(body)["vocab_size"] == 512
+    status, text = stories_server.get("/metrics")
+    for name in ["tessera_time_to_first_token_seconds_bucket", "tessera_inter_token_latency_seconds_count",
+                 "tessera_requests_total", "tessera_kv_blocks", "tessera_scheduler_max_batch",
+                 "tessera_prefix_cache_hit_rate", "tessera_kv_fragmentation", "tessera_preemptions_total"]:
+        assert name in text, name
+
+
+def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
+    s = stories_server
+    cases = [
+        (b"{not json", 400, None),
+        (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": -5}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": 42}).encode(), 400, "prompt"),
+        (json.dumps({"prompt": "x", "model": "no-such-model"}).encode(), 404, "model"),
+        (json.dumps({"prompt": [1] * 600}).encode(), 400, "context"),
+        (json.dumps({"prompt": [1, 99999]}).encode(), 400, "99999"),
+        (b"x" * (10 * 1024 * 1024), 413, None),
+    ]
+    for body, status, needle in cases:
+        got, text = s.post_raw("/v1/completions", body)
+        assert got == status, (body[:60], got, text)
+        err = json.loads(text)["error"]
+        assert err["message"]
+        if needle:
+            assert needle in err["message"] or needle == err.get("param"), err
+    got, text = s.post_raw("/v1/chat/completions", json.dumps({"messages": "hi"}).encode())
+    assert got == 400 and "messages" in json.loads(text)["error"]["message"]
+    r = s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=3, temperature=0)
+    assert r.choices[0].text
+
+
+def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
+    c = stories_server.client
+    prompts = [f"Once upon a time, {name} went" for name in
+               ["Tom", "Lily", "Ben", "Sue", "Max", "Amy", "Sam", "Mia"]] * 8  # 64 requests
+    solo = {}
+    for p in set(prompts):
+        solo[p] = c.completions.create(model="test-model", prompt=p, max_tokens=24, temperature=0).choices[0].text
+
+    def stream(p):
+        return "".join(ch.choices[0].text for ch in c.completions.create(
+            model="test-model", prompt=p, max_tokens=24, temperature=0, stream=True) if ch.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(64) as ex:
+        outs = list(ex.map(stream, prompts))
+    for p, o in zip(prompts, outs):
+        assert o == solo[p], p
+    deadline = time.time() + 10
+    while stories_server.metric("tessera_kv_blocks", '{state="used"}') != 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert stories_server.metric("tessera_kv_blocks", '{state="used"}') == 0
+
+
+def test_prefix_cache_hits_and_outputs_unchanged(stories_server):
+    c = stories_server.client
+    prefix = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 3
+    first = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
+    before = stories_server.metric("tessera_prefix_cache_hit_rate")
+    second = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
+    third = c.completions.create(model="test-model", prompt=prefix + "The sun", max_tokens=16, temperature=0)
+    after = stories_server.metric("tessera_prefix_cache_hit_rate")
+    assert after > before
+    assert second.choices[0].text == first.choices[0].text
+    assert third.choices[0].text
+
+
+def test_client_disconnect_aborts_and_frees(stories_server):
+    req = urllib.request.Request(stories_server.base + "/v1/completions",
+                                 data=json.dumps({"prompt": "Once", "max_tokens": 400, "stream": True,
+                                                  "ignore_eos": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = urllib.request.urlopen(req, timeout=30)
+    r.read(100)
+    r.close()
+    deadline = time.time() + 10
+    while stories_server.metric("tessera_kv_blocks", '{state="used"}') != 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert stories_server.metric("tessera_kv_blocks", '{state="used"}') == 0
+    assert stories_server.metric("tessera_requests_total", '{outcome="aborted"}') >= 1
+
+
+# ---- a synthetic model with a chat template, at TP 1 and 2 ----
+
+def test_synthetic_completion_and_chat(synthetic_server):
+    c = synthetic_server.client
+    r = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=16, temperature=0,
+                             extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16
+    s = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="test-model", prompt="Once upon a time", max_tokens=16, temperature=0, stream=True,
+        extra_body={"ignore_eos": True}) if ch.choices)
+    assert s == r.choices[0].text
+    chat = c.chat.completions.create(model="test-model", messages=[{"role": "system", "content": "Be brief."},
+                                                                   {"role": "user", "content": "Hello!"}],
+                                     max_tokens=8, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    chunks = list(c.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "Hello!"}],
+                                            max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None
+
+
+def test_synthetic_same_text_at_tp1_and_tp2(synthetic_model):
+    outs = []
+    for tp in (1, 2):
+        s = Server(synthetic_model, tp=tp)
+        try:
+            outs.append(s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=32,
+                                                    temperature=0, extra_body={"ignore_eos": True}).choices[0].text)
+        finally:
+            s.stop()
+    assert outs[0] == outs[1]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
