@@ -24,7 +24,10 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Reads tokenizer.json; also reads tokenizer_config.json beside it when present (special
-  // token strings such as bos/eos, add_bos_token). Errors name the file and the field.
+  // token strings such as bos/eos; an explicit add_bos_token / add_eos_token decides whether
+  // encode(add_special) adds BOS / EOS) and generation_config.json (its eos_token_id values
+  // join eos_ids()). Errors name the file and the field; unsupported components are
+  // Unimplemented naming the component type.
   static Result<std::unique_ptr<Tokenizer>> from_hf_file(const std::string& tokenizer_json_path);
   // Same, from text already in memory. `source` names it in errors. `config_json` may be empty.
   static Result<std::unique_ptr<Tokenizer>> from_hf_json(std::string_view tokenizer_json,
@@ -36,8 +39,9 @@ class Tokenizer {
   // add_special: apply the post-processor (BOS and template tokens). Special-token strings
   // that appear in `text` are always recognised as those tokens.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
-  // Bytes of the decoded text; may hold incomplete UTF-8 at the ends of `ids` (see
-  // IncrementalDecoder for streaming). skip_special drops special/control tokens.
+  // Bytes of the decoded text. Invalid UTF-8 inside it (e.g. a lone byte-fallback token) is
+  // replaced by U+FFFD; a truncated character at the end is kept raw (see IncrementalDecoder
+  // for streaming). skip_special drops special/control tokens.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
   // Raw decoded bytes without UTF-8 repair (decode() replaces invalid sequences inside the text
   // by U+FFFD and keeps only a truncated tail raw). `continuation`: `ids` follow earlier

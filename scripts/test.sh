@@ -21,7 +21,7 @@ echo "== tests =="
 
 if [ "${TESSERA_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "== build (ASan + UBSan) =="
-  BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh \
+  BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh \
     -DTESSERA_SANITIZE=ON -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF
   echo "== tests under ASan + UBSan =="
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1

@@ -97,6 +97,13 @@ TESSERA_AVX512_INLINE __m512 gather_f16_lo(const uint8_t* base, __m512i vindex, 
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 }
 
+// 16 fp16 values at p[r] + off by scalar loads (gathers are slow on some CPUs, e.g. Zen).
+TESSERA_AVX512_INLINE __m512 load16_f16(const uint8_t* const* p, size_t off) {
+  alignas(32) uint16_t h[16];
+  for (int r = 0; r < 16; ++r) std::memcpy(&h[r], p[r] + off, 2);
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
 // The same for a value at the end of a block: the dword starts two bytes before it.
 TESSERA_AVX512_INLINE __m512 gather_f16_hi(const uint8_t* base, __m512i vindex, size_t off) {
   const __m512i v = _mm512_i32gather_epi32(vindex, base + off - 2, 1);
@@ -181,7 +188,7 @@ TESSERA_AVX512 void build_q32(QuantType type, const Rows& rows, int64_t b0, int6
       }
     }
     store_unit(tile, w);
-    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), gather_f16_lo(rows.p[0], rows.vindex, off));
+    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), load16_f16(rows.p, off));
   }
 }
 
@@ -452,8 +459,17 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
       x.d[0] = a.acts.d;
       x.bsum[0] = a.acts.bsum;
       __m512 acc[1] = {_mm512_setzero_ps()};
+      // The 16 rows are read as 16 interleaved streams, which the hardware prefetchers follow
+      // poorly: prefetch the next group's bytes (contiguous) while this one is computed.
+      const uint8_t* next = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
+      const size_t next_bytes = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+      const size_t n_chunks = static_cast<size_t>((nb + chunk - 1) / chunk);
+      const size_t per_chunk = (next_bytes / 64 + n_chunks) / n_chunks * 64;
+      size_t pf = 0;
       for (int64_t b = 0; b < nb; b += chunk) {
         const int64_t e = std::min(nb, b + chunk);
+        for (size_t end = std::min(next_bytes, pf + per_chunk); pf < end; pf += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_T0);
         build_tile(type, rows, b, e, tile);
         // The micro-kernels index activations by absolute block; the tile starts at block b.
         run_tile(type, 1, tile, b, e, x, acc);

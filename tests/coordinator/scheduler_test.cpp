@@ -236,9 +236,31 @@ struct Harness {
 
   // One engine iteration; the plan's summary, or "idle" when schedule() had nothing to run.
   std::string step() {
+    // Liveness, checked around every schedule(): a running sequence that can decode is in the
+    // plan unless it was preempted; one in the middle of a prefill is, unless preempted or the
+    // step's token budget is spent.
+    std::vector<uint64_t> decoding, prefilling;
+    for (const auto& [id, len] : out_len_) {
+      const auto info = sched.info(id);
+      if (!info || info->state != SequenceState::kRunning || info->generated_tokens >= len) continue;
+      const int64_t known = info->prompt_tokens + info->generated_tokens;
+      (known - info->computed_tokens == 1 && info->computed_tokens > 0 ? decoding : prefilling).push_back(id);
+    }
     std::optional<StepPlan> plan = sched.schedule();
-    if (!plan) return "idle";
+    if (!plan) {
+      EXPECT_TRUE(decoding.empty() && prefilling.empty()) << "idle while sequences are running";
+      return "idle";
+    }
     const std::string line = summarize(*plan);
+    int64_t step_tokens = 0;
+    for (const ScheduledSequence& q : plan->scheduled) step_tokens += q.num_tokens;
+    for (uint64_t id : decoding)
+      EXPECT_TRUE(!piece_of(line, id).empty() || sched.info(id)->state == SequenceState::kWaiting)
+          << "decode of " << id << " stalled: " << line;
+    for (uint64_t id : prefilling)
+      EXPECT_TRUE(!piece_of(line, id).empty() || sched.info(id)->state == SequenceState::kWaiting ||
+                  step_tokens == sched.config().max_step_tokens)
+          << "prefill of " << id << " stalled: " << line;
     for (const ScheduledSequence& q : plan->scheduled) ever_scheduled.insert(q.seq_id);
     for (const NewSequence& n : plan->new_sequences) first_step.emplace(n.seq_id, steps);
     ++steps;

@@ -140,5 +140,21 @@ TEST_F(TpTest, ShardsExitWhenTheCoordinatorDies) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.0);
 }
 
+TEST_F(TpTest, CtrlCOnServeStopsEveryProcess) {
+  const std::string model = make_model("f32");
+  const std::string marker = "--debug-step-delay-ms=1";
+  // setsid: the server leads its own group, as a shell's foreground job would.
+  const ProcessResult started = run("(setsid " + bin("tessera") + " serve --model " + quote(model) +
+                                    " --port 0 --tp 2 --shard-arg=" + marker + " > /dev/null 2>&1 & echo $!)");
+  const int server = std::atoi(started.output.c_str());
+  ASSERT_GT(server, 0);
+  ASSERT_TRUE(wait_until([&] { return count_live_processes(marker) >= 3; }, std::chrono::milliseconds(30000)))
+      << "mpirun and two shards did not start";
+  ::kill(server, SIGINT);
+  EXPECT_TRUE(wait_until([&] { return count_live_processes(marker) == 0 && ::kill(server, 0) != 0; },
+                         std::chrono::milliseconds(10000)))
+      << "processes left after Ctrl-C";
+}
+
 }  // namespace
 }  // namespace tessera
