@@ -406,7 +406,7 @@ Result<Value> f_join(Interpreter& in, const Value& v, const CallArgs& a) {
     out += item.to_str();
     TESSERA_RETURN_IF_ERROR(in.check_size(out.size()));
   }
-  return Value::string(std::move(out));
+  return Value::string(std::move(out));  // charged by apply_filter
 }
 
 Result<Value> f_list(Interpreter& in, const Value& v, const CallArgs&) {
@@ -519,8 +519,8 @@ Result<Value> f_replace(Interpreter& in, const Value& v, const CallArgs& a) {
   return Value::string(std::move(out));
 }
 
-// Strings reverse to strings; lists, tuples and dicts to a reverse iterator; other iterables
-// (generators) to a list, as Jinja's do_reverse falls back to list(value) reversed.
+// Strings reverse to strings; lists, tuples, dicts (and undefined) to a reverse iterator; other
+// iterables (generators) to a list, as Jinja's do_reverse falls back to list(value) reversed.
 Result<Value> f_reverse(Interpreter& in, const Value& v, const CallArgs&) {
   if (v.is_string()) {
     std::u32string cps = decode_utf8(v.as_string());
@@ -529,7 +529,7 @@ Result<Value> f_reverse(Interpreter& in, const Value& v, const CallArgs&) {
   }
   TESSERA_ASSIGN_OR_RETURN(ValueList items, in.iterate(v));
   std::reverse(items.begin(), items.end());
-  if (v.is_sequence() || v.is_dict()) return Value::generator("reverse", std::move(items));
+  if (v.is_sequence() || v.is_dict() || v.is_undefined()) return Value::generator("reverse", std::move(items));
   return Value::list(std::move(items));
 }
 

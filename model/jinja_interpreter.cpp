@@ -171,6 +171,16 @@ Status Interpreter::check_size(size_t bytes) const {
   return Status::ok();
 }
 
+Status Interpreter::charge_bytes(size_t bytes) {
+  TESSERA_RETURN_IF_ERROR(check_size(bytes));
+  built_bytes_ += static_cast<int64_t>(bytes);
+  if (built_bytes_ / 16 > options_.max_output_bytes) {
+    return Status::resource_exhausted(fmt::format(
+        "chat template built more than {} bytes of strings; is it looping without end?", 16 * options_.max_output_bytes));
+  }
+  return Status::ok();
+}
+
 int64_t Interpreter::now_unix_seconds() const {
   if (options_.now_unix_seconds >= 0) return options_.now_unix_seconds;
   return static_cast<int64_t>(std::time(nullptr));
@@ -640,12 +650,12 @@ Result<Value> Interpreter::binary_op(std::string_view op, const Value& a, const 
   if (op == "~") {
     std::string s = a.to_str();
     s += b.to_str();
-    TESSERA_RETURN_IF_ERROR(check_size(s.size()));
+    TESSERA_RETURN_IF_ERROR(charge_bytes(s.size()));
     return Value::string(std::move(s));
   }
   if (op == "%" && a.is_string()) {  // printf-style formatting; an undefined argument prints empty
     TESSERA_ASSIGN_OR_RETURN(std::string out, py_percent_format(a.as_string(), b));
-    TESSERA_RETURN_IF_ERROR(check_size(out.size()));
+    TESSERA_RETURN_IF_ERROR(charge_bytes(out.size()));
     return Value::string(std::move(out));
   }
   if (a.is_undefined()) return undefined_error(a);
@@ -720,11 +730,11 @@ Result<Value> Interpreter::binary_op(std::string_view op, const Value& a, const 
   }
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
-      TESSERA_RETURN_IF_ERROR(check_size(a.as_string().size() + b.as_string().size()));
+      TESSERA_RETURN_IF_ERROR(charge_bytes(a.as_string().size() + b.as_string().size()));
       return Value::string(a.as_string() + b.as_string());
     }
     if (a.is_sequence() && a.kind() == b.kind()) {
-      TESSERA_RETURN_IF_ERROR(check_size(a.as_list().size() + b.as_list().size()));
+      TESSERA_RETURN_IF_ERROR(charge_iterations(static_cast<int64_t>(a.as_list().size() + b.as_list().size())));
       ValueList items = a.as_list();
       items.insert(items.end(), b.as_list().begin(), b.as_list().end());
       return a.kind() == Value::Kind::kList ? Value::list(std::move(items)) : Value::tuple(std::move(items));
@@ -744,11 +754,13 @@ Result<Value> Interpreter::binary_op(std::string_view op, const Value& a, const 
         return check_size(static_cast<size_t>(options_.max_output_bytes) + 1);
       }
       if (seq->is_string()) {
+        TESSERA_RETURN_IF_ERROR(charge_bytes(unit * static_cast<size_t>(n)));
         std::string out;
         out.reserve(unit * static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) out += seq->as_string();
         return Value::string(std::move(out));
       }
+      TESSERA_RETURN_IF_ERROR(charge_iterations(static_cast<int64_t>(unit) * n));
       ValueList items;
       for (int64_t i = 0; i < n; ++i) items.insert(items.end(), seq->as_list().begin(), seq->as_list().end());
       return seq->kind() == Value::Kind::kList ? Value::list(std::move(items)) : Value::tuple(std::move(items));
@@ -763,13 +775,17 @@ Result<Value> Interpreter::call(const Value& callee, const CallArgs& args) {
   if (!callee.is_callable()) {
     return Status::invalid_argument(fmt::format("'{}' object is not callable", callee.type_name()));
   }
-  return callee.as_callable().fn(*this, args);
+  TESSERA_ASSIGN_OR_RETURN(Value r, callee.as_callable().fn(*this, args));
+  if (r.is_string()) TESSERA_RETURN_IF_ERROR(charge_bytes(r.as_string().size()));
+  return r;
 }
 
 Result<Value> Interpreter::apply_filter(std::string_view name, const Value& operand, const CallArgs& args) {
   const FilterFn fn = find_filter(name);
   if (fn == nullptr) return Status::invalid_argument(fmt::format("no filter named '{}'", name));
-  return fn(*this, operand, args);
+  TESSERA_ASSIGN_OR_RETURN(Value r, fn(*this, operand, args));
+  if (r.is_string()) TESSERA_RETURN_IF_ERROR(charge_bytes(r.as_string().size()));
+  return r;
 }
 
 Result<bool> Interpreter::apply_test(std::string_view name, const Value& operand, const CallArgs& args) {
@@ -796,6 +812,7 @@ Result<ValueList> Interpreter::iterate(const Value& v) {
       return keys;
     }
     case Value::Kind::kString: {
+      TESSERA_RETURN_IF_ERROR(charge_iterations(static_cast<int64_t>(v.as_string().size())));
       ValueList chars;
       for (char32_t c : decode_utf8(v.as_string())) {
         std::string s;

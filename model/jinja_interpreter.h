@@ -56,6 +56,10 @@ class Interpreter {
   Status charge_iterations(int64_t n);
   // Fails when a value of `bytes` (or elements) would exceed the output limit.
   Status check_size(size_t bytes) const;
+  // Counts `bytes` of string built toward the render's total (16x the output limit), so that
+  // a loop that copies a large string over and over ends in an error rather than running for
+  // hours; also applies check_size.
+  Status charge_bytes(size_t bytes);
   int64_t now_unix_seconds() const;
   // raise_exception(message): the render fails with exactly this message.
   Status raise(std::string message);
@@ -91,6 +95,7 @@ class Interpreter {
 
   RenderOptions options_;
   int64_t emitted_bytes_ = 0;
+  int64_t built_bytes_ = 0;
   int64_t iterations_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;

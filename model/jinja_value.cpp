@@ -378,11 +378,12 @@ std::string Value::to_str() const {
   }
 }
 
-std::string Value::repr() const { return repr_at(0); }
+std::string Value::repr() const {
+  std::vector<const ValueDict*> active;
+  return repr_in(active);
+}
 
-std::string Value::repr_at(int level) const {
-  // Only a namespace can contain itself; stop where Python would print "{...}".
-  if (level > 128) return "...";
+std::string Value::repr_in(std::vector<const ValueDict*>& active) const {
   switch (kind_) {
     case Kind::kUndefined: return "Undefined";
     case Kind::kNone: return "None";
@@ -395,23 +396,27 @@ std::string Value::repr_at(int level) const {
       std::string out = tuple ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i > 0) out += ", ";
-        out += (*list_)[i].repr_at(level + 1);
+        out += (*list_)[i].repr_in(active);
       }
       if (tuple && list_->size() == 1) out += ",";
       out += tuple ? ")" : "]";
       return out;
     }
     case Kind::kDict: case Kind::kNamespace: {
+      // Only a namespace can contain itself; Python prints the inner occurrence as "{...}".
+      if (std::find(active.begin(), active.end(), dict_.get()) != active.end()) return "<Namespace {...}>";
+      if (kind_ == Kind::kNamespace) active.push_back(dict_.get());
       std::string out = kind_ == Kind::kNamespace ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, v] : dict_->entries()) {
         if (!first) out += ", ";
         first = false;
-        out += k.repr_at(level + 1);
+        out += k.repr_in(active);
         out += ": ";
-        out += v.repr_at(level + 1);
+        out += v.repr_in(active);
       }
       out += kind_ == Kind::kNamespace ? "}>" : "}";
+      if (kind_ == Kind::kNamespace) active.pop_back();
       return out;
     }
     case Kind::kCallable: return fmt::format("<function {}>", fn_->name);

@@ -142,7 +142,8 @@ class Value {
   bool same_as(const Value& other) const;
 
  private:
-  std::string repr_at(int level) const;
+  // `active`: the namespaces being printed around this value, to print a cycle as Python does.
+  std::string repr_in(std::vector<const ValueDict*>& active) const;
 
   Kind kind_ = Kind::kUndefined;
   uint32_t depth_ = 0;
