@@ -26,5 +26,8 @@ if [ "${TESSERA_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "== tests under ASan + UBSan =="
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  (cd build-asan && ctest --output-on-failure -j 2 -L unit --timeout 1800)
+  # hwloc's dlopen-ed plugins leak a few bytes we cannot fix or name (their module is gone when
+  # LeakSanitizer reports), so the topology tests run with leak checking off.
+  (cd build-asan && ctest --output-on-failure -j 2 -L unit -E '^TopologyTest' --timeout 1800)
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -R '^TopologyTest' --timeout 600)
 fi
