@@ -224,7 +224,8 @@ int run(int argc, char** argv) {
     opts.threads = nt;
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
-    opts.kv_tokens = std::max({n_prompt, n_gen, max_batch * n_batch_gen}) + 64;
+    // Each sequence rounds up to whole KV blocks (16 tokens by default).
+    opts.kv_tokens = std::max({n_prompt, n_gen, max_batch * (n_batch_gen + 16)}) + 64;
     auto loaded = LocalModel::load(opts);
     if (!loaded.is_ok()) {
       std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str());

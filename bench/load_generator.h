@@ -110,7 +110,7 @@ struct LoadOptions {
   uint64_t seed = 1;
   SloSpec slo;
   double request_timeout_s = 600;
-  int metrics_interval_ms = 250;  // /metrics sampling period (0: off)
+  int metrics_interval_ms = 100;  // /metrics sampling period (0: off)
   int max_inflight = 4096;        // open loop: requests in flight at most
   std::function<void(const LoadProgress&)> on_progress;  // called every ~200 ms from the run's thread
 };
@@ -183,6 +183,7 @@ struct RunResult {
   std::vector<MetricsSample> timeline;
   RunSummary summary;
   int32_t token_id_max = 0;             // the id range used
+  std::string model;                    // the model id the requests named
 };
 
 // p in [0, 100] of `values` (any order); 0 when empty.

@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
       tessera::cli::add_launch_command);
   add("topo", "Print the machine map (hwloc) and the binding each rank would get", tessera::cli::add_topo_command);
   add("tokenize", "Print the token ids of text read on stdin as JSON", tessera::cli::add_tokenize_command);
+  add("plan", "Cost accounts of a deployment: memory bill and predicted step time (--measure: beside measured)",
+      tessera::cli::add_plan_command);
+  add("bench", "Benchmarks: `bench serve` (load-test an OpenAI-compatible server), `bench scale` (TP scaling)",
+      tessera::cli::add_bench_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,9 +7,12 @@
 //
 // Activations (one row x of k fp32 values per token), blocks of kActBlock32 (32-element weight
 // formats) or kActBlock256 (K-quants):
-//   amax = max |x_i| over the block; d = amax / 127; id = d != 0 ? 1 / d : 0;
-//   q_i = round_to_nearest_even(x_i * id)   (in [-127, 127]); stored with d and the sums of
-//   every 16 consecutive q (bsum16).
+//   amax = max |x_i| over the block; id = amax != 0 ? 127 / amax : 0;
+//   q_i = round_to_nearest_even(x_i * id)   (in [-127, 127]);
+//   d = fp16_round(amax / 127) for 32-blocks, 1 / id for 256-blocks (0 when amax == 0),
+//   stored with the sums of every 16 consecutive q (bsum16). These are the scales llama.cpp's
+//   q8_0 / q8_K activation blocks carry, so both engines see the same quantized activations
+//   and differ only by float summation order (greedy tokens then agree on the same file).
 //
 // Output y[t, r] = acc after walking the row's blocks in order, acc starting at +0.0f:
 //   Q8_0 / Q4_0 / Q5_0, per 32-block b with weight scale dw (fp16 -> fp32, exact):
@@ -80,6 +83,13 @@ void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
+
+// The stored activation scale of a block (see above); `id` = 127 / amax or 0.
+inline float act_scale(float amax, float id, int64_t block) {
+  if (amax == 0.0f) return 0.0f;
+  if (block == kActBlock256) return 1.0f / id;
+  return fp16_to_f32(f32_to_fp16(amax / 127.0f));
+}
 
 // ---- block field access shared by the scalar and SIMD paths
 

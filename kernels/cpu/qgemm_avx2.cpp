@@ -389,9 +389,8 @@ TESSERA_AVX2 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, con
       m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
       m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
       const float amax = _mm_cvtss_f32(m4);
-      const float db = amax / 127.0f;
-      const float id = db != 0.0f ? 1.0f / db : 0.0f;
-      d[b] = db;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = act_scale(amax, id, blk);
       const __m256 vid = _mm256_set1_ps(id);
       for (int64_t j = 0; j < blk; j += 16) {
         const __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), vid));

@@ -97,11 +97,21 @@ TESSERA_AVX512_INLINE __m512 gather_f16_lo(const uint8_t* base, __m512i vindex, 
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 }
 
-// 16 fp16 values at p[r] + off by scalar loads (gathers are slow on some CPUs, e.g. Zen).
+// 16 fp16 values at p[r] + off, assembled in general-purpose registers (vector gathers are
+// slow on some CPUs, e.g. Zen; the scalar work runs on otherwise idle integer ports).
+TESSERA_AVX512_INLINE uint64_t pack4_u16(const uint8_t* const* p, size_t off) {
+  uint16_t h[4];
+  for (int r = 0; r < 4; ++r) std::memcpy(&h[r], p[r] + off, 2);
+  return static_cast<uint64_t>(h[0]) | static_cast<uint64_t>(h[1]) << 16 | static_cast<uint64_t>(h[2]) << 32 |
+         static_cast<uint64_t>(h[3]) << 48;
+}
+
 TESSERA_AVX512_INLINE __m512 load16_f16(const uint8_t* const* p, size_t off) {
-  alignas(32) uint16_t h[16];
-  for (int r = 0; r < 16; ++r) std::memcpy(&h[r], p[r] + off, 2);
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+  const __m256i v = _mm256_set_epi64x(static_cast<long long>(pack4_u16(p + 12, off)),
+                                      static_cast<long long>(pack4_u16(p + 8, off)),
+                                      static_cast<long long>(pack4_u16(p + 4, off)),
+                                      static_cast<long long>(pack4_u16(p, off)));
+  return _mm512_cvtph_ps(v);
 }
 
 // The same for a value at the end of a block: the dword starts two bytes before it.
@@ -155,7 +165,10 @@ TESSERA_AVX512_INLINE void store_unit(uint8_t* dst, const __m512i* w) {
   for (int g = 0; g < 8; ++g) _mm512_store_si512(reinterpret_cast<__m512i*>(dst + 64 * g), w[g]);
 }
 
-TESSERA_AVX512 void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+// Writes blocks [b0, b1) to `tile`; with tile == nullptr, leaves the one block b0's unit in
+// `out` instead (the decode path).
+TESSERA_AVX512_INLINE void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile,
+                                     __m512i* out = nullptr) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const size_t bb = type == QuantType::kQ8_0 ? 34 : type == QuantType::kQ4_0 ? 18 : 22;
   for (int64_t b = b0; b < b1; ++b, tile += 512 + 64) {
@@ -186,6 +199,10 @@ TESSERA_AVX512 void build_q32(QuantType type, const Rows& rows, int64_t b0, int6
                                   : _mm512_and_si512(_mm512_srli_epi16(d[g - 4], 4), m4);
         w[g] = _mm512_or_si512(nib, hb);
       }
+    }
+    if (tile == nullptr) {
+      for (int g = 0; g < 8; ++g) out[g] = w[g];
+      return;
     }
     store_unit(tile, w);
     _mm512_store_ps(reinterpret_cast<float*>(tile + 512), load16_f16(rows.p, off));
@@ -240,9 +257,27 @@ TESSERA_AVX512 void build_k_affine(QuantType type, const Rows& rows, int64_t b0,
   }
 }
 
-TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+// Levels of the four 32-element quarters of one Q6_K half from its transposed low bytes
+// (a: ql[0..31], c: ql[32..63]) and high bits (qh): quarter q takes nibble q / 2 of a (q even)
+// or c (q odd), and bits 2q..2q+1 of qh as its bits 4..5.
+TESSERA_AVX512_INLINE void q6_unpack(const __m512i* a, const __m512i* c, const __m512i* qh, __m512i (*u)[8]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i m2 = _mm512_set1_epi8(0x03);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  for (int g = 0; g < 8; ++g) {
+    // ternlog 0xCA = A ? B : C bitwise, with A = 0x0F per byte: the low nibble from B, the
+    // rest from C (bits 4..5 already shifted into place, zero elsewhere).
+    const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(qh[g], 4), m30);
+    const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(qh[g], 2), m30);
+    const __m512i h2 = _mm512_and_si512(qh[g], m30);
+    const __m512i h3 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 2), m30);
+    u[0][g] = _mm512_ternarylogic_epi32(m4, a[g], h0, 0xCA);
+    u[1][g] = _mm512_ternarylogic_epi32(m4, c[g], h1, 0xCA);
+    u[2][g] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(a[g], 4), h2, 0xCA);
+    u[3][g] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(c[g], 4), h3, 0xCA);
+  }
+}
+
+TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const size_t off = static_cast<size_t>(b) * 210;
@@ -252,16 +287,7 @@ TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t
       tr16x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
       tr16x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m512i u[4][8];
-      for (int g = 0; g < 8; ++g) {
-        const __m512i t0 = _mm512_and_si512(qh[g], m2);
-        const __m512i t1 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 2), m2);
-        const __m512i t2 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 4), m2);
-        const __m512i t3 = _mm512_and_si512(_mm512_srli_epi16(qh[g], 6), m2);
-        u[0][g] = _mm512_or_si512(_mm512_and_si512(a[g], m4), _mm512_slli_epi16(t0, 4));
-        u[1][g] = _mm512_or_si512(_mm512_and_si512(c[g], m4), _mm512_slli_epi16(t1, 4));
-        u[2][g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[g], 4), m4), _mm512_slli_epi16(t2, 4));
-        u[3][g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(c[g], 4), m4), _mm512_slli_epi16(t3, 4));
-      }
+      q6_unpack(a, c, qh, u);
       for (int q = 0; q < 4; ++q) store_unit(tile + 512 * (4 * h + q), u[q]);
     }
     __m512i s[4];
@@ -273,7 +299,7 @@ TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t
   }
 }
 
-void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+TESSERA_AVX512 void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   switch (type) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
@@ -395,6 +421,162 @@ TESSERA_AVX512 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int
   }
 }
 
+// ------------------------------------------------------------------ decode (one token)
+//
+// The same units as the tiles, consumed in registers as soon as they are built. `pf` walks the
+// next row group's bytes (contiguous), prefetched a little per block: the 16 interleaved row
+// streams of this group are more than the hardware prefetchers keep ahead of.
+struct Prefetch {
+  const uint8_t* p = nullptr;
+  size_t left = 0;
+  size_t step = 0;  // bytes per block
+  TESSERA_AVX512_INLINE void tick() {
+    const size_t n = std::min(left, step);
+    // Non-temporal: each weight byte is used once per matmul; keep it out of the outer caches.
+    for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_NTA);
+    p += n;
+    left -= n;
+  }
+};
+
+struct Token1 {
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsum;
+};
+
+template <QuantType kType>
+TESSERA_AVX512 __m512 gemv_q32(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  constexpr size_t bb = kType == QuantType::kQ8_0 ? 34 : kType == QuantType::kQ4_0 ? 18 : 22;
+  constexpr int offset = kType == QuantType::kQ8_0 ? 128 : kType == QuantType::kQ4_0 ? 8 : 16;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.tick();
+    const size_t off = static_cast<size_t>(b) * bb;
+    const int8_t* xb = x.q + 32 * b;
+    __m512i ia = _mm512_set1_epi32(-offset * (x.bsum[2 * b] + x.bsum[2 * b + 1]));
+    if constexpr (kType == QuantType::kQ8_0) {
+      __m512i w[8];
+      tr16x8(rows.p, off + 2, w);
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, _mm512_xor_si512(w[g], flip), bcast_x4(xb + 4 * g));
+    } else if constexpr (kType == QuantType::kQ4_0) {
+      __m512i d[4];
+      tr16x4(rows.p, off + 2, d);
+      for (int g = 0; g < 4; ++g) {
+        ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(d[g], m4), bcast_x4(xb + 4 * g));
+        ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4), bcast_x4(xb + 16 + 4 * g));
+      }
+    } else {
+      __m512i w[8];
+      build_q32(kType, rows, b, b + 1, nullptr, w);
+      for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, w[g], bcast_x4(xb + 4 * g));
+    }
+    const __m512 dw = load16_f16(rows.p, off);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc);
+  }
+  return acc;
+}
+
+template <bool kQ5>
+TESSERA_AVX512 __m512 gemv_k_affine(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  constexpr size_t bb = kQ5 ? 176 : 144;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m6 = _mm512_set1_epi32(63), m3 = _mm512_set1_epi32(3), mf = _mm512_set1_epi32(0xF);
+  const __m512i lsb = _mm512_set1_epi8(0x01);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.tick();
+    const size_t off = static_cast<size_t>(b) * bb;
+    __m512i hd[4];
+    tr16x4(rows.p, off, hd);
+    __m512i sc[8], mm[8];
+    for (int s = 0; s < 4; ++s) {
+      sc[s] = _mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s), m6);
+      mm[s] = _mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s), m6);
+      const __m512i lo4 = _mm512_srli_epi32(hd[3], 8 * s);
+      sc[s + 4] = _mm512_or_si512(_mm512_and_si512(lo4, mf),
+                                  _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s + 6), m3), 4));
+      mm[s + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lo4, 4), mf),
+                                  _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s + 6), m3), 4));
+    }
+    __m512i qh[8];
+    if constexpr (kQ5) tr16x8(rows.p, off + 16, qh);
+    const int8_t* xb = x.q + 256 * b;
+    __m512i tot = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i d[8];
+      tr16x8(rows.p, off + (kQ5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      __m512i ilo = _mm512_setzero_si512(), ihi = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) {
+        __m512i lo = _mm512_and_si512(d[g], m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
+        if constexpr (kQ5) {
+          lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[g], 2 * c), lsb), 4));
+          hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[g], 2 * c + 1), lsb), 4));
+        }
+        ilo = _mm512_dpbusd_epi32(ilo, lo, bcast_x4(xb + 64 * c + 4 * g));
+        ihi = _mm512_dpbusd_epi32(ihi, hi, bcast_x4(xb + 64 * c + 32 + 4 * g));
+      }
+      tot = _mm512_add_epi32(tot, _mm512_add_epi32(_mm512_mullo_epi32(ilo, sc[2 * c]), _mm512_mullo_epi32(ihi, sc[2 * c + 1])));
+    }
+    __m512i ms = _mm512_setzero_si512();
+    const int16_t* bs = x.bsum + 16 * b;
+    for (int s = 0; s < 8; ++s) ms = _mm512_add_epi32(ms, _mm512_mullo_epi32(mm[s], _mm512_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
+    const __m512 dx = _mm512_set1_ps(x.d[b]);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hd[0]));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hd[0], 16)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(d, dx), acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), ms)), _mm512_mul_ps(dmin, dx), acc);
+  }
+  return acc;
+}
+
+TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.tick();
+    const size_t off = static_cast<size_t>(b) * 210;
+    __m512i s4[4];
+    tr16x4(rows.p, off + 192, s4);
+    const int8_t* xb = x.q + 256 * b;
+    const int16_t* bs = x.bsum + 16 * b;
+    __m512i tot = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      __m512i a[8], c[8], qh[8];
+      tr16x8(rows.p, off + 64 * static_cast<size_t>(h), a);
+      tr16x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
+      tr16x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      __m512i u[4][8];
+      q6_unpack(a, c, qh, u);
+      for (int q = 0; q < 4; ++q) {
+        for (int half = 0; half < 2; ++half) {
+          const int grp = 8 * h + 2 * q + half;  // 16-element group
+          __m512i ia = _mm512_set1_epi32(-32 * bs[grp]);
+          for (int g = 4 * half; g < 4 * half + 4; ++g) ia = _mm512_dpbusd_epi32(ia, u[q][g], bcast_x4(xb + 32 * (4 * h + q) + 4 * g));
+          const __m512i scv = _mm512_srai_epi32(_mm512_slli_epi32(s4[grp / 4], 24 - 8 * (grp % 4)), 24);
+          tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(ia, scv));
+        }
+      }
+    }
+    const __m512 d = gather_f16_hi(rows.p[0], rows.vindex, off + 208);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(d, _mm512_set1_ps(x.d[b])), acc);
+  }
+  return acc;
+}
+
+TESSERA_AVX512 __m512 gemv_rows(QuantType type, const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  switch (type) {
+    case QuantType::kQ8_0: return gemv_q32<QuantType::kQ8_0>(rows, nb, x, pf);
+    case QuantType::kQ4_0: return gemv_q32<QuantType::kQ4_0>(rows, nb, x, pf);
+    case QuantType::kQ5_0: return gemv_q32<QuantType::kQ5_0>(rows, nb, x, pf);
+    case QuantType::kQ4_K: return gemv_k_affine<false>(rows, nb, x, pf);
+    case QuantType::kQ5_K: return gemv_k_affine<true>(rows, nb, x, pf);
+    default: return gemv_q6_k(rows, nb, x, pf);
+  }
+}
+
 uint8_t* tile_scratch(size_t bytes) {
   thread_local std::vector<uint8_t> buf;
   if (buf.size() < bytes + 64) buf.resize(bytes + 64);
@@ -421,9 +603,8 @@ TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1,
       __m512 m = _mm512_setzero_ps();
       for (int64_t j = 0; j < blk; j += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)));
       const float amax = _mm512_reduce_max_ps(m);
-      const float db = amax / 127.0f;
-      const float id = db != 0.0f ? 1.0f / db : 0.0f;
-      d[b] = db;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = act_scale(amax, id, blk);
       const __m512 vid = _mm512_set1_ps(id);
       for (int64_t j = 0; j < blk; j += 16) {
         const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j), vid));
@@ -441,8 +622,7 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
   const size_t stride = lay.block_stride();
   // Decode builds a few blocks at a time (stays in L1); batches build the whole row tile.
   const bool whole = a.n_tokens > 1;
-  const int64_t chunk = whole ? nb : (lay.units_per_block == 1 ? 8 : 1);
-  uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
+  uint8_t* tile = whole ? tile_scratch(stride * static_cast<size_t>(nb)) : nullptr;
   const int64_t nb_act = a.k / a.acts.block;
   for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
@@ -454,30 +634,27 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
     }
     rows.vindex = _mm512_load_si512(offs);
     if (!whole) {
-      TokenPtrs x{};
-      x.q[0] = a.acts.q;
-      x.d[0] = a.acts.d;
-      x.bsum[0] = a.acts.bsum;
-      __m512 acc[1] = {_mm512_setzero_ps()};
-      // The 16 rows are read as 16 interleaved streams, which the hardware prefetchers follow
-      // poorly: prefetch the next group's bytes (contiguous) while this one is computed.
-      const uint8_t* next = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
-      const size_t next_bytes = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
-      const size_t n_chunks = static_cast<size_t>((nb + chunk - 1) / chunk);
-      const size_t per_chunk = (next_bytes / 64 + n_chunks) / n_chunks * 64;
-      size_t pf = 0;
-      for (int64_t b = 0; b < nb; b += chunk) {
-        const int64_t e = std::min(nb, b + chunk);
-        for (size_t end = std::min(next_bytes, pf + per_chunk); pf < end; pf += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_T0);
-        build_tile(type, rows, b, e, tile);
-        // The micro-kernels index activations by absolute block; the tile starts at block b.
-        run_tile(type, 1, tile, b, e, x, acc);
-      }
-      store_rows(a.y + g0, acc[0], n_valid);
+      Prefetch pf;
+      pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
+      pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+      pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+      const __m512 acc = gemv_rows(type, rows, nb, Token1{a.acts.q, a.acts.d, a.acts.bsum}, pf);
+      store_rows(a.y + g0, acc, n_valid);
       continue;
     }
-    build_tile(type, rows, 0, nb, tile);
+    {
+      // Built a few blocks at a time while the next group's bytes are prefetched (see Prefetch).
+      Prefetch pf;
+      pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
+      pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+      pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+      constexpr int64_t kChunk = 4;
+      for (int64_t b = 0; b < nb; b += kChunk) {
+        const int64_t e = std::min(nb, b + kChunk);
+        for (int64_t i = b; i < e; ++i) pf.tick();
+        build_tile(type, rows, b, e, tile + static_cast<size_t>(b) * stride);
+      }
+    }
     for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 8) {
       const int n_tok = static_cast<int>(std::min<int64_t>(8, a.n_tokens - t0));
       TokenPtrs x{};

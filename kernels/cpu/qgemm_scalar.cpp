@@ -181,9 +181,8 @@ void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const Quantize
     for (int64_t b = 0; b < nb; ++b) {
       float amax = 0.0f;
       for (int64_t j = 0; j < blk; ++j) amax = std::max(amax, std::fabs(xt[b * blk + j]));
-      const float db = amax / 127.0f;
-      const float id = db != 0.0f ? 1.0f / db : 0.0f;
-      d[b] = db;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = act_scale(amax, id, blk);
       for (int64_t j = 0; j < blk; ++j)
         q[b * blk + j] = static_cast<int8_t>(std::nearbyint(xt[b * blk + j] * id));
     }

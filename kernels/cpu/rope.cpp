@@ -13,7 +13,12 @@ void rope_apply(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_
                 int64_t head_dim, const float* inv_freq) {
   TESSERA_CHECK(head_dim % 2 == 0, "rope: odd head_dim {}", head_dim);
   const int64_t half = head_dim / 2;
-  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+  // Per-thread tables, grown once (no allocation per decode step).
+  thread_local std::vector<float> cos_t, sin_t;
+  if (static_cast<int64_t>(cos_t.size()) < half) {
+    cos_t.resize(static_cast<size_t>(half));
+    sin_t.resize(static_cast<size_t>(half));
+  }
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {

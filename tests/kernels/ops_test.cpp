@@ -78,7 +78,8 @@ int64_t activation_block(QuantType type) {
 
 // y_ref[t, r] in double, and the error budget: the scale sum |w||x| the fp32 error is relative
 // to, plus, for formats with int8 activations, the rounding of each activation to its block's
-// int8 grid (at most amax / 254 per element, times |w|).
+// int8 grid (at most amax / 254 per element, plus amax / 2048 for the fp16 rounding of
+// 32-block scales, times |w|).
 void reference_matmul(const QuantizedMatrix& m, const std::vector<float>& x, int64_t n_tokens,
                       std::vector<double>* y, std::vector<double>* mag, std::vector<double>* act_err) {
   const int64_t rows = m.view.rows(), cols = m.view.cols();
@@ -99,7 +100,7 @@ void reference_matmul(const QuantizedMatrix& m, const std::vector<float>& x, int
             amax = 0;
             for (int64_t j = c; j < c + blk; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[t * cols + j])));
           }
-          e += std::fabs(w) * amax / 254.0;
+          e += std::fabs(w) * amax * (1.0 / 254 + 1.0 / 2048);  // half a step + fp16 scale rounding
         }
       }
       (*y)[t * rows + r] = s;

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Tessera vs llama.cpp on the same GGUF files, side by side, in one run.
+
+For every model file: prompt processing (--prompt tokens in one batch) and generation
+(--gen tokens decoded one at a time from position 0, greedy) tokens/s at each thread count,
+for Tessera (build/bin/tessera-bench-cpu, which also reports concurrent-sequence throughput
+and the fraction of the measured read bandwidth that batch-1 generation reaches) and for
+llama.cpp (through PyPI's llama-cpp-python, low-level API, same tokens and thread counts).
+The two engines alternate per model, so a change of machine load hits both.
+
+llama-cpp-python is built from source into bench/.venv-llama on first use (several minutes
+on two cores); nothing of it is committed. Use --python to point at another interpreter that
+has it.
+
+Examples:
+  bench/llama_cpp_compare.py --models models/syn-110m-q4_0.gguf --threads 1,2
+  bench/llama_cpp_compare.py --models models/*.gguf --out bench/results/cpu_vs_llama_cpp.md
+  bench/llama_cpp_compare.py --greedy models/syn-110m-q8_0.gguf --tokens 64
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VENV = os.path.join(HERE, ".venv-llama")
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+
+
+# ----------------------------------------------------------------------------- environment
+
+def venv_python():
+    return os.path.join(VENV, "bin", "python")
+
+
+def ensure_llama_python(explicit):
+    """Returns an interpreter that can import llama_cpp, building the venv if needed."""
+    if explicit:
+        return explicit
+    try:
+        import llama_cpp  # noqa: F401
+        return sys.executable
+    except ImportError:
+        pass
+    py = venv_python()
+    if os.path.exists(py) and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+        return py
+    print(f"building {LLAMA_CPP_PYTHON} into {VENV} (several minutes) ...", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    env = dict(os.environ)
+    # The native build (-march=native) is llama.cpp's fastest CPU configuration here.
+    env.setdefault("CMAKE_ARGS", "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF")
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    subprocess.run([py, "-m", "pip", "install", "--no-cache-dir", LLAMA_CPP_PYTHON], check=True, env=env)
+    return py
+
+
+# ----------------------------------------------------------------------------- llama.cpp side
+# Runs inside the interpreter that has llama_cpp (this same file, --llama-worker).
+
+_LOG_CB = None
+
+
+class Llama:
+    def __init__(self, path, threads, n_ctx, f32_kv=False):
+        import llama_cpp as L
+        import numpy as np
+        self.L, self.np = L, np
+        L.llama_backend_init()
+        # Keep the ctypes callback alive as long as the library may call it.
+        global _LOG_CB
+        _LOG_CB = L.llama_log_callback(lambda level, text, data: None)
+        L.llama_log_set(_LOG_CB, None)
+        mp = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = 512
+        cp.n_ubatch = 512
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        if f32_kv:
+            # Tessera keeps K/V in fp32 and attends in fp32; llama.cpp's defaults (flash
+            # attention with an fp16 cache) round K, V and Q to fp16, which is enough to flip
+            # near-tied greedy choices of a random-weight model. Its plain fp32 path is the one
+            # to compare numerics with.
+            cp.flash_attn_type = 0
+            cp.type_k = L.GGML_TYPE_F32
+            cp.type_v = L.GGML_TYPE_F32
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+
+    def clear(self):
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def decode(self, ids):
+        L = self.L
+        for i in range(0, len(ids), 512):
+            chunk = ids[i:i + 512]
+            arr = (L.llama_token * len(chunk))(*chunk)
+            rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+
+    def argmax(self):
+        ptr = self.L.llama_get_logits_ith(self.ctx, -1)
+        return int(self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
+
+    def greedy(self, prompt, n):
+        self.clear()
+        self.decode(prompt)
+        out = []
+        for _ in range(n):
+            t = self.argmax()
+            out.append(t)
+            self.decode([t])
+        return out
+
+
+def llama_worker(args):
+    results = {"runs": []}
+    for nt in args.threads:
+        m = Llama(args.model, nt, n_ctx=max(args.prompt, args.gen) + 64)
+        vocab = m.n_vocab
+        prompt = [(i * 7919 + 13) % vocab for i in range(args.prompt)]
+        m.clear()
+        m.decode(prompt[:64])  # warm-up
+        pp = []
+        for _ in range(args.reps):
+            m.clear()
+            t0 = time.perf_counter()
+            m.decode(prompt)
+            pp.append(time.perf_counter() - t0)
+        tg = []
+        for _ in range(args.reps):
+            m.clear()
+            tok = 1
+            t0 = time.perf_counter()
+            for _ in range(args.gen):
+                m.decode([tok])
+                tok = m.argmax()
+            tg.append(time.perf_counter() - t0)
+        results["runs"].append({"threads": nt, "prompt_tok_s": args.prompt / statistics.median(pp),
+                                "gen_tok_s": args.gen / statistics.median(tg)})
+    if args.greedy_tokens:
+        m = Llama(args.model, args.threads[-1], n_ctx=len(args.greedy_prompt) + args.greedy_tokens + 16, f32_kv=True)
+        results["greedy"] = m.greedy(args.greedy_prompt, args.greedy_tokens)
+    json.dump(results, sys.stdout)
+
+
+def run_llama(py, model, threads, prompt, gen, reps, greedy_prompt=None, greedy_tokens=0):
+    cmd = [py, os.path.abspath(__file__), "--llama-worker", "--model", model, "--threads",
+           ",".join(map(str, threads)), "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps)]
+    if greedy_tokens:
+        cmd += ["--greedy-prompt", ",".join(map(str, greedy_prompt)), "--greedy-tokens", str(greedy_tokens)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+# ----------------------------------------------------------------------------- Tessera side
+
+def merge_runs(runs):
+    """Median of every numeric figure over repetitions (nested dicts too)."""
+    out = {}
+    for key, v in runs[0].items():
+        vals = [r[key] for r in runs if key in r]
+        if isinstance(v, dict):
+            out[key] = {k: statistics.median([x[k] for x in vals if k in x]) for k in v}
+        elif isinstance(v, (int, float)):
+            med = statistics.median(vals)
+            out[key] = int(med) if isinstance(v, int) and med == int(med) else med
+        else:
+            out[key] = v
+    return out
+
+
+def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, bandwidth=True):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [os.path.join(bin_dir, "tessera-bench-cpu"), "--model", model, "--threads", ",".join(map(str, threads)),
+           "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps), "--batches", batches,
+           "--batch-gen", str(batch_gen), "--json", path] + ([] if bandwidth else ["--no-bandwidth"])
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    with open(path) as f:
+        data = json.load(f)
+    os.unlink(path)
+    return data
+
+
+def tessera_greedy(bin_dir, model, prompt, n, threads):
+    cmd = [os.path.join(bin_dir, "tessera"), "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+           "--max-tokens", str(n), "--temperature", "0", "--print-ids", "--ignore-eos", "--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()
+    return [int(t) for t in out[-1].split(",") if t]
+
+
+def greedy_compare(bin_dir, py, model, n, threads=2, prompt=(1, 450, 4086, 29871, 13, 3421, 338, 263)):
+    llama = run_llama(py, model, [threads], 1, 1, 1, list(prompt), n)["greedy"]
+    mine = tessera_greedy(bin_dir, model, list(prompt), n, threads)
+    same = 0
+    while same < min(len(llama), len(mine)) and llama[same] == mine[same]:
+        same += 1
+    return {"model": model, "tokens": n, "first_divergence": None if same == n else same,
+            "agree": sum(a == b for a, b in zip(llama, mine)), "tessera": mine, "llama_cpp": llama}
+
+
+# ----------------------------------------------------------------------------- report
+
+def machine_note():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average at start {load[0]:.1f}"
+
+
+def fmt(v, nd=1):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def write_report(rows, greedy, args, load_end):
+    lines = []
+    lines.append("# Tessera vs llama.cpp on the CPU, same GGUF files\n")
+    lines.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine_note()}, "
+                 f"at end {load_end:.1f}.\n")
+    lines.append(f"Command: `bench/llama_cpp_compare.py {' '.join(sys.argv[1:])}`\n")
+    lines.append(f"Prompt processing: {args.prompt} tokens in one batch; generation: {args.gen} tokens one at a "
+                 f"time from position 0 (greedy); medians of {args.reps} runs (each after a warm-up), the "
+                 f"engines alternating run by run. llama.cpp is "
+                 f"{LLAMA_CPP_PYTHON} built natively (AVX-512/VNNI) with its default CPU settings.\n")
+    lines.append("| model | threads | Tessera prompt tok/s | llama.cpp prompt tok/s | ratio | Tessera gen tok/s | "
+                 "llama.cpp gen tok/s | ratio |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for t, l in zip(r["tessera"]["runs"], r["llama"]["runs"]):
+            pr = t.get("prompt_tok_s") / l["prompt_tok_s"] if t.get("prompt_tok_s") else None
+            gr = t["gen_tok_s"] / l["gen_tok_s"]
+            lines.append(f"| {os.path.basename(r['model'])} | {t['threads']} | {fmt(t.get('prompt_tok_s'))} | "
+                         f"{fmt(l['prompt_tok_s'])} | {fmt(pr, 2)} | {fmt(t['gen_tok_s'])} | {fmt(l['gen_tok_s'])} | "
+                         f"{fmt(gr, 2)} |")
+    lines.append("\nTessera, concurrent sequences (aggregate generation tok/s, one token per sequence per step) "
+                 "and memory bandwidth:\n")
+    lines.append("| model | threads | x1 | x4 | x16 | x16 / x1 | weights MB/token | read GB/s (measured) | "
+                 "batch-1 share of bandwidth |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for t in r["tessera"]["runs"]:
+            c = t.get("concurrent_tok_s", {})
+            x1, x4, x16 = c.get("1"), c.get("4"), c.get("16")
+            ratio = x16 / x1 if x1 and x16 else None
+            lines.append(f"| {os.path.basename(r['model'])} | {t['threads']} | {fmt(x1)} | {fmt(x4)} | {fmt(x16)} | "
+                         f"{fmt(ratio, 2)} | {t['weight_bytes_per_token'] / 1e6:.0f} | "
+                         f"{fmt(t.get('read_bandwidth_gb_s'))} | "
+                         f"{fmt(100 * t['bandwidth_fraction'] if 'bandwidth_fraction' in t else None, 0)}% |")
+    if greedy:
+        lines.append("\nGreedy tokens, Tessera vs llama.cpp:\n")
+        lines.append("| model | tokens | identical | first divergence |")
+        lines.append("|---|---|---|---|")
+        for g in greedy:
+            lines.append(f"| {os.path.basename(g['model'])} | {g['tokens']} | {g['agree']} | "
+                         f"{'none' if g['first_divergence'] is None else g['first_divergence']} |")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=[])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--batch-gen", type=int, default=64)
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--python", default=None, help="interpreter with llama_cpp (default: bench/.venv-llama)")
+    ap.add_argument("--out", default=None, help="markdown report path")
+    ap.add_argument("--greedy", nargs="*", default=[], help="models to compare greedy tokens on")
+    ap.add_argument("--tokens", type=int, default=64)
+    # worker mode (internal)
+    ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--greedy-prompt", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--greedy-tokens", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.llama_worker:
+        args.threads = [int(t) for t in args.threads.split(",")]
+        args.greedy_prompt = [int(t) for t in args.greedy_prompt.split(",") if t]
+        return llama_worker(args)
+
+    threads = [int(t) for t in args.threads.split(",")]
+    py = ensure_llama_python(args.python)
+    rows = []
+    for m in args.models:
+        print(f"== {m}", file=sys.stderr)
+        # Repetitions alternate between the engines (one run each, per thread count), so that
+        # the load of a shared machine, which changes over minutes, weighs on both alike; the
+        # medians over repetitions are reported.
+        tess_reps, llama_reps = [], []
+        for rep in range(args.reps):
+            for nt in threads:
+                tess_reps.append(run_tessera(args.bin_dir, m, [nt], args.prompt, args.gen, 1, args.batches,
+                                             args.batch_gen, bandwidth=(rep == 0))["runs"][0])
+                llama_reps.append(run_llama(py, m, [nt], args.prompt, args.gen, 1)["runs"][0])
+                t, l = tess_reps[-1], llama_reps[-1]
+                print(f"   rep {rep} threads {nt}: prompt {t.get('prompt_tok_s', 0):.1f} vs {l['prompt_tok_s']:.1f}, "
+                      f"gen {t['gen_tok_s']:.1f} vs {l['gen_tok_s']:.1f} tok/s (load {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr)
+        rows.append({"model": m, "tessera": {"runs": [merge_runs([r for r in tess_reps if r["threads"] == nt])
+                                                      for nt in threads]},
+                     "llama": {"runs": [merge_runs([r for r in llama_reps if r["threads"] == nt]) for nt in threads]}})
+    greedy = [greedy_compare(args.bin_dir, py, m, args.tokens) for m in args.greedy]
+    write_report(rows, greedy, args, os.getloadavg()[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+// `tessera plan`: the memory bill and predicted decode-step time of a deployment (DESIGN §6),
+// and with --measure the same configuration run on this machine's CPU, measured beside the
+// prediction.
+//
+// --measure runs the engine in this process: TP ranks as threads (in-process communicators),
+// each with its own slice of the weights, KV cache and thread pool, exactly as `tessera generate`
+// builds them. The batch's KV cache is filled to the decode context with placeholder values
+// (attention costs the same whatever the keys hold), so no prefill is timed; then it times
+// decode steps of `batch` sequences, one token each.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "common/thread_pool.h"
+#include "comm/device_comm.h"
+#include "coordinator/hardware.h"
+#include "coordinator/planner.h"
+#include "coordinator/scheduler_config.h"
+#include "launch/commands.h"
+#include "model/weight_store.h"
+#include "shard/forward.h"
+#include "shard/kv_cache.h"
+#include "shard/tp_slice.h"
+
+namespace tessera::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model;
+  std::string precision;        // empty: as stored in the model file
+  std::string embed_precision;  // empty: as --precision
+  std::string kv_dtype = "auto";
+  int tp = 1;
+  std::string card = "A100-80GB";
+  std::string link = "nvlink";
+  double headroom = 0.10;
+  int64_t block_size = 16;
+  int64_t context_length = 0;
+  std::string lengths;
+  double mean_prompt = 0;
+  double mean_output = 0;
+  int64_t batch = 1;
+  int64_t decode_context = -1;
+  std::string profile = "interactive";
+  int64_t max_batch = 0;
+  int64_t max_step_tokens = 0;
+  int threads = 0;
+  double memory_gb = 0;
+  double bandwidth_gbs = 0;
+  double peak_tflops = 0;
+  bool json = false;
+  bool measure = false;
+  int measure_steps = 16;
+};
+
+struct Measured {
+  int tp = 1;
+  int threads_per_rank = 1;
+  int64_t batch = 0;
+  int64_t context = 0;
+  int steps = 0;
+  uint64_t weight_bytes = 0;       // rank 0: matrices + embedding + LM-head slice + vectors
+  uint64_t kv_bytes_per_token = 0;
+  double step_median_s = 0;
+  double step_mean_s = 0;
+  double step_min_s = 0;
+  double comm_s = 0;               // rank 0's time in collectives per step
+};
+
+Result<CardSpec> resolve_card(const PlanArgs& a) {
+  CardSpec card;
+  if (a.card == "cpu" || a.card == "CPU") {
+    CpuProbeOptions o;
+    o.threads = a.threads;
+    TESSERA_ASSIGN_OR_RETURN(CpuProbe probe, probe_local_cpu(o));
+    card = cpu_card(probe);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(card, card_preset(a.card));
+  }
+  // Overrides for a card the presets do not know (or to check a what-if).
+  if (a.memory_gb > 0) card.memory_bytes = static_cast<uint64_t>(a.memory_gb * 1e9);
+  if (a.bandwidth_gbs > 0) card.memory_bandwidth = a.bandwidth_gbs * 1e9;
+  if (a.peak_tflops > 0) card.peak_flops = a.peak_tflops * 1e12;
+  if (a.memory_gb > 0 || a.bandwidth_gbs > 0 || a.peak_tflops > 0) card.source += ", overridden on the command line";
+  return card;
+}
+
+Result<PlanInput> build_input(const PlanArgs& a, const PlanModel& model) {
+  PlanInput in;
+  in.model = model.config;
+  in.model_name = model.name;
+  if (a.precision.empty() || a.precision == "stored") {
+    if (!model.has_weights)
+      return Status::invalid_argument(fmt::format(
+          "{} holds no weights to take the precision from: give --precision ({})", model.name,
+          fmt::join(precision_names(), ", ")));
+    in.weights = model.stored_layers;
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(in.weights, precision_preset(a.precision));
+  }
+  if (!a.embed_precision.empty() && a.embed_precision != "stored") {
+    TESSERA_ASSIGN_OR_RETURN(in.embeddings, precision_preset(a.embed_precision));
+  } else if (model.has_weights && (a.embed_precision == "stored" || a.precision.empty() || a.precision == "stored")) {
+    in.embeddings = model.stored_embeddings;
+  } else {
+    in.embeddings = in.weights;
+  }
+  TESSERA_ASSIGN_OR_RETURN(in.card, resolve_card(a));
+  const std::string kv = a.kv_dtype == "auto" ? (in.card.is_cpu ? "fp32" : "fp16") : a.kv_dtype;
+  TESSERA_ASSIGN_OR_RETURN(in.kv_dtype, parse_kv_dtype(kv));
+  in.tp = a.tp;
+  in.use_slow_link = a.link == "pcie";
+  in.headroom = a.headroom;
+  in.block_size = a.block_size;
+  in.context_length = a.context_length > 0 ? a.context_length : model.config.max_positions;
+  if (!a.lengths.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(in.lengths, parse_length_distribution(a.lengths, in.context_length));
+  } else if (a.mean_prompt > 0 || a.mean_output > 0) {
+    // Request lengths with only their means known: geometric (memoryless) around prompt + output.
+    TESSERA_ASSIGN_OR_RETURN(in.lengths,
+                             SequenceLengths::geometric(std::max(1.0, a.mean_prompt + a.mean_output), in.context_length));
+  }
+  in.batch = a.batch;
+  in.decode_context = a.decode_context;
+  // A decoding sequence is, on average, its prompt plus half its output long.
+  if (in.decode_context < 0 && (a.mean_prompt > 0 || a.mean_output > 0))
+    in.decode_context = static_cast<int64_t>(std::llround(a.mean_prompt + a.mean_output / 2));
+  TESSERA_ASSIGN_OR_RETURN(SchedulerConfig sched, scheduler_profile(a.profile));
+  in.max_batch = a.max_batch > 0 ? a.max_batch : std::max<int64_t>(sched.max_batch, a.batch);
+  in.max_step_tokens = a.max_step_tokens > 0 ? a.max_step_tokens : std::max<int64_t>(sched.max_step_tokens, in.max_batch);
+  return in;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+uint64_t weight_bytes_of(const ModelWeights& w) {
+  uint64_t bytes = w.embed.nbytes() + (w.lm_head.data == w.embed.data ? 0 : w.lm_head.nbytes());
+  for (const LayerWeights& l : w.layers)
+    for (const TensorView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) bytes += m->nbytes();
+  return bytes;
+}
+
+// One TP rank of the measured engine.
+struct Rank {
+  ShardLayout layout;
+  ShardWeights weights;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<ForwardPass> forward;
+};
+
+Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context) {
+  Measured out;
+  out.tp = a.tp;
+  out.batch = a.batch;
+  out.context = context;
+  out.steps = std::max(1, a.measure_steps);
+  const int warmup = 2;
+  TESSERA_ASSIGN_OR_RETURN(auto store, WeightStore::open(a.model));
+  const ModelConfig& c = store->config();
+  if (context + warmup + out.steps + 1 > c.max_positions)
+    return Status::invalid_argument(fmt::format("--measure: context {} plus {} steps exceeds the model's {} positions",
+                                                context, warmup + out.steps, c.max_positions));
+  const int hw = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  out.threads_per_rank = std::max(1, hw / a.tp);
+  const int64_t tokens_per_seq = context + warmup + out.steps + 1;
+  const int64_t blocks_per_seq = (tokens_per_seq + in.block_size - 1) / in.block_size;
+
+  std::vector<std::unique_ptr<DeviceComm>> comms;
+  if (a.tp == 1) comms.push_back(make_single_rank_comm());
+  else comms = make_in_process_comms(a.tp);
+  std::vector<Rank> ranks(static_cast<size_t>(a.tp));
+  for (int r = 0; r < a.tp; ++r) {
+    Rank& rank = ranks[static_cast<size_t>(r)];
+    TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store));
+    TESSERA_ASSIGN_OR_RETURN(rank.layout, plan_shard_layout(c, TpConfig{r, a.tp}));
+    TESSERA_ASSIGN_OR_RETURN(rank.weights, slice_model_weights(std::move(full), c, rank.layout));
+    KvCacheShape shape;
+    shape.n_layers = c.n_layers;
+    shape.n_kv_heads = rank.layout.n_kv_heads;
+    shape.head_dim = c.head_dim;
+    shape.block_size = in.block_size;
+    shape.num_blocks = blocks_per_seq * a.batch;
+    TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
+    rank.cache = std::make_unique<KvCache>(std::move(cache));
+    // Real pages with non-zero values: untouched anonymous pages would all read the one zero
+    // page from cache and flatter the KV read.
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      PagedKvLayer kv = rank.cache->layer(l);
+      const auto n = static_cast<size_t>(kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim);
+      std::fill(kv.k, kv.k + n, 0.01f);
+      std::fill(kv.v, kv.v + n, 0.01f);
+    }
+    rank.pool = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = out.threads_per_rank});
+    rank.forward = std::make_unique<ForwardPass>(c, rank.layout, rank.weights.weights, rank.pool.get(),
+                                                 rank.cache.get(), comms[static_cast<size_t>(r)].get());
+    if (r == 0) {
+      out.weight_bytes = weight_bytes_of(rank.weights.weights);
+      for (const auto& v : rank.weights.full.owned_f32) out.weight_bytes += v.size() * sizeof(float);
+      out.kv_bytes_per_token = KvCache::bytes_per_block(shape) / static_cast<size_t>(in.block_size);
+    }
+  }
+
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(a.batch));
+  for (int64_t i = 0; i < a.batch; ++i)
+    for (int64_t b = 0; b < blocks_per_seq; ++b) tables[static_cast<size_t>(i)].push_back(static_cast<int32_t>(i * blocks_per_seq + b));
+  std::vector<int32_t> tokens(static_cast<size_t>(a.batch));
+  for (int64_t i = 0; i < a.batch; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 1) % c.vocab);
+
+  std::vector<double> times;
+  std::vector<Status> errors(static_cast<size_t>(a.tp));
+  auto run_rank = [&](int r) {
+    Rank& rank = ranks[static_cast<size_t>(r)];
+    std::vector<float> logits;
+    std::vector<SequenceInput> batch(static_cast<size_t>(a.batch));
+    for (int step = 0; step < warmup + out.steps; ++step) {
+      for (int64_t i = 0; i < a.batch; ++i) {
+        SequenceInput& s = batch[static_cast<size_t>(i)];
+        s.tokens = std::span<const int32_t>(&tokens[static_cast<size_t>(i)], 1);
+        s.start_pos = context + step;
+        s.block_table = tables[static_cast<size_t>(i)];
+      }
+      if (step == warmup) rank.forward->comm_micros = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = rank.forward->run(batch, logits);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!st.is_ok()) {
+        errors[static_cast<size_t>(r)] = st;
+        return;
+      }
+      if (r == 0 && step >= warmup) times.push_back(dt);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < a.tp; ++r) threads.emplace_back(run_rank, r);
+  run_rank(0);
+  for (std::thread& t : threads) t.join();
+  for (const Status& st : errors) TESSERA_RETURN_IF_ERROR(st);
+  out.step_median_s = median(times);
+  double sum = 0;
+  for (double t : times) sum += t;
+  out.step_mean_s = times.empty() ? 0 : sum / static_cast<double>(times.size());
+  out.step_min_s = times.empty() ? 0 : *std::min_element(times.begin(), times.end());
+  out.comm_s = static_cast<double>(ranks[0].forward->comm_micros) * 1e-6 / out.steps;
+  return out;
+}
+
+std::string format_measured(const Plan& p, const Measured& m) {
+  const auto bytes = [](uint64_t b) { return format_bytes(static_cast<double>(b)); };
+  const auto ms = [](double s) { return fmt::format("{:.3f} ms", s * 1e3); };
+  std::string out = fmt::format(
+      "\nMEASURED on this CPU: TP {} ({} threads per rank), batch {}, context {}, {} timed decode steps after 2 "
+      "warm-up steps\n",
+      m.tp, m.threads_per_rank, m.batch, m.context, m.steps);
+  out += fmt::format("  {:<26}{:>26}{:>26}{:>10}\n", "", "predicted", "measured", "ratio");
+  auto line = [&](std::string_view what, const std::string& pred, const std::string& meas, double ratio) {
+    out += fmt::format("  {:<26}{:>26}{:>26}{:>10}\n", what, pred, meas,
+                       std::isfinite(ratio) && ratio > 0 ? fmt::format("{:.2f}", ratio) : std::string("-"));
+  };
+  line("weights per rank", bytes(p.memory.weight_bytes), bytes(m.weight_bytes),
+       static_cast<double>(m.weight_bytes) / static_cast<double>(p.memory.weight_bytes));
+  line("KV bytes per token", fmt::format("{} B", p.memory.kv_bytes_per_token), fmt::format("{} B", m.kv_bytes_per_token),
+       static_cast<double>(m.kv_bytes_per_token) / static_cast<double>(p.memory.kv_bytes_per_token));
+  line("step floor (mem/compute)", ms(p.time.floor_s), ms(m.step_min_s) + " (min)", m.step_min_s / p.time.floor_s);
+  line("step (all terms)", ms(p.time.step_s), ms(m.step_median_s) + " (median)", m.step_median_s / p.time.step_s);
+  if (m.tp > 1)
+    line("collectives per step", ms(p.time.all_reduce_s + p.time.all_gather_s), ms(m.comm_s),
+         m.comm_s / (p.time.all_reduce_s + p.time.all_gather_s));
+  line("tokens/s", fmt::format("{:.1f}", p.time.tokens_per_s), fmt::format("{:.1f}", m.batch / m.step_median_s),
+       (m.batch / m.step_median_s) / p.time.tokens_per_s);
+  out += fmt::format("  measured weights: the rank's matrices, embedding, LM-head slice and fp32 norm vectors as "
+                     "loaded; KV: the CPU cache (fp32); steps: wall time of rank 0's forward pass (mean {}).\n",
+                     ms(m.step_mean_s));
+  return out;
+}
+
+std::string to_json_text(const nlohmann::ordered_json& j) {
+  try {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    return fmt::format("{{\"error\": \"JSON encoding failed: {}\"}}", e.what());
+  }
+}
+
+std::string measured_json(const Measured& m) {
+  nlohmann::ordered_json j = {
+      {"tp", m.tp},
+      {"threads_per_rank", m.threads_per_rank},
+      {"batch", m.batch},
+      {"context", m.context},
+      {"steps", m.steps},
+      {"weight_bytes", m.weight_bytes},
+      {"kv_bytes_per_token", m.kv_bytes_per_token},
+      {"step_median_s", m.step_median_s},
+      {"step_mean_s", m.step_mean_s},
+      {"step_min_s", m.step_min_s},
+      {"comm_s", m.comm_s},
+      {"tokens_per_s", m.step_median_s > 0 ? static_cast<double>(m.batch) / m.step_median_s : 0.0},
+  };
+  return to_json_text(j);
+}
+
+int run_plan(const PlanArgs& a) {
+  auto model = load_plan_model(a.model);
+  if (!model.is_ok()) return fail(model.status().to_string());
+  if (a.measure) {
+    if (a.card != "cpu" && a.card != "CPU")
+      return fail("--measure runs the local engine on this machine's CPU: give --card cpu");
+    if (!model->has_weights) return fail("--measure needs a model file with weights (an HF directory or a .gguf)");
+    if (!a.precision.empty() && a.precision != "stored")
+      return fail("--measure runs the weights as stored: leave --precision out");
+  }
+  auto in = build_input(a, *model);
+  if (!in.is_ok()) return fail(in.status().to_string());
+  auto plan = make_plan(*in);
+  if (!plan.is_ok()) return fail(plan.status().to_string());
+
+  // The bill first: a measurement that fails (or takes a while) still leaves it on the screen.
+  if (!a.json) {
+    std::fputs(format_plan(*plan).c_str(), stdout);
+    std::fflush(stdout);
+  }
+  std::string measured_text;
+  int rc = 0;
+  if (a.measure) {
+    auto measured = measure(a, *in, plan->time.context);
+    if (measured.is_ok()) {
+      measured_text = a.json ? measured_json(*measured) : format_measured(*plan, *measured);
+    } else {
+      rc = fail("--measure: " + measured.status().to_string());
+      measured_text = a.json ? to_json_text({{"error", measured.status().to_string()}}) : "";
+    }
+  }
+  if (a.json) {
+    std::string text = plan_to_json(*plan);
+    if (a.measure) {
+      // Splice the measurement in as one more top-level field.
+      text = text.substr(0, text.rfind('}')) + ",\n  \"measured\": " + measured_text + "\n}";
+    }
+    std::printf("%s\n", text.c_str());
+  } else {
+    std::fputs(measured_text.c_str(), stdout);
+  }
+  if (rc != 0) return rc;
+  for (const PlanWarning& w : plan->warnings)
+    if (w.fatal) return 3;  // the bill is printed, but the plan cannot run
+  return 0;
+}
+
+}  // namespace
+
+Runner add_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  app.add_option("--model", a->model,
+                 "HF directory, config.json, .gguf, or a preset: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")))
+      ->required();
+  app.add_option("--precision", a->precision,
+                 "weight precision: " + fmt::format("{}", fmt::join(precision_names(), ", ")) +
+                     " (default: as stored in the model file)");
+  app.add_option("--embed-precision", a->embed_precision, "embedding and LM head precision (default: as --precision)");
+  app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype: fp16, bf16, fp8, fp32 (auto: fp16 on GPUs, fp32 on the CPU)")
+      ->capture_default_str();
+  app.add_option("--tp", a->tp, "tensor-parallel degree")->capture_default_str();
+  app.add_option("--card", a->card,
+                 "card: " + fmt::format("{}", fmt::join(card_preset_names(), ", ")) + ", or cpu (measured now)")
+      ->capture_default_str();
+  app.add_option("--link", a->link, "link between TP ranks: nvlink or pcie")
+      ->check(CLI::IsMember({"nvlink", "pcie"}))->capture_default_str();
+  app.add_option("--headroom", a->headroom, "fraction of memory never planned for")->capture_default_str();
+  app.add_option("--block-size", a->block_size, "KV block size in tokens (16..1024)")->capture_default_str();
+  app.add_option("--context-length", a->context_length, "the longest sequence to plan for (default: the model's)");
+  app.add_option("--lengths", a->lengths, "request length distribution: fixed:N, uniform:LO:HI, geometric:MEAN");
+  app.add_option("--mean-prompt", a->mean_prompt, "mean prompt tokens (with --mean-output: geometric lengths)");
+  app.add_option("--mean-output", a->mean_output, "mean output tokens");
+  app.add_option("--batch", a->batch, "decode batch for the time bill")->capture_default_str();
+  app.add_option("--decode-context", a->decode_context,
+                 "context of each decoding sequence (default: mean prompt + half the mean output, else the mean length)");
+  app.add_option("--profile", a->profile, "scheduler profile for max_batch / max_step_tokens: interactive, offline")
+      ->capture_default_str();
+  app.add_option("--max-batch", a->max_batch, "logit rows in the workspace (default: the profile's)");
+  app.add_option("--max-step-tokens", a->max_step_tokens, "activation rows in the workspace (default: the profile's)");
+  app.add_option("--threads", a->threads, "CPU threads for --card cpu and --measure (0 = all)")->capture_default_str();
+  app.add_option("--memory-gb", a->memory_gb, "override the card's memory (GB)");
+  app.add_option("--bandwidth-gbs", a->bandwidth_gbs, "override the card's memory bandwidth (GB/s)");
+  app.add_option("--peak-tflops", a->peak_tflops, "override the card's peak (TFLOP/s)");
+  app.add_flag("--json", a->json, "print the bill as JSON");
+  app.add_flag("--measure", a->measure, "also run the local engine (CPU) on this configuration and print measured numbers");
+  app.add_option("--measure-steps", a->measure_steps, "decode steps to time with --measure")->capture_default_str();
+  return [a] { return run_plan(*a); };
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,327 @@
+// The fast CPU kernels: every ISA path this CPU supports (scalar, AVX2, AVX-512) against the
+// dequantized fp32 reference over grids of shapes (odd sizes included), and against each other:
+// the kernels define one canonical arithmetic per format (kernels/cpu/qgemm.h, fgemm.h,
+// paged_attention.cpp), so the ISA, the thread count and the batch composition must not change
+// a single bit of any result.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/tensor.h"
+#include "common/thread_pool.h"
+#include "kernels/activation.h"
+#include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/gemm.h"
+#include "kernels/paged_attention.h"
+#include "kernels/quant.h"
+
+namespace tessera {
+namespace {
+
+std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<cpu::Isa> supported_isas() {
+  std::vector<cpu::Isa> out = {cpu::Isa::kScalar};
+  if (cpu::detected_isa() >= cpu::Isa::kAvx2) out.push_back(cpu::Isa::kAvx2);
+  if (cpu::detected_isa() >= cpu::Isa::kAvx512) out.push_back(cpu::Isa::kAvx512);
+  return out;
+}
+
+// Restores the ISA cap when a test ends, whatever happened.
+struct IsaGuard {
+  ~IsaGuard() { cpu::set_max_isa(cpu::Isa::kAvx512); }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [rows, cols]
+  TensorView view;
+};
+
+Matrix make_matrix(QuantType type, int64_t rows, int64_t cols, uint32_t seed) {
+  Matrix m;
+  const auto src = gaussian(rows * cols, seed, 0.5f);
+  const size_t rb = row_bytes(type, cols);
+  // No slack after the last row: kernels must never read past the tensor.
+  m.bytes.resize(rb * static_cast<size_t>(rows));
+  m.deq.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(type, src.data() + r * cols, m.bytes.data() + r * rb, cols);
+    dequantize_row(type, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
+  }
+  m.view = make_view(m.bytes.data(), type, {rows, cols});
+  return m;
+}
+
+// Activations with a few outliers, as real hidden states have.
+std::vector<float> activations(int64_t n, uint32_t seed) {
+  auto x = gaussian(n, seed);
+  for (int64_t i = 0; i < n; i += 97) x[static_cast<size_t>(i)] *= 8.0f;
+  return x;
+}
+
+std::vector<float> run_matmul(const Matrix& m, const std::vector<float>& x, int64_t n_tokens, ThreadPool* pool) {
+  std::vector<float> y(static_cast<size_t>(n_tokens * m.view.rows()), NAN);
+  matmul(m.view, x.data(), n_tokens, y.data(), pool);
+  return y;
+}
+
+// |y - ref| bound for int8 activations: each activation is off by at most half a step of its
+// block's grid (amax / 254) plus the fp16 rounding of the 32-block scale (amax * 2^-11), times
+// |w|; plus fp32 accumulation error.
+void check_against_reference(const Matrix& m, const std::vector<float>& x, int64_t n_tokens,
+                             const std::vector<float>& y, const std::string& what) {
+  const int64_t rows = m.view.rows(), cols = m.view.cols();
+  const int64_t blk = cpu::has_qdot(m.view.type) ? cpu::act_block(m.view.type) : 0;
+  double sq_err = 0, sq_bound = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ref = 0, mag = 0, bound = 0, amax = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double w = m.deq[static_cast<size_t>(r * cols + c)];
+        const double xv = x[static_cast<size_t>(t * cols + c)];
+        ref += w * xv;
+        mag += std::fabs(w * xv);
+        if (blk > 0) {
+          if (c % blk == 0) {
+            amax = 0;
+            for (int64_t j = c; j < c + blk; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(t * cols + j)])));
+          }
+          bound += std::fabs(w) * amax * (1.0 / 254 + 1.0 / 2048);
+        }
+      }
+      const double got = y[static_cast<size_t>(t * rows + r)];
+      ASSERT_NEAR(got, ref, bound + 4e-6 * mag + 1e-6) << what << " token " << t << " row " << r;
+      sq_err += (got - ref) * (got - ref);
+      sq_bound += bound * bound;
+    }
+  }
+  // Rounding errors of independent activations partly cancel: the typical error is well below
+  // the worst case (a systematic error, e.g. a wrong offset, would sit at or above it).
+  if (blk > 0 && sq_bound > 0) EXPECT_LT(std::sqrt(sq_err / sq_bound), 0.5) << what;
+}
+
+const QuantType kBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0,
+                                 QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
+
+TEST(FastMatmul, QuantizedEveryIsaMatchesReferenceAndEachOther) {
+  IsaGuard guard;
+  ThreadPool pool1(ThreadPoolOptions{.num_threads = 1});
+  ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
+  for (QuantType type : kBlockTypes) {
+    const int be = quant_traits(type).block_elems;
+    const std::vector<int64_t> ks = be == 32 ? std::vector<int64_t>{32, 96, 800} : std::vector<int64_t>{256, 768};
+    for (int64_t rows : {1, 15, 17, 40}) {
+      for (int64_t k : ks) {
+        const Matrix m = make_matrix(type, rows, k, static_cast<uint32_t>(rows * 131 + k));
+        for (int64_t n_tokens : {1, 2, 9, 17}) {
+          const auto x = activations(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
+          const std::string what = std::string(quant_name(type)) + " rows " + std::to_string(rows) + " k " +
+                                   std::to_string(k) + " tokens " + std::to_string(n_tokens);
+          std::vector<float> canonical;
+          for (cpu::Isa isa : supported_isas()) {
+            cpu::set_max_isa(isa);
+            const auto y1 = run_matmul(m, x, n_tokens, &pool1);
+            const auto y3 = run_matmul(m, x, n_tokens, &pool3);
+            const auto y0 = run_matmul(m, x, n_tokens, nullptr);
+            ASSERT_TRUE(same_bits(y1, y3)) << what << " isa " << cpu::isa_name(isa) << ": 1 vs 3 threads";
+            ASSERT_TRUE(same_bits(y1, y0)) << what << " isa " << cpu::isa_name(isa) << ": pool vs none";
+            if (canonical.empty()) {
+              canonical = y1;
+              check_against_reference(m, x, n_tokens, y1, what);
+            } else {
+              ASSERT_TRUE(same_bits(y1, canonical)) << what << " isa " << cpu::isa_name(isa) << " differs from scalar";
+            }
+            // Each token alone (the decode path) gives the same bits as in the batch.
+            if (n_tokens > 1) {
+              for (int64_t t = 0; t < n_tokens; ++t) {
+                std::vector<float> xt(x.begin() + t * k, x.begin() + (t + 1) * k);
+                const auto one = run_matmul(m, xt, 1, &pool3);
+                ASSERT_EQ(std::memcmp(one.data(), y1.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
+                    << what << " isa " << cpu::isa_name(isa) << " token " << t << " alone";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FastMatmul, FloatEveryIsaMatchesReferenceAndEachOther) {
+  IsaGuard guard;
+  ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
+  for (QuantType type : {QuantType::kF32, QuantType::kF16, QuantType::kBF16}) {
+    for (int64_t rows : {1, 5, 17, 33}) {
+      for (int64_t k : {1, 7, 16, 17, 33, 100, 1000}) {
+        const Matrix m = make_matrix(type, rows, k, static_cast<uint32_t>(rows * 17 + k));
+        for (int64_t n_tokens : {1, 2, 7, 13}) {
+          const auto x = activations(n_tokens * k, static_cast<uint32_t>(k + 1000 * n_tokens));
+          const std::string what = std::string(quant_name(type)) + " rows " + std::to_string(rows) + " k " +
+                                   std::to_string(k) + " tokens " + std::to_string(n_tokens);
+          std::vector<float> canonical;
+          for (cpu::Isa isa : supported_isas()) {
+            cpu::set_max_isa(isa);
+            const auto y3 = run_matmul(m, x, n_tokens, &pool3);
+            const auto y0 = run_matmul(m, x, n_tokens, nullptr);
+            ASSERT_TRUE(same_bits(y3, y0)) << what << " isa " << cpu::isa_name(isa) << ": threads";
+            if (canonical.empty()) {
+              canonical = y3;
+              check_against_reference(m, x, n_tokens, y3, what);
+            } else {
+              ASSERT_TRUE(same_bits(y3, canonical)) << what << " isa " << cpu::isa_name(isa) << " differs from scalar";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FastMatmul, LargeRowsAndVocabularySlices) {
+  // Long rows (many blocks per tile) and a row slice written with a stride, on the fastest path.
+  IsaGuard guard;
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  for (QuantType type : {QuantType::kQ4_0, QuantType::kQ6_K, QuantType::kF16}) {
+    const int64_t rows = 70, k = 256 * 22, n_tokens = 3, begin = 19, end = 61, stride = 50;
+    const Matrix m = make_matrix(type, rows, k, 5);
+    const auto x = activations(n_tokens * k, 6);
+    const auto full = run_matmul(m, x, n_tokens, &pool);
+    check_against_reference(m, x, n_tokens, full, std::string(quant_name(type)) + " long rows");
+    std::vector<float> part(static_cast<size_t>(n_tokens * stride), -7.0f);
+    matmul_rows(m.view, begin, end, x.data(), n_tokens, part.data(), stride, &pool);
+    for (int64_t t = 0; t < n_tokens; ++t)
+      for (int64_t j = 0; j < stride; ++j)
+        ASSERT_EQ(part[static_cast<size_t>(t * stride + j)],
+                  j < end - begin ? full[static_cast<size_t>(t * rows + begin + j)] : -7.0f)
+            << quant_name(type) << " t " << t << " j " << j;
+  }
+}
+
+TEST(ActivationQuantization, FollowsTheDefinitionOnEveryIsa) {
+  IsaGuard guard;
+  for (int64_t block : {cpu::kActBlock32, cpu::kActBlock256}) {
+    const int64_t k = block * 3, n_tokens = 2;
+    auto x = activations(n_tokens * k, 77);
+    std::fill(x.begin() + block, x.begin() + 2 * block, 0.0f);  // an all-zero block
+    std::vector<uint8_t> canonical;
+    for (cpu::Isa isa : supported_isas()) {
+      cpu::set_max_isa(isa);
+      std::vector<uint8_t> scratch(cpu::acts_bytes(n_tokens, k, block) + 64);
+      void* base = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+      const cpu::QuantizedActs a = cpu::acts_view(base, n_tokens, k, block);
+      cpu::quantize_acts(x.data(), 0, n_tokens, a);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t b = 0; b < k / block; ++b) {
+          float amax = 0;
+          for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(t * k + b * block + j)]));
+          const float id = amax != 0 ? 127.0f / amax : 0.0f;
+          const float d = amax == 0 ? 0.0f : block == 32 ? fp16_to_f32(f32_to_fp16(amax / 127.0f)) : 1.0f / id;
+          ASSERT_EQ(a.d[t * (k / block) + b], d) << "block " << block << " isa " << cpu::isa_name(isa);
+          for (int64_t j = 0; j < block; ++j) {
+            const int64_t i = t * k + b * block + j;
+            ASSERT_EQ(a.q[i], static_cast<int8_t>(std::nearbyint(x[static_cast<size_t>(i)] * id)))
+                << "element " << i << " isa " << cpu::isa_name(isa);
+          }
+        }
+        for (int64_t g = 0; g < k / 16; ++g) {
+          int sum = 0;
+          for (int j = 0; j < 16; ++j) sum += a.q[t * k + 16 * g + j];
+          ASSERT_EQ(a.bsum[t * (k / 16) + g], sum);
+        }
+      }
+    }
+  }
+}
+
+TEST(FastOps, SiluMulIsIdenticalOnEveryIsaAndAccurate) {
+  IsaGuard guard;
+  const int64_t n = 1003;
+  auto g = gaussian(n, 3, 6.0f);
+  g[0] = 100.0f;
+  g[1] = -100.0f;
+  g[2] = 0.0f;
+  const auto u = gaussian(n, 4);
+  std::vector<float> canonical;
+  for (cpu::Isa isa : supported_isas()) {
+    cpu::set_max_isa(isa);
+    std::vector<float> out(static_cast<size_t>(n));
+    silu_mul(g.data(), u.data(), out.data(), 1, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gv = g[static_cast<size_t>(i)];
+      const double want = gv / (1.0 + std::exp(-gv)) * u[static_cast<size_t>(i)];
+      ASSERT_NEAR(out[static_cast<size_t>(i)], want, 1e-6 * std::fabs(want) + 1e-30) << i;
+    }
+    if (canonical.empty()) canonical = out;
+    ASSERT_TRUE(same_bits(out, canonical)) << cpu::isa_name(isa);
+  }
+}
+
+TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
+  IsaGuard guard;
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  struct Case { int64_t block_size, n_heads, n_kv, hd, start, n_tokens, window; };
+  const Case cases[] = {{16, 8, 2, 64, 0, 37, 0}, {7, 4, 4, 128, 30, 5, 0}, {16, 32, 4, 64, 200, 1, 0},
+                        {5, 6, 3, 36, 11, 9, 8}, {16, 2, 1, 8, 0, 19, 0}, {3, 4, 1, 100, 40, 1, 17}};
+  for (const Case& c : cases) {
+    const int64_t total = c.start + c.n_tokens;
+    const int64_t blocks = (total + c.block_size - 1) / c.block_size + 2;
+    const int64_t row = c.n_kv * c.hd;
+    std::vector<float> k(static_cast<size_t>(blocks * c.block_size * row)), v(k.size());
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(9));
+    PagedKvLayer kv{k.data(), v.data(), blocks, c.block_size, c.n_kv, c.hd};
+    const auto kk = gaussian(total * row, 1), vv = gaussian(total * row, 2);
+    kv_write(kv, table.data(), 0, total, kk.data(), vv.data());
+    const auto q = gaussian(c.n_tokens * c.n_heads * c.hd, 3);
+    std::vector<float> canonical;
+    for (cpu::Isa isa : supported_isas()) {
+      cpu::set_max_isa(isa);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        std::vector<float> out(q.size(), NAN);
+        AttentionArgs args{q.data(), out.data(), c.n_tokens, c.start, c.n_heads,
+                           1.0f / std::sqrt(static_cast<float>(c.hd)), c.window, table.data()};
+        paged_attention(kv, args, p);
+        if (canonical.empty()) canonical = out;
+        ASSERT_TRUE(same_bits(out, canonical))
+            << "hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " isa " << cpu::isa_name(isa);
+      }
+    }
+  }
+}
+
+TEST(FastThreadPool, WakesAfterSleepingAndAfterSpinning) {
+  // Jobs back to back (workers spinning) and after pauses longer than the spin time (workers
+  // asleep on the condition variable) must both run every index exactly once.
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  for (int round = 0; round < 40; ++round) {
+    if (round % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::vector<int> hits(1000, 0);
+    pool.parallel_for(1000, 7, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+    });
+    for (int h : hits) ASSERT_EQ(h, 1) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace tessera
