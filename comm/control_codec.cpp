@@ -98,6 +98,8 @@ struct Writer {
       sched[i].setResetBlocks(s.reset_blocks);
       sched[i].setPromptLogprobs(s.prompt_logprobs);
       fill_list(sched[i].initAppendBlocks(static_cast<unsigned>(s.append_blocks.size())), s.append_blocks);
+      if (!s.banned_tokens.empty())
+        fill_list(sched[i].initBannedTokens(static_cast<unsigned>(s.banned_tokens.size())), s.banned_tokens);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
     auto copies = b.initBlockCopies(static_cast<unsigned>(p.block_copies.size()));
@@ -185,6 +187,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.reset_blocks = s.getResetBlocks();
         q.prompt_logprobs = s.getPromptLogprobs();
         q.append_blocks = read_list<int32_t>(s.getAppendBlocks());
+        q.banned_tokens = read_list<int32_t>(s.getBannedTokens());
         p.scheduled.push_back(std::move(q));
       }
       p.finished = read_list<uint64_t>(r.getFinished());

@@ -45,6 +45,7 @@ struct ScheduledSequence {
   std::vector<int32_t> append_blocks;
   bool reset_blocks = false;
   bool prompt_logprobs = false;
+  std::vector<int32_t> banned_tokens;  // given probability 0 when this step samples
 };
 
 struct BlockCopy {

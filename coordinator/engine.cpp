@@ -320,6 +320,8 @@ void Engine::step() {
       metrics_.add("tessera_prompt_tokens_total", static_cast<double>(s.prompt_len));
     }
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
+    // min_tokens: EOS cannot be sampled before the request has that many output tokens.
+    if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
   }
   const auto t0 = WallClock::now();
   auto result = shards_.run_step(*plan);

@@ -54,6 +54,7 @@ struct ScheduledSequence {
   appendBlocks @4 :List(Int32);  # appended to the block table before the step
   resetBlocks @5 :Bool;          # clear the table first (preemption / recompute)
   promptLogprobs @6 :Bool;       # report the logprob of every prompt token this piece predicts
+  bannedTokens @7 :List(Int32);  # never sampled this step (EOS until min_tokens is reached)
 }
 
 struct BlockCopy {

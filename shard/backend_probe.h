@@ -1,6 +1,7 @@
 // Chooses the shard's compute backend. The CUDA backend is a shared library
-// (libtessera_cuda.so, next to the executables in ../lib) loaded with dlopen only when asked
-// for, so a CPU-only machine never pays the CUDA start-up cost.
+// (libtessera_cuda.so, next to the executables in ../lib) loaded with dlopen through
+// kernels/cuda/cuda_loader.h only when asked for, so a CPU-only machine never pays the CUDA
+// start-up cost.
 #pragma once
 
 #include <string>

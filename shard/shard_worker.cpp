@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -332,7 +333,11 @@ class ShardWorker {
       } else if (!q.sample) {
         continue;
       }
-      SampledToken tok = st.sampler->sample(&logits_[static_cast<size_t>(row * vocab)], vocab);
+      float* logits = &logits_[static_cast<size_t>(row * vocab)];
+      for (const int32_t id : q.banned_tokens) {
+        if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+      }
+      SampledToken tok = st.sampler->sample(logits, vocab);
       ++row;
       // Recompute after preemption re-samples only when the plan covers every known token.
       if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);

@@ -1,15 +1,164 @@
 // C entry points of the CUDA backend library (libtessera_cuda.so), resolved with dlsym by the
-// shard. Every function returns 0 on success or a CUDA error code; the message of the last
-// error is available from tessera_cuda_last_error().
+// shard and the GPU tests (kernels/cuda/cuda_loader.h). Nothing that includes this header links
+// CUDA: it only declares plain C functions.
+//
+// Conventions for every function below:
+//  * Returns 0 on success, non-zero on failure (a CUDA, cuBLAS or NCCL error code, or -1 for
+//    bad arguments / a feature this build lacks); the message of the last error *of the calling
+//    thread* is tessera_cuda_last_error().
+//  * Pointers named d_* (and all tensor arguments of the ops) are device pointers; h_* are host.
+//  * `stream` is a cudaStream_t passed as void*; 0 means the legacy default stream.
+//  * Kernel launches are asynchronous: a 0 return means the launch was accepted; errors during
+//    execution appear at the next synchronising call.
+//  * Activations are fp32 in this first version (embedding can also write f16, and the GEMM
+//    takes f16 inputs, see tessera_cuda_convert_f32_to_f16). Sizes are counts of elements
+//    unless the name says bytes.
 #pragma once
 
 #include <stdint.h>
 
 extern "C" {
+
+// ---- device, memory, streams, events (runtime_api.cpp) ----
+
 // Number of usable CUDA devices (0 when there is no driver or no device; never fails).
 int tessera_cuda_device_count();
 const char* tessera_cuda_last_error();
-// y = x / sqrt(mean(x^2) + eps) * w for n rows of dim fp32 values; device pointers; stream may be 0.
+int tessera_cuda_set_device(int device);
+// Writes the device name (NUL-terminated, truncated to `cap` bytes) and compute capability.
+int tessera_cuda_device_info(int device, char* h_name, int cap, int* major, int* minor);
+int tessera_cuda_malloc(void** d_ptr, int64_t bytes);
+int tessera_cuda_free(void* d_ptr);  // null is fine
+// cudaMemcpy with cudaMemcpyDefault (unified addressing decides the direction). Returns when
+// the copy is complete (it synchronizes the legacy default stream), so work on any stream
+// enqueued afterwards sees the data; it also waits for earlier work on the legacy stream.
+int tessera_cuda_memcpy(void* dst, const void* src, int64_t bytes);
+// Stream-ordered copy; host memory must stay valid until the stream reaches it.
+int tessera_cuda_memcpy_async(void* dst, const void* src, int64_t bytes, void* stream);
+// Byte fill of device memory; returns when complete (like tessera_cuda_memcpy).
+int tessera_cuda_memset(void* d_ptr, int value, int64_t bytes);
+int tessera_cuda_device_synchronize();
+int tessera_cuda_stream_create(void** stream);  // non-blocking stream
+int tessera_cuda_stream_destroy(void* stream);
+int tessera_cuda_stream_synchronize(void* stream);
+int tessera_cuda_event_create(void** event);
+int tessera_cuda_event_destroy(void* event);
+int tessera_cuda_event_record(void* event, void* stream);
+// Milliseconds between two recorded events (waits for `end`).
+int tessera_cuda_event_elapsed_ms(void* start, void* end, float* ms);
+
+// ---- NCCL (nccl_api.cpp; nccl_stub.cpp when the library was built without NCCL) ----
+
+// 1 when built with NCCL, else 0 (then every tessera_nccl_* call fails with "built without NCCL").
+int tessera_nccl_available();
+// Size of an ncclUniqueId in bytes (128 with NCCL 2.x; 0 without NCCL).
+int64_t tessera_nccl_unique_id_bytes();
+// Writes a fresh unique id (rank 0 does this once, then sends the bytes to every rank).
+int tessera_nccl_get_unique_id(void* h_id, int64_t id_bytes);
+// Selects `device` on the calling thread and creates this rank's communicator (blocks until all
+// nranks ranks have called it with the same id). *comm receives an opaque ncclComm_t.
+int tessera_nccl_comm_init(void** comm, const void* h_id, int64_t id_bytes, int rank, int nranks,
+                           int device);
+int tessera_nccl_comm_destroy(void* comm);  // null is fine
+// recv[i] = sum over ranks of send[i], i < count; fp32; send == recv allowed (in place).
+int tessera_nccl_all_reduce_sum_f32(void* comm, const float* d_send, float* d_recv, int64_t count,
+                                    void* stream);
+// d_recv[r * bytes, (r + 1) * bytes) = rank r's d_send[0, bytes).
+int tessera_nccl_all_gather(void* comm, const void* d_send, void* d_recv, int64_t bytes,
+                            void* stream);
+// d_data[0, bytes) of rank `root` copied to every rank, in place.
+int tessera_nccl_broadcast(void* comm, void* d_data, int64_t bytes, int root, void* stream);
+
+// ---- ops (one .cu file per op family) ----
+
+// Table dtypes / activation dtypes for the embedding.
+enum { TESSERA_CUDA_F32 = 0, TESSERA_CUDA_F16 = 1 };
+
+// norm.cu. y = x / sqrt(mean(x^2) + eps) * w for n rows of dim fp32 values. y may alias x.
 int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim,
                               float eps, void* stream);
-}
+// norm.cu. residual += delta; y = rms_norm(residual) * w. fp32 [n, dim]; y may alias delta.
+int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y,
+                                  int64_t n, int64_t dim, float eps, void* stream);
+
+// embedding.cu. out[t, :] = table[ids[t], :] for t < n_tokens. table [vocab, dim] of
+// table_dtype, out [n_tokens, dim] of out_dtype; ids int32 on the device. An id outside
+// [0, vocab) gives a row of zeros (the host validates ids before they get here).
+int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim,
+                           const int32_t* ids, int64_t n_tokens, void* out, int out_dtype,
+                           void* stream);
+// embedding.cu. Element-wise conversions (round to nearest even), n elements.
+int tessera_cuda_convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream);
+int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, void* stream);
+
+// rope_kv.cu. RoPE (Hugging Face rotate-half layout, as kernels/rope.h: element i and
+// i + head_dim/2 of a head rotate by angle (float)position * inv_freq[i], cosf/sinf in fp32)
+// applied in place to q, and to k on its way into the paged cache; v is copied unchanged.
+// Cache layout as kernels/paged_attention.h (one layer): [num_blocks][block_size][n_kv_heads]
+// [head_dim] fp32 for K and for V. Token t goes to global slot slots[t] = block_id *
+// block_size + offset, i.e. block slots[t] / block_size, offset slots[t] % block_size; the
+// host builds slots from each sequence's block table. A negative slot skips the cache write
+// (padding tokens); q is still rotated.
+struct TesseraCudaRopeKvArgs {
+  float* q;                 // [n_tokens, n_heads, head_dim], rotated in place
+  const float* k;           // [n_tokens, n_kv_heads, head_dim], not modified
+  const float* v;           // [n_tokens, n_kv_heads, head_dim]
+  const int32_t* positions; // [n_tokens]
+  const int64_t* slots;     // [n_tokens]
+  const float* inv_freq;    // [head_dim / 2]
+  float* k_cache;
+  float* v_cache;
+  int64_t n_tokens;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;         // even
+  int64_t block_size;
+  int64_t num_blocks;       // slots >= num_blocks * block_size are skipped like negative ones
+};
+int tessera_cuda_rope_kv_write_f32(const struct TesseraCudaRopeKvArgs* args, void* stream);
+
+// paged_attention.cu. Decode attention: one query token per sequence, at position
+// seq_lens[s] - 1, attending to cached keys max(0, seq_lens[s] - sliding_window) ..
+// seq_lens[s] - 1 (the whole sequence when sliding_window <= 0). Query head h reads KV head
+// h / (n_heads / n_kv_heads) (GQA). Online softmax, fp32 throughout. head_dim <= 256.
+// Launch: one block of 128 threads (4 warps) per (sequence, query head); warp w handles keys
+// w, w + 4, ...; lane l holds dims l, l + 32, ...; the warps' partial softmax states are merged
+// at the end. No split over the sequence yet (long contexts use one block per head).
+struct TesseraCudaDecodeAttentionArgs {
+  const float* q;               // [n_seqs, n_heads, head_dim], RoPE applied
+  float* out;                   // [n_seqs, n_heads, head_dim]
+  const float* k_cache;         // layout as above
+  const float* v_cache;
+  const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq] block ids
+  const int32_t* seq_lens;      // [n_seqs] keys in the cache including this token, >= 1
+  int64_t n_seqs;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t max_blocks_per_seq;
+  float scale;                  // usually 1/sqrt(head_dim)
+  int64_t sliding_window;       // > 0: only the last sliding_window keys
+};
+int tessera_cuda_paged_decode_attention_f32(const struct TesseraCudaDecodeAttentionArgs* args,
+                                            void* stream);
+
+// activation.cu. out = silu(gate) * up, fp32 [n_tokens, dim]; out may alias gate or up.
+int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n_tokens,
+                              int64_t dim, void* stream);
+
+// sampling.cu. ids[r] = argmax of logits[r, 0 .. vocab), ties to the lowest id, NaN counts as
+// -inf (all -inf or NaN: 0), as kernels/sampling.h's greedy path. fp32 [n_rows, vocab].
+int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids,
+                            void* stream);
+
+// gemm_blas.cpp (cuBLAS). A handle per thread and device: create it after selecting the device.
+int tessera_cuda_blas_create(void** handle);
+int tessera_cuda_blas_destroy(void* handle);
+// y[t, r] = sum_c x[t, c] * w[r, c]: w f16 [rows, cols] row-major (the weight layout of
+// kernels/gemm.h), x f16 [n_tokens, cols], y fp32 [n_tokens, rows], overwritten; fp32
+// accumulation (CUBLAS_COMPUTE_32F).
+int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y,
+                          int64_t rows, int64_t cols, int64_t n_tokens, void* stream);
+
+}  // extern "C"

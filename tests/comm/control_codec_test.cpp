@@ -19,6 +19,7 @@ StepPlan sample_plan() {
   p.new_sequences.push_back({7, {1, 2, 3, 500}, s});
   p.scheduled.push_back({7, 0, 4, true, {0, 1}, false});
   p.scheduled.push_back({9, 17, 1, true, {}, true});
+  p.scheduled.back().banned_tokens = {2, 31999};
   p.finished = {3, 4};
   p.block_copies = {{5, 6}};
   return p;
@@ -39,6 +40,8 @@ TEST(ControlCodecTest, StepPlanRoundTrips) {
   EXPECT_EQ(p.scheduled[0].append_blocks, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(p.scheduled[1].start_pos, 17);
   EXPECT_TRUE(p.scheduled[1].reset_blocks);
+  EXPECT_TRUE(p.scheduled[0].banned_tokens.empty());
+  EXPECT_EQ(p.scheduled[1].banned_tokens, (std::vector<int32_t>{2, 31999}));
   EXPECT_EQ(p.finished, (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(p.block_copies[0].dst, 6);
 }

@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,6 +207,40 @@ def test_stop_strings(stories_server):
     chunks = list(c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=40, temperature=0,
                                        stop=stop, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text[:text.index(stop)]
+
+
+def test_min_tokens_masks_eos(stories_server):
+    # stories260K never emits its EOS (id 2), so serve a copy whose EOS is the "." token, which
+    # greedy stories emit often: without min_tokens the text ends before the first "."; with
+    # min_tokens = n, EOS gets probability 0 for the first n tokens (no "." among them).
+    status, body = stories_server.post_raw("/tokenize", json.dumps({"prompt": ".", "add_special_tokens": False}).encode())
+    assert status == 200, body
+    dot = json.loads(body)["tokens"][-1]
+    d = tempfile.mkdtemp(prefix="tessera_eos_dot_")
+    for f in os.listdir(os.path.join(STORIES, "hf")):
+        shutil.copy(os.path.join(STORIES, "hf", f), d)
+    for name in ("config.json", "generation_config.json"):
+        with open(os.path.join(d, name)) as f:
+            cfg = json.load(f)
+        cfg["eos_token_id"] = dot
+        with open(os.path.join(d, name), "w") as f:
+            json.dump(cfg, f)
+    s = Server(d)
+    try:
+        c = s.client
+        kw = dict(model="test-model", prompt="Once upon a time", temperature=0, max_tokens=120)
+        free = c.completions.create(**kw)
+        assert free.choices[0].finish_reason == "stop"
+        n = free.usage.completion_tokens
+        forced = c.completions.create(extra_body={"min_tokens": n + 20}, **kw)
+        assert forced.usage.completion_tokens >= n + 20
+        text = forced.choices[0].text
+        assert text.startswith(free.choices[0].text)
+        ids = json.loads(s.post_raw("/tokenize", json.dumps({"prompt": text, "add_special_tokens": False}).encode())[1])["tokens"]
+        assert dot not in ids[:n + 20], text
+    finally:
+        s.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_seeds(stories_server):

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# GPU check for a machine with an NVIDIA GPU (issue 6): builds the CUDA backend for this GPU's
+# architecture only, runs the `gpu` tests, then tessera-gpu-ops-bench (per-op timings and the
+# device copy bandwidth), and writes everything to bench/results/gpu-check-<gpu>-<date>.md.
+# Budget: under 8 minutes in all (each step has its own timeout).
+#
+# Usage: bench/gpu_check.sh            (BUILD_DIR=build-gpu-check by default)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+BUILD_DIR=${BUILD_DIR:-build-gpu-check}
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+
+step() { echo; echo "== $* ($(( $(date +%s) - START )) s)"; }
+die() { echo "gpu_check: $*" >&2; exit 1; }
+
+command -v nvcc >/dev/null || die "nvcc not found (install the CUDA toolkit or put it on PATH)"
+command -v nvidia-smi >/dev/null || die "nvidia-smi not found: is the NVIDIA driver installed?"
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+[[ "$CAP" =~ ^[0-9]+$ ]] || die "could not read the compute capability from nvidia-smi (got '$CAP')"
+echo "GPU: $GPU_NAME, compute capability $CAP; build dir $BUILD_DIR"
+
+step "configure for sm_$CAP only"
+mkdir -p "$BUILD_DIR"
+LOG_CFG="$BUILD_DIR/gpu_check.configure.log"; LOG_BUILD="$BUILD_DIR/gpu_check.build.log"
+timeout 120 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$CAP" >"$LOG_CFG" 2>&1 \
+  || { tail -30 "$LOG_CFG"; die "configure failed (log: $LOG_CFG)"; }
+grep -E "Tessera: (CUDA|NCCL)" "$LOG_CFG"
+
+step "build tessera_cuda, tessera_gpu_tests, tessera-gpu-ops-bench"
+timeout 300 cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera_cuda tessera_gpu_tests tessera-gpu-ops-bench \
+  >"$LOG_BUILD" 2>&1 || { tail -40 "$LOG_BUILD"; die "build failed (log: $LOG_BUILD)"; }
+
+step "ctest -L gpu"
+TESTS_OK=yes
+(cd "$BUILD_DIR" && timeout 150 ctest -L gpu --output-on-failure) 2>&1 | tee "$BUILD_DIR/gpu_check.ctest.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || TESTS_OK=no
+# A skipped GPU test on a GPU machine means the device was not usable: not a pass (except the
+# two-rank NCCL test, which needs a second GPU, and the test for machines without a device).
+SKIPPED=$(grep '(Skipped)' "$BUILD_DIR/gpu_check.ctest.log" | grep -vcE 'TwoRanksOnTwoDevices|CreateWithoutDevice' || true)
+[ "$SKIPPED" -eq 0 ] || TESTS_OK="no ($SKIPPED skipped; see $BUILD_DIR/gpu_check.ctest.log)"
+
+step "tessera-gpu-ops-bench"
+mkdir -p bench/results
+SAFE_NAME=$(echo "$GPU_NAME" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
+RESULT=bench/results/gpu-check-${SAFE_NAME}-$(date -u +%Y%m%d-%H%M%S).md
+BENCH_OUT=$(timeout 120 "$BUILD_DIR/bin/tessera-gpu-ops-bench" 2>&1)
+BENCH_RC=$?
+{
+  echo "# GPU check: $GPU_NAME"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); host: $(hostname)"
+  echo "- command: bench/gpu_check.sh (BUILD_DIR=$BUILD_DIR, CMAKE_CUDA_ARCHITECTURES=$CAP)"
+  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nvcc --version | tail -1)"
+  echo "- gpu tests passed: $TESTS_OK"
+  echo
+  echo "$BENCH_OUT"
+} >"$RESULT"
+
+step "results ($RESULT)"
+echo "$BENCH_OUT"
+echo
+echo "gpu tests passed: $TESTS_OK; bench exit code: $BENCH_RC; total $(( $(date +%s) - START )) s"
+[ "$TESTS_OK" = yes ] && [ "$BENCH_RC" -eq 0 ]

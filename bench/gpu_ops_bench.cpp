@@ -1,0 +1,225 @@
+// tessera-gpu-ops-bench: per-op timings of the CUDA backend's kernels at Llama-3-8B shapes
+// (hidden 4096, 32 heads, 8 KV heads, head_dim 128, FFN 14336, vocab 128256) for batch 1, 8,
+// 32 and 128, plus the device-to-device copy bandwidth that bounds them. Reaches the GPU only
+// through the dlopen-ed libtessera_cuda.so (kernels/cuda/cuda_loader.h), like the shard.
+//
+// Each figure: CUDA-event time of --iters back-to-back calls on one stream after 3 warm-ups,
+// divided by the count. "GB/s" is the op's compulsory traffic (stated per op below) over that
+// time; "of copy" compares it with the measured device-to-device copy bandwidth (the first
+// row), the practical ceiling of a memory-bound op. Buffers hold constant bit patterns (memset): the
+// kernels' speed does not depend on the values. Run by bench/gpu_check.sh.
+//
+// Usage: tessera-gpu-ops-bench [--iters N] [--device D]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_loader.h"
+
+namespace tessera {
+namespace {
+
+const CudaApi* g_api = nullptr;
+
+void check(int rc, const char* what) {
+  if (rc == 0) return;
+  std::fprintf(stderr, "tessera-gpu-ops-bench: %s failed: %s (code %d)\n", what, g_api->last_error(), rc);
+  std::exit(1);
+}
+
+// Device buffers that live until the end of the program (the process exits right after).
+void* device_bytes(int64_t bytes, int fill = 0x3c) {
+  void* p = nullptr;
+  check(g_api->device_malloc(&p, bytes), "cudaMalloc");
+  check(g_api->device_memset(p, fill, bytes), "cudaMemset");
+  return p;
+}
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  auto* d = static_cast<T*>(device_bytes(static_cast<int64_t>(host.size() * sizeof(T))));
+  check(g_api->device_memcpy(d, host.data(), static_cast<int64_t>(host.size() * sizeof(T))), "cudaMemcpy");
+  return d;
+}
+
+struct Timer {
+  void* stream = nullptr;
+  void* start = nullptr;
+  void* stop = nullptr;
+  int iters = 20;
+
+  // Microseconds per call of fn (which enqueues one call on `stream` and returns its rc).
+  double us(const std::function<int()>& fn, const char* what) {
+    for (int i = 0; i < 3; ++i) check(fn(), what);
+    check(g_api->event_record(start, stream), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) check(fn(), what);
+    check(g_api->event_record(stop, stream), "cudaEventRecord");
+    float ms = 0.0f;
+    check(g_api->event_elapsed_ms(start, stop, &ms), "cudaEventElapsedTime");
+    return 1000.0 * static_cast<double>(ms) / iters;
+  }
+};
+
+double g_copy_gbps = 0.0;  // measured first; every later row is compared with it
+
+void row(const char* op, const std::string& shape, int64_t batch, double us, double bytes) {
+  const double gbps = bytes / (us * 1e-6) / 1e9;
+  if (g_copy_gbps == 0.0) g_copy_gbps = gbps;
+  std::printf("| %-18s | %-26s | %5lld | %10.1f | %8.1f | %6.0f%% |\n", op, shape.c_str(),
+              static_cast<long long>(batch), us, gbps, 100.0 * gbps / g_copy_gbps);
+  std::fflush(stdout);
+}
+
+constexpr int64_t kHidden = 4096, kHeads = 32, kKvHeads = 8, kHeadDim = 128, kFfn = 14336, kVocab = 128256;
+constexpr int64_t kBlockSize = 16;
+
+int run(int argc, char** argv) {
+  Timer timer;
+  int device = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) timer.iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: tessera-gpu-ops-bench [--iters N] [--device D]\n");
+      return 2;
+    }
+  }
+  if (timer.iters < 1) timer.iters = 1;
+  Result<const CudaApi*> api = load_cuda_api_with_device();
+  if (!api.is_ok()) {
+    std::fprintf(stderr, "tessera-gpu-ops-bench: %s\n", api.status().message().c_str());
+    return 1;
+  }
+  g_api = *api;
+  check(g_api->set_device(device), "cudaSetDevice");
+  char name[256] = {};
+  int major = 0, minor = 0;
+  check(g_api->device_info(device, name, sizeof(name), &major, &minor), "cudaGetDeviceProperties");
+  check(g_api->stream_create(&timer.stream), "cudaStreamCreate");
+  check(g_api->event_create(&timer.start), "cudaEventCreate");
+  check(g_api->event_create(&timer.stop), "cudaEventCreate");
+  void* blas = nullptr;
+  check(g_api->blas_create(&blas), "cublasCreate");
+  void* s = timer.stream;
+
+  std::printf("device %d: %s (sm_%d%d), %d iterations per figure\n\n", device, name, major, minor, timer.iters);
+  std::printf("| %-18s | %-26s | %5s | %10s | %8s | %7s |\n", "op", "shape", "batch", "us/call", "GB/s", "of copy");
+  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(20, '-').c_str(), std::string(28, '-').c_str(),
+              std::string(7, '-').c_str(), std::string(12, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(9, '-').c_str());
+
+  // Device-to-device copy: 1 GiB; traffic counts the read and the write.
+  const int64_t copy_bytes = int64_t{1} << 30;
+  void* copy_src = device_bytes(copy_bytes);
+  void* copy_dst = device_bytes(copy_bytes);
+  const double copy_us = timer.us([&] { return g_api->device_memcpy_async(copy_dst, copy_src, copy_bytes, s); },
+                                  "memcpy d2d");
+  row("memcpy d2d", "1 GiB", 1, copy_us, 2.0 * static_cast<double>(copy_bytes));
+  check(g_api->device_free(copy_src), "cudaFree");
+  check(g_api->device_free(copy_dst), "cudaFree");
+
+  const int64_t batches[] = {1, 8, 32, 128};
+  const int64_t max_batch = 128;
+  // Shared buffers sized for the largest batch.
+  auto* table16 = static_cast<uint16_t*>(device_bytes(kVocab * kHidden * 2));
+  std::vector<int32_t> ids(max_batch);
+  for (int64_t i = 0; i < max_batch; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % kVocab);
+  const int32_t* d_ids = device_copy(ids);
+  auto* act = static_cast<float*>(device_bytes(max_batch * kFfn * 4));
+  auto* act2 = static_cast<float*>(device_bytes(max_batch * kFfn * 4));
+  auto* residual = static_cast<float*>(device_bytes(max_batch * kHidden * 4));
+  auto* norm_w = static_cast<float*>(device_bytes(kHidden * 4));
+  auto* logits = static_cast<float*>(device_bytes(max_batch * kVocab * 4));
+  auto* out_ids = static_cast<int32_t*>(device_bytes(max_batch * 4));
+
+  for (int64_t b : batches) {
+    const double emb_bytes = static_cast<double>(b * kHidden * (2 + 4));
+    row("embedding f16->f32", "dim 4096", b,
+        timer.us([&] { return g_api->embedding(table16, TESSERA_CUDA_F16, kVocab, kHidden, d_ids, b, act, TESSERA_CUDA_F32, s); },
+                 "embedding"),
+        emb_bytes);
+  }
+  for (int64_t b : batches)
+    row("add_rms_norm", "dim 4096", b,
+        timer.us([&] { return g_api->add_rms_norm_f32(residual, act, norm_w, act2, b, kHidden, 1e-5f, s); },
+                 "add_rms_norm"),
+        static_cast<double>(b * kHidden * 4 * 4 + kHidden * 4));
+  for (int64_t b : batches)
+    row("silu_mul", "dim 14336", b,
+        timer.us([&] { return g_api->silu_mul_f32(act, act2, act, b, kFfn, s); }, "silu_mul"),
+        static_cast<double>(b * kFfn * 4 * 3));
+  for (int64_t b : batches)
+    row("argmax", "vocab 128256", b,
+        timer.us([&] { return g_api->argmax_f32(logits, b, kVocab, out_ids, s); }, "argmax"),
+        static_cast<double>(b * kVocab * 4));
+
+  // RoPE + KV write and decode attention over a paged cache, contexts 1024 and 4096.
+  std::vector<float> inv_freq(kHeadDim / 2);
+  for (int64_t i = 0; i < kHeadDim / 2; ++i) inv_freq[static_cast<size_t>(i)] = 1.0f / (1.0f + static_cast<float>(i));
+  const float* d_inv_freq = device_copy(inv_freq);
+  for (int64_t ctx : {int64_t{1024}, int64_t{4096}}) {
+    const int64_t blocks_per_seq = ctx / kBlockSize;
+    const int64_t num_blocks = max_batch * blocks_per_seq;
+    const int64_t cache_bytes = num_blocks * kBlockSize * kKvHeads * kHeadDim * 4;
+    auto* k_cache = static_cast<float*>(device_bytes(cache_bytes, 0));
+    auto* v_cache = static_cast<float*>(device_bytes(cache_bytes, 0));
+    std::vector<int32_t> tables(static_cast<size_t>(num_blocks)), lens(max_batch, static_cast<int32_t>(ctx)),
+        positions(max_batch, static_cast<int32_t>(ctx - 1));
+    for (int64_t i = 0; i < num_blocks; ++i) tables[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::vector<int64_t> slots(max_batch);
+    for (int64_t i = 0; i < max_batch; ++i) slots[static_cast<size_t>(i)] = (i * blocks_per_seq) * kBlockSize + ctx - 1;
+    const int32_t* d_tables = device_copy(tables);
+    const int32_t* d_lens = device_copy(lens);
+    const int32_t* d_pos = device_copy(positions);
+    const int64_t* d_slots = device_copy(slots);
+    auto* q = static_cast<float*>(device_bytes(max_batch * kHeads * kHeadDim * 4, 0));
+    auto* kv_in = static_cast<float*>(device_bytes(max_batch * kKvHeads * kHeadDim * 4, 0));
+    auto* att_out = static_cast<float*>(device_bytes(max_batch * kHeads * kHeadDim * 4, 0));
+    for (int64_t b : batches) {
+      if (ctx == 1024) {
+        TesseraCudaRopeKvArgs r{q, kv_in, kv_in, d_pos, d_slots, d_inv_freq, k_cache, v_cache, b, kHeads, kKvHeads,
+                                kHeadDim, kBlockSize, num_blocks};
+        row("rope_kv_write", "32/8 heads x 128", b,
+            timer.us([&] { return g_api->rope_kv_write_f32(&r, s); }, "rope_kv_write"),
+            static_cast<double>(b * (kHeads * kHeadDim * 8 + kKvHeads * kHeadDim * 16)));
+      }
+      TesseraCudaDecodeAttentionArgs a{q, att_out, k_cache, v_cache, d_tables, d_lens, b, kHeads, kKvHeads,
+                                       kHeadDim, kBlockSize, blocks_per_seq, 0.0883883f, 0};
+      row("decode_attention", "ctx " + std::to_string(ctx) + ", 32/8 heads", b,
+          timer.us([&] { return g_api->paged_decode_attention_f32(&a, s); }, "paged_decode_attention"),
+          static_cast<double>(b * ctx * kKvHeads * kHeadDim * 4 * 2));
+    }
+    check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
+    for (void* p : {static_cast<void*>(k_cache), static_cast<void*>(v_cache)}) check(g_api->device_free(p), "cudaFree");
+  }
+
+  // F16 GEMMs of one layer and the LM head: traffic = weights + f16 input + f32 output.
+  struct GemmShape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const GemmShape gemms[] = {{"q_proj", kHidden, kHidden}, {"gate/up_proj", kFfn, kHidden},
+                             {"down_proj", kHidden, kFfn}, {"lm_head", kVocab, kHidden}};
+  auto* x16 = static_cast<uint16_t*>(device_bytes(max_batch * kFfn * 2));
+  auto* y32 = static_cast<float*>(device_bytes(max_batch * kVocab * 4));
+  for (const GemmShape& g : gemms) {
+    auto* w = static_cast<uint16_t*>(device_bytes(g.rows * g.cols * 2));
+    for (int64_t b : batches) {
+      const std::string shape = std::string(g.name) + " " + std::to_string(g.rows) + "x" + std::to_string(g.cols);
+      row("gemm_f16", shape, b,
+          timer.us([&] { return g_api->gemm_f16(blas, w, x16, y32, g.rows, g.cols, b, s); }, "gemm_f16"),
+          static_cast<double>(g.rows * g.cols * 2 + b * g.cols * 2 + b * g.rows * 4));
+    }
+    check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
+    check(g_api->device_free(w), "cudaFree");
+  }
+  check(g_api->device_synchronize(), "cudaDeviceSynchronize");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) { return tessera::run(argc, argv); }

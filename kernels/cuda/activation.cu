@@ -1,0 +1,35 @@
+// SiLU·mul (SwiGLU's elementwise part), fp32. Launch: 256 threads per block, grid-stride loop
+// over the n_tokens * dim contiguous elements (rows have stride dim).
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// out may alias gate or up: element i is read and written by the same thread.
+__global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+}  // namespace
+}  // namespace tessera::cuda
+
+extern "C" int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n_tokens,
+                                         int64_t dim, void* stream) {
+  using namespace tessera::cuda;
+  if (n_tokens < 0 || dim < 0) return record_message("tessera_cuda_silu_mul_f32: negative size");
+  const int64_t n = n_tokens * dim;
+  if (n == 0) return 0;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  silu_mul_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0,
+                    static_cast<cudaStream_t>(stream)>>>(gate, up, out, n);
+  return check_launch("silu_mul_kernel launch");
+}
