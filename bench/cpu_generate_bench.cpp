@@ -205,6 +205,11 @@ int run(int argc, char** argv) {
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the bandwidth measurement");
   app.add_flag("--no-prompt", no_prompt, "skip the prefill figure");
   app.add_option("--json", json_path, "also write the results as JSON here");
+  std::string quant = "none";
+  app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4, int4-sym")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
+  bool quant_lm_head = false;
+  app.add_flag("--quant-lm-head", quant_lm_head, "with --quant: quantize the LM head too");
   CLI11_PARSE(app, argc, argv);
   if (isa_s == "scalar") cpu::set_max_isa(cpu::Isa::kScalar);
   if (isa_s == "avx2") cpu::set_max_isa(cpu::Isa::kAvx2);
@@ -217,11 +222,14 @@ int run(int argc, char** argv) {
   out["isa"] = cpu::isa_name(cpu::active_isa());
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
+  out["quant"] = quant;
   std::printf("model %s  isa %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()));
   for (int nt : threads) {
     LocalModelOptions opts;
     opts.path = model_path;
     opts.threads = nt;
+    opts.quant = parse_weight_quant(quant).value();  // validated by the IsMember check
+    opts.quantize_lm_head = quant_lm_head;
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).

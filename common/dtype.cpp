@@ -11,17 +11,19 @@ namespace tessera {
 namespace {
 
 constexpr std::array<QuantTraits, static_cast<size_t>(QuantType::kCount)> kTraits = {{
-    {QuantType::kF32, "F32", 1, 4, 0, true},
-    {QuantType::kF16, "F16", 1, 2, 1, true},
-    {QuantType::kBF16, "BF16", 1, 2, 30, true},
-    {QuantType::kQ8_0, "Q8_0", 32, 34, 8, false},
-    {QuantType::kQ4_0, "Q4_0", 32, 18, 2, false},
-    {QuantType::kQ5_0, "Q5_0", 32, 22, 6, false},
-    {QuantType::kQ4_K, "Q4_K", 256, 144, 12, false},
-    {QuantType::kQ5_K, "Q5_K", 256, 176, 13, false},
-    {QuantType::kQ6_K, "Q6_K", 256, 210, 14, false},
-    {QuantType::kI8, "I8", 1, 1, 24, false},
-    {QuantType::kI32, "I32", 1, 4, 26, false},
+    {QuantType::kF32, "F32", 1, 4, 0, true, 0},
+    {QuantType::kF16, "F16", 1, 2, 1, true, 0},
+    {QuantType::kBF16, "BF16", 1, 2, 30, true, 0},
+    {QuantType::kQ8_0, "Q8_0", 32, 34, 8, false, 0},
+    {QuantType::kQ4_0, "Q4_0", 32, 18, 2, false, 0},
+    {QuantType::kQ5_0, "Q5_0", 32, 22, 6, false, 0},
+    {QuantType::kQ4_K, "Q4_K", 256, 144, 12, false, 0},
+    {QuantType::kQ5_K, "Q5_K", 256, 176, 13, false, 0},
+    {QuantType::kQ6_K, "Q6_K", 256, 210, 14, false, 0},
+    {QuantType::kI8, "I8", 1, 1, 24, false, 0},
+    {QuantType::kI32, "I32", 1, 4, 26, false, 0},
+    {QuantType::kI8_CH, "I8_CH", 32, 32, -1, false, 4},
+    {QuantType::kI4_G128, "I4_G128", 128, 68, -1, false, 0},
 }};
 
 }  // namespace
@@ -34,7 +36,7 @@ const QuantTraits& quant_traits(QuantType t) {
 
 std::optional<QuantType> quant_from_ggml(int ggml_type) {
   for (const auto& tr : kTraits)
-    if (tr.ggml_type == ggml_type) return tr.type;
+    if (tr.ggml_type >= 0 && tr.ggml_type == ggml_type) return tr.type;
   return std::nullopt;
 }
 

@@ -25,6 +25,14 @@ enum class QuantType : uint8_t {
   kQ6_K,   // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
   kI8,     // plain int8 (activations, per-channel INT8 weight payloads)
   kI32,    // plain int32
+  // Weight formats produced at load (RTN of a float checkpoint, or converted AWQ / GPTQ). Not
+  // stored in files; never memory-mapped.
+  kI8_CH,    // INT8 per output channel: k int8 levels, then one fp32 scale per row (row
+             // trailer, 4 B); w = level * scale. block_elems 32 only fixes k % 32 == 0.
+  kI4_G128,  // INT4 group-wise, 128 elems per group (68 B): fp16 scale d, uint8 zero z, one
+             // reserved byte, then 4 sub-blocks of 16 B in Q4_0 order (byte j of sub-block s:
+             // low nibble = element 32s + j, high nibble = element 32s + 16 + j);
+             // w = (level - z) * d. Symmetric int4 is z = 8.
   kCount,
 };
 
@@ -35,6 +43,7 @@ struct QuantTraits {
   int block_bytes;            // bytes per block
   int ggml_type;              // ggml type id in GGUF files, or -1
   bool is_float;              // F32/F16/BF16
+  int row_extra_bytes;        // per-row trailer after the blocks (I8_CH's fp32 scale), else 0
 };
 
 const QuantTraits& quant_traits(QuantType t);
@@ -44,6 +53,14 @@ std::optional<QuantType> quant_from_name(std::string_view name);  // case-insens
 
 // Bytes of one row of k elements; k must be a multiple of block_elems (callers validate).
 inline size_t row_bytes(QuantType t, int64_t k) {
+  const QuantTraits& tr = quant_traits(t);
+  return static_cast<size_t>(k / tr.block_elems) * static_cast<size_t>(tr.block_bytes) +
+         static_cast<size_t>(tr.row_extra_bytes);
+}
+
+// Bytes of the blocks of k elements of a row, without the row trailer: the byte offset of
+// element k within a row (k a multiple of block_elems).
+inline size_t row_block_bytes(QuantType t, int64_t k) {
   const QuantTraits& tr = quant_traits(t);
   return static_cast<size_t>(k / tr.block_elems) * static_cast<size_t>(tr.block_bytes);
 }

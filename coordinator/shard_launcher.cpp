@@ -28,6 +28,8 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
                                     "--device", s.device};
   if (s.threads > 0) shard.insert(shard.end(), {"--threads", std::to_string(s.threads)});
   if (s.bind != "auto") shard.push_back("--no-bind");
+  if (!s.quant.empty() && s.quant != "none") shard.insert(shard.end(), {"--quant", s.quant});
+  if (s.quant_lm_head) shard.push_back("--quant-lm-head");
   shard.insert(shard.end(), s.extra_shard_args.begin(), s.extra_shard_args.end());
   const bool mpi = s.tp > 1 || s.force_mpirun || !s.hosts.empty() || !s.hostfile.empty();
   if (!mpi) return shard;

@@ -24,6 +24,8 @@ struct ShardLaunchSpec {
   std::string hostfile;
   std::string bind = "auto";              // auto: shards bind themselves (hwloc); none; core (mpirun binds)
   bool force_mpirun = false;              // use mpirun even for TP = 1
+  std::string quant;                      // --quant for the shards (empty or "none": not passed)
+  bool quant_lm_head = false;             // --quant-lm-head for the shards
   std::vector<std::string> extra_shard_args;
   std::vector<std::string> extra_mpirun_args;
 };

@@ -21,4 +21,32 @@ void quantize_row(QuantType type, const float* src, void* dst, int64_t k);
 // Whether quantize_row supports `type`.
 bool can_quantize(QuantType type);
 
+// ---- INT8 per-channel (I8_CH) and INT4 group-wise (I4_G128) weights (kernels/cpu/int_quant.cpp)
+//
+// Round to nearest (RTN), the grids Tessera quantizes float checkpoints to at load:
+//   I8_CH, per row:   s = amax / 127 (fp32, stored as is), level = clamp(rne(w / s), -127, 127).
+//   I4_G128 asymmetric (default), per group of 128: lo = min(0, min w), hi = max(0, max w),
+//     d = fp16(hi - lo) / 15), z = clamp(rne(-lo / d), 0, 15), level = clamp(rne(w / d) + z, 0, 15).
+//   I4_G128 symmetric: d = fp16(2 * amax / 15), z = 8, level = clamp(rne(w / d) + 8, 0, 15)
+//     (GPTQ's symmetric grid). An all-zero group stores d = 0, z = 0, levels 0.
+// The value of a level is (level - z) * d, d widened from fp16 exactly. AWQ / GPTQ checkpoints
+// are converted into the same layout (model/int4_checkpoint.cpp).
+constexpr int64_t kInt4Group = 128;
+
+struct Int4Group {
+  uint16_t scale_fp16 = 0;  // d
+  uint8_t zero = 0;         // z, 0..15
+  uint8_t levels[kInt4Group] = {};  // 0..15
+};
+
+enum class Int4Grid { kAsymmetric, kSymmetric };
+
+// Quantizes 128 floats.
+void rtn_int4_group(const float* x, Int4Grid grid, Int4Group* g);
+// The 68 bytes of one I4_G128 block (layout in common/dtype.h) and back.
+void pack_int4_group(const Int4Group& g, uint8_t* dst);
+void unpack_int4_group(const uint8_t* src, Int4Group* g);
+// One I4_G128 row of k floats (k % 128 == 0) with the given grid; quantize_row uses kAsymmetric.
+void quantize_row_int4(const float* src, void* dst, int64_t k, Int4Grid grid);
+
 }  // namespace tessera

@@ -41,6 +41,8 @@ struct GenerateArgs {
   int64_t max_kv_mb = 1024;
   std::vector<std::string> hosts;
   std::vector<std::string> shard_args;
+  std::string quant = "none";
+  bool quant_lm_head = false;
 };
 
 // Streams text pieces to stdout as tokens arrive.
@@ -116,6 +118,8 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.threads = a.threads;
   spec.hosts = a.hosts;
   spec.extra_shard_args = a.shard_args;
+  spec.quant = a.quant;
+  spec.quant_lm_head = a.quant_lm_head;
   auto child = ChildProcess::spawn(build_shard_command(spec));
   if (!child.is_ok()) return fail(child.status().to_string());
   ChildProcess& shards = *child;
@@ -202,6 +206,8 @@ int run_generate(const GenerateArgs& a) {
   mo.path = a.model;
   mo.threads = a.threads;
   mo.block_size = a.block_size;
+  mo.quant = parse_weight_quant(a.quant).value();  // validated by the IsMember check
+  mo.quantize_lm_head = a.quant_lm_head;
   auto model = LocalModel::load(mo);
   if (!model.is_ok()) return fail(model.status().to_string());
 
@@ -240,6 +246,10 @@ Runner add_generate_command(CLI::App& app) {
   app.add_flag("--ignore-eos", a->ignore_eos, "do not stop at end-of-sequence tokens");
   app.add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   app.add_option("--block-size", a->block_size, "KV cache tokens per block")->capture_default_str();
+  app.add_option("--quant", a->quant, "quantize float weights at load: none, int8, int4 (asymmetric, groups of "
+                 "128) or int4-sym")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
+  app.add_flag("--quant-lm-head", a->quant_lm_head, "with --quant: quantize the LM head too");
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
   app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")

@@ -12,12 +12,39 @@
 
 namespace tessera::cli {
 
+namespace {
+
+// --quant / --quant-lm-head for the shards this command starts (they quantize at load; see
+// tessera-shard --quant).
+struct QuantArgs {
+  std::string quant = "none";
+  bool lm_head = false;
+};
+
+std::shared_ptr<QuantArgs> add_quant_option(CLI::App& app) {
+  auto q = std::make_shared<QuantArgs>();
+  app.add_option("--quant", q->quant, "shards quantize float weights at load: none, int8, int4 (groups of 128) or "
+                 "int4-sym")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
+  app.add_flag("--quant-lm-head", q->lm_head, "with --quant: the shards quantize the LM head too");
+  return q;
+}
+
+void pass_quant(const QuantArgs& q, ServerOptions& o) {
+  if (q.quant != "none") o.extra_shard_args.insert(o.extra_shard_args.end(), {"--quant", q.quant});
+  if (q.lm_head) o.extra_shard_args.push_back("--quant-lm-head");
+}
+
+}  // namespace
+
 Runner add_serve_command(CLI::App& app) {
   auto cli = std::make_shared<ServerCli>();
   cli->add_to(app, /*spawns_shards=*/true);
-  return [cli] {
+  auto quant = add_quant_option(app);
+  return [cli, quant] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
+    pass_quant(*quant, cli->options);
     return run_server(cli->options);
   };
 }
@@ -30,10 +57,12 @@ Runner add_launch_command(CLI::App& app) {
       ->delimiter(',');
   app.add_option("--hostfile", cli->options.hostfile, "an Open MPI hostfile for the shards");
   app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
-  return [cli, dry_run] {
+  auto quant = add_quant_option(app);
+  return [cli, dry_run, quant] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     ServerOptions& o = cli->options;
+    pass_quant(*quant, o);
     if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";
     if (*dry_run) {
       char host[256] = {};

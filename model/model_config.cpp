@@ -196,6 +196,60 @@ Status parse_token_ids(const Json& j, std::string_view source, ModelConfig* c) {
   return Status::ok();
 }
 
+// quantization_config: AWQ (GEMM packing) and GPTQ, 4 bits, group size 128 (the I4_G128
+// layout; other group sizes are refused here so the error comes before any tensor is read).
+Status parse_quantization_config(const Json& j, std::string_view source, QuantizationConfig* q) {
+  auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_object())
+    return Status::invalid_argument(fmt::format("{}: field 'quantization_config' must be an object", source));
+  const Json& o = *it;
+  TESSERA_ASSIGN_OR_RETURN(auto method, opt_string(o, "quant_method", source));
+  if (!method)
+    return Status::invalid_argument(fmt::format("{}: quantization_config has no 'quant_method'", source));
+  if (*method == "awq") {
+    q->method = CheckpointQuant::kAwq;
+  } else if (*method == "gptq") {
+    q->method = CheckpointQuant::kGptq;
+  } else {
+    return Status::unimplemented(fmt::format(
+        "{}: quantization_config.quant_method '{}' is not supported (awq and gptq are)", source, *method));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto bits, opt_int(o, "bits", source));
+  if (!bits) {
+    TESSERA_ASSIGN_OR_RETURN(bits, opt_int(o, "w_bit", source));
+  }
+  q->bits = static_cast<int>(bits.value_or(4));
+  if (q->bits != 4)
+    return Status::unimplemented(fmt::format("{}: quantization_config.bits is {}; only 4-bit {} is supported",
+                                             source, q->bits, *method));
+  TESSERA_ASSIGN_OR_RETURN(auto group, opt_int(o, "group_size", source));
+  if (!group) {
+    TESSERA_ASSIGN_OR_RETURN(group, opt_int(o, "q_group_size", source));
+  }
+  q->group_size = group.value_or(128);
+  if (q->group_size != 128)
+    return Status::unimplemented(fmt::format(
+        "{}: quantization_config.group_size is {}; Tessera's INT4 layout uses groups of 128", source,
+        q->group_size));
+  if (q->method == CheckpointQuant::kAwq) {
+    TESSERA_ASSIGN_OR_RETURN(auto zp, opt_bool(o, "zero_point", source));
+    q->sym = !zp.value_or(true);
+    TESSERA_ASSIGN_OR_RETURN(auto version, opt_string(o, "version", source));
+    if (version && *version != "gemm" && *version != "GEMM")
+      return Status::unimplemented(fmt::format(
+          "{}: quantization_config.version '{}': only AWQ's GEMM packing is supported", source, *version));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(auto sym, opt_bool(o, "sym", source));
+    q->sym = sym.value_or(true);
+    TESSERA_ASSIGN_OR_RETURN(auto desc, opt_bool(o, "desc_act", source));
+    q->desc_act = desc.value_or(false);
+    TESSERA_ASSIGN_OR_RETURN(auto fmt_name, opt_string(o, "checkpoint_format", source));
+    q->gptq_v2 = fmt_name && *fmt_name == "gptq_v2";
+  }
+  return Status::ok();
+}
+
 Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source) {
   if (!j.is_object())
     return Status::invalid_argument(fmt::format("{}: expected a JSON object", source));
@@ -224,6 +278,7 @@ Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source)
   TESSERA_ASSIGN_OR_RETURN(auto tie, opt_bool(j, "tie_word_embeddings", source));
   c.tie_embeddings = tie.value_or(false);
   TESSERA_RETURN_IF_ERROR(parse_token_ids(j, source, &c));
+  TESSERA_RETURN_IF_ERROR(parse_quantization_config(j, source, &c.quantization));
 
   TESSERA_ASSIGN_OR_RETURN(auto act, opt_string(j, "hidden_act", source));
   if (act && *act != "silu")

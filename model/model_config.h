@@ -24,6 +24,20 @@ struct RopeScaling {
   int64_t original_max_position = 8192;      // llama3
 };
 
+// `quantization_config` of a pre-quantized HF checkpoint (AWQ or GPTQ, 4-bit). Tessera reads
+// qweight / qzeros / scales (+ g_idx) and converts them to I4_G128 at load
+// (model/int4_checkpoint.h).
+enum class CheckpointQuant { kNone, kAwq, kGptq };
+
+struct QuantizationConfig {
+  CheckpointQuant method = CheckpointQuant::kNone;
+  int bits = 4;
+  int64_t group_size = 128;
+  bool sym = false;            // GPTQ "sym"; AWQ: !zero_point
+  bool desc_act = false;       // GPTQ act-order (refused at load when g_idx is not sorted)
+  bool gptq_v2 = false;        // GPTQ checkpoint_format "gptq_v2": zeros stored as is (v1: minus one)
+};
+
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
   int64_t hidden = 0;            // d_model
@@ -43,6 +57,7 @@ struct ModelConfig {
   bool tie_embeddings = false;   // no lm_head: use embed_tokens
   int32_t bos_id = -1;
   std::vector<int32_t> eos_ids;  // may hold several (Llama 3)
+  QuantizationConfig quantization;  // HF quantization_config (method kNone when absent)
 
   // Checks every field for consistency; errors name the source and the field.
   Status validate(std::string_view source) const;

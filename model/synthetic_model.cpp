@@ -14,6 +14,7 @@
 #include "kernels/quant.h"
 #include "model/atomic_file.h"
 #include "model/gguf_writer.h"
+#include "model/int4_checkpoint.h"
 #include "model/safetensors_writer.h"
 #include "model/synthetic_vocab.h"
 
@@ -269,6 +270,13 @@ Result<std::string> hf_config_json(const SyntheticModelSpec& s) {
       c["use_sliding_window"] = false;
     }
     c["tie_word_embeddings"] = s.tie_embeddings;
+    if (s.hf_int4_packing == "awq") {
+      c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128},
+                                  {"zero_point", !s.int4_sym}, {"version", "gemm"}};
+    } else if (s.hf_int4_packing == "gptq") {
+      c["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}, {"sym", s.int4_sym},
+                                  {"desc_act", s.gptq_act_order}, {"checkpoint_format", "gptq"}};
+    }
     c["torch_dtype"] = torch_dtype(s.weight_type);
     c["use_cache"] = true;
     c["vocab_size"] = s.vocab;
@@ -396,8 +404,84 @@ uint32_t synthetic_gguf_file_type(const SyntheticModelSpec& spec) {
   }
 }
 
+// One linear layer in AWQ or GPTQ packing (see SyntheticModelSpec::hf_int4_packing).
+Status add_int4_packed(SafetensorsWriter& st, const SyntheticModelSpec& spec, const TensorDef& def) {
+  const int64_t N = def.info.shape[0], K = def.info.shape[1];
+  if (K % kInt4Group != 0 || N % 8 != 0)
+    return Status::invalid_argument(fmt::format("{}: [{}, {}] cannot be packed in 4-bit groups of 128",
+                                                def.info.hf_name, N, K));
+  const int64_t G = K / kInt4Group;
+  auto groups = std::make_shared<std::vector<Int4Group>>(static_cast<size_t>(N * G));
+  const RowGenerator gen(spec, def);
+  std::vector<float> row(static_cast<size_t>(K));
+  std::vector<uint8_t> stored(row_bytes(spec.weight_type, K));
+  for (int64_t n = 0; n < N; ++n) {
+    gen.row(n, row.data());
+    store_row(spec.weight_type, row.data(), stored.data(), K);  // the values a float file would hold
+    dequantize_row(spec.weight_type, stored.data(), row.data(), K);
+    for (int64_t g = 0; g < G; ++g)
+      rtn_int4_group(row.data() + g * kInt4Group, spec.int4_sym ? Int4Grid::kSymmetric : Int4Grid::kAsymmetric,
+                     &(*groups)[static_cast<size_t>(n * G + g)]);
+  }
+  const bool awq = spec.hf_int4_packing == "awq";
+  const std::string prefix = def.info.hf_name.substr(0, def.info.hf_name.size() - 7);  // drop ".weight"
+  auto at = [groups, G](int64_t n, int64_t k) -> const Int4Group& {
+    return (*groups)[static_cast<size_t>(n * G + k / kInt4Group)];
+  };
+  auto put = [](std::span<uint8_t> dst, size_t i, uint32_t v) { std::memcpy(dst.data() + 4 * i, &v, 4); };
+  // Nibble slot of column c (0..7) in a word: AWQ interleaves, GPTQ is sequential.
+  auto slot = [awq](int64_t c) { return awq ? kAwqNibbleOfColumn[c] : static_cast<int>(c); };
+  const std::vector<int64_t> qw_shape = awq ? std::vector<int64_t>{K, N / 8} : std::vector<int64_t>{K / 8, N};
+  TESSERA_RETURN_IF_ERROR(st.add_tensor(prefix + ".qweight", qw_shape, QuantType::kI32, [=](std::span<uint8_t> dst) {
+    for (int64_t r = 0; r < qw_shape[0]; ++r)
+      for (int64_t c = 0; c < qw_shape[1]; ++c) {
+        uint32_t v = 0;
+        for (int64_t i = 0; i < 8; ++i) {
+          const int64_t n = awq ? 8 * c + i : c, k = awq ? r : 8 * r + i;
+          const uint32_t level = at(n, k).levels[k % kInt4Group];
+          v |= level << (4 * (awq ? slot(i) : static_cast<int>(i)));
+        }
+        put(dst, static_cast<size_t>(r * qw_shape[1] + c), v);
+      }
+    return Status::ok();
+  }));
+  const std::vector<int64_t> z_shape = {G, N / 8};
+  TESSERA_RETURN_IF_ERROR(st.add_tensor(prefix + ".qzeros", z_shape, QuantType::kI32, [=](std::span<uint8_t> dst) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j = 0; j < N / 8; ++j) {
+        uint32_t v = 0;
+        for (int64_t c = 0; c < 8; ++c) {
+          uint32_t z = at(8 * j + c, g * kInt4Group).zero;
+          if (!awq) z = (z - 1) & 0xF;  // GPTQ v1 stores zero - 1
+          v |= z << (4 * slot(c));
+        }
+        put(dst, static_cast<size_t>(g * (N / 8) + j), v);
+      }
+    return Status::ok();
+  }));
+  const std::vector<int64_t> s_shape = {G, N};
+  TESSERA_RETURN_IF_ERROR(st.add_tensor(prefix + ".scales", s_shape, QuantType::kF16, [=](std::span<uint8_t> dst) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(dst.data() + 2 * static_cast<size_t>(g * N + n), &at(n, g * kInt4Group).scale_fp16, 2);
+    return Status::ok();
+  }));
+  if (!awq) {
+    const bool shuffled = spec.gptq_act_order;
+    const std::vector<int64_t> g_shape = {K};
+    TESSERA_RETURN_IF_ERROR(st.add_tensor(prefix + ".g_idx", g_shape, QuantType::kI32, [=](std::span<uint8_t> dst) {
+      for (int64_t k = 0; k < K; ++k)
+        put(dst, static_cast<size_t>(k), static_cast<uint32_t>(shuffled ? (k % G) : k / kInt4Group));
+      return Status::ok();
+    }));
+  }
+  return Status::ok();
+}
+
 Status write_synthetic_hf(const SyntheticModelSpec& spec, const std::string& dir) {
   TESSERA_RETURN_IF_ERROR(validate_synthetic_spec(spec));
+  if (!spec.hf_int4_packing.empty() && spec.hf_int4_packing != "awq" && spec.hf_int4_packing != "gptq")
+    return Status::invalid_argument(fmt::format("{}: 4-bit packing '{}' is not awq or gptq", dir, spec.hf_int4_packing));
   if (!quant_traits(spec.weight_type).is_float || spec.gguf_mixed_q4_k_m)
     return Status::invalid_argument(fmt::format("{}: a Hugging Face model holds F32, F16 or BF16 weights, not {}; "
                                                 "write GGUF for quantized types", dir,
@@ -409,6 +493,10 @@ Status write_synthetic_hf(const SyntheticModelSpec& spec, const std::string& dir
   SafetensorsWriter st;
   const std::vector<TensorDef> defs = tensor_defs(spec);
   for (const TensorDef& def : defs) {
+    if (!spec.hf_int4_packing.empty() && def.kind == Kind::kLinear) {
+      TESSERA_RETURN_IF_ERROR(add_int4_packed(st, spec, def));
+      continue;
+    }
     TESSERA_RETURN_IF_ERROR(st.add_tensor(def.info.hf_name, def.info.shape, spec.weight_type,
                                           [&pool, &spec, &def](std::span<uint8_t> dst) {
                                             return fill_tensor(pool, spec, def, spec.weight_type, false, dst);

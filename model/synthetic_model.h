@@ -50,6 +50,15 @@ struct SyntheticModelSpec {
   bool qkv_bias = false;        // q/k/v projection biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3)
   int hf_shards = 1;            // HF only: > 1 writes model-0000i-of-0000N.safetensors + index
+  // HF only: "awq" or "gptq" writes the linear layers (q, k, v, o, gate, up, down) as a 4-bit
+  // pre-quantized checkpoint (qweight / qzeros / scales, + g_idx for GPTQ, group 128,
+  // quantization_config in config.json; packing in model/int4_checkpoint.h, GPTQ zeros in the v1
+  // "minus one" convention). The levels are the RTN grid of kernels/quant.h applied to the
+  // weights as stored in weight_type, so `--quant int4` (int4-sym with int4_sym) on the float
+  // model of the same spec gives the same quantized weights.
+  std::string hf_int4_packing;
+  bool int4_sym = false;
+  bool gptq_act_order = false;  // tests: write a permuted (act-order) g_idx, which loaders refuse
 };
 
 // Presets: "tiny" (the default), "gqa4", "110m", "1.1b", "llama3-8b". NotFound lists the names.

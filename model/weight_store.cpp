@@ -7,8 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "common/thread_pool.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
+#include "model/int4_checkpoint.h"
 #include "model/safetensors.h"
 
 namespace tessera {
@@ -156,7 +158,32 @@ class WeightStoreBuilder {
                                   name, t.dtype, shape_string(t.shape));
       add(s.get(), std::move(e));
     }
+    if (s->config_.quantization.method != CheckpointQuant::kNone) TESSERA_RETURN_IF_ERROR(add_int4_linears(s.get()));
     return s;
+  }
+
+  // AWQ / GPTQ: every "<prefix>.qweight" becomes "<prefix>.weight" in I4_G128 (owned).
+  static Status add_int4_linears(WeightStore* s) {
+    std::vector<std::string> prefixes;
+    for (const auto& [name, t] : s->safetensors_->tensors())
+      if (ends_with(name, ".qweight")) prefixes.push_back(name.substr(0, name.size() - 8));
+    if (prefixes.empty())
+      return Status::invalid_argument(fmt::format("{}: config.json has a quantization_config but no tensor "
+                                                  "ends in '.qweight'", s->path_));
+    for (const std::string& prefix : prefixes) {
+      const std::string name = prefix + ".weight";
+      if (s->index_.count(name))
+        return Status::corrupt(fmt::format("{}: both '{}' and '{}.qweight' are present", s->path_, name, prefix));
+      auto lin = convert_int4_linear(*s->safetensors_, prefix, s->config_.quantization);
+      if (!lin.is_ok()) return lin.status().with_context(s->path_);
+      auto e = std::make_unique<WeightStore::Entry>();
+      e->name = name;
+      e->file = s->safetensors_->find(prefix + ".qweight")->file;
+      e->owned = std::move(lin->bytes);
+      e->view = make_view(e->owned.data(), QuantType::kI4_G128, {lin->out_features, lin->in_features});
+      add(s, std::move(e));
+    }
+    return Status::ok();
   }
 
   static std::string shape_string(const std::vector<int64_t>& shape) {
@@ -239,6 +266,36 @@ class Binder {
  public:
   Binder(const WeightStore& s, ModelWeights* w) : s_(s), w_(w) {}
 
+  // Quantizes a float matrix to `type` (RTN, rows in parallel) into owned bytes.
+  Status quantize(const std::string& name, WeightQuant q, ThreadPool* pool, TensorView* m) const {
+    if (q == WeightQuant::kNone || !quant_traits(m->type).is_float) return Status::ok();
+    const QuantType type = q == WeightQuant::kInt8 ? QuantType::kI8_CH : QuantType::kI4_G128;
+    const int64_t rows = m->rows(), cols = m->cols();
+    const int be = quant_traits(type).block_elems;
+    if (cols % be != 0)
+      return Status::invalid_argument(fmt::format(
+          "{}: tensor '{}' has {} columns, not a multiple of {} as --quant {} needs",
+          s_.source_file(name), name, cols, be, weight_quant_name(q)));
+    const size_t rb = row_bytes(type, cols);
+    std::vector<uint8_t> bytes(rb * static_cast<size_t>(rows));
+    const TensorView src = *m;
+    auto work = [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = b; r < e; ++r) {
+        dequantize_row(src.type, src.row_ptr(r), row.data(), cols);
+        uint8_t* dst = bytes.data() + static_cast<size_t>(r) * rb;
+        if (q == WeightQuant::kInt4Sym)
+          quantize_row_int4(row.data(), dst, cols, Int4Grid::kSymmetric);
+        else
+          quantize_row(type, row.data(), dst, cols);
+      }
+    };
+    pool->parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { work(b, e); });
+    w_->owned_bytes.push_back(std::move(bytes));
+    *m = make_view(w_->owned_bytes.back().data(), type, {rows, cols});
+    return Status::ok();
+  }
+
   Status shape_error(std::string_view name, const TensorView& v, std::string_view expected) const {
     return Status::invalid_argument(fmt::format("{}: tensor '{}' has shape {}, expected {}",
                                                 s_.source_file(name), name, v.shape_string(),
@@ -307,7 +364,27 @@ class Binder {
 
 }  // namespace
 
-Result<ModelWeights> bind_model_weights(const WeightStore& store) {
+std::string_view weight_quant_name(WeightQuant q) {
+  switch (q) {
+    case WeightQuant::kNone: return "none";
+    case WeightQuant::kInt8: return "int8";
+    case WeightQuant::kInt4: return "int4";
+    case WeightQuant::kInt4Sym: return "int4-sym";
+  }
+  return "?";
+}
+
+Result<WeightQuant> parse_weight_quant(std::string_view name) {
+  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kInt4Sym})
+    if (name == weight_quant_name(q)) return q;
+  return Status::invalid_argument(
+      fmt::format("--quant '{}': expected none, int8, int4 (asymmetric, groups of 128) or int4-sym", name));
+}
+
+namespace {
+
+// The views of every weight, in their stored types.
+Result<ModelWeights> bind_views(const WeightStore& store) {
   const ModelConfig& c = store.config();
   ModelWeights w;
   Binder b(store, &w);
@@ -345,6 +422,31 @@ Result<ModelWeights> bind_model_weights(const WeightStore& store) {
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.gate_proj.weight", c.ffn, c.hidden, &l.w_gate));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.up_proj.weight", c.ffn, c.hidden, &l.w_up));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.down_proj.weight", c.hidden, c.ffn, &l.w_down));
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> bind_model_weights(const WeightStore& store, const WeightLoadOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(ModelWeights w, bind_views(store));
+  if (options.quant == WeightQuant::kNone) return w;
+  ThreadPool pool(ThreadPoolOptions{.num_threads = options.threads});
+  Binder b(store, &w);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    LayerWeights& l = w.layers[i];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    const std::pair<const char*, TensorView*> mats[] = {
+        {"self_attn.q_proj.weight", &l.wq}, {"self_attn.k_proj.weight", &l.wk},
+        {"self_attn.v_proj.weight", &l.wv}, {"self_attn.o_proj.weight", &l.wo},
+        {"mlp.gate_proj.weight", &l.w_gate}, {"mlp.up_proj.weight", &l.w_up},
+        {"mlp.down_proj.weight", &l.w_down}};
+    for (const auto& [suffix, m] : mats) TESSERA_RETURN_IF_ERROR(b.quantize(p + suffix, options.quant, &pool, m));
+  }
+  if (options.quantize_lm_head) {
+    const bool tied = w.lm_head.data == w.embed.data;
+    TESSERA_RETURN_IF_ERROR(
+        b.quantize(tied ? "model.embed_tokens.weight" : "lm_head.weight", options.quant, &pool, &w.lm_head));
   }
   return w;
 }

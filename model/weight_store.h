@@ -88,10 +88,30 @@ struct ModelWeights {
   TensorView lm_head;             // [vocab, hidden] (the embedding when tied)
   std::vector<LayerWeights> layers;
   std::vector<std::vector<float>> owned_f32;  // storage for converted vectors
+  std::vector<std::vector<uint8_t>> owned_bytes;  // storage for matrices quantized at load
+};
+
+// Round-to-nearest quantization of float (F32 / F16 / BF16) linear weights at load
+// (`--quant`): kInt8 -> I8_CH, kInt4 -> I4_G128 asymmetric, kInt4Sym -> I4_G128 symmetric
+// (grids in kernels/quant.h). Matrices already stored quantized (GGUF blocks, AWQ / GPTQ) are
+// kept as they are; the embedding and norms always are.
+enum class WeightQuant { kNone, kInt8, kInt4, kInt4Sym };
+
+// "none", "int8", "int4", "int4-sym".
+std::string_view weight_quant_name(WeightQuant q);
+// Parses those names; InvalidArgument lists them.
+Result<WeightQuant> parse_weight_quant(std::string_view name);
+
+struct WeightLoadOptions {
+  WeightQuant quant = WeightQuant::kNone;
+  bool quantize_lm_head = false;  // also the LM head (a tied one gets its own quantized copy)
+  int threads = 0;                // threads for the quantization (0: all)
 };
 
 // Errors name the file, the tensor and both shapes:
 // "<path>: tensor 'model.layers.3.mlp.up_proj.weight' has shape [172, 64], expected [64, 172]".
-Result<ModelWeights> bind_model_weights(const WeightStore& store);
+// With options.quant, a matrix whose columns do not fill whole groups is an InvalidArgument
+// naming the tensor.
+Result<ModelWeights> bind_model_weights(const WeightStore& store, const WeightLoadOptions& options = {});
 
 }  // namespace tessera

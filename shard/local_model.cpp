@@ -10,7 +10,11 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   std::unique_ptr<LocalModel> m(new LocalModel());
   TESSERA_ASSIGN_OR_RETURN(m->store_, WeightStore::open(options.path));
   const ModelConfig& c = m->store_->config();
-  TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*m->store_));
+  WeightLoadOptions wo;
+  wo.quant = options.quant;
+  wo.quantize_lm_head = options.quantize_lm_head;
+  wo.threads = options.threads;
+  TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*m->store_, wo));
   TESSERA_ASSIGN_OR_RETURN(m->layout_, plan_shard_layout(c, TpConfig{}));
   TESSERA_ASSIGN_OR_RETURN(m->weights_, slice_model_weights(std::move(full), c, m->layout_));
   m->comm_ = make_single_rank_comm();

@@ -23,6 +23,8 @@ struct LocalModelOptions {
   int threads = 0;           // 0: all hardware threads
   int64_t block_size = 16;   // tokens per KV block
   int64_t kv_tokens = 0;     // KV capacity in tokens; 0: the model's context length
+  WeightQuant quant = WeightQuant::kNone;  // RTN of float linear weights at load (--quant)
+  bool quantize_lm_head = false;           // with quant: the LM head too
 };
 
 class LocalModel {

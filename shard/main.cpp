@@ -27,10 +27,15 @@ int main(int argc, char** argv) {
                  "exit when the coordinator is silent this long");
   app.add_option("--protocol-version", o.protocol_version, "testing only: speak another protocol version")
       ->group("");
+  std::string quant = "none";
+  app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4 (groups of 128) or int4-sym")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
+  app.add_flag("--quant-lm-head", o.quantize_lm_head, "with --quant: quantize the LM head too");
   int64_t debug_step_delay_ms = 0;
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);
   o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
+  o.weight_quant = parse_weight_quant(quant).value();  // validated by the IsMember check
   o.bind = !no_bind;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.coordinator_timeout = std::chrono::milliseconds(coordinator_timeout_ms);

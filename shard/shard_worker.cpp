@@ -134,7 +134,11 @@ class ShardWorker {
   Status load() {
     TESSERA_ASSIGN_OR_RETURN(store_, WeightStore::open(o_.model_path));
     const ModelConfig& c = store_->config();
-    TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store_));
+    WeightLoadOptions wo;
+    wo.quant = o_.weight_quant;
+    wo.quantize_lm_head = o_.quantize_lm_head;
+    wo.threads = o_.threads > 0 ? o_.threads : static_cast<int>(bound_cpus_.size());
+    TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store_, wo));
     TESSERA_ASSIGN_OR_RETURN(layout_, plan_shard_layout(c, TpConfig{comm_.rank(), comm_.size()}));
     TESSERA_ASSIGN_OR_RETURN(weights_, slice_model_weights(std::move(full), c, layout_));
     int threads = o_.threads;
@@ -153,7 +157,8 @@ class ShardWorker {
                            bound_cpus_.empty() ? "" : ", cpus " + format_cpu_list(bound_cpus_));
     h.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, o_.local_ranks));
     h.kv_bytes_per_token = 2ull * static_cast<uint64_t>(c.n_layers * layout_.n_kv_heads * c.head_dim) * sizeof(float);
-    h.model_fingerprint = model_fingerprint(o_.model_path, c);
+    h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.weight_quant)) +
+                          (o_.quantize_lm_head ? "+lm_head" : "");
     h.hostname = hostname();
     h.pid = static_cast<int32_t>(::getpid());
     h.weight_bytes = weights_.bytes;

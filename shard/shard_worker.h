@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/device_comm.h"
+#include "model/weight_store.h"
 #include "topology/topology.h"
 
 namespace tessera {
@@ -24,6 +25,8 @@ struct ShardOptions {
   std::chrono::milliseconds coordinator_timeout{3000};
   uint32_t protocol_version = 0;           // tests only: speak another version (0: the real one)
   std::chrono::milliseconds debug_step_delay{0};  // tests only: sleep before each step (failure tests)
+  WeightQuant weight_quant = WeightQuant::kNone;  // --quant: RTN of float weights at load
+  bool quantize_lm_head = false;                  // --quant-lm-head: the LM head too
 };
 
 // Runs until shutdown or failure; returns the process exit code (0: orderly shutdown).

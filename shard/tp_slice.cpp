@@ -15,19 +15,30 @@ TensorView row_slice(const TensorView& w, int64_t begin, int64_t count) {
   return v;
 }
 
-// Columns [begin, begin + count) of a 2-D view, copied into owned memory.
+// Columns [begin, begin + count) of a 2-D view, copied into owned memory. Block formats split
+// on block boundaries only (for I4_G128 a block is a quantization group of 128 inputs, so a
+// group never straddles two ranks); a per-row trailer (I8_CH's scale) is copied with each row.
 Result<TensorView> column_slice(const TensorView& w, int64_t begin, int64_t count, const char* name,
                                 std::vector<std::vector<uint8_t>>& owned) {
   const QuantTraits& tr = quant_traits(w.type);
-  if (begin % tr.block_elems != 0 || count % tr.block_elems != 0)
+  if (begin % tr.block_elems != 0 || count % tr.block_elems != 0) {
+    const bool groups = w.type == QuantType::kI4_G128;
     return Status::invalid_argument(fmt::format(
-        "{}: the tensor-parallel slice of columns [{}, {}) is not aligned to {} blocks of {} elements", name, begin,
-        begin + count, tr.name, tr.block_elems));
-  const size_t src_off = row_bytes(w.type, begin);
+        "{}: the tensor-parallel slice of columns [{}, {}) is not aligned to {} {} of {} elements{}", name, begin,
+        begin + count, tr.name, groups ? "quantization groups" : "blocks", tr.block_elems,
+        groups ? "; use a TP size that splits the input dimension into whole groups" : ""));
+  }
+  const size_t src_off = row_block_bytes(w.type, begin);
+  const size_t data_bytes = row_block_bytes(w.type, count);
+  const size_t trailer = static_cast<size_t>(tr.row_extra_bytes);
+  const size_t src_trailer = row_block_bytes(w.type, w.cols());
   const size_t dst_row = row_bytes(w.type, count);
   std::vector<uint8_t> bytes(dst_row * static_cast<size_t>(w.rows()));
-  for (int64_t r = 0; r < w.rows(); ++r)
-    std::memcpy(bytes.data() + static_cast<size_t>(r) * dst_row, w.row_ptr(r) + src_off, dst_row);
+  for (int64_t r = 0; r < w.rows(); ++r) {
+    uint8_t* dst = bytes.data() + static_cast<size_t>(r) * dst_row;
+    std::memcpy(dst, w.row_ptr(r) + src_off, data_bytes);
+    if (trailer > 0) std::memcpy(dst + data_bytes, w.row_ptr(r) + src_trailer, trailer);
+  }
   TensorView v = w;
   v.data = bytes.data();
   v.shape[1] = count;

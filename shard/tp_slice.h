@@ -3,7 +3,8 @@
 // input columns (row-parallel; the rank's columns are copied), LM head by vocabulary rows, the
 // embedding replicated. KV heads are split when n_kv_heads % tp == 0; when tp % n_kv_heads == 0
 // each KV head is replicated on the tp / n_kv_heads ranks whose query heads use it. A slice of a
-// block-quantized matrix must start and end on block boundaries.
+// block-quantized matrix must start and end on block boundaries (for I4_G128, on groups of 128
+// inputs; I8_CH rows keep their scale).
 #pragma once
 
 #include <cstdint>

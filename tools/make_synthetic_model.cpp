@@ -67,12 +67,17 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Weight seed (default 1234)");
   app.add_flag("--tie", tie, "Tie the LM head to the token embedding");
   app.add_option("--format", format, "Output format")->required()->check(CLI::IsMember({"hf", "gguf"}));
-  app.add_option("--type", type_name, "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 q5_0 q4_k q5_k q6_k q4_k_m (gguf)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"},
+  bool int4_sym = false;
+  app.add_option("--type", type_name,
+                 "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 q5_0 q4_k q5_k q6_k q4_k_m (gguf); awq gptq (hf: "
+                 "4-bit packed linear layers, group 128, F16 elsewhere)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "awq",
+                             "gptq"},
                             CLI::ignore_case))
       ->capture_default_str();
   app.add_option("--shards", shards, "HF only: number of safetensors files")->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app.add_flag("--int4-sym", int4_sym, "with --type awq|gptq: the symmetric grid (zero 8) instead of asymmetric");
   app.add_option("--out", out, "Output: a directory (hf) or a .gguf file (gguf)")->required();
   CLI11_PARSE(app, argc, argv);
 
@@ -93,7 +98,12 @@ int main(int argc, char** argv) {
   spec.tie_embeddings = tie;
   spec.hf_shards = shards;
   for (char& c : type_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (type_name == "q4_k_m") {
+  if (type_name == "awq" || type_name == "gptq") {
+    if (format != "hf") return fail("--type " + type_name + " writes a Hugging Face checkpoint; use --format hf");
+    spec.hf_int4_packing = type_name;
+    spec.int4_sym = int4_sym;
+    spec.weight_type = QuantType::kF16;
+  } else if (type_name == "q4_k_m") {
     if (format != "gguf") return fail("--type q4_k_m is a GGUF mix; use --format gguf");
     spec.gguf_mixed_q4_k_m = true;
     spec.weight_type = QuantType::kQ4_K;

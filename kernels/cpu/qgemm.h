@@ -24,6 +24,11 @@
 //     acc = fma((float)isum, d * dx, acc); acc = fma((float)(-msum), dmin * dx, acc)
 //   Q6_K, per 256-superblock with d and int8 sc[16] per 16 elements:
 //     isum = sum_g sc[g] * sum_{j in g} (level_j - 32) * q_j;  acc = fma((float)isum, d * dx, acc)
+//   I8_CH (load-time INT8, one fp32 scale s per row), per 32-block b:
+//     isum = sum_j w_j * q_j (int8 levels);  acc = fma((float)isum, s * dx_b, acc)
+//   I4_G128 (load-time INT4, fp16 d and zero z per 128-group), per 32-block b of group b / 4:
+//     isum = sum_j level_j * q_j - z * bsum32_b;  acc = fma((float)isum, d * dx_b, acc)
+//   (the new formats walk 32-element blocks: kernel_block_elems() is 32 for them).
 // All integer sums are exact (bounded well inside int32); every float operation is one IEEE
 // fp32 rounding, so any order of the integer work gives the same bits.
 #pragma once
@@ -41,6 +46,8 @@ constexpr int64_t kActBlock256 = 256;
 // Whether `type` has an integer-dot kernel, and its activation block size (32 or 256).
 bool has_qdot(QuantType type);
 int64_t act_block(QuantType type);
+// Elements per block the kernels walk (the format's block, or 32 for I8_CH / I4_G128).
+int64_t kernel_block_elems(QuantType type);
 
 // Activations quantized for one matmul: n_tokens rows of k values.
 struct QuantizedActs {

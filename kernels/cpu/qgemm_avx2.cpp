@@ -89,6 +89,7 @@ TESSERA_AVX2_INLINE __m256i bcast_x4(const int8_t* x) {
 struct Rows {
   const uint8_t* p[kRows];
   __m256i vindex;
+  size_t trailer = 0;  // I8_CH: byte offset of the row scale
 };
 
 struct TileLayout {
@@ -102,6 +103,7 @@ TileLayout tile_layout(QuantType t) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return {8, 8 * 32 * 2 + 32 * 2};
     case QuantType::kQ6_K: return {8, 16 * 32 + 32};
+    case QuantType::kI4_G128: return {1, 64};  // dw[8] floats, -z[8] int32
     default: return {1, 32};
   }
 }
@@ -233,8 +235,44 @@ TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* 
   }
 }
 
+// I8_CH: 32-blocks of int8 levels (signed, as Q8_0), dw = the row scale.
+// I4_G128: 32-block b = sub-block b % 4 of group b / 4, nibbles as Q4_0; dw = d, and -z per row.
+TESSERA_AVX2 void build_int(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const size_t stride = tile_layout(type).block_stride();
+  __m256 row_scale = _mm256_setzero_ps();
+  if (type == QuantType::kI8_CH) {
+    alignas(32) float sc[kRows];
+    for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
+    row_scale = _mm256_load_ps(sc);
+  }
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    __m256i w[8];
+    if (type == QuantType::kI8_CH) {
+      tr8x8(rows.p, static_cast<size_t>(b) * 32, w);
+      store_unit(tile, w);
+      _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), row_scale);
+      continue;
+    }
+    const size_t grp = static_cast<size_t>(b / 4) * 68;
+    __m256i d[4];
+    tr8x4(rows.p, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
+    for (int g = 0; g < 4; ++g) {
+      w[g] = _mm256_and_si256(d[g], m4);
+      w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
+    }
+    store_unit(tile, w);
+    const __m256i hdr = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows.p[0] + grp), rows.vindex, 1);
+    _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), f16_half(hdr, false));
+    const __m256i z = _mm256_and_si256(_mm256_srli_epi32(hdr, 16), _mm256_set1_epi32(0xFF));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tile + kUnit + 32), _mm256_sub_epi32(_mm256_setzero_si256(), z));
+  }
+}
+
 void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   switch (type) {
+    case QuantType::kI8_CH:
+    case QuantType::kI4_G128: return build_int(type, rows, b0, b1, tile);
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
     case QuantType::kQ6_K: return build_q6_k(rows, b0, b1, tile);
@@ -268,6 +306,24 @@ TESSERA_AVX2 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset
       } else {
         for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 32 * b + 4 * g)));
       }
+    }
+    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+// I4_G128: as Q4_0 with a per-row zero point (tile: unit, dw[8], -z[8]).
+template <int T>
+TESSERA_AVX2 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
+  for (int64_t b = b0; b < b1; ++b, tile += kUnit + 64) {
+    const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
+    __m256i ia[T];
+    for (int t = 0; t < T; ++t)
+      ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 32 * b + 4 * g)));
     }
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
     for (int t = 0; t < T; ++t)
@@ -343,7 +399,9 @@ TESSERA_AVX2 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, in
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
     case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
-    case QuantType::kQ8_0: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
+    case QuantType::kQ8_0:
+    case QuantType::kI8_CH: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
+    case QuantType::kI4_G128: return mk_i4<T>(tile, b0, b1, x, acc);
     default: return mk_q32<T, false>(tile, b0, b1, q32_offset(type), x, acc);
   }
 }
@@ -410,7 +468,7 @@ TESSERA_AVX2 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, con
 
 TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
   const QuantType type = a.type;
-  const int64_t nb = a.k / quant_traits(type).block_elems;
+  const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
   const size_t stride = lay.block_stride();
   const bool whole = a.n_tokens > 1;
@@ -426,6 +484,7 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
       rows.p[r] = a.w + static_cast<size_t>(g0) * a.row_bytes + static_cast<size_t>(offs[r]);
     }
     rows.vindex = _mm256_load_si256(reinterpret_cast<const __m256i*>(offs));
+    rows.trailer = row_block_bytes(type, a.k);
     if (!whole) {
       TokenPtrs x{};
       x.q[0] = a.acts.q;

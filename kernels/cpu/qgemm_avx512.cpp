@@ -10,6 +10,9 @@
 // Decode (one token) builds the interleaved units of a few blocks into a small L1 buffer and
 // consumes them at once; prefill and batched decode build a whole 16-row tile once and run it
 // against up to 8 tokens at a time (each weight byte is read from memory once per matmul).
+//
+// The load-time formats reuse the scheme: I8_CH is Q8_0 with one scale per row, I4_G128's
+// 32-element sub-blocks are Q4_0 nibbles with a per-row zero point instead of the constant 8.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -135,6 +138,7 @@ TESSERA_AVX512_INLINE __m512i bcast_x4(const int8_t* x) {
 struct Rows {
   const uint8_t* p[kRows];  // row pointers (invalid rows repeat the last valid one)
   __m512i vindex;           // byte offset of each row from p[0]
+  size_t trailer = 0;       // I8_CH: byte offset of the row scale
 };
 
 struct TileLayout {
@@ -148,6 +152,7 @@ TileLayout tile_layout(QuantType t) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return {8, 8 * 64 * 2 + 64 * 2};
     case QuantType::kQ6_K: return {8, 16 * 64 + 64};
+    case QuantType::kI4_G128: return {1, 128};  // dw[16] floats, -z[16] int32
     default: return {1, 64};
   }
 }
@@ -299,8 +304,46 @@ TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t
   }
 }
 
+// I8_CH: 32-blocks of int8 levels (+128 as Q8_0), dw = the row scale.
+// I4_G128: 32-block b = sub-block b % 4 of group b / 4, nibbles as Q4_0; dw = d, and -z per row.
+TESSERA_AVX512 void build_int(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const size_t stride = tile_layout(type).block_stride();
+  __m512 row_scale = _mm512_setzero_ps();
+  if (type == QuantType::kI8_CH) {
+    alignas(64) float sc[kRows];
+    for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
+    row_scale = _mm512_load_ps(sc);
+  }
+  for (int64_t b = b0; b < b1; ++b, tile += stride) {
+    __m512i w[8];
+    if (type == QuantType::kI8_CH) {
+      tr16x8(rows.p, static_cast<size_t>(b) * 32, w);
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(w[g], flip);
+      store_unit(tile, w);
+      _mm512_store_ps(reinterpret_cast<float*>(tile + 512), row_scale);
+      continue;
+    }
+    const size_t grp = static_cast<size_t>(b / 4) * 68;
+    __m512i d[4];
+    tr16x4(rows.p, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
+    for (int g = 0; g < 4; ++g) {
+      w[g] = _mm512_and_si512(d[g], m4);
+      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
+    }
+    store_unit(tile, w);
+    const __m512i hdr = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + grp, 1);
+    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr)));
+    const __m512i z = _mm512_and_si512(_mm512_srli_epi32(hdr, 16), _mm512_set1_epi32(0xFF));
+    _mm512_store_si512(tile + 576, _mm512_sub_epi32(_mm512_setzero_si512(), z));
+  }
+}
+
 TESSERA_AVX512 void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   switch (type) {
+    case QuantType::kI8_CH:
+    case QuantType::kI4_G128: return build_int(type, rows, b0, b1, tile);
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
     case QuantType::kQ6_K: return build_q6_k(rows, b0, b1, tile);
@@ -325,6 +368,24 @@ TESSERA_AVX512 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offs
     __m512i ia[T];
     for (int t = 0; t < T; ++t)
       ia[t] = _mm512_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
+    }
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
+  }
+}
+
+// I4_G128: as Q4_0 with a per-row zero point (tile: unit, dw[16], -z[16]).
+template <int T>
+TESSERA_AVX512 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+  for (int64_t b = b0; b < b1; ++b, tile += 512 + 128) {
+    const __m512i nz = _mm512_load_si512(tile + 576);
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t)
+      ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
     for (int g = 0; g < 8; ++g) {
       const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
       for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
@@ -403,6 +464,8 @@ TESSERA_AVX512 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, 
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
     case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
+    case QuantType::kI8_CH: return mk_q32<T>(tile, b0, b1, 128, x, acc);
+    case QuantType::kI4_G128: return mk_i4<T>(tile, b0, b1, x, acc);
     default: return mk_q32<T>(tile, b0, b1, q32_offset(type), x, acc);
   }
 }
@@ -566,8 +629,56 @@ TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, P
   return acc;
 }
 
+// I8_CH: the Q8_0 scheme with one scale per row for every block.
+TESSERA_AVX512 __m512 gemv_i8_ch(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  alignas(64) float sc[kRows];
+  for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
+  const __m512 s = _mm512_load_ps(sc);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.tick();
+    const int8_t* xb = x.q + 32 * b;
+    __m512i ia = _mm512_set1_epi32(-128 * (x.bsum[2 * b] + x.bsum[2 * b + 1]));
+    __m512i w[8];
+    tr16x8(rows.p, static_cast<size_t>(b) * 32, w);
+    for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, _mm512_xor_si512(w[g], flip), bcast_x4(xb + 4 * g));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(s, _mm512_set1_ps(x.d[b])), acc);
+  }
+  return acc;
+}
+
+// I4_G128: per group, d and -z of the 16 rows, then four Q4_0-like 32-blocks.
+TESSERA_AVX512 __m512 gemv_i4_g128(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t grp = 0; grp < nb / 4; ++grp) {
+    const size_t off = static_cast<size_t>(grp) * 68;
+    const __m512i hdr = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + off, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+    const __m512i nz = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_and_si512(_mm512_srli_epi32(hdr, 16), _mm512_set1_epi32(0xFF)));
+    for (int64_t sb = 0; sb < 4; ++sb) {
+      pf.tick();
+      const int64_t b = 4 * grp + sb;
+      const int8_t* xb = x.q + 32 * b;
+      __m512i ia = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[2 * b] + x.bsum[2 * b + 1]));
+      __m512i d[4];
+      tr16x4(rows.p, off + 4 + 16 * static_cast<size_t>(sb), d);
+      for (int g = 0; g < 4; ++g) {
+        ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(d[g], m4), bcast_x4(xb + 4 * g));
+        ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4), bcast_x4(xb + 16 + 4 * g));
+      }
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc);
+    }
+  }
+  return acc;
+}
+
 TESSERA_AVX512 __m512 gemv_rows(QuantType type, const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
   switch (type) {
+    case QuantType::kI8_CH: return gemv_i8_ch(rows, nb, x, pf);
+    case QuantType::kI4_G128: return gemv_i4_g128(rows, nb, x, pf);
     case QuantType::kQ8_0: return gemv_q32<QuantType::kQ8_0>(rows, nb, x, pf);
     case QuantType::kQ4_0: return gemv_q32<QuantType::kQ4_0>(rows, nb, x, pf);
     case QuantType::kQ5_0: return gemv_q32<QuantType::kQ5_0>(rows, nb, x, pf);
@@ -617,7 +728,7 @@ TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1,
 
 TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1) {
   const QuantType type = a.type;
-  const int64_t nb = a.k / quant_traits(type).block_elems;
+  const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
   const size_t stride = lay.block_stride();
   // Decode builds a few blocks at a time (stays in L1); batches build the whole row tile.
@@ -633,6 +744,7 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
       rows.p[r] = a.w + static_cast<size_t>(g0) * a.row_bytes + static_cast<size_t>(offs[r]);
     }
     rows.vindex = _mm512_load_si512(offs);
+    rows.trailer = row_block_bytes(type, a.k);
     if (!whole) {
       Prefetch pf;
       pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;

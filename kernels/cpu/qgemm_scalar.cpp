@@ -124,12 +124,47 @@ float row_dot_q6_k(const uint8_t* row, const int8_t* xq, const float* xd, int64_
   return acc;
 }
 
+float row_dot_i8_ch(const uint8_t* row, int64_t k, const int8_t* xq, const float* xd, int64_t nb) {
+  float s;
+  std::memcpy(&s, row + k, 4);
+  const auto* w = reinterpret_cast<const int8_t*>(row);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += w[32 * b + j] * xq[32 * b + j];
+    acc = std::fma(static_cast<float>(isum), s * xd[b], acc);
+  }
+  return acc;
+}
+
+float row_dot_i4_g128(const uint8_t* row, const int8_t* xq, const float* xd, const int16_t* bsum, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* grp = row + 68 * (b / 4);
+    const uint8_t* nib = grp + 4 + 16 * (b % 4);
+    const int z = grp[2];
+    const int8_t* x = xq + 32 * b;
+    int32_t isum = -z * (bsum[2 * b] + bsum[2 * b + 1]);
+    for (int j = 0; j < 16; ++j) isum += (nib[j] & 0xF) * x[j] + (nib[j] >> 4) * x[16 + j];
+    acc = std::fma(static_cast<float>(isum), f16_at(grp) * xd[b], acc);
+  }
+  return acc;
+}
+
 }  // namespace
+
+int64_t kernel_block_elems(QuantType type) {
+  switch (type) {
+    case QuantType::kI8_CH: case QuantType::kI4_G128: return 32;
+    default: return quant_traits(type).block_elems;
+  }
+}
 
 bool has_qdot(QuantType type) {
   switch (type) {
     case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
     case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
+    case QuantType::kI8_CH: case QuantType::kI4_G128:
       return true;
     default:
       return false;
@@ -217,6 +252,8 @@ void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1) {
         case QuantType::kQ4_K:
         case QuantType::kQ5_K: v = row_dot_k_affine(a.type, row, block_bytes, xq, xd, bs, nb); break;
         case QuantType::kQ6_K: v = row_dot_q6_k(row, xq, xd, nb); break;
+        case QuantType::kI8_CH: v = row_dot_i8_ch(row, a.k, xq, xd, nb); break;
+        case QuantType::kI4_G128: v = row_dot_i4_g128(row, xq, xd, bs, nb); break;
         default: v = row_dot_q32(a.type, row, block_bytes, xq, xd, nb); break;
       }
       a.y[t * a.y_stride + r] = v;

@@ -19,6 +19,7 @@
 //                     ql[l], elements l+32 and l+96 those of ql[l+32], and their top two bits
 //                     are bits 0-1, 4-5 (l, l+64) and 2-3, 6-7 (l+32, l+96) of qh[l].
 #include "kernels/quant.h"
+#include "kernels/cpu/int_quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -606,6 +607,8 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k) {
         dst[i] = static_cast<float>(v);
       }
       return;
+    case QuantType::kI8_CH: return cpu::dequant_i8_ch(s, dst, k);
+    case QuantType::kI4_G128: return cpu::dequant_i4_g128(s, dst, k);
     case QuantType::kCount: break;
   }
   TESSERA_CHECK(false, "dequantize_row: unsupported type {}", static_cast<int>(type));
@@ -622,6 +625,8 @@ bool can_quantize(QuantType type) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K:
     case QuantType::kQ6_K:
+    case QuantType::kI8_CH:
+    case QuantType::kI4_G128:
       return true;
     default:
       return false;
@@ -653,6 +658,8 @@ void quantize_row(QuantType type, const float* src, void* dst, int64_t k) {
     case QuantType::kQ4_K: return quant_q4_k(src, d, k / kQkK);
     case QuantType::kQ5_K: return quant_q5_k(src, d, k / kQkK);
     case QuantType::kQ6_K: return quant_q6_k(src, d, k / kQkK);
+    case QuantType::kI8_CH: return cpu::quantize_row_i8_ch(src, d, k);
+    case QuantType::kI4_G128: return quantize_row_int4(src, d, k, Int4Grid::kAsymmetric);
     default: break;
   }
   TESSERA_CHECK(false, "quantize_row: {} is not supported", quant_name(type));

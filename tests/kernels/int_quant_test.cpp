@@ -1,0 +1,241 @@
+// Load-time weight formats I8_CH (INT8 per output channel) and I4_G128 (INT4, groups of 128):
+// the RTN grids' error bounds, the byte layout, and the integer-dot matmul on every ISA path
+// against the dequantized fp32 reference and bit-identical across ISAs, threads and batches.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/tensor.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/gemm.h"
+#include "kernels/quant.h"
+
+namespace tessera {
+namespace {
+
+std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<cpu::Isa> supported_isas() {
+  std::vector<cpu::Isa> out = {cpu::Isa::kScalar};
+  if (cpu::detected_isa() >= cpu::Isa::kAvx2) out.push_back(cpu::Isa::kAvx2);
+  if (cpu::detected_isa() >= cpu::Isa::kAvx512) out.push_back(cpu::Isa::kAvx512);
+  return out;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { cpu::set_max_isa(cpu::Isa::kAvx512); }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Int8PerChannel, RtnErrorIsAtMostHalfAStep) {
+  const int64_t k = 96;
+  auto x = gaussian(k, 7, 2.0f);
+  x[5] = -9.5f;  // the row's amax
+  std::vector<uint8_t> row(row_bytes(QuantType::kI8_CH, k));
+  ASSERT_EQ(row.size(), static_cast<size_t>(k + 4));
+  quantize_row(QuantType::kI8_CH, x.data(), row.data(), k);
+  float s;
+  std::memcpy(&s, row.data() + k, 4);
+  EXPECT_FLOAT_EQ(s, 9.5f / 127.0f);
+  EXPECT_EQ(static_cast<int8_t>(row[5]), -127);
+  std::vector<float> y(static_cast<size_t>(k));
+  dequantize_row(QuantType::kI8_CH, row.data(), y.data(), k);
+  for (int64_t i = 0; i < k; ++i) {
+    EXPECT_LE(std::fabs(y[i] - x[i]), 0.5f * s * (1 + 1e-5f)) << i;
+    EXPECT_EQ(y[i], static_cast<float>(static_cast<int8_t>(row[i])) * s);
+  }
+  // An all-zero row stays zero.
+  std::vector<float> z(static_cast<size_t>(k), 0.0f);
+  quantize_row(QuantType::kI8_CH, z.data(), row.data(), k);
+  dequantize_row(QuantType::kI8_CH, row.data(), y.data(), k);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Int4Group, RtnErrorBoundsAndLayout) {
+  for (Int4Grid grid : {Int4Grid::kAsymmetric, Int4Grid::kSymmetric}) {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      auto x = gaussian(256, seed, 0.1f);
+      if (seed == 3) for (auto& v : x) v = std::fabs(v) + 0.05f;  // all positive: lo clamps to 0
+      std::vector<uint8_t> row(row_bytes(QuantType::kI4_G128, 256));
+      ASSERT_EQ(row.size(), 136u);
+      quantize_row_int4(x.data(), row.data(), 256, grid);
+      std::vector<float> y(256);
+      dequantize_row(QuantType::kI4_G128, row.data(), y.data(), 256);
+      for (int g = 0; g < 2; ++g) {
+        Int4Group q;
+        unpack_int4_group(row.data() + 68 * g, &q);
+        const float d = fp16_to_f32(q.scale_fp16);
+        float lo = 0, hi = 0, amax = 0;
+        for (int i = 0; i < 128; ++i) {
+          lo = std::min(lo, x[128 * g + i]);
+          hi = std::max(hi, x[128 * g + i]);
+          amax = std::max(amax, std::fabs(x[128 * g + i]));
+        }
+        const float want_d = grid == Int4Grid::kSymmetric ? 2 * amax / 15 : (hi - lo) / 15;
+        EXPECT_EQ(q.scale_fp16, f32_to_fp16(want_d));
+        if (grid == Int4Grid::kSymmetric) EXPECT_EQ(q.zero, 8);
+        for (int i = 0; i < 128; ++i) {
+          // Half a step, plus the fp16 rounding of d over up to 15 steps at the clamped ends.
+          const float bound = 0.5f * d + 15 * std::fabs(d - want_d) + 1e-6f;
+          EXPECT_LE(std::fabs(y[128 * g + i] - x[128 * g + i]), bound) << "group " << g << " i " << i;
+          EXPECT_EQ(y[128 * g + i], static_cast<float>(q.levels[i] - q.zero) * d);
+        }
+        // Layout: d, zero, 0, then sub-block s byte j = levels 32s + j | 32s + 16 + j << 4.
+        uint16_t h;
+        std::memcpy(&h, row.data() + 68 * g, 2);
+        EXPECT_EQ(h, q.scale_fp16);
+        EXPECT_EQ(row[68 * g + 3], 0);
+        EXPECT_EQ(row[68 * g + 4 + 16 * 2 + 5], q.levels[69] | q.levels[85] << 4);
+      }
+    }
+  }
+}
+
+TEST(Int4Group, PackUnpackRoundTrip) {
+  Int4Group g;
+  g.scale_fp16 = f32_to_fp16(0.03125f);
+  g.zero = 11;
+  for (int i = 0; i < 128; ++i) g.levels[i] = static_cast<uint8_t>((i * 7 + 3) % 16);
+  uint8_t bytes[68];
+  pack_int4_group(g, bytes);
+  Int4Group back;
+  unpack_int4_group(bytes, &back);
+  EXPECT_EQ(back.scale_fp16, g.scale_fp16);
+  EXPECT_EQ(back.zero, g.zero);
+  EXPECT_EQ(std::memcmp(back.levels, g.levels, 128), 0);
+}
+
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;
+  TensorView view;
+};
+
+Matrix make_matrix(QuantType type, Int4Grid grid, int64_t rows, int64_t cols, uint32_t seed) {
+  Matrix m;
+  const auto src = gaussian(rows * cols, seed, 0.5f);
+  const size_t rb = row_bytes(type, cols);
+  m.bytes.resize(rb * static_cast<size_t>(rows));  // no slack: kernels must not read past the end
+  m.deq.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (type == QuantType::kI4_G128)
+      quantize_row_int4(src.data() + r * cols, m.bytes.data() + r * rb, cols, grid);
+    else
+      quantize_row(type, src.data() + r * cols, m.bytes.data() + r * rb, cols);
+    dequantize_row(type, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
+  }
+  m.view = make_view(m.bytes.data(), type, {rows, cols});
+  return m;
+}
+
+std::vector<float> run_matmul(const Matrix& m, const std::vector<float>& x, int64_t n_tokens, ThreadPool* pool) {
+  std::vector<float> y(static_cast<size_t>(n_tokens * m.view.rows()), NAN);
+  matmul(m.view, x.data(), n_tokens, y.data(), pool);
+  return y;
+}
+
+// int8 activations per 32-block: each off by at most half a step (amax / 254) plus the fp16
+// rounding of the block scale (amax * 2^-11), times |w|; plus fp32 accumulation error.
+void check_against_reference(const Matrix& m, const std::vector<float>& x, int64_t n_tokens,
+                             const std::vector<float>& y, const std::string& what) {
+  const int64_t rows = m.view.rows(), cols = m.view.cols();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ref = 0, mag = 0, bound = 0, amax = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double w = m.deq[static_cast<size_t>(r * cols + c)];
+        const double xv = x[static_cast<size_t>(t * cols + c)];
+        ref += w * xv;
+        mag += std::fabs(w * xv);
+        if (c % 32 == 0) {
+          amax = 0;
+          for (int64_t j = c; j < c + 32; ++j)
+            amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(t * cols + j)])));
+        }
+        bound += std::fabs(w) * amax * (1.0 / 254 + 1.0 / 2048);
+      }
+      ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, bound + 4e-6 * mag + 1e-6)
+          << what << " token " << t << " row " << r;
+    }
+  }
+}
+
+struct Format {
+  QuantType type;
+  Int4Grid grid;
+  const char* name;
+};
+
+TEST(IntMatmul, EveryIsaMatchesReferenceAndEachOther) {
+  IsaGuard guard;
+  ThreadPool pool1(ThreadPoolOptions{.num_threads = 1});
+  ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
+  const Format formats[] = {{QuantType::kI8_CH, Int4Grid::kAsymmetric, "I8_CH"},
+                            {QuantType::kI4_G128, Int4Grid::kAsymmetric, "I4_G128 asym"},
+                            {QuantType::kI4_G128, Int4Grid::kSymmetric, "I4_G128 sym"}};
+  for (const Format& f : formats) {
+    const std::vector<int64_t> ks = f.type == QuantType::kI8_CH ? std::vector<int64_t>{32, 96, 800}
+                                                                 : std::vector<int64_t>{128, 384, 1152};
+    for (int64_t rows : {1, 7, 15, 17, 40}) {
+      for (int64_t k : ks) {
+        const Matrix m = make_matrix(f.type, f.grid, rows, k, static_cast<uint32_t>(rows * 131 + k));
+        for (int64_t n_tokens : {1, 2, 9, 17}) {
+          const auto x = gaussian(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
+          const std::string what = std::string(f.name) + " rows " + std::to_string(rows) + " k " +
+                                   std::to_string(k) + " tokens " + std::to_string(n_tokens);
+          std::vector<float> canonical;
+          for (cpu::Isa isa : supported_isas()) {
+            cpu::set_max_isa(isa);
+            const auto y1 = run_matmul(m, x, n_tokens, &pool1);
+            const auto y3 = run_matmul(m, x, n_tokens, &pool3);
+            const auto y0 = run_matmul(m, x, n_tokens, nullptr);
+            ASSERT_TRUE(same_bits(y1, y3)) << what << " isa " << cpu::isa_name(isa) << ": 1 vs 3 threads";
+            ASSERT_TRUE(same_bits(y1, y0)) << what << " isa " << cpu::isa_name(isa) << ": pool vs none";
+            if (canonical.empty()) {
+              canonical = y1;
+              check_against_reference(m, x, n_tokens, y1, what);
+            } else {
+              ASSERT_TRUE(same_bits(y1, canonical)) << what << " isa " << cpu::isa_name(isa) << " differs from scalar";
+            }
+            if (n_tokens > 1) {
+              for (int64_t t = 0; t < n_tokens; ++t) {
+                std::vector<float> xt(x.begin() + t * k, x.begin() + (t + 1) * k);
+                const auto one = run_matmul(m, xt, 1, &pool3);
+                ASSERT_EQ(std::memcmp(one.data(), y1.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
+                    << what << " isa " << cpu::isa_name(isa) << " token " << t << " alone";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(IntMatmul, RowSliceOfTheLmHead) {
+  const Matrix m = make_matrix(QuantType::kI4_G128, Int4Grid::kAsymmetric, 50, 256, 99);
+  const auto x = gaussian(3 * 256, 5);
+  const auto full = run_matmul(m, x, 3, nullptr);
+  std::vector<float> part(3 * 20, NAN);
+  matmul_rows(m.view, 17, 37, x.data(), 3, part.data(), 20, nullptr);
+  for (int t = 0; t < 3; ++t)
+    for (int r = 0; r < 20; ++r) EXPECT_EQ(part[t * 20 + r], full[t * 50 + 17 + r]);
+}
+
+}  // namespace
+}  // namespace tessera
