@@ -160,18 +160,16 @@ struct Runner {
   }
 };
 
-// Bytes of weights one decode step reads: every matrix but the embedding (one row of it).
-size_t weight_bytes_per_token(const WeightStore& store) {
-  size_t total = 0;
-  const bool tied = !store.has("lm_head.weight");
-  for (const std::string& name : store.names()) {
-    auto v = store.get(name);
-    if (!v.is_ok() || v->ndim < 2) continue;
-    if (name == "model.embed_tokens.weight" && !tied) {
-      total += v->row_stride_bytes();
-      continue;
-    }
-    total += v->nbytes();
+// Bytes of weights one decode step reads, from the weights the forward pass uses (so --quant
+// counts its converted layout): every matrix and norm, one row of the embedding, the LM head.
+size_t weight_bytes_per_token(const ModelWeights& w) {
+  auto bytes = [](const TensorView& t) -> size_t { return t.data == nullptr ? 0 : t.nbytes(); };
+  size_t total = w.embed.data == nullptr ? 0 : w.embed.row_stride_bytes();
+  total += bytes(w.final_norm) + bytes(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm,
+                                &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      total += bytes(*t);
   }
   return total;
 }
@@ -241,7 +239,7 @@ int run(int argc, char** argv) {
     }
     LocalModel& model = **loaded;
     Runner runner{model, {}};
-    const size_t wbytes = weight_bytes_per_token(model.store());
+    const size_t wbytes = weight_bytes_per_token(model.weights());
     nlohmann::json r;
     r["threads"] = nt;
     r["weight_bytes_per_token"] = wbytes;

@@ -33,6 +33,8 @@ class LocalModel {
 
   const ModelConfig& config() const { return store_->config(); }
   const WeightStore& store() const { return *store_; }
+  // The weights the forward pass uses (after --quant conversion).
+  const ModelWeights& weights() const { return weights_.weights; }
   ForwardPass& forward() { return *forward_; }
   SimpleBlockAllocator& allocator() { return *allocator_; }
   int64_t block_size() const { return cache_->shape().block_size; }
