@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU (issue 6): builds the CUDA backend for this GPU's
 # architecture only, runs the `gpu` tests, then tessera-gpu-ops-bench (per-op timings and the
-# device copy bandwidth), and writes everything to bench/results/gpu-check-<gpu>-<date>.md.
+# device copy bandwidth), then tessera-gpu-forward-bench (decode-step time of the CUDA forward
+# pass on an in-memory Llama-3-8B-shaped model, F16 then INT8 / INT4 while time is left, at
+# batch 1 and 8, beside the weight-bytes / copy-bandwidth floor), and writes everything to
+# bench/results/gpu-check-<gpu>-<date>.md.
 # Budget: under 8 minutes in all (each step has its own timeout).
 #
 # Usage: bench/gpu_check.sh            (BUILD_DIR=build-gpu-check by default)
@@ -29,13 +32,14 @@ timeout 120 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTES
   || { tail -30 "$LOG_CFG"; die "configure failed (log: $LOG_CFG)"; }
 grep -E "Tessera: (CUDA|NCCL)" "$LOG_CFG"
 
-step "build tessera_cuda, tessera_gpu_tests, tessera-gpu-ops-bench"
+step "build tessera_cuda, tessera_gpu_tests, tessera-gpu-ops-bench, tessera-gpu-forward-bench"
 timeout 300 cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera_cuda tessera_gpu_tests tessera-gpu-ops-bench \
+  tessera-gpu-forward-bench \
   >"$LOG_BUILD" 2>&1 || { tail -40 "$LOG_BUILD"; die "build failed (log: $LOG_BUILD)"; }
 
 step "ctest -L gpu"
 TESTS_OK=yes
-(cd "$BUILD_DIR" && timeout 150 ctest -L gpu --output-on-failure) 2>&1 | tee "$BUILD_DIR/gpu_check.ctest.log"
+(cd "$BUILD_DIR" && timeout 150 ctest -L gpu -j 4 --output-on-failure) 2>&1 | tee "$BUILD_DIR/gpu_check.ctest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || TESTS_OK=no
 # A skipped GPU test on a GPU machine means the device was not usable: not a pass (except the
 # two-rank NCCL test, which needs a second GPU, and the test for machines without a device).
@@ -48,6 +52,17 @@ SAFE_NAME=$(echo "$GPU_NAME" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//
 RESULT=bench/results/gpu-check-${SAFE_NAME}-$(date -u +%Y%m%d-%H%M%S).md
 BENCH_OUT=$(timeout 120 "$BUILD_DIR/bin/tessera-gpu-ops-bench" 2>&1)
 BENCH_RC=$?
+
+# The forward pass gets what is left of the 8 minutes (at most 180 s, at least 60 s); the
+# bench starts a further weight type only while its budget lasts.
+step "tessera-gpu-forward-bench"
+LEFT=$(( 470 - ($(date +%s) - START) ))
+FWD_TIMEOUT=$(( LEFT > 180 ? 180 : (LEFT < 60 ? 60 : LEFT) ))
+FWD_OUT=$(timeout "$FWD_TIMEOUT" "$BUILD_DIR/bin/tessera-gpu-forward-bench" --types f16,int8,int4 --batches 1,8 \
+  --steps 20 --context 128 --budget-s $(( FWD_TIMEOUT - 70 )) 2>&1)
+FWD_RC=$?
+[ "$FWD_RC" -eq 124 ] && FWD_OUT="$FWD_OUT
+(timed out after $FWD_TIMEOUT s)"
 {
   echo "# GPU check: $GPU_NAME"
   echo
@@ -57,10 +72,17 @@ BENCH_RC=$?
   echo "- gpu tests passed: $TESTS_OK"
   echo
   echo "$BENCH_OUT"
+  echo
+  echo "## CUDA forward pass, decode step (tessera-gpu-forward-bench, synthetic Llama-3-8B shape)"
+  echo
+  echo "$FWD_OUT"
 } >"$RESULT"
 
 step "results ($RESULT)"
 echo "$BENCH_OUT"
 echo
-echo "gpu tests passed: $TESTS_OK; bench exit code: $BENCH_RC; total $(( $(date +%s) - START )) s"
-[ "$TESTS_OK" = yes ] && [ "$BENCH_RC" -eq 0 ]
+echo "$FWD_OUT"
+echo
+echo "gpu tests passed: $TESTS_OK; bench exit code: $BENCH_RC; forward bench exit code: $FWD_RC;" \
+  "total $(( $(date +%s) - START )) s"
+[ "$TESTS_OK" = yes ] && [ "$BENCH_RC" -eq 0 ] && [ "$FWD_RC" -eq 0 ]

@@ -1,6 +1,7 @@
 // tessera-gpu-ops-bench: per-op timings of the CUDA backend's kernels at Llama-3-8B shapes
 // (hidden 4096, 32 heads, 8 KV heads, head_dim 128, FFN 14336, vocab 128256) for batch 1, 8,
-// 32 and 128, plus the device-to-device copy bandwidth that bounds them. Reaches the GPU only
+// 32 and 128, plus the device-to-device copy bandwidth that bounds them; W8A16 / W4A16 GEMMs
+// (batch 1, 8, 32) and prefill attention (a 512-token chunk). Reaches the GPU only
 // through the dlopen-ed libtessera_cuda.so (kernels/cuda/cuda_loader.h), like the shard.
 //
 // Each figure: CUDA-event time of --iters back-to-back calls on one stream after 3 warm-ups,
@@ -214,6 +215,56 @@ int run(int argc, char** argv) {
     }
     check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
     check(g_api->device_free(w), "cudaFree");
+  }
+
+  // W8A16 / W4A16 GEMMs (quant_gemm.cu): traffic = weights + scales (+ zeros) + input + output.
+  const int64_t small_batches[] = {1, 8, 32};
+  for (const GemmShape& g : gemms) {
+    auto* w8 = static_cast<int8_t*>(device_bytes(g.rows * g.cols));
+    auto* s8 = static_cast<float*>(device_bytes(g.rows * 4));
+    auto* w4 = static_cast<uint8_t*>(device_bytes(g.rows * g.cols / 2));
+    auto* s4 = static_cast<uint16_t*>(device_bytes(g.rows * (g.cols / 128) * 2));
+    auto* z4 = static_cast<uint8_t*>(device_bytes(g.rows * (g.cols / 128), 8));
+    for (int64_t b : small_batches) {
+      const std::string shape = std::string(g.name) + " " + std::to_string(g.rows) + "x" + std::to_string(g.cols);
+      const double io = static_cast<double>(b * g.cols * 2 + b * g.rows * 4);
+      row("gemm_w8a16", shape, b,
+          timer.us([&] { return g_api->gemm_w8a16(w8, s8, x16, y32, g.rows, g.cols, b, s); }, "gemm_w8a16"),
+          static_cast<double>(g.rows * g.cols + g.rows * 4) + io);
+      row("gemm_w4a16", shape, b,
+          timer.us([&] { return g_api->gemm_w4a16(w4, s4, z4, x16, y32, g.rows, g.cols, b, s); }, "gemm_w4a16"),
+          static_cast<double>(g.rows * g.cols / 2 + g.rows * (g.cols / 128) * 3) + io);
+    }
+    check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
+    for (void* p : {static_cast<void*>(w8), static_cast<void*>(s8), static_cast<void*>(w4), static_cast<void*>(s4),
+                    static_cast<void*>(z4)})
+      check(g_api->device_free(p), "cudaFree");
+  }
+
+  // Prefill attention (prefill_attention.cu): one sequence, a chunk of `chunk` queries at the
+  // end of a context of ctx tokens; traffic = the K/V the chunk reads once + q + out (a lower
+  // bound: tiles re-read K/V from L2).
+  for (int64_t ctx : {int64_t{512}, int64_t{2048}}) {
+    const int64_t chunk = 512, blocks = ctx / kBlockSize;
+    const int64_t cache_bytes = blocks * kBlockSize * kKvHeads * kHeadDim * 4;
+    auto* k_cache = static_cast<float*>(device_bytes(cache_bytes, 0));
+    auto* v_cache = static_cast<float*>(device_bytes(cache_bytes, 0));
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const int32_t* d_table = device_copy(table);
+    const int32_t* d_begin = device_copy(std::vector<int32_t>{0});
+    const int32_t* d_len = device_copy(std::vector<int32_t>{static_cast<int32_t>(chunk)});
+    const int32_t* d_start = device_copy(std::vector<int32_t>{static_cast<int32_t>(ctx - chunk)});
+    auto* q = static_cast<float*>(device_bytes(chunk * kHeads * kHeadDim * 4, 0));
+    auto* out = static_cast<float*>(device_bytes(chunk * kHeads * kHeadDim * 4, 0));
+    TesseraCudaPrefillAttentionArgs a{q,       out,      k_cache,  v_cache,    d_table,   d_begin, d_len,
+                                      d_start, 1,        chunk,    kHeads,     kKvHeads,  kHeadDim, kBlockSize,
+                                      blocks,  0.0883883f, 0};
+    row("prefill_attention", "chunk 512, ctx " + std::to_string(ctx), chunk,
+        timer.us([&] { return g_api->paged_prefill_attention_f32(&a, s); }, "paged_prefill_attention"),
+        static_cast<double>(2 * cache_bytes + 2 * chunk * kHeads * kHeadDim * 4));
+    check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
+    for (void* p : {static_cast<void*>(k_cache), static_cast<void*>(v_cache)}) check(g_api->device_free(p), "cudaFree");
   }
   check(g_api->device_synchronize(), "cudaDeviceSynchronize");
   return 0;

@@ -161,4 +161,73 @@ int tessera_cuda_blas_destroy(void* handle);
 int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y,
                           int64_t rows, int64_t cols, int64_t n_tokens, void* stream);
 
+// ---- added for the GPU forward pass (shard/cuda_forward.h) ----
+
+// memory_info.cpp. cudaMemGetInfo of the current device, in bytes.
+int tessera_cuda_mem_get_info(int64_t* free_bytes, int64_t* total_bytes);
+
+// prefill_attention.cu. Causal attention of a chunk of query tokens per sequence over the
+// paged cache (layout as above), GQA, online softmax, fp32. Sequence s has query_len[s] query
+// rows starting at row query_begin[s] of q / out, at positions start_pos[s] ..
+// start_pos[s] + query_len[s] - 1; the cache must already hold the keys of positions
+// [0, start_pos[s] + query_len[s]) (earlier chunks, a cached prefix and this chunk, written by
+// tessera_cuda_rope_kv_write_f32). A query at position p sees the keys
+// max(0, p - sliding_window + 1) .. p (0 .. p when sliding_window <= 0). head_dim <= 256.
+// Rows of q / out that belong to no sequence are neither read nor written.
+// Launch: grid (n_heads, ceil(max_query_len / 16), n_seqs), 128 threads, 16 queries and
+// 16-key K/V tiles in shared memory per block (see prefill_attention.cu).
+struct TesseraCudaPrefillAttentionArgs {
+  const float* q;               // [rows, n_heads, head_dim], RoPE applied
+  float* out;                   // [rows, n_heads, head_dim]
+  const float* k_cache;
+  const float* v_cache;
+  const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq] block ids
+  const int32_t* query_begin;   // [n_seqs]
+  const int32_t* query_len;     // [n_seqs], each in [0, max_query_len]
+  const int32_t* start_pos;     // [n_seqs]
+  int64_t n_seqs;
+  int64_t max_query_len;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t max_blocks_per_seq;
+  float scale;                  // usually 1/sqrt(head_dim)
+  int64_t sliding_window;       // > 0: a query at p sees keys (p - sliding_window, p]
+};
+int tessera_cuda_paged_prefill_attention_f32(const struct TesseraCudaPrefillAttentionArgs* args,
+                                             void* stream);
+
+// quant_gemm.cu. Small-batch GEMMs with weights dequantized in registers, f16 activations
+// x [n_tokens, cols], fp32 output y [n_tokens, rows] (overwritten), fp32 accumulation;
+// n_tokens <= 65535 (fast for 1..8, correct for any; large batches should use cuBLAS).
+// W8A16 (the I8_CH format of common/dtype.h): w int8 [rows, cols] row-major levels,
+// scales fp32 [rows]; y[t, r] = scales[r] * sum_c w[r, c] * x[t, c].
+int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y,
+                            int64_t rows, int64_t cols, int64_t n_tokens, void* stream);
+// W4A16, group-wise along the input (group 128, cols % 128 == 0), device layout:
+//   w      uint8 [rows, cols / 2]: byte b of row r holds element 2b in its low nibble and
+//          element 2b + 1 in its high nibble (levels 0..15);
+//   scales f16   [rows, cols / 128] (d), zeros uint8 [rows, cols / 128] (z, 0..15);
+//   weight (r, c) = (level - z[r, c / 128]) * d[r, c / 128]   (I4_G128's grid, repacked).
+int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
+                            const uint16_t* x, float* y, int64_t rows, int64_t cols,
+                            int64_t n_tokens, void* stream);
+// quant_gemm.cu. The same weights expanded to f16 [rows, cols] (round to nearest even), for
+// batches where cuBLAS on a dequantized copy beats re-reading the packed weights per 8 tokens.
+int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows,
+                                  int64_t cols, void* stream);
+int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
+                                  uint16_t* out, int64_t rows, int64_t cols, void* stream);
+
+// elementwise.cu. y[i] += x[i], i < n (fp32).
+int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream);
+// y[t, i] += bias[i] for y fp32 [n_tokens, dim].
+int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n_tokens, int64_t dim,
+                              void* stream);
+// dst[i, :] = src[rows[i], :] for i < n_rows; fp32 rows of dim; rows int32 on the device.
+// dst must not overlap src.
+int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n_rows,
+                                 int64_t dim, void* stream);
+
 }  // extern "C"

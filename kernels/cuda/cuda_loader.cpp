@@ -88,6 +88,15 @@ Result<CudaApi> open_cuda_api(const std::string& path) {
   resolve(lib, "tessera_cuda_blas_create", &api.blas_create, &missing);
   resolve(lib, "tessera_cuda_blas_destroy", &api.blas_destroy, &missing);
   resolve(lib, "tessera_cuda_gemm_f16", &api.gemm_f16, &missing);
+  resolve(lib, "tessera_cuda_mem_get_info", &api.mem_get_info, &missing);
+  resolve(lib, "tessera_cuda_paged_prefill_attention_f32", &api.paged_prefill_attention_f32, &missing);
+  resolve(lib, "tessera_cuda_gemm_w8a16", &api.gemm_w8a16, &missing);
+  resolve(lib, "tessera_cuda_gemm_w4a16", &api.gemm_w4a16, &missing);
+  resolve(lib, "tessera_cuda_dequantize_w8a16", &api.dequantize_w8a16, &missing);
+  resolve(lib, "tessera_cuda_dequantize_w4a16", &api.dequantize_w4a16, &missing);
+  resolve(lib, "tessera_cuda_add_f32", &api.add_f32, &missing);
+  resolve(lib, "tessera_cuda_add_bias_f32", &api.add_bias_f32, &missing);
+  resolve(lib, "tessera_cuda_gather_rows_f32", &api.gather_rows_f32, &missing);
   if (!missing.empty())
     return Status::unavailable("CUDA backend library " + path + " lacks entry points: " + missing +
                                " (stale build?)");

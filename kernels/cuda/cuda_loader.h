@@ -62,6 +62,17 @@ struct CudaApi {
   decltype(&tessera_cuda_blas_destroy) blas_destroy = nullptr;
   decltype(&tessera_cuda_gemm_f16) gemm_f16 = nullptr;
 
+  // ops for the GPU forward pass
+  decltype(&tessera_cuda_mem_get_info) mem_get_info = nullptr;
+  decltype(&tessera_cuda_paged_prefill_attention_f32) paged_prefill_attention_f32 = nullptr;
+  decltype(&tessera_cuda_gemm_w8a16) gemm_w8a16 = nullptr;
+  decltype(&tessera_cuda_gemm_w4a16) gemm_w4a16 = nullptr;
+  decltype(&tessera_cuda_dequantize_w8a16) dequantize_w8a16 = nullptr;
+  decltype(&tessera_cuda_dequantize_w4a16) dequantize_w4a16 = nullptr;
+  decltype(&tessera_cuda_add_f32) add_f32 = nullptr;
+  decltype(&tessera_cuda_add_bias_f32) add_bias_f32 = nullptr;
+  decltype(&tessera_cuda_gather_rows_f32) gather_rows_f32 = nullptr;
+
   // OK when rc == 0; else Unavailable "<what>: <last_error()>" (call on the failing thread).
   Status check(int rc, std::string_view what) const;
 };

@@ -1,0 +1,72 @@
+// Small element-wise / row ops of the forward pass: residual add, bias add, row gather.
+// Launch: 1-D grids of 256-thread blocks with a grid-stride loop (at most 65535 * 4 blocks),
+// so any element count works.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 4));
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_t n_tokens, int64_t dim) {
+  const int64_t n = n_tokens * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % dim];
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
+                                   float* __restrict__ dst, int64_t n_rows, int64_t dim) {
+  const int64_t n = n_rows * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / dim, c = i % dim;
+    dst[i] = src[static_cast<int64_t>(rows[r]) * dim + c];
+  }
+}
+
+}  // namespace
+}  // namespace tessera::cuda
+
+extern "C" int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream) {
+  using namespace tessera::cuda;
+  if (n < 0) return record_message("tessera_cuda_add_f32: n must be >= 0");
+  if (n == 0) return 0;
+  add_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(y, x, n);
+  return check_launch("add_kernel launch");
+}
+
+extern "C" int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n_tokens, int64_t dim, void* stream) {
+  using namespace tessera::cuda;
+  if (n_tokens < 0 || dim <= 0) return record_message("tessera_cuda_add_bias_f32: need n_tokens >= 0, dim > 0");
+  if (n_tokens == 0) return 0;
+  add_bias_kernel<<<blocks_for(n_tokens * dim), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(y, bias, n_tokens,
+                                                                                                  dim);
+  return check_launch("add_bias_kernel launch");
+}
+
+extern "C" int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n_rows,
+                                            int64_t dim, void* stream) {
+  using namespace tessera::cuda;
+  if (n_rows < 0 || dim <= 0) return record_message("tessera_cuda_gather_rows_f32: need n_rows >= 0, dim > 0");
+  if (n_rows == 0) return 0;
+  gather_rows_kernel<<<blocks_for(n_rows * dim), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, rows, dst,
+                                                                                                   n_rows, dim);
+  return check_launch("gather_rows_kernel launch");
+}

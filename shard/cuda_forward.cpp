@@ -1,0 +1,636 @@
+#include "shard/cuda_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "comm/device_comm.h"
+#include "comm/nccl_comm.h"
+#include "common/check.h"
+#include "common/dtype.h"
+#include "kernels/cuda/cuda_loader.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+
+namespace tessera {
+
+// A weight matrix on the device, [rows, cols] row-major in one of three forms.
+struct CudaForward::Matrix {
+  enum class Kind { kF16, kW8, kW4 };
+  Kind kind = Kind::kF16;
+  int64_t rows = 0, cols = 0;
+  void* w = nullptr;       // f16 [rows, cols] | int8 [rows, cols] | uint8 [rows, cols / 2]
+  void* scales = nullptr;  // W8: fp32 [rows]; W4: f16 [rows, cols / 128]
+  void* zeros = nullptr;   // W4: uint8 [rows, cols / 128]
+  int64_t bytes = 0;
+};
+
+struct CudaForward::Layer {
+  float* attn_norm = nullptr;
+  float* ffn_norm = nullptr;
+  float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  float *q_norm = nullptr, *k_norm = nullptr;
+  Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+namespace {
+
+// Rows converted per host staging pass (bounds host memory during upload).
+constexpr int64_t kStagingBytes = int64_t{64} << 20;
+
+#define TESSERA_CUDA_TRY(call, what) TESSERA_RETURN_IF_ERROR(api_->check((call), (what)))
+
+}  // namespace
+
+CudaForward::CudaForward(const ModelConfig& config, const ShardLayout& layout, DeviceComm* comm,
+                         const CudaForwardOptions& options)
+    : config_(config), layout_(layout), comm_(comm), options_(options) {}
+
+CudaForward::~CudaForward() {
+  if (!api_) return;
+  api_->set_device(options_.device);
+  if (stream_) api_->stream_synchronize(stream_);
+  for (void* p : allocations_) api_->device_free(p);
+  if (blas_) api_->blas_destroy(blas_);
+  if (owns_stream_ && stream_) api_->stream_destroy(stream_);
+}
+
+Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& config, const ShardLayout& layout,
+                                                         const ModelWeights& weights, DeviceComm* comm,
+                                                         const CudaForwardOptions& options) {
+  if (options.block_size <= 0 || options.max_tokens_per_step <= 0 || options.max_seqs_per_step <= 0 ||
+      options.max_logit_rows <= 0 || options.kv_headroom < 0.0 || options.kv_headroom >= 1.0)
+    return Status::invalid_argument(fmt::format(
+        "CudaForward options: block_size {}, max_tokens_per_step {}, max_seqs_per_step {}, max_logit_rows {} must "
+        "be > 0 and kv_headroom {} in [0, 1)",
+        options.block_size, options.max_tokens_per_step, options.max_seqs_per_step, options.max_logit_rows,
+        options.kv_headroom));
+  if (layout.tp_size > 1 && (comm == nullptr || comm->size() != layout.tp_size || comm->name() != "nccl"))
+    return Status::invalid_argument(fmt::format(
+        "CudaForward at TP {} needs an NCCL communicator of {} ranks (device pointers), got {}", layout.tp_size,
+        layout.tp_size, comm ? std::string(comm->name()) + " of " + std::to_string(comm->size()) : "none"));
+  if (static_cast<int64_t>(weights.layers.size()) != config.n_layers)
+    return Status::invalid_argument(
+        fmt::format("CudaForward: {} layers bound, the config has {}", weights.layers.size(), config.n_layers));
+  std::unique_ptr<CudaForward> f(new CudaForward(config, layout, comm, options));
+  TESSERA_RETURN_IF_ERROR(f->init(weights));
+  return f;
+}
+
+Status CudaForward::init(const ModelWeights& weights) {
+  TESSERA_ASSIGN_OR_RETURN(api_, load_cuda_api_with_device());
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), fmt::format("select CUDA device {}", options_.device));
+  if (layout_.tp_size > 1) {
+    auto* nccl = static_cast<NcclComm*>(comm_);  // name() == "nccl" was checked
+    if (nccl->device() != options_.device)
+      return Status::invalid_argument(fmt::format("CudaForward on device {} got an NCCL communicator of device {}",
+                                                  options_.device, nccl->device()));
+    stream_ = nccl->stream();
+  } else {
+    TESSERA_CUDA_TRY(api_->stream_create(&stream_), "create the forward pass stream");
+    owns_stream_ = true;
+  }
+  TESSERA_CUDA_TRY(api_->blas_create(&blas_), "create the cuBLAS handle");
+  TESSERA_RETURN_IF_ERROR(upload_weights(weights));
+  TESSERA_RETURN_IF_ERROR(allocate_workspace());
+  TESSERA_RETURN_IF_ERROR(allocate_kv_pool());
+  return Status::ok();
+}
+
+Result<void*> CudaForward::device_alloc(int64_t bytes, const char* what) {
+  void* p = nullptr;
+  const int rc = api_->device_malloc(&p, std::max<int64_t>(bytes, 1));
+  if (rc != 0)
+    return Status::resource_exhausted(
+        fmt::format("CUDA device {}: cannot allocate {} bytes for {}: {}", options_.device, bytes, what,
+                    api_->last_error()));
+  allocations_.push_back(p);
+  return p;
+}
+
+// ---- weights ----
+
+namespace {
+
+// Converts rows [r0, r0 + n) of a float or GGUF-block matrix to f16.
+void rows_to_f16(const TensorView& v, int64_t r0, int64_t n, std::vector<float>& tmp, uint16_t* dst) {
+  const int64_t cols = v.cols();
+  tmp.resize(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < n; ++r) {
+    dequantize_row(v.type, v.row_ptr(r0 + r), tmp.data(), cols);
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = f32_to_fp16(tmp[static_cast<size_t>(c)]);
+  }
+}
+
+}  // namespace
+
+Status CudaForward::upload_weights(const ModelWeights& weights) {
+  // Uploads one matrix; chunks of rows are converted on the host into `staging` and copied
+  // (tessera_cuda_memcpy is synchronous, so the staging buffer is reused right away).
+  std::vector<uint8_t> staging;
+  std::vector<float> tmp;
+  auto upload_matrix = [&](const TensorView& v, const std::string& name, Matrix* m) -> Status {
+    if (!v.data || v.ndim != 2)
+      return Status::invalid_argument(fmt::format("CudaForward: {} is missing or not a matrix", name));
+    m->rows = v.rows();
+    m->cols = v.cols();
+    const int64_t rows = m->rows, cols = m->cols;
+    const QuantType type = v.type;
+    if (type == QuantType::kI8_CH) {
+      m->kind = Matrix::Kind::kW8;
+      TESSERA_ASSIGN_OR_RETURN(m->w, device_alloc(rows * cols, name.c_str()));
+      TESSERA_ASSIGN_OR_RETURN(m->scales, device_alloc(rows * 4, name.c_str()));
+      std::vector<float> scales(static_cast<size_t>(rows));
+      const int64_t chunk = std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(cols, 1));
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t n = std::min(chunk, rows - r0);
+        staging.resize(static_cast<size_t>(n * cols));
+        for (int64_t r = 0; r < n; ++r) {
+          const uint8_t* row = v.row_ptr(r0 + r);
+          std::memcpy(&staging[static_cast<size_t>(r * cols)], row, static_cast<size_t>(cols));
+          std::memcpy(&scales[static_cast<size_t>(r0 + r)], row + cols, 4);  // the fp32 row trailer
+        }
+        TESSERA_CUDA_TRY(api_->device_memcpy(static_cast<int8_t*>(m->w) + r0 * cols, staging.data(), n * cols),
+                         "upload " + name);
+      }
+      TESSERA_CUDA_TRY(api_->device_memcpy(m->scales, scales.data(), rows * 4), "upload " + name + " scales");
+      m->bytes = rows * cols + rows * 4;
+    } else if (type == QuantType::kI4_G128) {
+      m->kind = Matrix::Kind::kW4;
+      const int64_t groups = cols / kInt4Group;
+      TESSERA_ASSIGN_OR_RETURN(m->w, device_alloc(rows * cols / 2, name.c_str()));
+      TESSERA_ASSIGN_OR_RETURN(m->scales, device_alloc(rows * groups * 2, name.c_str()));
+      TESSERA_ASSIGN_OR_RETURN(m->zeros, device_alloc(rows * groups, name.c_str()));
+      std::vector<uint16_t> scales(static_cast<size_t>(rows * groups));
+      std::vector<uint8_t> zeros(static_cast<size_t>(rows * groups));
+      const int64_t chunk = std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(cols / 2, 1));
+      Int4Group g;
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t n = std::min(chunk, rows - r0);
+        staging.assign(static_cast<size_t>(n * cols / 2), 0);
+        for (int64_t r = 0; r < n; ++r) {
+          const uint8_t* row = v.row_ptr(r0 + r);
+          for (int64_t gi = 0; gi < groups; ++gi) {
+            unpack_int4_group(row + gi * quant_traits(type).block_bytes, &g);
+            scales[static_cast<size_t>((r0 + r) * groups + gi)] = g.scale_fp16;
+            zeros[static_cast<size_t>((r0 + r) * groups + gi)] = g.zero;
+            for (int64_t e = 0; e < kInt4Group; e += 2) {  // elements 2b, 2b + 1 share byte b
+              const int64_t c = gi * kInt4Group + e;
+              staging[static_cast<size_t>(r * cols / 2 + c / 2)] =
+                  static_cast<uint8_t>((g.levels[e] & 15) | ((g.levels[e + 1] & 15) << 4));
+            }
+          }
+        }
+        TESSERA_CUDA_TRY(api_->device_memcpy(static_cast<uint8_t*>(m->w) + r0 * cols / 2, staging.data(),
+                                             n * cols / 2),
+                         "upload " + name);
+      }
+      TESSERA_CUDA_TRY(api_->device_memcpy(m->scales, scales.data(), rows * groups * 2), "upload " + name);
+      TESSERA_CUDA_TRY(api_->device_memcpy(m->zeros, zeros.data(), rows * groups), "upload " + name);
+      m->bytes = rows * cols / 2 + rows * groups * 3;
+    } else {
+      // F16 as stored; F32, BF16 and GGUF block types dequantized to f16 on the host.
+      m->kind = Matrix::Kind::kF16;
+      TESSERA_ASSIGN_OR_RETURN(m->w, device_alloc(rows * cols * 2, name.c_str()));
+      auto* dst = static_cast<uint16_t*>(m->w);
+      if (type == QuantType::kF16) {
+        TESSERA_CUDA_TRY(api_->device_memcpy(dst, v.data, rows * cols * 2), "upload " + name);
+      } else {
+        const int64_t chunk = std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(cols * 2, 1));
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+          const int64_t n = std::min(chunk, rows - r0);
+          staging.resize(static_cast<size_t>(n * cols * 2));
+          rows_to_f16(v, r0, n, tmp, reinterpret_cast<uint16_t*>(staging.data()));
+          TESSERA_CUDA_TRY(api_->device_memcpy(dst + r0 * cols, staging.data(), n * cols * 2), "upload " + name);
+        }
+      }
+      m->bytes = rows * cols * 2;
+    }
+    weight_bytes_ += m->bytes;
+    if (m->kind != Matrix::Kind::kF16) dequant_elems_ = std::max(dequant_elems_, rows * cols);
+    return Status::ok();
+  };
+  // Vectors (norms, biases) are F32 after binding; null stays null.
+  auto upload_vector = [&](const TensorView& v, int64_t expect, const std::string& name, float** out) -> Status {
+    *out = nullptr;
+    if (!v.data) return Status::ok();
+    if (v.type != QuantType::kF32 || v.numel() != expect)
+      return Status::invalid_argument(fmt::format("CudaForward: {} is {} {}, expected F32 [{}]", name,
+                                                  quant_name(v.type), v.shape_string(), expect));
+    void* p = nullptr;
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(expect * 4, name.c_str()));
+    TESSERA_CUDA_TRY(api_->device_memcpy(p, v.data, expect * 4), "upload " + name);
+    weight_bytes_ += expect * 4;
+    *out = static_cast<float*>(p);
+    return Status::ok();
+  };
+
+  const int64_t hd = config_.head_dim, hidden = config_.hidden;
+  embed_ = std::make_unique<Matrix>();
+  TESSERA_RETURN_IF_ERROR(upload_matrix(weights.embed, "model.embed_tokens.weight", embed_.get()));
+  if (embed_->kind != Matrix::Kind::kF16) {
+    // The embedding kernel reads f16 / f32 tables: dequantize an INT8 / INT4 table to f16.
+    return Status::unimplemented("CudaForward: a quantized (I8_CH / I4_G128) embedding table is not supported");
+  }
+  const bool tied = weights.lm_head.data == weights.embed.data && weights.lm_head.type == weights.embed.type &&
+                    weights.lm_head.rows() == weights.embed.rows();
+  if (tied) {
+    lm_head_ = embed_.get();
+  } else {
+    lm_head_own_ = std::make_unique<Matrix>();
+    TESSERA_RETURN_IF_ERROR(upload_matrix(weights.lm_head, "lm_head.weight", lm_head_own_.get()));
+    lm_head_ = lm_head_own_.get();
+  }
+  step_weight_bytes_ = lm_head_->bytes;
+  TESSERA_RETURN_IF_ERROR(upload_vector(weights.final_norm, hidden, "model.norm.weight", &final_norm_));
+  if (!final_norm_) return Status::invalid_argument("CudaForward: model.norm.weight is missing");
+  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd;
+  layers_.resize(weights.layers.size());
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& w = weights.layers[i];
+    Layer& d = layers_[i];
+    const std::string p = "model.layers." + std::to_string(i);
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.attn_norm, hidden, p + ".input_layernorm.weight", &d.attn_norm));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.ffn_norm, hidden, p + ".post_attention_layernorm.weight", &d.ffn_norm));
+    if (!d.attn_norm || !d.ffn_norm) return Status::invalid_argument("CudaForward: " + p + " lacks a norm weight");
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.bq, q_dim, p + ".self_attn.q_proj.bias", &d.bq));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.bk, kv_dim, p + ".self_attn.k_proj.bias", &d.bk));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.bv, kv_dim, p + ".self_attn.v_proj.bias", &d.bv));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.q_norm, hd, p + ".self_attn.q_norm.weight", &d.q_norm));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.k_norm, hd, p + ".self_attn.k_norm.weight", &d.k_norm));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wq, p + ".self_attn.q_proj.weight", &d.wq));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wk, p + ".self_attn.k_proj.weight", &d.wk));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wv, p + ".self_attn.v_proj.weight", &d.wv));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wo, p + ".self_attn.o_proj.weight", &d.wo));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_gate, p + ".mlp.gate_proj.weight", &d.w_gate));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_up, p + ".mlp.up_proj.weight", &d.w_up));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_down, p + ".mlp.down_proj.weight", &d.w_down));
+    const struct { const Matrix* m; int64_t rows, cols; } shapes[] = {
+        {&d.wq, q_dim, hidden}, {&d.wk, kv_dim, hidden}, {&d.wv, kv_dim, hidden}, {&d.wo, hidden, q_dim},
+        {&d.w_gate, layout_.ffn, hidden}, {&d.w_up, layout_.ffn, hidden}, {&d.w_down, hidden, layout_.ffn}};
+    for (const auto& s : shapes) {
+      if (s.m->rows != s.rows || s.m->cols != s.cols)
+        return Status::invalid_argument(fmt::format("CudaForward: {} has shape [{}, {}], the layout expects [{}, {}]",
+                                                    p, s.m->rows, s.m->cols, s.rows, s.cols));
+      step_weight_bytes_ += s.m->bytes;
+    }
+  }
+  const std::vector<float> inv_freq = rope_inv_freq(config_);
+  void* p = nullptr;
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(static_cast<int64_t>(inv_freq.size()) * 4, "RoPE frequencies"));
+  TESSERA_CUDA_TRY(api_->device_memcpy(p, inv_freq.data(), static_cast<int64_t>(inv_freq.size()) * 4),
+                   "upload RoPE frequencies");
+  inv_freq_ = static_cast<float*>(p);
+  return Status::ok();
+}
+
+// ---- workspace and KV pool ----
+
+namespace {
+// Offsets (int32 elements) of the metadata regions for T tokens, R logit rows, S sequences.
+struct MetaLayout {
+  int64_t tokens, positions, out_rows, query_begin, query_len, start_pos, seq_lens, tables, total;
+  MetaLayout(int64_t T, int64_t R, int64_t S, int64_t table_cap) {
+    tokens = 0;
+    positions = tokens + T;
+    out_rows = positions + T;
+    query_begin = out_rows + R;
+    query_len = query_begin + S;
+    start_pos = query_len + S;
+    seq_lens = start_pos + S;
+    tables = seq_lens + S;
+    total = tables + S * table_cap;
+  }
+};
+}  // namespace
+
+Status CudaForward::allocate_workspace() {
+  const int64_t T = options_.max_tokens_per_step;
+  options_.max_logit_rows = std::min(options_.max_logit_rows, T);
+  const int64_t R = options_.max_logit_rows, S = options_.max_seqs_per_step;
+  const int64_t hd = config_.head_dim, hidden = config_.hidden;
+  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
+  const int64_t local_vocab = lm_head_->rows;
+  max_table_blocks_ = (config_.max_positions + options_.block_size - 1) / options_.block_size;
+  const MetaLayout meta(T, R, S, max_table_blocks_);
+  auto alloc_f32 = [&](float** out, int64_t n, const char* what) -> Status {
+    void* p = nullptr;
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(n * 4, what));
+    *out = static_cast<float*>(p);
+    workspace_bytes_ += n * 4;
+    return Status::ok();
+  };
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&x_, T * hidden, "the residual stream"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&h_, T * hidden, "normed activations"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&proj_, T * hidden, "projection outputs"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&q_, T * q_dim, "queries"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&attn_, T * q_dim, "attention outputs"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&k_, T * kv_dim, "keys"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&v_, T * kv_dim, "values"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&gate_, T * ffn, "MLP gate"));
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&up_, T * ffn, "MLP up"));
+  // At TP > 1 the all-gather sends n_out * vocab_per_rank floats (>= this rank's rows).
+  TESSERA_RETURN_IF_ERROR(
+      alloc_f32(&logits_, R * std::max<int64_t>({local_vocab, layout_.vocab_per_rank, 1}), "logits"));
+  if (layout_.tp_size > 1)
+    TESSERA_RETURN_IF_ERROR(
+        alloc_f32(&gathered_, layout_.tp_size * R * layout_.vocab_per_rank, "gathered logits"));
+  void* p = nullptr;
+  const int64_t act_cols = std::max({hidden, q_dim, ffn});
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(T * act_cols * 2, "f16 activations"));
+  act16_ = static_cast<uint16_t*>(p);
+  if (dequant_elems_ > 0) {
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(dequant_elems_ * 2, "a dequantized weight matrix"));
+    dequant_ = static_cast<uint16_t*>(p);
+    workspace_bytes_ += dequant_elems_ * 2;
+  }
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(meta.total * 4, "step metadata"));
+  meta_ = static_cast<int32_t*>(p);
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(T * 8, "KV slots"));
+  slots_ = static_cast<int64_t*>(p);
+  workspace_bytes_ += T * act_cols * 2 + meta.total * 4 + T * 8;
+  h_meta_.assign(static_cast<size_t>(meta.total), 0);
+  h_slots_.assign(static_cast<size_t>(T), 0);
+  return Status::ok();
+}
+
+Status CudaForward::allocate_kv_pool() {
+  int64_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_TRY(api_->mem_get_info(&free_bytes, &total_bytes), "query device memory");
+  const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
+  const int64_t bytes_per_block = 2 * config_.n_layers * block_floats * 4;  // K and V of every layer
+  const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
+  const int64_t usable = free_bytes - headroom;
+  int64_t blocks = usable > 0 ? usable / bytes_per_block : 0;
+  if (options_.max_kv_blocks > 0) blocks = std::min(blocks, options_.max_kv_blocks);
+  blocks = std::min<int64_t>(blocks, 0x7fffffff);  // block ids are int32
+  if (blocks < 1)
+    return Status::resource_exhausted(fmt::format(
+        "CUDA device {}: {} bytes free after {} bytes of weights and {} of workspace; keeping {:.0f}% of {} "
+        "bytes free leaves no room for one KV block of {} bytes",
+        options_.device, free_bytes, weight_bytes_, workspace_bytes_, options_.kv_headroom * 100.0, total_bytes,
+        bytes_per_block));
+  void* p = nullptr;
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(blocks * bytes_per_block, "the KV pool"));
+  kv_pool_ = static_cast<float*>(p);
+  num_blocks_ = blocks;
+  layer_kv_floats_ = blocks * block_floats;
+  kv_bytes_ = blocks * bytes_per_block;
+  return Status::ok();
+}
+
+// ---- one step ----
+
+Status CudaForward::validate(std::span<const SequenceInput> batch) const {
+  // The same checks, in the same order, as ForwardPass::validate, plus the step limits.
+  const int64_t block_size = options_.block_size;
+  int64_t n = 0, n_out = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    if (in.tokens.empty()) return Status::invalid_argument(fmt::format("sequence {} has no tokens", s));
+    for (int32_t id : in.tokens) {
+      if (id < 0 || id >= config_.vocab)
+        return Status::out_of_range(fmt::format("token id {} is out of range: the vocabulary has {} tokens (0..{})",
+                                                id, config_.vocab, config_.vocab - 1));
+    }
+    const int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
+    if (in.start_pos < 0 || end > config_.max_positions)
+      return Status::out_of_range(fmt::format("positions [{}, {}) exceed the context length {}", in.start_pos, end,
+                                              config_.max_positions));
+    if (static_cast<int64_t>(in.block_table.size()) * block_size < end)
+      return Status::invalid_argument(fmt::format("sequence {}: block table of {} blocks cannot hold {} tokens", s,
+                                                  in.block_table.size(), end));
+    for (int32_t b : in.block_table)
+      if (b < 0 || b >= num_blocks_)
+        return Status::out_of_range(fmt::format("block id {} outside the cache (0..{})", b, num_blocks_ - 1));
+    n += static_cast<int64_t>(in.tokens.size());
+    n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
+  }
+  if (n > options_.max_tokens_per_step || static_cast<int64_t>(batch.size()) > options_.max_seqs_per_step ||
+      n_out > options_.max_logit_rows)
+    return Status::invalid_argument(fmt::format(
+        "step of {} tokens, {} sequences, {} logit rows exceeds the CUDA workspace ({} tokens, {} sequences, {} "
+        "rows; CudaForwardOptions)",
+        n, batch.size(), n_out, options_.max_tokens_per_step, options_.max_seqs_per_step, options_.max_logit_rows));
+  return Status::ok();
+}
+
+Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n) {
+  constexpr int64_t kQuantKernelMaxTokens = 32;
+  if (m.kind != Matrix::Kind::kF16 && n > kQuantKernelMaxTokens) {
+    // Large step: expand the matrix to f16 once (stream-ordered, so the buffer is free again
+    // when the next GEMM's dequantization runs) and use cuBLAS.
+    const int rc = m.kind == Matrix::Kind::kW8
+                       ? api_->dequantize_w8a16(static_cast<const int8_t*>(m.w), static_cast<const float*>(m.scales),
+                                                dequant_, m.rows, m.cols, stream_)
+                       : api_->dequantize_w4a16(static_cast<const uint8_t*>(m.w),
+                                                static_cast<const uint16_t*>(m.scales),
+                                                static_cast<const uint8_t*>(m.zeros), dequant_, m.rows, m.cols, stream_);
+    TESSERA_CUDA_TRY(rc, "dequantize a weight matrix");
+    return api_->check(api_->gemm_f16(blas_, dequant_, x16, y, m.rows, m.cols, n, stream_), "F16 GEMM");
+  }
+  switch (m.kind) {
+    case Matrix::Kind::kF16:
+      return api_->check(api_->gemm_f16(blas_, static_cast<const uint16_t*>(m.w), x16, y, m.rows, m.cols, n, stream_),
+                         "F16 GEMM");
+    case Matrix::Kind::kW8:
+      return api_->check(api_->gemm_w8a16(static_cast<const int8_t*>(m.w), static_cast<const float*>(m.scales), x16,
+                                          y, m.rows, m.cols, n, stream_),
+                         "W8A16 GEMM");
+    case Matrix::Kind::kW4:
+      return api_->check(
+          api_->gemm_w4a16(static_cast<const uint8_t*>(m.w), static_cast<const uint16_t*>(m.scales),
+                           static_cast<const uint8_t*>(m.zeros), x16, y, m.rows, m.cols, n, stream_),
+          "W4A16 GEMM");
+  }
+  return Status::internal("CudaForward: unknown matrix kind");
+}
+
+Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
+  const MetaLayout meta(options_.max_tokens_per_step, options_.max_logit_rows, options_.max_seqs_per_step,
+                        max_table_blocks_);
+  float* k_cache = kv_pool_ + (2 * l) * layer_kv_floats_;
+  float* v_cache = kv_pool_ + (2 * l + 1) * layer_kv_floats_;
+  const int64_t hd = config_.head_dim;
+
+  TesseraCudaRopeKvArgs rope{};
+  rope.q = q_;
+  rope.k = k_;
+  rope.v = v_;
+  rope.positions = meta_ + meta.positions;
+  rope.slots = slots_;
+  rope.inv_freq = inv_freq_;
+  rope.k_cache = k_cache;
+  rope.v_cache = v_cache;
+  rope.n_tokens = n;
+  rope.n_heads = layout_.n_heads;
+  rope.n_kv_heads = layout_.n_kv_heads;
+  rope.head_dim = hd;
+  rope.block_size = options_.block_size;
+  rope.num_blocks = num_blocks_;
+  TESSERA_CUDA_TRY(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (all_decode) {  // one token per sequence: row s of q is sequence s
+    TesseraCudaDecodeAttentionArgs a{};
+    a.q = q_;
+    a.out = attn_;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.block_tables = meta_ + meta.tables;
+    a.seq_lens = meta_ + meta.seq_lens;
+    a.n_seqs = n_seqs_;
+    a.n_heads = layout_.n_heads;
+    a.n_kv_heads = layout_.n_kv_heads;
+    a.head_dim = hd;
+    a.block_size = options_.block_size;
+    a.max_blocks_per_seq = table_stride_;
+    a.scale = scale;
+    a.sliding_window = config_.sliding_window;
+    return api_->check(api_->paged_decode_attention_f32(&a, stream_), "paged decode attention");
+  }
+  TesseraCudaPrefillAttentionArgs a{};
+  a.q = q_;
+  a.out = attn_;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.block_tables = meta_ + meta.tables;
+  a.query_begin = meta_ + meta.query_begin;
+  a.query_len = meta_ + meta.query_len;
+  a.start_pos = meta_ + meta.start_pos;
+  a.n_seqs = n_seqs_;
+  a.max_query_len = 0;
+  for (int64_t s = 0; s < n_seqs_; ++s)
+    a.max_query_len = std::max<int64_t>(a.max_query_len, h_meta_[static_cast<size_t>(meta.query_len + s)]);
+  a.n_heads = layout_.n_heads;
+  a.n_kv_heads = layout_.n_kv_heads;
+  a.head_dim = hd;
+  a.block_size = options_.block_size;
+  a.max_blocks_per_seq = table_stride_;
+  a.scale = scale;
+  a.sliding_window = config_.sliding_window;
+  return api_->check(api_->paged_prefill_attention_f32(&a, stream_), "paged prefill attention");
+}
+
+Status CudaForward::gather_logits(int64_t n_out, std::vector<float>& logits) {
+  const int64_t vocab = config_.vocab;
+  const int64_t local = lm_head_->rows;
+  logits.resize(static_cast<size_t>(n_out * vocab));
+  TESSERA_RETURN_IF_ERROR(gemm(*lm_head_, act16_, logits_, n_out));  // [n_out, local] packed
+  if (layout_.tp_size == 1) {
+    TESSERA_CUDA_TRY(api_->device_memcpy_async(logits.data(), logits_, n_out * vocab * 4, stream_), "copy logits");
+    TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
+    return Status::ok();
+  }
+  // Each rank's chunk of n_out * per floats holds its [n_out, count_r] logits packed at the
+  // front (count_r <= per; the rest is unused), gathered as [rank][chunk].
+  const int64_t per = layout_.vocab_per_rank;
+  (void)local;
+  TESSERA_RETURN_IF_ERROR(comm_->all_gather(logits_, gathered_, n_out * per * 4));
+  h_gathered_.resize(static_cast<size_t>(layout_.tp_size * n_out * per));
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_gathered_.data(), gathered_,
+                                             layout_.tp_size * n_out * per * 4, stream_),
+                   "copy gathered logits");
+  TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
+  for (int r = 0; r < layout_.tp_size; ++r) {
+    const int64_t begin = std::min<int64_t>(vocab, per * r);
+    const int64_t count = std::min<int64_t>(vocab, begin + per) - begin;
+    const float* chunk = &h_gathered_[static_cast<size_t>(r * n_out * per)];
+    for (int64_t t = 0; t < n_out; ++t)
+      std::copy_n(chunk + t * count, count, &logits[static_cast<size_t>(t * vocab + begin)]);
+  }
+  return Status::ok();
+}
+
+Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  TESSERA_RETURN_IF_ERROR(validate(batch));
+  const MetaLayout meta(options_.max_tokens_per_step, options_.max_logit_rows, options_.max_seqs_per_step,
+                        max_table_blocks_);
+  const int64_t bs = options_.block_size;
+  // Host metadata: token rows in batch order, one block-table row per sequence holding the
+  // blocks its positions [0, end) use (stride = the longest such row of this step).
+  n_seqs_ = static_cast<int64_t>(batch.size());
+  table_stride_ = 1;
+  for (const SequenceInput& in : batch)
+    table_stride_ = std::max<int64_t>(table_stride_, (in.start_pos + static_cast<int64_t>(in.tokens.size()) + bs - 1) / bs);
+  int64_t n = 0, n_out = 0;
+  bool all_decode = true;
+  for (int64_t s = 0; s < n_seqs_; ++s) {
+    const SequenceInput& in = batch[static_cast<size_t>(s)];
+    const auto len = static_cast<int64_t>(in.tokens.size());
+    all_decode = all_decode && len == 1;
+    h_meta_[static_cast<size_t>(meta.query_begin + s)] = static_cast<int32_t>(n);
+    h_meta_[static_cast<size_t>(meta.query_len + s)] = static_cast<int32_t>(len);
+    h_meta_[static_cast<size_t>(meta.start_pos + s)] = static_cast<int32_t>(in.start_pos);
+    h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(in.start_pos + len);
+    const int64_t used = (in.start_pos + len + bs - 1) / bs;
+    for (int64_t b = 0; b < table_stride_; ++b)
+      h_meta_[static_cast<size_t>(meta.tables + s * table_stride_ + b)] =
+          b < used ? in.block_table[static_cast<size_t>(b)] : 0;
+    for (int64_t i = 0; i < len; ++i, ++n) {
+      const int64_t pos = in.start_pos + i;
+      h_meta_[static_cast<size_t>(meta.tokens + n)] = in.tokens[static_cast<size_t>(i)];
+      h_meta_[static_cast<size_t>(meta.positions + n)] = static_cast<int32_t>(pos);
+      h_slots_[static_cast<size_t>(n)] =
+          static_cast<int64_t>(in.block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs;
+    }
+    const int64_t first = in.all_logits ? n - len : in.want_logits ? n - 1 : n;
+    for (int64_t i = first; i < n; ++i, ++n_out) h_meta_[static_cast<size_t>(meta.out_rows + n_out)] = static_cast<int32_t>(i);
+  }
+
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
+  // Pageable host memory: the copies are staged before the calls return, and h_meta_ is not
+  // touched again before the stream synchronization at the end of the step anyway.
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4, stream_),
+                   "upload step metadata");
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
+
+  const int64_t hidden = config_.hidden, hd = config_.head_dim;
+  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
+  const float eps = config_.rms_eps;
+  TESSERA_CUDA_TRY(api_->embedding(embed_->w, TESSERA_CUDA_F16, config_.vocab, hidden, meta_ + meta.tokens, n, x_,
+                                   TESSERA_CUDA_F32, stream_),
+                   "embedding");
+  TESSERA_CUDA_TRY(api_->rms_norm_f32(x_, layers_[0].attn_norm, h_, n, hidden, eps, stream_), "RMSNorm");
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const Layer& w = layers_[static_cast<size_t>(l)];
+    // Attention block.
+    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.wq, act16_, q_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.wk, act16_, k_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.wv, act16_, v_, n));
+    if (w.bq) TESSERA_CUDA_TRY(api_->add_bias_f32(q_, w.bq, n, q_dim, stream_), "q bias");
+    if (w.bk) TESSERA_CUDA_TRY(api_->add_bias_f32(k_, w.bk, n, kv_dim, stream_), "k bias");
+    if (w.bv) TESSERA_CUDA_TRY(api_->add_bias_f32(v_, w.bv, n, kv_dim, stream_), "v bias");
+    if (w.q_norm)
+      TESSERA_CUDA_TRY(api_->rms_norm_f32(q_, w.q_norm, q_, n * layout_.n_heads, hd, eps, stream_), "q norm");
+    if (w.k_norm)
+      TESSERA_CUDA_TRY(api_->rms_norm_f32(k_, w.k_norm, k_, n * layout_.n_kv_heads, hd, eps, stream_), "k norm");
+    TESSERA_RETURN_IF_ERROR(attention(l, n, all_decode));
+    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(attn_, act16_, n * q_dim, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.wo, act16_, proj_, n));
+    if (layout_.tp_size > 1) TESSERA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_, n * hidden));
+    TESSERA_CUDA_TRY(api_->add_rms_norm_f32(x_, proj_, w.ffn_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
+    // MLP block.
+    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_gate, act16_, gate_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_up, act16_, up_, n));
+    TESSERA_CUDA_TRY(api_->silu_mul_f32(gate_, up_, gate_, n, ffn, stream_), "SiLU * up");
+    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(gate_, act16_, n * ffn, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_down, act16_, proj_, n));
+    if (layout_.tp_size > 1) TESSERA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_, n * hidden));
+    const float* next_norm = l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : final_norm_;
+    TESSERA_CUDA_TRY(api_->add_rms_norm_f32(x_, proj_, next_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
+  }
+  if (n_out == 0) {
+    logits.clear();
+    TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
+    return Status::ok();
+  }
+  // The final-normed rows that want logits -> proj_ -> f16 -> LM head.
+  TESSERA_CUDA_TRY(api_->gather_rows_f32(h_, meta_ + meta.out_rows, proj_, n_out, hidden, stream_), "gather rows");
+  TESSERA_CUDA_TRY(api_->convert_f32_to_f16(proj_, act16_, n_out * hidden, stream_), "f32 -> f16");
+  return gather_logits(n_out, logits);
+}
+
+}  // namespace tessera

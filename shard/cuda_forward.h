@@ -1,0 +1,147 @@
+// The decoder forward pass on one CUDA device for one shard: the GPU twin of ForwardPass
+// (shard/forward.h), same math (GQA, rotate-half RoPE, RMSNorm / fused residual + RMSNorm,
+// optional Qwen biases and q/k norms, tied embeddings, vocabulary-parallel LM head + all-gather)
+// and the same SequenceInput batches.
+//
+// No CUDA is linked here: every device call goes through the dlopen-ed backend table
+// (kernels/cuda/cuda_loader.h), so this file builds on machines without CUDA and create()
+// returns Unavailable there.
+//
+// Memory, all allocated by create(), nothing per step:
+//  1. weights: F16 matrices as they are; F32 / BF16 converted to f16 at upload; I8_CH uploaded
+//     as int8 levels + fp32 row scales (W8A16 kernel); I4_G128 repacked to the W4A16 layout of
+//     cuda_api.h; GGUF block types (Q8_0, Q4_0, Q4_K, ...) are dequantized on the host to f16
+//     at upload for now (no GGUF kernels yet). Norm weights and biases stay fp32. A tied LM
+//     head shares the embedding's f16 matrix.
+//  2. workspace for the largest step (options.max_tokens_per_step tokens, max_seqs_per_step
+//     sequences, max_logit_rows logit rows): fp32 activations, one f16 activation buffer for
+//     the GEMM inputs, logits, and the per-step metadata (tokens, positions, slots, block tables);
+//     with INT8 / INT4 weights also an f16 buffer for the largest such matrix: GEMMs of more than
+//     32 tokens dequantize the matrix into it and use cuBLAS (the W8A16 / W4A16 kernels re-read
+//     the packed weights once per 8 tokens).
+//  3. the KV pool as ONE allocation: cudaMemGetInfo's free bytes minus kv_headroom * total,
+//     divided into blocks of block_size tokens ([layer][K|V][num_blocks][block_size][n_kv_heads]
+//     [head_dim] fp32, the CPU layout per layer), capped at max_kv_blocks when > 0.
+//
+// Streams: every kernel runs on one stream. With TP > 1 `comm` must be an NcclComm (device
+// pointers) and its stream is used, so kernels and collectives are ordered without events.
+// Thread-safety: create() and run() on one thread (the cuBLAS handle is per thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "model/model_config.h"
+#include "model/weight_store.h"
+#include "shard/forward.h"
+#include "shard/tp_slice.h"
+
+namespace tessera {
+
+class DeviceComm;
+struct CudaApi;
+
+struct CudaForwardOptions {
+  int device = 0;
+  int64_t block_size = 16;              // tokens per KV block
+  int64_t max_tokens_per_step = 2048;   // new tokens of all sequences in one run()
+  int64_t max_seqs_per_step = 256;      // sequences in one run()
+  int64_t max_logit_rows = 256;         // logit rows one run() may return
+  double kv_headroom = 0.10;            // fraction of total device memory left free after the KV pool
+  int64_t max_kv_blocks = 0;            // > 0: at most this many KV blocks
+};
+
+class CudaForward {
+ public:
+  // Uploads `weights` (this rank's slice as laid out by `layout`), allocates the workspace and
+  // the KV pool. `comm` may be null at TP 1; at TP > 1 it must be an NcclComm of layout.tp_size
+  // ranks. config, layout and comm must outlive the object; `weights` may be released after.
+  // Errors: Unavailable (no CUDA library / device, a CUDA call failed), ResourceExhausted (the
+  // weights and workspace leave no room for one KV block), InvalidArgument (bad options, a
+  // communicator that does not match).
+  static Result<std::unique_ptr<CudaForward>> create(const ModelConfig& config, const ShardLayout& layout,
+                                                     const ModelWeights& weights, DeviceComm* comm,
+                                                     const CudaForwardOptions& options);
+  ~CudaForward();
+  CudaForward(const CudaForward&) = delete;
+  CudaForward& operator=(const CudaForward&) = delete;
+
+  // As ForwardPass::run: fp32 logits (the full vocabulary, identical on every rank) in batch
+  // order, one row per token of an all_logits piece, one for a want_logits piece. Returns after
+  // the logits are on the host. Errors: token id / position / block id out of range, a block
+  // table too short, or a step larger than the options allow (nothing is run then); a failed
+  // CUDA call (Unavailable).
+  Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
+
+  int64_t num_kv_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return options_.block_size; }
+  int64_t weight_bytes() const { return weight_bytes_; }       // device bytes of weights
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+  int64_t kv_bytes() const { return kv_bytes_; }
+  // The dense bytes one decode step streams from the weights (every layer matrix and the LM
+  // head, not the embedding): the numerator of the bandwidth floor.
+  int64_t weight_bytes_per_step() const { return step_weight_bytes_; }
+
+  struct Matrix;   // a device weight matrix (cuda_forward.cpp)
+  struct Layer;
+
+ private:
+  CudaForward(const ModelConfig& config, const ShardLayout& layout, DeviceComm* comm,
+              const CudaForwardOptions& options);
+  Status init(const ModelWeights& weights);
+  Status upload_weights(const ModelWeights& weights);
+  Status allocate_workspace();
+  Status allocate_kv_pool();
+  Result<void*> device_alloc(int64_t bytes, const char* what);
+  Status validate(std::span<const SequenceInput> batch) const;
+  Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
+  Status attention(int64_t layer, int64_t n_tokens, bool all_decode);
+  Status gather_logits(int64_t n_out, std::vector<float>& logits);
+
+  const ModelConfig& config_;
+  const ShardLayout layout_;
+  DeviceComm* comm_;
+  CudaForwardOptions options_;
+  const CudaApi* api_ = nullptr;
+  void* stream_ = nullptr;
+  bool owns_stream_ = false;
+  void* blas_ = nullptr;
+  std::vector<void*> allocations_;
+
+  // weights
+  std::unique_ptr<Matrix> embed_;  // f16 [vocab, hidden]
+  std::unique_ptr<Matrix> lm_head_own_;
+  const Matrix* lm_head_ = nullptr;
+  float* final_norm_ = nullptr;
+  std::vector<Layer> layers_;
+  float* inv_freq_ = nullptr;
+  int64_t weight_bytes_ = 0, workspace_bytes_ = 0, kv_bytes_ = 0, step_weight_bytes_ = 0;
+
+  // workspace (device)
+  float *x_ = nullptr, *h_ = nullptr, *proj_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
+  float *attn_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *gathered_ = nullptr;
+  uint16_t* act16_ = nullptr;
+  // f16 copy of one INT8 / INT4 matrix for steps of more than 32 tokens (then cuBLAS), sized
+  // for the largest quantized matrix; null when no matrix is quantized.
+  uint16_t* dequant_ = nullptr;
+  int64_t dequant_elems_ = 0;
+  int32_t* meta_ = nullptr;  // tokens | positions | out_rows | query_begin | query_len | start_pos | seq_lens | tables
+  int64_t* slots_ = nullptr;
+  int64_t max_table_blocks_ = 0;  // blocks a sequence of max_positions tokens needs
+  // host mirror of the metadata, reused every step
+  std::vector<int32_t> h_meta_;
+  std::vector<int64_t> h_slots_;
+  std::vector<float> h_gathered_;
+
+  // KV pool
+  float* kv_pool_ = nullptr;
+  int64_t num_blocks_ = 0;
+  int64_t layer_kv_floats_ = 0;  // floats of one layer's K (or V)
+  int64_t table_stride_ = 0;     // block-table columns of the current step
+  int64_t n_seqs_ = 0;
+};
+
+}  // namespace tessera

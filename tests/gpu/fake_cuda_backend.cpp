@@ -1,0 +1,349 @@
+// A CPU stand-in for libtessera_cuda.so, for tests only: every C entry point of
+// kernels/cuda/cuda_api.h implemented on the host, with host memory playing device memory and
+// every call synchronous. Loaded through TESSERA_CUDA_LIBRARY, it lets CTest run the CUDA
+// forward pass's host logic (weight upload and repacking, step metadata, block tables, op
+// dispatch, logits) and the index math of the newer kernels on machines without a GPU
+// (test `cuda_forward_fake_backend`). The prefill attention and W8A16 / W4A16 GEMMs follow
+// their kernels' block / warp / lane decomposition step by step; the other ops are plain
+// references. NCCL is absent (TP 1 only). It says nothing about the real kernels' speed or
+// synchronization: the `gpu` tests on a device do.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/cuda/cuda_api.h"
+
+namespace {
+
+using tessera::f32_to_fp16;
+using tessera::fp16_to_f32;
+
+const char* g_last_error = "";
+
+int fail(const char* message) {
+  g_last_error = message;
+  return -1;
+}
+
+// Softmax-weighted sum over the keys [first, last] of one (sequence, query head).
+void attend(const float* q, float* out, const float* k_cache, const float* v_cache, const int32_t* table,
+            int64_t first, int64_t last, int64_t hd, int64_t n_kv, int64_t kv_head, int64_t block_size, float scale) {
+  auto offset = [&](int64_t key) {
+    return ((static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * n_kv + kv_head) * hd;
+  };
+  std::vector<float> scores;
+  float m = -INFINITY;
+  for (int64_t key = first; key <= last; ++key) {
+    float dot = 0.0f;
+    for (int64_t i = 0; i < hd; ++i) dot += q[i] * k_cache[offset(key) + i];
+    scores.push_back(dot * scale);
+    m = std::max(m, dot * scale);
+  }
+  double sum = 0.0;
+  for (float& s : scores) sum += (s = std::exp(s - m));
+  for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (int64_t key = first; key <= last; ++key)
+    for (int64_t i = 0; i < hd; ++i)
+      out[i] += scores[static_cast<size_t>(key - first)] * v_cache[offset(key) + i] / static_cast<float>(sum);
+}
+
+}  // namespace
+
+extern "C" {
+
+int tessera_cuda_device_count() { return 1; }
+const char* tessera_cuda_last_error() { return g_last_error; }
+int tessera_cuda_set_device(int) { return 0; }
+int tessera_cuda_device_info(int, char* name, int cap, int* major, int* minor) {
+  std::snprintf(name, static_cast<size_t>(cap), "fake CPU backend");
+  *major = 8;
+  *minor = 0;
+  return 0;
+}
+int tessera_cuda_malloc(void** p, int64_t bytes) {
+  *p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  if (!*p) return fail("fake malloc failed");
+  std::memset(*p, 0x7f, static_cast<size_t>(bytes));  // garbage, as fresh device memory may hold
+  return 0;
+}
+int tessera_cuda_free(void* p) {
+  std::free(p);
+  return 0;
+}
+int tessera_cuda_memcpy(void* dst, const void* src, int64_t bytes) {
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return 0;
+}
+int tessera_cuda_memcpy_async(void* dst, const void* src, int64_t bytes, void*) {
+  return tessera_cuda_memcpy(dst, src, bytes);
+}
+int tessera_cuda_memset(void* p, int value, int64_t bytes) {
+  std::memset(p, value, static_cast<size_t>(bytes));
+  return 0;
+}
+int tessera_cuda_device_synchronize() { return 0; }
+int tessera_cuda_stream_create(void** s) {
+  static int token;
+  *s = &token;
+  return 0;
+}
+int tessera_cuda_stream_destroy(void*) { return 0; }
+int tessera_cuda_stream_synchronize(void*) { return 0; }
+int tessera_cuda_event_create(void** e) { return tessera_cuda_stream_create(e); }
+int tessera_cuda_event_destroy(void*) { return 0; }
+int tessera_cuda_event_record(void*, void*) { return 0; }
+int tessera_cuda_event_elapsed_ms(void*, void*, float* ms) {
+  *ms = 1.0f;
+  return 0;
+}
+int tessera_cuda_mem_get_info(int64_t* free_bytes, int64_t* total_bytes) {
+  *free_bytes = int64_t{1} << 30;
+  *total_bytes = int64_t{2} << 30;
+  return 0;
+}
+
+int tessera_nccl_available() { return 0; }
+int64_t tessera_nccl_unique_id_bytes() { return 0; }
+int tessera_nccl_get_unique_id(void*, int64_t) { return fail("fake backend: built without NCCL"); }
+int tessera_nccl_comm_init(void**, const void*, int64_t, int, int, int) { return fail("fake backend: built without NCCL"); }
+int tessera_nccl_comm_destroy(void*) { return 0; }
+int tessera_nccl_all_reduce_sum_f32(void*, const float*, float*, int64_t, void*) { return fail("no NCCL"); }
+int tessera_nccl_all_gather(void*, const void*, void*, int64_t, void*) { return fail("no NCCL"); }
+int tessera_nccl_broadcast(void*, void*, int64_t, int, void*) { return fail("no NCCL"); }
+
+int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps, void*) {
+  for (int64_t r = 0; r < n; ++r) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i] * x[r * dim + i];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = x[r * dim + i] * inv * w[i];
+  }
+  return 0;
+}
+int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n,
+                                  int64_t dim, float eps, void* stream) {
+  for (int64_t i = 0; i < n * dim; ++i) residual[i] += delta[i];
+  return tessera_cuda_rms_norm_f32(residual, w, y, n, dim, eps, stream);
+}
+int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids,
+                           int64_t n, void* out, int out_dtype, void*) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < dim; ++i) {
+      float v = 0.0f;
+      if (ids[t] >= 0 && ids[t] < vocab)
+        v = table_dtype == TESSERA_CUDA_F16 ? fp16_to_f32(static_cast<const uint16_t*>(table)[ids[t] * dim + i])
+                                            : static_cast<const float*>(table)[ids[t] * dim + i];
+      if (out_dtype == TESSERA_CUDA_F16) static_cast<uint16_t*>(out)[t * dim + i] = f32_to_fp16(v);
+      else static_cast<float*>(out)[t * dim + i] = v;
+    }
+  return 0;
+}
+int tessera_cuda_convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void*) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
+  return 0;
+}
+int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, void*) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
+  return 0;
+}
+int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void*) {
+  const int64_t hd = a->head_dim, half = hd / 2, row = a->n_kv_heads * hd;
+  auto rotate = [&](const float* src, float* dst, int64_t i, float pos) {
+    const float angle = pos * a->inv_freq[i], c = std::cos(angle), s = std::sin(angle);
+    const float x0 = src[i], x1 = src[i + half];
+    dst[i] = x0 * c - x1 * s;
+    dst[i + half] = x0 * s + x1 * c;
+  };
+  for (int64_t t = 0; t < a->n_tokens; ++t) {
+    const auto pos = static_cast<float>(a->positions[t]);
+    for (int64_t h = 0; h < a->n_heads; ++h)
+      for (int64_t i = 0; i < half; ++i) rotate(a->q + (t * a->n_heads + h) * hd, a->q + (t * a->n_heads + h) * hd, i, pos);
+    const int64_t slot = a->slots[t];
+    if (slot < 0 || slot >= a->num_blocks * a->block_size) continue;
+    for (int64_t h = 0; h < a->n_kv_heads; ++h)
+      for (int64_t i = 0; i < half; ++i) rotate(a->k + t * row + h * hd, a->k_cache + slot * row + h * hd, i, pos);
+    std::memcpy(a->v_cache + slot * row, a->v + t * row, static_cast<size_t>(row) * 4);
+  }
+  return 0;
+}
+int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void*) {
+  for (int64_t s = 0; s < a->n_seqs; ++s)
+    for (int64_t h = 0; h < a->n_heads; ++h) {
+      const int64_t n = a->seq_lens[s];
+      const int64_t first = a->sliding_window > 0 && n > a->sliding_window ? n - a->sliding_window : 0;
+      attend(a->q + (s * a->n_heads + h) * a->head_dim, a->out + (s * a->n_heads + h) * a->head_dim, a->k_cache,
+             a->v_cache, a->block_tables + s * a->max_blocks_per_seq, first, n - 1, a->head_dim, a->n_kv_heads,
+             h / (a->n_heads / a->n_kv_heads), a->block_size, a->scale);
+    }
+  return 0;
+}
+
+// prefill_attention.cu step by step: blocks (h, tile, s), 4 warps x 4 queries, 16-key tiles.
+int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionArgs* args, void*) {
+  if (!args) return fail("null args");
+  const TesseraCudaPrefillAttentionArgs& a = *args;
+  if (a.head_dim <= 0 || a.head_dim > 256 || a.n_kv_heads <= 0 || a.n_heads <= 0 || a.n_heads % a.n_kv_heads != 0 ||
+      a.block_size <= 0 || a.max_blocks_per_seq <= 0)
+    return fail("bad prefill attention arguments");
+  constexpr int kWarps = 4, kPerWarp = 4, kTile = 16, kKeys = 16;
+  const int64_t hd = a.head_dim, tiles = (a.max_query_len + kTile - 1) / kTile;
+  std::vector<float> ks(kKeys * hd), vs(kKeys * hd);
+  std::vector<float> acc(static_cast<size_t>(kWarps * kPerWarp * hd));
+  for (int64_t s = 0; s < a.n_seqs; ++s)
+    for (int64_t tile = 0; tile < tiles; ++tile)
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        const int64_t q_len = a.query_len[s], tile_begin = tile * kTile;
+        if (tile_begin >= q_len) continue;
+        const int64_t tile_end = std::min(q_len, tile_begin + kTile), kvh = h / (a.n_heads / a.n_kv_heads);
+        const int64_t row0 = a.query_begin[s], start = a.start_pos[s], window = a.sliding_window;
+        const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+        const int64_t key_end = start + tile_end;
+        const int64_t key_first = window > 0 ? std::max<int64_t>(0, start + tile_begin - window + 1) : 0;
+        float m[kWarps * kPerWarp], l[kWarps * kPerWarp];
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(m, m + kWarps * kPerWarp, -INFINITY);
+        std::fill(l, l + kWarps * kPerWarp, 0.0f);
+        for (int64_t kt = key_first; kt < key_end; kt += kKeys) {
+          const int64_t n_keys = std::min<int64_t>(kKeys, key_end - kt);
+          for (int64_t e = 0; e < n_keys * hd; ++e) {
+            const int64_t j = e / hd, d = e % hd, key = kt + j;
+            const int64_t off =
+                ((static_cast<int64_t>(table[key / a.block_size]) * a.block_size + key % a.block_size) * a.n_kv_heads +
+                 kvh) * hd + d;
+            ks[static_cast<size_t>(j * hd + d)] = a.k_cache[off];
+            vs[static_cast<size_t>(j * hd + d)] = a.v_cache[off];
+          }
+          for (int qw = 0; qw < kWarps * kPerWarp; ++qw) {
+            const int64_t qi = tile_begin + qw;
+            if (qi >= tile_end) continue;
+            const int64_t qpos = start + qi, lo = window > 0 ? qpos - window + 1 : 0;
+            const float* q = a.q + ((row0 + qi) * a.n_heads + h) * hd;
+            float* o = &acc[static_cast<size_t>(qw * hd)];
+            for (int64_t j = 0; j < n_keys; ++j) {
+              const int64_t key = kt + j;
+              if (key > qpos || key < lo) continue;
+              float dot = 0.0f;
+              for (int64_t d = 0; d < hd; ++d) dot += q[d] * ks[static_cast<size_t>(j * hd + d)];
+              const float score = dot * a.scale, m_new = std::max(m[qw], score);
+              const float corr = std::exp(m[qw] - m_new), p = std::exp(score - m_new);
+              l[qw] = l[qw] * corr + p;
+              for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * corr + p * vs[static_cast<size_t>(j * hd + d)];
+              m[qw] = m_new;
+            }
+          }
+        }
+        for (int qw = 0; qw < kWarps * kPerWarp; ++qw) {
+          const int64_t qi = tile_begin + qw;
+          if (qi >= tile_end) continue;
+          for (int64_t d = 0; d < hd; ++d)
+            a.out[((row0 + qi) * a.n_heads + h) * hd + d] =
+                acc[static_cast<size_t>(qw * hd + d)] * (l[qw] > 0.0f ? 1.0f / l[qw] : 0.0f);
+        }
+      }
+  return 0;
+}
+
+int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim, void*) {
+  for (int64_t i = 0; i < n * dim; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  return 0;
+}
+int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void*) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    ids[r] = static_cast<int32_t>(std::max_element(logits + r * vocab, logits + (r + 1) * vocab) - (logits + r * vocab));
+  return 0;
+}
+int tessera_cuda_blas_create(void** handle) { return tessera_cuda_stream_create(handle); }
+int tessera_cuda_blas_destroy(void*) { return 0; }
+int tessera_cuda_gemm_f16(void*, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols,
+                          int64_t n, void*) {
+  std::vector<float> xf(static_cast<size_t>(cols));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < cols; ++c) xf[static_cast<size_t>(c)] = fp16_to_f32(x[t * cols + c]);
+    for (int64_t r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sum += fp16_to_f32(w[r * cols + c]) * xf[static_cast<size_t>(c)];
+      y[t * rows + r] = sum;
+    }
+  }
+  return 0;
+}
+
+// quant_gemm.cu's chunk (256 columns) / lane decomposition, one lane sum per lane.
+int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
+                            int64_t cols, int64_t n, void*) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      float lanes[32] = {};
+      for (int64_t c0 = 0; c0 < cols; c0 += 256)
+        for (int j = 0; j < 8; ++j)
+          for (int lane = 0; lane < 32; ++lane) {
+            const int64_t c = c0 + lane + 32 * j;
+            if (c < cols) lanes[lane] += static_cast<float>(w[r * cols + c]) * fp16_to_f32(x[t * cols + c]);
+          }
+      float sum = 0.0f;
+      for (float v : lanes) sum += v;
+      y[t * rows + r] = sum * scales[r];
+    }
+  return 0;
+}
+int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x,
+                            float* y, int64_t rows, int64_t cols, int64_t n, void*) {
+  if (cols % 128 != 0) return fail("cols must be a multiple of 128");
+  const int64_t groups = cols / 128;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      float lanes[32] = {};
+      for (int64_t c0 = 0; c0 < cols; c0 += 256)
+        for (int j = 0; j < 4; ++j)
+          for (int lane = 0; lane < 32; ++lane) {
+            const int64_t c = c0 + 2 * (lane + 32 * j);
+            if (c >= cols) continue;
+            const uint8_t packed = w[r * (cols / 2) + c / 2];
+            const int64_t g = r * groups + c / 128;
+            const float d = fp16_to_f32(scales[g]), z = static_cast<float>(zeros[g]);
+            lanes[lane] += (static_cast<float>(packed & 15) - z) * d * fp16_to_f32(x[t * cols + c]) +
+                           (static_cast<float>(packed >> 4) - z) * d * fp16_to_f32(x[t * cols + c + 1]);
+          }
+      float sum = 0.0f;
+      for (float v : lanes) sum += v;
+      y[t * rows + r] = sum;
+    }
+  return 0;
+}
+int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols,
+                                  void*) {
+  for (int64_t i = 0; i < rows * cols; ++i) out[i] = f32_to_fp16(static_cast<float>(w[i]) * scales[i / cols]);
+  return 0;
+}
+int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out,
+                                  int64_t rows, int64_t cols, void*) {
+  if (cols % 128 != 0) return fail("cols must be a multiple of 128");
+  const int64_t groups = cols / 128;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int64_t r = i / cols, c = i % cols;
+    const uint8_t packed = w[r * (cols / 2) + c / 2];
+    const int level = (c & 1) ? (packed >> 4) : (packed & 15);
+    const int64_t g = r * groups + c / 128;
+    out[i] = f32_to_fp16((static_cast<float>(level) - static_cast<float>(zeros[g])) * fp16_to_f32(scales[g]));
+  }
+  return 0;
+}
+int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void*) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  return 0;
+}
+int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t dim, void*) {
+  for (int64_t i = 0; i < n * dim; ++i) y[i] += bias[i % dim];
+  return 0;
+}
+int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim, void*) {
+  for (int64_t i = 0; i < n * dim; ++i) dst[i] = src[static_cast<int64_t>(rows[i / dim]) * dim + i % dim];
+  return 0;
+}
+
+}  // extern "C"
