@@ -160,7 +160,8 @@ TileLayout tile_layout(QuantType t) {
 // Offset subtracted from the stored unsigned levels (level - o is the signed weight).
 int q32_offset(QuantType t) {
   switch (t) {
-    case QuantType::kQ8_0: return 128;
+    case QuantType::kQ8_0:
+    case QuantType::kI8_CH: return 128;
     case QuantType::kQ4_0: return 8;
     default: return 16;  // Q5_0
   }
@@ -362,8 +363,12 @@ struct TokenPtrs {
 };
 
 template <int T>
-TESSERA_AVX512 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x,
-                           __m512* acc) {
+TESSERA_AVX512_INLINE void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x,
+                           __m512* out) {
+  // Accumulators in locals: `tile` is a byte pointer that may alias `out`, so updating out[]
+  // in the loop would make the compiler store and reload it every block.
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
   for (int64_t b = b0; b < b1; ++b, tile += 512 + 64) {
     __m512i ia[T];
     for (int t = 0; t < T; ++t)
@@ -376,11 +381,14 @@ TESSERA_AVX512 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offs
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
   }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
 // I4_G128: as Q4_0 with a per-row zero point (tile: unit, dw[16], -z[16]).
 template <int T>
-TESSERA_AVX512 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+TESSERA_AVX512_INLINE void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
+  __m512 acc[T];  // locals, as in mk_q32
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
   for (int64_t b = b0; b < b1; ++b, tile += 512 + 128) {
     const __m512i nz = _mm512_load_si512(tile + 576);
     __m512i ia[T];
@@ -394,10 +402,13 @@ TESSERA_AVX512 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const Tok
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
   }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
 template <int T>
-TESSERA_AVX512 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+TESSERA_AVX512_INLINE void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
+  __m512 acc[T];  // locals, as in mk_q32
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
   const size_t stride = 8 * 512 + 8 * 64 * 2 + 64 * 2;
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
@@ -430,10 +441,13 @@ TESSERA_AVX512 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, con
                                _mm512_mul_ps(dmin, dx), acc[t]);
     }
   }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
 template <int T>
-TESSERA_AVX512 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* acc) {
+TESSERA_AVX512_INLINE void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
+  __m512 acc[T];  // locals, as in mk_q32
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
   const size_t stride = 8 * 512 + 16 * 64 + 64;
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
@@ -455,6 +469,7 @@ TESSERA_AVX512 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const T
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][b])), acc[t]);
   }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
 template <int T>
@@ -464,7 +479,6 @@ TESSERA_AVX512 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, 
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
     case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
-    case QuantType::kI8_CH: return mk_q32<T>(tile, b0, b1, 128, x, acc);
     case QuantType::kI4_G128: return mk_i4<T>(tile, b0, b1, x, acc);
     default: return mk_q32<T>(tile, b0, b1, q32_offset(type), x, acc);
   }
