@@ -37,7 +37,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, GenerateGivesReferenceGreedyIds) {
   std::ifstream in(stories_ + "/reference.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
-  for (const std::string model : {stories_ + "/hf", stories_ + "/stories260K-f32.gguf"}) {
+  for (const std::string& model : {stories_ + "/hf", stories_ + "/stories260K-f32.gguf"}) {
     for (const auto& c : ref["cases"]) {
       const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
       const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();

@@ -55,7 +55,8 @@ TEST_F(TpTest, StoriesReferenceAtTp1AndTp2) {
   const nlohmann::json ref = nlohmann::json::parse(in);
   for (const auto& c : ref["cases"]) {
     const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-    for (const std::string& tp : {"1", "2"}) {
+    for (const char* tp_name : {"1", "2"}) {
+      const std::string tp = tp_name;
       const std::string model = stories + (tp == "1" ? "/hf" : "/stories260K-f32.gguf");
       const ProcessResult r = run(bin("tessera") + " generate --model " + quote(model) + " --prompt-ids " +
                                   join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +

@@ -116,7 +116,9 @@ void check_against_reference(const Matrix& m, const std::vector<float>& x, int64
   }
   // Rounding errors of independent activations partly cancel: the typical error is well below
   // the worst case (a systematic error, e.g. a wrong offset, would sit at or above it).
-  if (blk > 0 && sq_bound > 0) EXPECT_LT(std::sqrt(sq_err / sq_bound), 0.5) << what;
+  if (blk > 0 && sq_bound > 0) {
+    EXPECT_LT(std::sqrt(sq_err / sq_bound), 0.5) << what;
+  }
 }
 
 const QuantType kBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0,

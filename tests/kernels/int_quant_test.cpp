@@ -88,7 +88,9 @@ TEST(Int4Group, RtnErrorBoundsAndLayout) {
         }
         const float want_d = grid == Int4Grid::kSymmetric ? 2 * amax / 15 : (hi - lo) / 15;
         EXPECT_EQ(q.scale_fp16, f32_to_fp16(want_d));
-        if (grid == Int4Grid::kSymmetric) EXPECT_EQ(q.zero, 8);
+        if (grid == Int4Grid::kSymmetric) {
+          EXPECT_EQ(q.zero, 8);
+        }
         for (int i = 0; i < 128; ++i) {
           // Half a step, plus the fp16 rounding of d over up to 15 steps at the clamped ends.
           const float bound = 0.5f * d + 15 * std::fabs(d - want_d) + 1e-6f;
