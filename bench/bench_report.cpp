@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <ctime>
@@ -167,6 +168,39 @@ Status write_text_file(const std::string& path, const std::string& text) {
   f << text;
   if (!f) return Status::io_error("cannot write " + path);
   return Status::ok();
+}
+
+std::string format_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows,
+                         bool markdown, bool first_left, const std::vector<std::string>& markdown_head) {
+  std::string out;
+  if (markdown) {
+    const std::vector<std::string>& h = markdown_head.empty() ? head : markdown_head;
+    out += "|";
+    for (const std::string& c : h) out += " " + c + " |";
+    out += "\n|";
+    for (size_t i = 0; i < h.size(); ++i) out += i == 0 && first_left ? "---|" : "---:|";
+    out += "\n";
+    for (const auto& r : rows) {
+      out += "|";
+      for (const std::string& c : r) out += " " + c + " |";
+      out += "\n";
+    }
+    return out;
+  }
+  std::vector<size_t> width(head.size());
+  for (size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t i = 0; i < cells.size() && i < width.size(); ++i)
+      s += (i ? "  " : "") + (i == 0 && first_left ? fmt::format("{:<{}}", cells[i], width[i])
+                                                    : fmt::format("{:>{}}", cells[i], width[i]));
+    return s + "\n";
+  };
+  out += line(head);
+  for (const auto& r : rows) out += line(r);
+  return out;
 }
 
 }  // namespace tessera

@@ -33,6 +33,12 @@ Result<std::string> find_plot_python(bool install);
 // Runs `python <source>/bench/<script> args...`; the error carries the script's output.
 Status run_plot_script(const std::string& python, const std::string& script, const std::vector<std::string>& args);
 
+// A results table: markdown (`| a | b |`, numeric columns right-aligned; the first column
+// left-aligned when first_left) or aligned plain text for the terminal. `markdown_head`, when
+// not empty, replaces `head` in the markdown form (e.g. with units added).
+std::string format_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows,
+                         bool markdown, bool first_left, const std::vector<std::string>& markdown_head = {});
+
 // Appends `text` to `path` (creating parent directories).
 Status append_text_file(const std::string& path, const std::string& text);
 Status write_text_file(const std::string& path, const std::string& text);

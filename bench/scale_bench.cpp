@@ -166,32 +166,7 @@ std::string format_scale_table(const std::vector<ScalePoint>& points, bool markd
                     fmt::format("{:.2f}", p.allreduce_ms), fmt::format("{:.2f}", p.host_ms),
                     fmt::format("{:.1f}", p.prefill_ms), fmt::format("{:.2f}x", p.speedup),
                     fmt::format("{:.0f}%", p.efficiency * 100)});
-  std::string out;
-  if (markdown) {
-    out += "|";
-    for (const std::string& h : head) out += " " + h + " |";
-    out += "\n|";
-    for (size_t i = 0; i < head.size(); ++i) out += "---:|";
-    out += "\n";
-    for (const auto& r : rows) {
-      out += "|";
-      for (const std::string& c : r) out += " " + c + " |";
-      out += "\n";
-    }
-    return out;
-  }
-  std::vector<size_t> w(head.size());
-  for (size_t i = 0; i < head.size(); ++i) w[i] = head[i].size();
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& cells) {
-    std::string s;
-    for (size_t i = 0; i < cells.size(); ++i) s += (i ? "  " : "") + fmt::format("{:>{}}", cells[i], w[i]);
-    return s + "\n";
-  };
-  out += line(head);
-  for (const auto& r : rows) out += line(r);
-  return out;
+  return format_table(head, rows, markdown, /*first_left=*/false);
 }
 
 Result<std::vector<int>> parse_tp_list(std::string_view text) {

@@ -195,32 +195,10 @@ std::string format_serve_table(const std::vector<ServeLevel>& levels, bool markd
                     ms(s.ttft, s.ttft.p50), ms(s.ttft, s.ttft.p90), ms(s.ttft, s.ttft.p99), ms(s.itl, s.itl.p50),
                     ms(s.itl, s.itl.p90), ms(s.itl, s.itl.p99), ms(s.e2e, s.e2e.p50), ms(s.e2e, s.e2e.p99)});
   }
-  std::string out;
-  if (markdown) {
-    out += "| " + fmt::format("{}", head[0]);
-    for (size_t i = 1; i < head.size(); ++i) out += " | " + head[i] + (i >= 5 ? " ms" : "");
-    out += " |\n|";
-    for (size_t i = 0; i < head.size(); ++i) out += i == 0 ? "---|" : "---:|";
-    out += "\n";
-    for (const auto& r : rows) {
-      out += "|";
-      for (const std::string& c : r) out += " " + c + " |";
-      out += "\n";
-    }
-    return out;
-  }
-  std::vector<size_t> width(head.size());
-  for (size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& cells) {
-    std::string s;
-    for (size_t i = 0; i < cells.size(); ++i)
-      s += (i ? "  " : "") + (i == 0 ? fmt::format("{:<{}}", cells[i], width[i]) : fmt::format("{:>{}}", cells[i], width[i]));
-    return s + "\n";
-  };
-  out += line(head);
-  for (const auto& r : rows) out += line(r);
+  std::vector<std::string> md_head = head;
+  for (size_t i = 5; i < md_head.size(); ++i) md_head[i] += " ms";
+  if (markdown) return format_table(head, rows, true, /*first_left=*/true, md_head);
+  std::string out = format_table(head, rows, false, /*first_left=*/true);
   out += "(latencies in ms; goodput in requests/s meeting the SLO)\n";
   return out;
 }

@@ -21,6 +21,7 @@
 
 #include "common/check.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/exp_poly.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__x86_64__)
@@ -36,27 +37,9 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kMaxGroup = 64;  // query heads per KV head handled in one item
 
-// exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, degree-7 Taylor polynomial in r (relative
-// error below 1e-8 before rounding), times 2^n. Inputs below -87 are clamped (e^-87 ~ 1.6e-38,
+// exp(x) for x <= 0 (kernels/cpu/exp_poly.h); inputs below -87 are clamped (e^-87 ~ 1.6e-38,
 // which is negligible next to the largest term, 1).
-constexpr float kExpLo = -87.0f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kC[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-
-inline float exp_poly(float x) {
-  x = std::max(x, kExpLo);
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kC[0];
-  for (int i = 1; i < 8; ++i) p = std::fma(p, r, kC[i]);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
-}
+inline float exp_poly(float x) { return cpu::exp_poly_clamped(std::max(x, cpu::kExpPolyLo)); }
 
 inline float reduce16(const float* s) {
   float t[8], u[4], v[2];
@@ -137,16 +120,8 @@ TESSERA_AVX512 inline float reduce16_avx512(__m512 s) {
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
-TESSERA_AVX512 __m512 exp_poly_avx512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpLo));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kC[0]);
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC[i]));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+TESSERA_AVX512 inline __m512 exp_poly_avx512(__m512 x) {
+  return cpu::exp_poly_clamped_avx512(_mm512_max_ps(x, _mm512_set1_ps(cpu::kExpPolyLo)));
 }
 
 // The 16 canonical reductions of acc[0..15] at once: lane m of the result is reduce16(acc[m]).
@@ -286,15 +261,8 @@ TESSERA_AVX2 inline float reduce16_avx2(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
-TESSERA_AVX2 __m256 exp_poly_avx2(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpLo));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kC[0]);
-  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+TESSERA_AVX2 inline __m256 exp_poly_avx2(__m256 x) {
+  return cpu::exp_poly_clamped_avx2(_mm256_max_ps(x, _mm256_set1_ps(cpu::kExpPolyLo)));
 }
 
 TESSERA_AVX2 void scores_avx2(const Item& it) {

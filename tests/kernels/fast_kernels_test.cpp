@@ -22,33 +22,15 @@
 #include "kernels/gemm.h"
 #include "kernels/paged_attention.h"
 #include "kernels/quant.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace tessera {
 namespace {
 
-std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<cpu::Isa> supported_isas() {
-  std::vector<cpu::Isa> out = {cpu::Isa::kScalar};
-  if (cpu::detected_isa() >= cpu::Isa::kAvx2) out.push_back(cpu::Isa::kAvx2);
-  if (cpu::detected_isa() >= cpu::Isa::kAvx512) out.push_back(cpu::Isa::kAvx512);
-  return out;
-}
-
-// Restores the ISA cap when a test ends, whatever happened.
-struct IsaGuard {
-  ~IsaGuard() { cpu::set_max_isa(cpu::Isa::kAvx512); }
-};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::gaussian;
+using test::IsaGuard;
+using test::same_bits;
+using test::supported_isas;
 
 struct Matrix {
   std::vector<uint8_t> bytes;
@@ -126,8 +108,6 @@ const QuantType kBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::
 
 TEST(FastMatmul, QuantizedEveryIsaMatchesReferenceAndEachOther) {
   IsaGuard guard;
-  ThreadPool pool1(ThreadPoolOptions{.num_threads = 1});
-  ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
   for (QuantType type : kBlockTypes) {
     const int be = quant_traits(type).block_elems;
     const std::vector<int64_t> ks = be == 32 ? std::vector<int64_t>{32, 96, 800} : std::vector<int64_t>{256, 768};
@@ -138,30 +118,10 @@ TEST(FastMatmul, QuantizedEveryIsaMatchesReferenceAndEachOther) {
           const auto x = activations(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
           const std::string what = std::string(quant_name(type)) + " rows " + std::to_string(rows) + " k " +
                                    std::to_string(k) + " tokens " + std::to_string(n_tokens);
-          std::vector<float> canonical;
-          for (cpu::Isa isa : supported_isas()) {
-            cpu::set_max_isa(isa);
-            const auto y1 = run_matmul(m, x, n_tokens, &pool1);
-            const auto y3 = run_matmul(m, x, n_tokens, &pool3);
-            const auto y0 = run_matmul(m, x, n_tokens, nullptr);
-            ASSERT_TRUE(same_bits(y1, y3)) << what << " isa " << cpu::isa_name(isa) << ": 1 vs 3 threads";
-            ASSERT_TRUE(same_bits(y1, y0)) << what << " isa " << cpu::isa_name(isa) << ": pool vs none";
-            if (canonical.empty()) {
-              canonical = y1;
-              check_against_reference(m, x, n_tokens, y1, what);
-            } else {
-              ASSERT_TRUE(same_bits(y1, canonical)) << what << " isa " << cpu::isa_name(isa) << " differs from scalar";
-            }
-            // Each token alone (the decode path) gives the same bits as in the batch.
-            if (n_tokens > 1) {
-              for (int64_t t = 0; t < n_tokens; ++t) {
-                std::vector<float> xt(x.begin() + t * k, x.begin() + (t + 1) * k);
-                const auto one = run_matmul(m, xt, 1, &pool3);
-                ASSERT_EQ(std::memcmp(one.data(), y1.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
-                    << what << " isa " << cpu::isa_name(isa) << " token " << t << " alone";
-              }
-            }
-          }
+          test::expect_same_bits_everywhere(
+              [&](const std::vector<float>& xs, int64_t n, ThreadPool* pool) { return run_matmul(m, xs, n, pool); },
+              [&](const std::vector<float>& y) { check_against_reference(m, x, n_tokens, y, what); }, x, rows, k,
+              n_tokens, what);
         }
       }
     }

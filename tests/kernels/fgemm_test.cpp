@@ -19,28 +19,15 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace tessera {
 namespace {
 
-struct IsaGuard {
-  ~IsaGuard() { cpu::set_max_isa(cpu::Isa::kAvx512); }
-};
-
-std::vector<cpu::Isa> supported_isas() {
-  std::vector<cpu::Isa> out = {cpu::Isa::kScalar};
-  if (cpu::detected_isa() >= cpu::Isa::kAvx2) out.push_back(cpu::Isa::kAvx2);
-  if (cpu::detected_isa() >= cpu::Isa::kAvx512) out.push_back(cpu::Isa::kAvx512);
-  return out;
-}
-
-std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::gaussian;
+using test::IsaGuard;
+using test::same_bits;
+using test::supported_isas;
 
 struct Weights {
   std::vector<uint8_t> bytes;  // exactly rows * row_bytes: reading past the tensor is a bug

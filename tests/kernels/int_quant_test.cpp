@@ -15,32 +15,15 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace tessera {
 namespace {
 
-std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<cpu::Isa> supported_isas() {
-  std::vector<cpu::Isa> out = {cpu::Isa::kScalar};
-  if (cpu::detected_isa() >= cpu::Isa::kAvx2) out.push_back(cpu::Isa::kAvx2);
-  if (cpu::detected_isa() >= cpu::Isa::kAvx512) out.push_back(cpu::Isa::kAvx512);
-  return out;
-}
-
-struct IsaGuard {
-  ~IsaGuard() { cpu::set_max_isa(cpu::Isa::kAvx512); }
-};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::gaussian;
+using test::IsaGuard;
+using test::same_bits;
+using test::supported_isas;
 
 TEST(Int8PerChannel, RtnErrorIsAtMostHalfAStep) {
   const int64_t k = 96;
@@ -185,8 +168,6 @@ struct Format {
 
 TEST(IntMatmul, EveryIsaMatchesReferenceAndEachOther) {
   IsaGuard guard;
-  ThreadPool pool1(ThreadPoolOptions{.num_threads = 1});
-  ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
   const Format formats[] = {{QuantType::kI8_CH, Int4Grid::kAsymmetric, "I8_CH"},
                             {QuantType::kI4_G128, Int4Grid::kAsymmetric, "I4_G128 asym"},
                             {QuantType::kI4_G128, Int4Grid::kSymmetric, "I4_G128 sym"}};
@@ -200,29 +181,10 @@ TEST(IntMatmul, EveryIsaMatchesReferenceAndEachOther) {
           const auto x = gaussian(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
           const std::string what = std::string(f.name) + " rows " + std::to_string(rows) + " k " +
                                    std::to_string(k) + " tokens " + std::to_string(n_tokens);
-          std::vector<float> canonical;
-          for (cpu::Isa isa : supported_isas()) {
-            cpu::set_max_isa(isa);
-            const auto y1 = run_matmul(m, x, n_tokens, &pool1);
-            const auto y3 = run_matmul(m, x, n_tokens, &pool3);
-            const auto y0 = run_matmul(m, x, n_tokens, nullptr);
-            ASSERT_TRUE(same_bits(y1, y3)) << what << " isa " << cpu::isa_name(isa) << ": 1 vs 3 threads";
-            ASSERT_TRUE(same_bits(y1, y0)) << what << " isa " << cpu::isa_name(isa) << ": pool vs none";
-            if (canonical.empty()) {
-              canonical = y1;
-              check_against_reference(m, x, n_tokens, y1, what);
-            } else {
-              ASSERT_TRUE(same_bits(y1, canonical)) << what << " isa " << cpu::isa_name(isa) << " differs from scalar";
-            }
-            if (n_tokens > 1) {
-              for (int64_t t = 0; t < n_tokens; ++t) {
-                std::vector<float> xt(x.begin() + t * k, x.begin() + (t + 1) * k);
-                const auto one = run_matmul(m, xt, 1, &pool3);
-                ASSERT_EQ(std::memcmp(one.data(), y1.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
-                    << what << " isa " << cpu::isa_name(isa) << " token " << t << " alone";
-              }
-            }
-          }
+          test::expect_same_bits_everywhere(
+              [&](const std::vector<float>& xs, int64_t n, ThreadPool* pool) { return run_matmul(m, xs, n, pool); },
+              [&](const std::vector<float>& y) { check_against_reference(m, x, n_tokens, y, what); }, x, rows, k,
+              n_tokens, what);
         }
       }
     }

@@ -18,17 +18,12 @@
 #include "kernels/paged_attention.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace tessera {
 namespace {
 
-std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::gaussian;
 
 // Runs a test body with the AVX2 path (when the CPU has it) and with the scalar path.
 class BothPaths : public ::testing::TestWithParam<bool> {
