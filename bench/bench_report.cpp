@@ -203,4 +203,42 @@ std::string format_table(const std::vector<std::string>& head, const std::vector
   return out;
 }
 
+Result<std::vector<std::string>> write_json_and_plots(const std::string& json_text, const std::string& json_path,
+                                                      const std::string& plot_prefix, bool plots, bool install_deps,
+                                                      const std::string& script, const std::string& out_suffix,
+                                                      const std::vector<std::string>& plot_suffixes) {
+  std::string prefix = plot_prefix;
+  if (prefix.empty() && !json_path.empty()) {
+    prefix = json_path;
+    if (prefix.size() > 5 && prefix.substr(prefix.size() - 5) == ".json") prefix.resize(prefix.size() - 5);
+  }
+  const bool want_plots = plots && !prefix.empty();
+  std::string path = json_path;
+  const bool temporary = path.empty() && want_plots;
+  if (temporary) path = (fs::temp_directory_path() / fmt::format("tessera-bench-{}.json", ::getpid())).string();
+  if (!path.empty()) {
+    TESSERA_RETURN_IF_ERROR(write_text_file(path, json_text));
+    if (!temporary) std::printf("wrote %s\n", path.c_str());
+  }
+  std::vector<std::string> drawn;
+  if (want_plots) {
+    auto python = find_plot_python(install_deps);
+    Status s = python.is_ok() ? run_plot_script(*python, script, {"--out", prefix + out_suffix, path}) : python.status();
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "note: no plots: %s\n", s.message().c_str());
+    } else {
+      for (const std::string& suffix : plot_suffixes) {
+        if (!fs::exists(prefix + suffix)) continue;
+        drawn.push_back(prefix + suffix);
+        std::printf("wrote %s\n", drawn.back().c_str());
+      }
+    }
+  }
+  if (temporary) {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  return drawn;
+}
+
 }  // namespace tessera

@@ -39,6 +39,17 @@ Status run_plot_script(const std::string& python, const std::string& script, con
 std::string format_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows,
                          bool markdown, bool first_left, const std::vector<std::string>& markdown_head = {});
 
+// Writes a benchmark's JSON report to `json_path` and, with `plots`, draws its PNGs with
+// bench/<script> --out <prefix><out_suffix> <json>, where prefix is `plot_prefix` or else
+// json_path without ".json" (no prefix: no plots). When only plots are wanted the JSON goes to a
+// temporary file, removed afterwards. Returns the files among prefix + plot_suffixes that exist
+// after drawing. A JSON that cannot be written is an error; plots that cannot be drawn are a note
+// on stderr.
+Result<std::vector<std::string>> write_json_and_plots(const std::string& json_text, const std::string& json_path,
+                                                      const std::string& plot_prefix, bool plots, bool install_deps,
+                                                      const std::string& script, const std::string& out_suffix,
+                                                      const std::vector<std::string>& plot_suffixes);
+
 // Appends `text` to `path` (creating parent directories).
 Status append_text_file(const std::string& path, const std::string& text);
 Status write_text_file(const std::string& path, const std::string& text);

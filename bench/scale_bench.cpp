@@ -235,40 +235,10 @@ int run_scale_bench(const ScaleBenchOptions& o) {
                          {"threads_per_shard", o.threads},
                          {"device", o.device}}},
                        {"points", points_json(points)}};
-  std::string json_path = o.json_path;
-  std::string prefix = o.plot_prefix;
-  if (prefix.empty() && !json_path.empty()) {
-    prefix = json_path;
-    if (prefix.size() > 5 && prefix.substr(prefix.size() - 5) == ".json") prefix.resize(prefix.size() - 5);
-  }
-  const bool want_plots = o.plots && !prefix.empty();
-  std::string temp_json;
-  if (json_path.empty() && want_plots) {
-    temp_json = (fs::temp_directory_path() / fmt::format("tessera-scale-bench-{}.json", ::getpid())).string();
-    json_path = temp_json;
-  }
-  if (!json_path.empty()) {
-    Status s = write_text_file(json_path, report.dump() + "\n");
-    if (!s.is_ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
-    if (temp_json.empty()) std::printf("wrote %s\n", json_path.c_str());
-  }
-  std::string plot;
-  if (want_plots) {
-    auto python = find_plot_python(o.install_plot_deps);
-    if (!python.is_ok()) {
-      std::fprintf(stderr, "note: no plot: %s\n", python.status().message().c_str());
-    } else if (Status s = run_plot_script(*python, "plot_scale.py", {"--out", prefix + "-scaling.png", json_path});
-               !s.is_ok()) {
-      std::fprintf(stderr, "note: no plot: %s\n", s.to_string().c_str());
-    } else {
-      plot = prefix + "-scaling.png";
-      std::printf("wrote %s\n", plot.c_str());
-    }
-  }
-  if (!temp_json.empty()) {
-    std::error_code ec;
-    fs::remove(temp_json, ec);
-  }
+  auto drawn = write_json_and_plots(report.dump() + "\n", o.json_path, o.plot_prefix, o.plots, o.install_plot_deps,
+                                    "plot_scale.py", "-scaling.png", {"-scaling.png"});
+  if (!drawn.is_ok()) return std::fprintf(stderr, "error: %s\n", drawn.status().to_string().c_str()), 1;
+  const std::string plot = drawn->empty() ? std::string() : drawn->front();
   if (!o.markdown_path.empty()) {
     std::string md = fmt::format("## {} ({})\n\n", o.title.empty() ? "Tensor-parallel scaling" : o.title, date);
     md += fmt::format("- machine: {}\n", describe_machine(before));

@@ -257,48 +257,13 @@ int run_serve_bench(const ServeBenchOptions& o) {
   std::fflush(stdout);
 
   const Json report = report_json(o, levels, before, date);
-  std::string json_path = o.json_path;
-  std::string prefix = o.plot_prefix;
-  if (prefix.empty() && !json_path.empty()) {
-    prefix = json_path;
-    if (prefix.size() > 5 && prefix.substr(prefix.size() - 5) == ".json") prefix.resize(prefix.size() - 5);
+  auto drawn = write_json_and_plots(report.dump() + "\n", o.json_path, o.plot_prefix, o.plots, o.install_plot_deps,
+                                    "plot_serve.py", "", {"-latency.png", "-timeline.png"});
+  if (!drawn.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", drawn.status().to_string().c_str());
+    return 1;
   }
-  const bool want_plots = o.plots && !prefix.empty();
-  std::string temp_json;
-  if (json_path.empty() && want_plots) {
-    temp_json = (fs::temp_directory_path() / fmt::format("tessera-serve-bench-{}.json", ::getpid())).string();
-    json_path = temp_json;
-  }
-  if (!json_path.empty()) {
-    Status s = write_text_file(json_path, report.dump() + "\n");
-    if (!s.is_ok()) {
-      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-      return 1;
-    }
-    if (temp_json.empty()) std::printf("wrote %s\n", json_path.c_str());
-  }
-  std::vector<std::string> plots;
-  if (want_plots) {
-    auto python = find_plot_python(o.install_plot_deps);
-    if (!python.is_ok()) {
-      std::fprintf(stderr, "note: no plots: %s\n", python.status().message().c_str());
-    } else {
-      Status s = run_plot_script(*python, "plot_serve.py", {"--out", prefix, json_path});
-      if (!s.is_ok()) {
-        std::fprintf(stderr, "note: no plots: %s\n", s.to_string().c_str());
-      } else {
-        for (const char* suffix : {"-latency.png", "-timeline.png"})
-          if (fs::exists(prefix + suffix)) {
-            plots.push_back(prefix + suffix);
-            std::printf("wrote %s%s\n", prefix.c_str(), suffix);
-          }
-      }
-    }
-  }
-  if (!temp_json.empty()) {
-    std::error_code ec;
-    fs::remove(temp_json, ec);
-  }
+  const std::vector<std::string>& plots = *drawn;
   if (!o.markdown_path.empty()) {
     Status s = append_text_file(o.markdown_path, markdown_section(o, levels, before, after, date, plots));
     if (!s.is_ok()) {

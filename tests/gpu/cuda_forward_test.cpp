@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "common/env.h"
+#include "tests/shard/stories_reference.h"
 #include "kernels/cuda/cuda_loader.h"
 #include "model/synthetic_model.h"
 #include "shard/local_model.h"
@@ -22,23 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RefCase {
-  std::string name;
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> logits;
-};
-
-std::string stories_dir() { return testdata_dir() + "/stories260K"; }
-
-std::vector<RefCase> load_cases() {
-  std::ifstream in(stories_dir() + "/reference.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  std::vector<RefCase> cases;
-  for (const auto& c : j["cases"])
-    cases.push_back({c["name"].get<std::string>(), c["prompt_ids"].get<std::vector<int32_t>>(),
-                     c["greedy_ids"].get<std::vector<int32_t>>(), c["last_logits"].get<std::vector<float>>()});
-  return cases;
-}
+using test::load_cases;
+using test::RefCase;
+using test::stories_dir;
 
 int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 

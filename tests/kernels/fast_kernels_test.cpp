@@ -32,25 +32,11 @@ using test::IsaGuard;
 using test::same_bits;
 using test::supported_isas;
 
-struct Matrix {
-  std::vector<uint8_t> bytes;
-  std::vector<float> deq;  // [rows, cols]
-  TensorView view;
-};
+using Matrix = test::TestMatrix;
+using test::run_matmul;
 
 Matrix make_matrix(QuantType type, int64_t rows, int64_t cols, uint32_t seed) {
-  Matrix m;
-  const auto src = gaussian(rows * cols, seed, 0.5f);
-  const size_t rb = row_bytes(type, cols);
-  // No slack after the last row: kernels must never read past the tensor.
-  m.bytes.resize(rb * static_cast<size_t>(rows));
-  m.deq.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    quantize_row(type, src.data() + r * cols, m.bytes.data() + r * rb, cols);
-    dequantize_row(type, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
-  }
-  m.view = make_view(m.bytes.data(), type, {rows, cols});
-  return m;
+  return test::make_test_matrix(type, rows, cols, seed, 0.5f);
 }
 
 // Activations with a few outliers, as real hidden states have.
@@ -60,47 +46,10 @@ std::vector<float> activations(int64_t n, uint32_t seed) {
   return x;
 }
 
-std::vector<float> run_matmul(const Matrix& m, const std::vector<float>& x, int64_t n_tokens, ThreadPool* pool) {
-  std::vector<float> y(static_cast<size_t>(n_tokens * m.view.rows()), NAN);
-  matmul(m.view, x.data(), n_tokens, y.data(), pool);
-  return y;
-}
-
-// |y - ref| bound for int8 activations: each activation is off by at most half a step of its
-// block's grid (amax / 254) plus the fp16 rounding of the 32-block scale (amax * 2^-11), times
-// |w|; plus fp32 accumulation error.
 void check_against_reference(const Matrix& m, const std::vector<float>& x, int64_t n_tokens,
                              const std::vector<float>& y, const std::string& what) {
-  const int64_t rows = m.view.rows(), cols = m.view.cols();
   const int64_t blk = cpu::has_qdot(m.view.type) ? cpu::act_block(m.view.type) : 0;
-  double sq_err = 0, sq_bound = 0;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t r = 0; r < rows; ++r) {
-      double ref = 0, mag = 0, bound = 0, amax = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const double w = m.deq[static_cast<size_t>(r * cols + c)];
-        const double xv = x[static_cast<size_t>(t * cols + c)];
-        ref += w * xv;
-        mag += std::fabs(w * xv);
-        if (blk > 0) {
-          if (c % blk == 0) {
-            amax = 0;
-            for (int64_t j = c; j < c + blk; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(t * cols + j)])));
-          }
-          bound += std::fabs(w) * amax * (1.0 / 254 + 1.0 / 2048);
-        }
-      }
-      const double got = y[static_cast<size_t>(t * rows + r)];
-      ASSERT_NEAR(got, ref, bound + 4e-6 * mag + 1e-6) << what << " token " << t << " row " << r;
-      sq_err += (got - ref) * (got - ref);
-      sq_bound += bound * bound;
-    }
-  }
-  // Rounding errors of independent activations partly cancel: the typical error is well below
-  // the worst case (a systematic error, e.g. a wrong offset, would sit at or above it).
-  if (blk > 0 && sq_bound > 0) {
-    EXPECT_LT(std::sqrt(sq_err / sq_bound), 0.5) << what;
-  }
+  test::expect_near_reference(m, x, n_tokens, y, blk, what);
 }
 
 const QuantType kBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0,

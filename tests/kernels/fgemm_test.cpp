@@ -29,24 +29,10 @@ using test::IsaGuard;
 using test::same_bits;
 using test::supported_isas;
 
-struct Weights {
-  std::vector<uint8_t> bytes;  // exactly rows * row_bytes: reading past the tensor is a bug
-  std::vector<float> deq;      // [rows, k]
-  TensorView view;
-};
+using Weights = test::TestMatrix;
 
 Weights make_weights(QuantType type, int64_t rows, int64_t k, uint32_t seed) {
-  Weights w;
-  const auto src = gaussian(rows * k, seed, 0.3f);
-  const size_t rb = row_bytes(type, k);
-  w.bytes.resize(rb * static_cast<size_t>(rows));
-  w.deq.resize(static_cast<size_t>(rows * k));
-  for (int64_t r = 0; r < rows; ++r) {
-    quantize_row(type, src.data() + r * k, w.bytes.data() + r * rb, k);
-    dequantize_row(type, w.bytes.data() + r * rb, w.deq.data() + r * k, k);
-  }
-  w.view = make_view(w.bytes.data(), type, {rows, k});
-  return w;
+  return test::make_test_matrix(type, rows, k, seed, 0.3f);
 }
 
 // fgemm.h: zero-pad to a multiple of 16, element c into partial sum c % 16 by one fma each in
@@ -66,9 +52,7 @@ float canonical_dot(const float* w, const float* x, int64_t k) {
 }
 
 std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n_tokens, ThreadPool* pool) {
-  std::vector<float> y(static_cast<size_t>(n_tokens * w.view.rows()), NAN);
-  matmul(w.view, x.data(), n_tokens, y.data(), pool);
-  return y;
+  return test::run_matmul(w, x, n_tokens, pool);
 }
 
 struct Shape {

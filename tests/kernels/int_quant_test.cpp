@@ -105,59 +105,23 @@ TEST(Int4Group, PackUnpackRoundTrip) {
   EXPECT_EQ(std::memcmp(back.levels, g.levels, 128), 0);
 }
 
-struct Matrix {
-  std::vector<uint8_t> bytes;
-  std::vector<float> deq;
-  TensorView view;
-};
+using Matrix = test::TestMatrix;
+using test::run_matmul;
 
 Matrix make_matrix(QuantType type, Int4Grid grid, int64_t rows, int64_t cols, uint32_t seed) {
-  Matrix m;
-  const auto src = gaussian(rows * cols, seed, 0.5f);
-  const size_t rb = row_bytes(type, cols);
-  m.bytes.resize(rb * static_cast<size_t>(rows));  // no slack: kernels must not read past the end
-  m.deq.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    if (type == QuantType::kI4_G128)
-      quantize_row_int4(src.data() + r * cols, m.bytes.data() + r * rb, cols, grid);
-    else
-      quantize_row(type, src.data() + r * cols, m.bytes.data() + r * rb, cols);
-    dequantize_row(type, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
-  }
-  m.view = make_view(m.bytes.data(), type, {rows, cols});
-  return m;
+  return test::make_test_matrix(type, rows, cols, seed, 0.5f, [&](const float* src, uint8_t* dst, int64_t n) {
+    if (type == QuantType::kI4_G128) {
+      quantize_row_int4(src, dst, n, grid);
+    } else {
+      quantize_row(type, src, dst, n);
+    }
+  });
 }
 
-std::vector<float> run_matmul(const Matrix& m, const std::vector<float>& x, int64_t n_tokens, ThreadPool* pool) {
-  std::vector<float> y(static_cast<size_t>(n_tokens * m.view.rows()), NAN);
-  matmul(m.view, x.data(), n_tokens, y.data(), pool);
-  return y;
-}
-
-// int8 activations per 32-block: each off by at most half a step (amax / 254) plus the fp16
-// rounding of the block scale (amax * 2^-11), times |w|; plus fp32 accumulation error.
+// int8 activations per 32-block.
 void check_against_reference(const Matrix& m, const std::vector<float>& x, int64_t n_tokens,
                              const std::vector<float>& y, const std::string& what) {
-  const int64_t rows = m.view.rows(), cols = m.view.cols();
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t r = 0; r < rows; ++r) {
-      double ref = 0, mag = 0, bound = 0, amax = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const double w = m.deq[static_cast<size_t>(r * cols + c)];
-        const double xv = x[static_cast<size_t>(t * cols + c)];
-        ref += w * xv;
-        mag += std::fabs(w * xv);
-        if (c % 32 == 0) {
-          amax = 0;
-          for (int64_t j = c; j < c + 32; ++j)
-            amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(t * cols + j)])));
-        }
-        bound += std::fabs(w) * amax * (1.0 / 254 + 1.0 / 2048);
-      }
-      ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, bound + 4e-6 * mag + 1e-6)
-          << what << " token " << t << " row " << r;
-    }
-  }
+  test::expect_near_reference(m, x, n_tokens, y, 32, what);
 }
 
 struct Format {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/env.h"
+#include "tests/shard/stories_reference.h"
 #include "shard/local_model.h"
 
 namespace tessera {
@@ -17,24 +18,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RefCase {
-  std::string name;
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> logits;
-};
-
-std::string stories_dir() { return testdata_dir() + "/stories260K"; }
-
-std::vector<RefCase> load_cases() {
-  std::ifstream in(stories_dir() + "/reference.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  std::vector<RefCase> cases;
-  for (const auto& c : j["cases"]) {
-    cases.push_back({c["name"].get<std::string>(), c["prompt_ids"].get<std::vector<int32_t>>(),
-                     c["greedy_ids"].get<std::vector<int32_t>>(), c["last_logits"].get<std::vector<float>>()});
-  }
-  return cases;
-}
+using test::load_cases;
+using test::RefCase;
+using test::stories_dir;
 
 class StoriesForwardTest : public ::testing::TestWithParam<std::string> {
  protected:
