@@ -9,8 +9,10 @@
 // For each weight type (f16: cuBLAS; int8: W8A16 kernel; int4: W4A16 kernel) and batch size:
 // B sequences are prefilled with --context tokens each, then --steps decode steps (one token
 // per sequence) are timed with a host clock around CudaForward::run (which includes the logits
-// copy to the host). Printed beside it: the bytes of weights one step streams, the measured
-// device-to-device copy bandwidth, the floor = bytes / bandwidth, and floor / step time.
+// copy to the host), first replayed from CUDA graphs, then run eagerly. Printed beside it: the
+// bytes of weights one step streams, the measured device-to-device copy bandwidth, the floor =
+// bytes / bandwidth, floor / step time, the launches one step enqueues in each mode and the
+// share of the step the host spends enqueueing.
 //
 // Usage: tessera-gpu-forward-bench [--types f16,int8,int4] [--batches 1,8] [--steps N]
 //        [--context N] [--layers N] [--budget-s S]   (types after the budget are skipped)
@@ -147,8 +149,9 @@ int run(int argc, char** argv) {
     api->stream_destroy(stream);
   }
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
-  std::printf("| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
+              "| eager step ms | launches/step eager -> graph | host share eager -> graph |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   std::stringstream ts(types);
   std::string type_name;
@@ -192,7 +195,7 @@ int run(int argc, char** argv) {
     o.max_seqs_per_step = 256;
     o.max_logit_rows = 256;
     const int64_t max_b = *std::max_element(batches.begin(), batches.end());
-    o.max_kv_blocks = max_b * ((context + steps + 8 + 15) / 16 + 1);
+    o.max_kv_blocks = max_b * ((context + 2 * steps + 8 + 15) / 16 + 1);
     const auto t_up = Clock::now();
     auto fwd_r = CudaForward::create(config, layout, w, nullptr, o);
     if (!fwd_r.is_ok()) die(fwd_r.status().to_string());
@@ -203,7 +206,7 @@ int run(int argc, char** argv) {
     const double floor_ms = copy_gbs > 0 ? step_gb / copy_gbs * 1e3 : 0.0;
 
     for (int64_t b : batches) {
-      const int64_t blocks_per_seq = (context + steps + 8 + 15) / 16;
+      const int64_t blocks_per_seq = (context + 2 * steps + 8 + 15) / 16;
       std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
       for (int64_t s = 0; s < b; ++s)
         for (int64_t i = 0; i < blocks_per_seq; ++i) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * blocks_per_seq + i));
@@ -223,13 +226,36 @@ int run(int argc, char** argv) {
         Status s2 = fwd.run(step, logits);
         if (!s2.is_ok()) die("decode: " + s2.to_string());
       };
-      for (int64_t i = 0; i < 3; ++i) decode(context + i);  // warm-up
-      const auto t0 = Clock::now();
-      for (int64_t i = 0; i < steps; ++i) decode(context + 3 + i);
-      const double ms = seconds_since(t0) * 1e3 / static_cast<double>(steps);
-      std::printf("| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% |\n", type_name.c_str(),
-                  static_cast<long long>(config.n_layers), static_cast<long long>(b), ms,
-                  static_cast<double>(b) * 1e3 / ms, step_gb, floor_ms, ms > 0 ? 100.0 * floor_ms / ms : 0.0);
+      // Graphed decode (the default; the warm-up captures the bucket's graph), then the same
+      // steps eagerly. Host share: enqueueing time / step time, averaged over the timed steps.
+      struct Timing {
+        double ms = 0, host_share = 0;
+        int64_t launches = 0;
+      };
+      int64_t pos = context;
+      auto timed = [&](bool graphs) {
+        fwd.set_cuda_graphs(graphs);
+        for (int64_t i = 0; i < 3; ++i) decode(pos++);  // warm-up
+        Timing t;
+        double host = 0, total = 0;
+        const auto t0 = Clock::now();
+        for (int64_t i = 0; i < steps; ++i) {
+          decode(pos++);
+          host += fwd.last_step().host_micros;
+          total += fwd.last_step().total_micros;
+        }
+        t.ms = seconds_since(t0) * 1e3 / static_cast<double>(steps);
+        t.host_share = total > 0 ? host / total : 0;
+        t.launches = fwd.last_step().launches;
+        return t;
+      };
+      const Timing g = timed(true);
+      const Timing e = timed(false);
+      std::printf("| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% |\n",
+                  type_name.c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(b), g.ms,
+                  static_cast<double>(b) * 1e3 / g.ms, step_gb, floor_ms, g.ms > 0 ? 100.0 * floor_ms / g.ms : 0.0,
+                  e.ms, static_cast<long long>(e.launches), static_cast<long long>(g.launches), 100.0 * e.host_share,
+                  100.0 * g.host_share);
       std::fflush(stdout);
     }
   }

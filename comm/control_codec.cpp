@@ -72,6 +72,8 @@ struct Writer {
     b.setHostname(h.hostname);
     b.setPid(h.pid);
     b.setWeightBytes(h.weight_bytes);
+    b.setMaxStepTokens(h.max_step_tokens);
+    b.setMaxStepSeqs(h.max_step_seqs);
   }
   void operator()(const ConfigureMsg& c) {
     auto b = env.initConfigure();
@@ -166,6 +168,8 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       h.hostname = r.getHostname();
       h.pid = r.getPid();
       h.weight_bytes = r.getWeightBytes();
+      h.max_step_tokens = r.getMaxStepTokens();
+      h.max_step_seqs = r.getMaxStepSeqs();
       return h;
     }
     case proto::Envelope::CONFIGURE: {

@@ -24,6 +24,8 @@ struct ShardHello {
   std::string hostname;
   int32_t pid = 0;
   uint64_t weight_bytes = 0;
+  int64_t max_step_tokens = 0;  // a GPU shard's workspace limits (0: none, the CPU backend)
+  int64_t max_step_seqs = 0;
 };
 
 struct ConfigureMsg {

@@ -42,6 +42,9 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.bind = o.bind;
   spec.force_mpirun = o.force_mpirun;
   spec.extra_shard_args = o.extra_shard_args;
+  // A GPU shard sizes its workspace for the scheduler's largest step.
+  spec.max_step_tokens = o.scheduler.max_step_tokens;
+  spec.max_step_seqs = o.scheduler.max_batch;
   return spec;
 }
 
@@ -98,9 +101,12 @@ int run_server(const ServerOptions& o) {
                     : "tcp://0.0.0.0:0";
   go.block_size = o.block_size;
   go.headroom = o.headroom;
-  go.max_kv_bytes = o.max_kv_bytes != 0 ? o.max_kv_bytes : (o.device == "cuda" ? 0 : uint64_t{2} << 30);
+  go.max_kv_bytes = o.max_kv_bytes;
+  go.cpu_max_kv_bytes = uint64_t{2} << 30;  // CPU shards: 2 GiB of KV unless --max-kv-bytes says otherwise
   go.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_timeout_ms);
   go.start_timeout = std::chrono::milliseconds(o.start_timeout_ms);
+  go.step_tokens = o.scheduler.max_step_tokens;
+  go.step_seqs = o.scheduler.max_batch;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
   std::string endpoint = (*group)->endpoint();

@@ -72,8 +72,13 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
   // Never plan to 100%: the headroom stays free for fragmentation, workspace growth, the OS.
   uint64_t budget = static_cast<uint64_t>(static_cast<double>(p.min_available_bytes) * (1.0 - o.headroom));
   p.limited_by = "memory";
-  if (o.max_kv_bytes > 0 && o.max_kv_bytes < budget) {
-    budget = o.max_kv_bytes;
+  uint64_t cap = o.max_kv_bytes;
+  if (cap == 0) {
+    for (const ShardHello& h : hellos)
+      if (h.device.rfind("cpu", 0) == 0) cap = o.cpu_max_kv_bytes;
+  }
+  if (cap > 0 && cap < budget) {
+    budget = cap;
     p.limited_by = "max_kv_bytes";
   }
   p.num_blocks = static_cast<int64_t>(budget / p.kv_bytes_per_block);
@@ -141,6 +146,18 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
     if (h.model_fingerprint != expected)
       return fail(Status::invalid_argument(fmt::format("shard rank {} serves model '{}', expected '{}'", h.rank,
                                                        h.model_fingerprint, expected)));
+  }
+  for (const ShardHello& h : hellos_) {
+    if (h.max_step_tokens > 0 && o_.step_tokens > h.max_step_tokens)
+      return fail(Status::invalid_argument(fmt::format(
+          "shard rank {} ({}) holds steps of at most {} tokens, but the scheduler's max_step_tokens is {}: start the "
+          "shards with --max-step-tokens {} or lower max_step_tokens",
+          h.rank, h.device, h.max_step_tokens, o_.step_tokens, o_.step_tokens)));
+    if (h.max_step_seqs > 0 && o_.step_seqs > h.max_step_seqs)
+      return fail(Status::invalid_argument(fmt::format(
+          "shard rank {} ({}) holds steps of at most {} sequences, but the scheduler's max_batch is {}: start the "
+          "shards with --max-step-seqs {} or lower max_batch",
+          h.rank, h.device, h.max_step_seqs, o_.step_seqs, o_.step_seqs)));
   }
   TESSERA_ASSIGN_OR_RETURN(plan_, plan_kv_memory(hellos_, o_));
   TESSERA_LOG_INFO("KV cache plan: {} blocks of {} tokens ({:.1f} MiB per shard, limited by {}, {:.0f}% headroom)",

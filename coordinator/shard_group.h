@@ -34,7 +34,12 @@ struct ShardGroupOptions {
   int64_t block_size = 16;
   double headroom = 0.10;           // fraction of each shard's available memory never planned
   uint64_t max_kv_bytes = 0;        // cap per shard (0: none)
+  uint64_t cpu_max_kv_bytes = 0;    // cap when max_kv_bytes is 0 and a shard runs on the CPU (0: none)
   int64_t max_blocks = 0;           // cap on blocks (0: none)
+  // The largest step the scheduler will send (0: unchecked); a shard whose workspace is
+  // smaller is refused at start-up, naming both numbers.
+  int64_t step_tokens = 0;
+  int64_t step_seqs = 0;
 };
 
 struct MemoryPlan {

@@ -30,6 +30,10 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   if (s.bind != "auto") shard.push_back("--no-bind");
   if (!s.quant.empty() && s.quant != "none") shard.insert(shard.end(), {"--quant", s.quant});
   if (s.quant_lm_head) shard.push_back("--quant-lm-head");
+  if (s.device != "cpu" && s.max_step_tokens > 0)
+    shard.insert(shard.end(), {"--max-step-tokens", std::to_string(s.max_step_tokens)});
+  if (s.device != "cpu" && s.max_step_seqs > 0)
+    shard.insert(shard.end(), {"--max-step-seqs", std::to_string(s.max_step_seqs)});
   shard.insert(shard.end(), s.extra_shard_args.begin(), s.extra_shard_args.end());
   const bool mpi = s.tp > 1 || s.force_mpirun || !s.hosts.empty() || !s.hostfile.empty();
   if (!mpi) return shard;

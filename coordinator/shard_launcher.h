@@ -26,6 +26,8 @@ struct ShardLaunchSpec {
   bool force_mpirun = false;              // use mpirun even for TP = 1
   std::string quant;                      // --quant for the shards (empty or "none": not passed)
   bool quant_lm_head = false;             // --quant-lm-head for the shards
+  int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
+  int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
   std::vector<std::string> extra_shard_args;
   std::vector<std::string> extra_mpirun_args;
 };

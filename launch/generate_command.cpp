@@ -106,6 +106,10 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   // One request needs at most its prompt plus its new tokens, within the context.
   const int64_t tokens = std::min<int64_t>(config.max_positions, static_cast<int64_t>(prompt.size()) + a.max_tokens);
   go.max_blocks = (tokens + a.block_size - 1) / a.block_size + 1;
+  // One request: prompt pieces of prefill_chunk tokens (the batch engine's default when 0).
+  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : BatchEngineOptions{}.prefill_chunk;
+  go.step_tokens = chunk;
+  go.step_seqs = 1;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
 
@@ -120,6 +124,8 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.extra_shard_args = a.shard_args;
   spec.quant = a.quant;
   spec.quant_lm_head = a.quant_lm_head;
+  spec.max_step_tokens = chunk;
+  spec.max_step_seqs = 1;
   auto child = ChildProcess::spawn(build_shard_command(spec));
   if (!child.is_ok()) return fail(child.status().to_string());
   ChildProcess& shards = *child;

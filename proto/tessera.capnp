@@ -31,6 +31,8 @@ struct ShardHello {
   hostname @7 :Text;
   pid @8 :Int32;
   weightBytes @9 :UInt64;
+  maxStepTokens @10 :Int64;        # largest step the shard's workspace holds (0: no limit)
+  maxStepSeqs @11 :Int64;          # most sequences in one step (0: no limit)
 }
 
 struct Configure {

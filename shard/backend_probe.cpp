@@ -22,12 +22,13 @@ BackendChoice choose_backend(const std::string& requested, bool* ok) {
     else
       c.reason = std::to_string(c.cuda_devices) + " CUDA device(s)";
   }
-  if (requested == "cuda") {
-    if (c.cuda_devices == 0) *ok = false;
-    else c.kind = DeviceKind::kCuda;
+  if (c.cuda_devices > 0) {
+    c.kind = DeviceKind::kCuda;
+  } else if (requested == "cuda") {
+    *ok = false;
+  } else {
+    c.reason += "; using the CPU backend";
   }
-  // "auto": the CUDA forward pass arrives with the CUDA backend issue; until then CPU.
-  if (requested == "auto" && c.cuda_devices > 0) c.reason += "; the CUDA forward pass is not built yet, using CPU";
   return c;
 }
 

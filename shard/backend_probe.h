@@ -16,8 +16,9 @@ struct BackendChoice {
   std::string reason;  // why this backend: "no CUDA driver (cudaGetDeviceCount: ...)"
 };
 
-// requested: "cpu", "cuda" or "auto". "cuda" without a usable device is an error (reason set,
-// kind kCpu, ok false).
+// requested: "cpu", "cuda" or "auto". "auto" takes CUDA when the backend library loads and
+// sees a device, else the CPU (reason says why). "cuda" without a usable device is an error
+// (reason set, kind kCpu, ok false).
 BackendChoice choose_backend(const std::string& requested, bool* ok);
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstring>
 
 #include "comm/device_comm.h"
@@ -39,6 +40,16 @@ namespace {
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 
 #define TESSERA_CUDA_TRY(call, what) TESSERA_RETURN_IF_ERROR(api_->check((call), (what)))
+// The same for a call that enqueues work on the stream (counted in last_step_.launches).
+#define TESSERA_CUDA_LAUNCH(call, what) \
+  do {                                  \
+    ++last_step_.launches;              \
+    TESSERA_CUDA_TRY(call, what);       \
+  } while (0)
+
+double micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -50,6 +61,7 @@ CudaForward::~CudaForward() {
   if (!api_) return;
   api_->set_device(options_.device);
   if (stream_) api_->stream_synchronize(stream_);
+  for (auto& [bucket, graph] : graphs_) api_->graph_destroy(graph);
   for (void* p : allocations_) api_->device_free(p);
   if (blas_) api_->blas_destroy(blas_);
   if (owns_stream_ && stream_) api_->stream_destroy(stream_);
@@ -80,6 +92,13 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
 Status CudaForward::init(const ModelWeights& weights) {
   TESSERA_ASSIGN_OR_RETURN(api_, load_cuda_api_with_device());
   TESSERA_CUDA_TRY(api_->set_device(options_.device), fmt::format("select CUDA device {}", options_.device));
+  {
+    char name[256] = {};
+    int major = 0, minor = 0;
+    TESSERA_CUDA_TRY(api_->device_info(options_.device, name, sizeof(name), &major, &minor),
+                     fmt::format("query CUDA device {}", options_.device));
+    device_name_ = fmt::format("cuda:{} ({}, sm_{}{})", options_.device, name, major, minor);
+  }
   if (layout_.tp_size > 1) {
     auto* nccl = static_cast<NcclComm*>(comm_);  // name() == "nccl" was checked
     if (nccl->device() != options_.device)
@@ -93,8 +112,8 @@ Status CudaForward::init(const ModelWeights& weights) {
   TESSERA_CUDA_TRY(api_->blas_create(&blas_), "create the cuBLAS handle");
   TESSERA_RETURN_IF_ERROR(upload_weights(weights));
   TESSERA_RETURN_IF_ERROR(allocate_workspace());
-  TESSERA_RETURN_IF_ERROR(allocate_kv_pool());
-  return Status::ok();
+  if (options_.defer_kv_pool) return Status::ok();
+  return allocate_kv_pool();
 }
 
 Result<void*> CudaForward::device_alloc(int64_t bytes, const char* what) {
@@ -287,14 +306,15 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
 // ---- workspace and KV pool ----
 
 namespace {
-// Offsets (int32 elements) of the metadata regions for T tokens, R logit rows, S sequences.
+// Offsets (int32 elements) of the metadata regions for T tokens (and as many logit rows at
+// most), S sequences and block tables of table_cap columns.
 struct MetaLayout {
   int64_t tokens, positions, out_rows, query_begin, query_len, start_pos, seq_lens, tables, total;
-  MetaLayout(int64_t T, int64_t R, int64_t S, int64_t table_cap) {
+  MetaLayout(int64_t T, int64_t S, int64_t table_cap) {
     tokens = 0;
     positions = tokens + T;
     out_rows = positions + T;
-    query_begin = out_rows + R;
+    query_begin = out_rows + T;
     query_len = query_begin + S;
     start_pos = query_len + S;
     seq_lens = start_pos + S;
@@ -302,6 +322,10 @@ struct MetaLayout {
     total = tables + S * table_cap;
   }
 };
+
+MetaLayout step_meta(const CudaForwardOptions& o, int64_t table_cap) {
+  return MetaLayout(o.max_tokens_per_step, o.max_seqs_per_step, table_cap);
+}
 }  // namespace
 
 Status CudaForward::allocate_workspace() {
@@ -311,8 +335,6 @@ Status CudaForward::allocate_workspace() {
   const int64_t hd = config_.head_dim, hidden = config_.hidden;
   const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
   const int64_t local_vocab = lm_head_->rows;
-  max_table_blocks_ = (config_.max_positions + options_.block_size - 1) / options_.block_size;
-  const MetaLayout meta(T, R, S, max_table_blocks_);
   auto alloc_f32 = [&](float** out, int64_t n, const char* what) -> Status {
     void* p = nullptr;
     TESSERA_ASSIGN_OR_RETURN(p, device_alloc(n * 4, what));
@@ -344,23 +366,34 @@ Status CudaForward::allocate_workspace() {
     dequant_ = static_cast<uint16_t*>(p);
     workspace_bytes_ += dequant_elems_ * 2;
   }
-  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(meta.total * 4, "step metadata"));
-  meta_ = static_cast<int32_t*>(p);
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(T * 8, "KV slots"));
   slots_ = static_cast<int64_t*>(p);
-  workspace_bytes_ += T * act_cols * 2 + meta.total * 4 + T * 8;
-  h_meta_.assign(static_cast<size_t>(meta.total), 0);
+  workspace_bytes_ += T * act_cols * 2 + T * 8;
   h_slots_.assign(static_cast<size_t>(T), 0);
+  set_cuda_graphs(options_.cuda_graphs);
   return Status::ok();
+}
+
+int64_t CudaForward::kv_bytes_per_token() const {
+  return 2 * config_.n_layers * layout_.n_kv_heads * config_.head_dim * 4;  // K and V of every layer
+}
+
+Result<int64_t> CudaForward::free_device_bytes() const {
+  int64_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
+  TESSERA_CUDA_TRY(api_->mem_get_info(&free_bytes, &total_bytes), "query device memory");
+  return free_bytes;
 }
 
 Status CudaForward::allocate_kv_pool() {
   int64_t free_bytes = 0, total_bytes = 0;
   TESSERA_CUDA_TRY(api_->mem_get_info(&free_bytes, &total_bytes), "query device memory");
-  const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
-  const int64_t bytes_per_block = 2 * config_.n_layers * block_floats * 4;  // K and V of every layer
+  const int64_t bytes_per_block = options_.block_size * kv_bytes_per_token();
+  // The block tables' metadata comes out of the same free memory (tables of max_positions).
+  const int64_t meta_bytes =
+      step_meta(options_, (config_.max_positions + options_.block_size - 1) / options_.block_size).total * 4;
   const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
-  const int64_t usable = free_bytes - headroom;
+  const int64_t usable = free_bytes - headroom - meta_bytes;
   int64_t blocks = usable > 0 ? usable / bytes_per_block : 0;
   if (options_.max_kv_blocks > 0) blocks = std::min(blocks, options_.max_kv_blocks);
   blocks = std::min<int64_t>(blocks, 0x7fffffff);  // block ids are int32
@@ -370,12 +403,59 @@ Status CudaForward::allocate_kv_pool() {
         "bytes free leaves no room for one KV block of {} bytes",
         options_.device, free_bytes, weight_bytes_, workspace_bytes_, options_.kv_headroom * 100.0, total_bytes,
         bytes_per_block));
+  return allocate_kv(options_.block_size, blocks);
+}
+
+Status CudaForward::configure_kv(int64_t block_size, int64_t num_blocks) {
+  if (kv_ready_)
+    return Status::invalid_argument(fmt::format("CUDA device {}: the KV pool is already allocated ({} blocks of {})",
+                                                options_.device, num_blocks_, options_.block_size));
+  if (block_size <= 0 || num_blocks <= 0 || num_blocks > 0x7fffffff)
+    return Status::invalid_argument(fmt::format(
+        "CUDA device {}: KV pool of {} blocks of {} tokens: both must be > 0 (and blocks < 2^31)", options_.device,
+        num_blocks, block_size));
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
+  return allocate_kv(block_size, num_blocks);
+}
+
+Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks) {
+  options_.block_size = block_size;
+  max_table_blocks_ = (config_.max_positions + block_size - 1) / block_size;
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
   void* p = nullptr;
-  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(blocks * bytes_per_block, "the KV pool"));
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(meta.total * 4, "step metadata"));
+  meta_ = static_cast<int32_t*>(p);
+  workspace_bytes_ += meta.total * 4;
+  h_meta_.assign(static_cast<size_t>(meta.total), 0);
+  const int64_t block_floats = block_size * layout_.n_kv_heads * config_.head_dim;
+  const int64_t bytes = num_blocks * block_size * kv_bytes_per_token();
+  const int rc = api_->device_malloc(&p, bytes);
+  if (rc != 0)
+    return Status::resource_exhausted(fmt::format(
+        "CUDA device {}: cannot allocate the KV pool of {} blocks of {} tokens ({} bytes) after {} bytes of weights "
+        "and {} of workspace: {}",
+        options_.device, num_blocks, block_size, bytes, weight_bytes_, workspace_bytes_, api_->last_error()));
+  allocations_.push_back(p);
   kv_pool_ = static_cast<float*>(p);
-  num_blocks_ = blocks;
-  layer_kv_floats_ = blocks * block_floats;
-  kv_bytes_ = blocks * bytes_per_block;
+  num_blocks_ = num_blocks;
+  layer_kv_floats_ = num_blocks * block_floats;
+  kv_bytes_ = bytes;
+  kv_ready_ = true;
+  return Status::ok();
+}
+
+Status CudaForward::copy_block(int32_t src, int32_t dst) {
+  if (!kv_ready_) return Status::invalid_argument("CudaForward: block copy before the KV pool exists");
+  if (src < 0 || dst < 0 || src >= num_blocks_ || dst >= num_blocks_)
+    return Status::out_of_range(fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, num_blocks_ - 1));
+  const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
+  for (int64_t part = 0; part < 2 * config_.n_layers; ++part) {  // [layer][K|V]
+    float* base = kv_pool_ + part * layer_kv_floats_;
+    TESSERA_CUDA_TRY(api_->device_memcpy_async(base + dst * block_floats, base + src * block_floats,
+                                               block_floats * 4, stream_),
+                     fmt::format("copy KV block {} -> {}", src, dst));
+  }
   return Status::ok();
 }
 
@@ -383,8 +463,9 @@ Status CudaForward::allocate_kv_pool() {
 
 Status CudaForward::validate(std::span<const SequenceInput> batch) const {
   // The same checks, in the same order, as ForwardPass::validate, plus the step limits.
+  if (!kv_ready_) return Status::invalid_argument("CudaForward: a step before configure_kv()");
   const int64_t block_size = options_.block_size;
-  int64_t n = 0, n_out = 0;
+  int64_t n = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceInput& in = batch[s];
     if (in.tokens.empty()) return Status::invalid_argument(fmt::format("sequence {} has no tokens", s));
@@ -404,19 +485,18 @@ Status CudaForward::validate(std::span<const SequenceInput> batch) const {
       if (b < 0 || b >= num_blocks_)
         return Status::out_of_range(fmt::format("block id {} outside the cache (0..{})", b, num_blocks_ - 1));
     n += static_cast<int64_t>(in.tokens.size());
-    n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
   }
-  if (n > options_.max_tokens_per_step || static_cast<int64_t>(batch.size()) > options_.max_seqs_per_step ||
-      n_out > options_.max_logit_rows)
+  if (n > options_.max_tokens_per_step || static_cast<int64_t>(batch.size()) > options_.max_seqs_per_step)
     return Status::invalid_argument(fmt::format(
-        "step of {} tokens, {} sequences, {} logit rows exceeds the CUDA workspace ({} tokens, {} sequences, {} "
-        "rows; CudaForwardOptions)",
-        n, batch.size(), n_out, options_.max_tokens_per_step, options_.max_seqs_per_step, options_.max_logit_rows));
+        "step of {} tokens and {} sequences exceeds the CUDA workspace ({} tokens, {} sequences; tessera-shard "
+        "--max-step-tokens / --max-step-seqs)",
+        n, batch.size(), options_.max_tokens_per_step, options_.max_seqs_per_step));
   return Status::ok();
 }
 
 Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n) {
   constexpr int64_t kQuantKernelMaxTokens = 32;
+  ++last_step_.launches;
   if (m.kind != Matrix::Kind::kF16 && n > kQuantKernelMaxTokens) {
     // Large step: expand the matrix to f16 once (stream-ordered, so the buffer is free again
     // when the next GEMM's dequantization runs) and use cuBLAS.
@@ -427,6 +507,7 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
                                                 static_cast<const uint16_t*>(m.scales),
                                                 static_cast<const uint8_t*>(m.zeros), dequant_, m.rows, m.cols, stream_);
     TESSERA_CUDA_TRY(rc, "dequantize a weight matrix");
+    ++last_step_.launches;
     return api_->check(api_->gemm_f16(blas_, dequant_, x16, y, m.rows, m.cols, n, stream_), "F16 GEMM");
   }
   switch (m.kind) {
@@ -447,8 +528,7 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
 }
 
 Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
-  const MetaLayout meta(options_.max_tokens_per_step, options_.max_logit_rows, options_.max_seqs_per_step,
-                        max_table_blocks_);
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
   float* k_cache = kv_pool_ + (2 * l) * layer_kv_floats_;
   float* v_cache = kv_pool_ + (2 * l + 1) * layer_kv_floats_;
   const int64_t hd = config_.head_dim;
@@ -468,7 +548,8 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
   rope.head_dim = hd;
   rope.block_size = options_.block_size;
   rope.num_blocks = num_blocks_;
-  TESSERA_CUDA_TRY(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
+  TESSERA_CUDA_LAUNCH(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
+  ++last_step_.launches;  // the attention kernel below
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (all_decode) {  // one token per sequence: row s of q is sequence s
@@ -512,40 +593,121 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
   return api_->check(api_->paged_prefill_attention_f32(&a, stream_), "paged prefill attention");
 }
 
-Status CudaForward::gather_logits(int64_t n_out, std::vector<float>& logits) {
+Status CudaForward::download_logits(int64_t n_rows, int64_t n_real, float* out) {
+  // n_rows logit rows were computed (a graphed step's padded bucket); the first n_real go to
+  // out [n_real, vocab].
   const int64_t vocab = config_.vocab;
-  const int64_t local = lm_head_->rows;
-  logits.resize(static_cast<size_t>(n_out * vocab));
-  TESSERA_RETURN_IF_ERROR(gemm(*lm_head_, act16_, logits_, n_out));  // [n_out, local] packed
   if (layout_.tp_size == 1) {
-    TESSERA_CUDA_TRY(api_->device_memcpy_async(logits.data(), logits_, n_out * vocab * 4, stream_), "copy logits");
+    ++last_step_.launches;
+    TESSERA_CUDA_TRY(api_->device_memcpy_async(out, logits_, n_real * vocab * 4, stream_), "copy logits");
+    last_step_.host_micros = micros_since(step_start_);
     TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
     return Status::ok();
   }
-  // Each rank's chunk of n_out * per floats holds its [n_out, count_r] logits packed at the
+  // Each rank's chunk of n_rows * per floats holds its [n_rows, count_r] logits packed at the
   // front (count_r <= per; the rest is unused), gathered as [rank][chunk].
   const int64_t per = layout_.vocab_per_rank;
-  (void)local;
-  TESSERA_RETURN_IF_ERROR(comm_->all_gather(logits_, gathered_, n_out * per * 4));
-  h_gathered_.resize(static_cast<size_t>(layout_.tp_size * n_out * per));
-  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_gathered_.data(), gathered_,
-                                             layout_.tp_size * n_out * per * 4, stream_),
+  h_gathered_.resize(static_cast<size_t>(layout_.tp_size * n_rows * per));
+  ++last_step_.launches;
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_gathered_.data(), gathered_, layout_.tp_size * n_rows * per * 4,
+                                             stream_),
                    "copy gathered logits");
+  last_step_.host_micros = micros_since(step_start_);
   TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
   for (int r = 0; r < layout_.tp_size; ++r) {
     const int64_t begin = std::min<int64_t>(vocab, per * r);
     const int64_t count = std::min<int64_t>(vocab, begin + per) - begin;
-    const float* chunk = &h_gathered_[static_cast<size_t>(r * n_out * per)];
-    for (int64_t t = 0; t < n_out; ++t)
-      std::copy_n(chunk + t * count, count, &logits[static_cast<size_t>(t * vocab + begin)]);
+    const float* chunk = &h_gathered_[static_cast<size_t>(r * n_rows * per)];
+    for (int64_t t = 0; t < n_real; ++t) std::copy_n(chunk + t * count, count, out + t * vocab + begin);
   }
   return Status::ok();
 }
 
+Status CudaForward::enqueue_forward(int64_t n, bool all_decode) {
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  const int64_t hidden = config_.hidden, hd = config_.head_dim;
+  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
+  const float eps = config_.rms_eps;
+  auto all_reduce = [&](float* data) -> Status {
+    if (layout_.tp_size == 1) return Status::ok();
+    ++last_step_.launches;
+    return comm_->all_reduce_sum(data, n * hidden);
+  };
+  TESSERA_CUDA_LAUNCH(api_->embedding(embed_->w, TESSERA_CUDA_F16, config_.vocab, hidden, meta_ + meta.tokens, n, x_,
+                                      TESSERA_CUDA_F32, stream_),
+                      "embedding");
+  TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(x_, layers_[0].attn_norm, h_, n, hidden, eps, stream_), "RMSNorm");
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const Layer& w = layers_[static_cast<size_t>(l)];
+    // Attention block.
+    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.wq, act16_, q_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.wk, act16_, k_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.wv, act16_, v_, n));
+    if (w.bq) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(q_, w.bq, n, q_dim, stream_), "q bias");
+    if (w.bk) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(k_, w.bk, n, kv_dim, stream_), "k bias");
+    if (w.bv) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(v_, w.bv, n, kv_dim, stream_), "v bias");
+    if (w.q_norm)
+      TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(q_, w.q_norm, q_, n * layout_.n_heads, hd, eps, stream_), "q norm");
+    if (w.k_norm)
+      TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(k_, w.k_norm, k_, n * layout_.n_kv_heads, hd, eps, stream_), "k norm");
+    TESSERA_RETURN_IF_ERROR(attention(l, n, all_decode));
+    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(attn_, act16_, n * q_dim, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.wo, act16_, proj_, n));
+    TESSERA_RETURN_IF_ERROR(all_reduce(proj_));
+    TESSERA_CUDA_LAUNCH(api_->add_rms_norm_f32(x_, proj_, w.ffn_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
+    // MLP block.
+    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_gate, act16_, gate_, n));
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_up, act16_, up_, n));
+    TESSERA_CUDA_LAUNCH(api_->silu_mul_f32(gate_, up_, gate_, n, ffn, stream_), "SiLU * up");
+    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(gate_, act16_, n * ffn, stream_), "f32 -> f16");
+    TESSERA_RETURN_IF_ERROR(gemm(w.w_down, act16_, proj_, n));
+    TESSERA_RETURN_IF_ERROR(all_reduce(proj_));
+    const float* next_norm = l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : final_norm_;
+    TESSERA_CUDA_LAUNCH(api_->add_rms_norm_f32(x_, proj_, next_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
+  }
+  return Status::ok();
+}
+
+Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count) {
+  // The final-normed rows out_rows[row0 .. row0 + count) -> proj_ -> f16 -> LM head (->
+  // all-gather at TP > 1); count <= max_logit_rows.
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  const int64_t hidden = config_.hidden;
+  TESSERA_CUDA_LAUNCH(api_->gather_rows_f32(h_, meta_ + meta.out_rows + row0, proj_, count, hidden, stream_),
+                      "gather rows");
+  TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(proj_, act16_, count * hidden, stream_), "f32 -> f16");
+  TESSERA_RETURN_IF_ERROR(gemm(*lm_head_, act16_, logits_, count));  // [count, local] packed
+  if (layout_.tp_size > 1) {
+    ++last_step_.launches;
+    TESSERA_RETURN_IF_ERROR(comm_->all_gather(logits_, gathered_, count * layout_.vocab_per_rank * 4));
+  }
+  return Status::ok();
+}
+
+void CudaForward::set_cuda_graphs(bool on) {
+  options_.cuda_graphs = on;
+  max_graph_batch_ = on ? std::min({options_.max_graph_batch, options_.max_seqs_per_step, options_.max_logit_rows,
+                                    options_.max_tokens_per_step})
+                        : 0;
+}
+
+int64_t CudaForward::graph_bucket(int64_t n_seqs) const {
+  int64_t b = 1;
+  while (b < n_seqs) b *= 2;
+  return std::min(b, max_graph_batch_);
+}
+
 Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  step_start_ = std::chrono::steady_clock::now();
+  last_step_ = CudaStepStats{};
   TESSERA_RETURN_IF_ERROR(validate(batch));
-  const MetaLayout meta(options_.max_tokens_per_step, options_.max_logit_rows, options_.max_seqs_per_step,
-                        max_table_blocks_);
+  bool graphable = max_graph_batch_ > 0 && !batch.empty() && static_cast<int64_t>(batch.size()) <= max_graph_batch_;
+  for (const SequenceInput& in : batch) graphable = graphable && in.tokens.size() == 1 && in.want_logits && !in.all_logits;
+  if (graphable) return run_graphed(batch, logits);
+
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
   const int64_t bs = options_.block_size;
   // Host metadata: token rows in batch order, one block-table row per sequence holding the
   // blocks its positions [0, end) use (stride = the longest such row of this step).
@@ -581,56 +743,86 @@ Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Pageable host memory: the copies are staged before the calls return, and h_meta_ is not
   // touched again before the stream synchronization at the end of the step anyway.
-  TESSERA_CUDA_TRY(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4, stream_),
-                   "upload step metadata");
-  TESSERA_CUDA_TRY(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
-
-  const int64_t hidden = config_.hidden, hd = config_.head_dim;
-  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
-  const float eps = config_.rms_eps;
-  TESSERA_CUDA_TRY(api_->embedding(embed_->w, TESSERA_CUDA_F16, config_.vocab, hidden, meta_ + meta.tokens, n, x_,
-                                   TESSERA_CUDA_F32, stream_),
-                   "embedding");
-  TESSERA_CUDA_TRY(api_->rms_norm_f32(x_, layers_[0].attn_norm, h_, n, hidden, eps, stream_), "RMSNorm");
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const Layer& w = layers_[static_cast<size_t>(l)];
-    // Attention block.
-    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.wq, act16_, q_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.wk, act16_, k_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.wv, act16_, v_, n));
-    if (w.bq) TESSERA_CUDA_TRY(api_->add_bias_f32(q_, w.bq, n, q_dim, stream_), "q bias");
-    if (w.bk) TESSERA_CUDA_TRY(api_->add_bias_f32(k_, w.bk, n, kv_dim, stream_), "k bias");
-    if (w.bv) TESSERA_CUDA_TRY(api_->add_bias_f32(v_, w.bv, n, kv_dim, stream_), "v bias");
-    if (w.q_norm)
-      TESSERA_CUDA_TRY(api_->rms_norm_f32(q_, w.q_norm, q_, n * layout_.n_heads, hd, eps, stream_), "q norm");
-    if (w.k_norm)
-      TESSERA_CUDA_TRY(api_->rms_norm_f32(k_, w.k_norm, k_, n * layout_.n_kv_heads, hd, eps, stream_), "k norm");
-    TESSERA_RETURN_IF_ERROR(attention(l, n, all_decode));
-    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(attn_, act16_, n * q_dim, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.wo, act16_, proj_, n));
-    if (layout_.tp_size > 1) TESSERA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_, n * hidden));
-    TESSERA_CUDA_TRY(api_->add_rms_norm_f32(x_, proj_, w.ffn_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
-    // MLP block.
-    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_gate, act16_, gate_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_up, act16_, up_, n));
-    TESSERA_CUDA_TRY(api_->silu_mul_f32(gate_, up_, gate_, n, ffn, stream_), "SiLU * up");
-    TESSERA_CUDA_TRY(api_->convert_f32_to_f16(gate_, act16_, n * ffn, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_down, act16_, proj_, n));
-    if (layout_.tp_size > 1) TESSERA_RETURN_IF_ERROR(comm_->all_reduce_sum(proj_, n * hidden));
-    const float* next_norm = l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : final_norm_;
-    TESSERA_CUDA_TRY(api_->add_rms_norm_f32(x_, proj_, next_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
-  }
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4,
+                                                stream_),
+                      "upload step metadata");
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
+  TESSERA_RETURN_IF_ERROR(enqueue_forward(n, all_decode));
+  logits.resize(static_cast<size_t>(n_out * config_.vocab));
   if (n_out == 0) {
-    logits.clear();
+    last_step_.host_micros = micros_since(step_start_);
     TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
-    return Status::ok();
   }
-  // The final-normed rows that want logits -> proj_ -> f16 -> LM head.
-  TESSERA_CUDA_TRY(api_->gather_rows_f32(h_, meta_ + meta.out_rows, proj_, n_out, hidden, stream_), "gather rows");
-  TESSERA_CUDA_TRY(api_->convert_f32_to_f16(proj_, act16_, n_out * hidden, stream_), "f32 -> f16");
-  return gather_logits(n_out, logits);
+  // Logit rows in pieces of at most max_logit_rows (a long prompt with prompt logprobs).
+  for (int64_t row0 = 0; row0 < n_out; row0 += options_.max_logit_rows) {
+    const int64_t count = std::min(options_.max_logit_rows, n_out - row0);
+    TESSERA_RETURN_IF_ERROR(enqueue_lm_head(row0, count));
+    TESSERA_RETURN_IF_ERROR(download_logits(count, count, logits.data() + row0 * config_.vocab));
+  }
+  last_step_.total_micros = micros_since(step_start_);
+  return Status::ok();
+}
+
+Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  const int64_t bs = options_.block_size;
+  const auto n_real = static_cast<int64_t>(batch.size());
+  const int64_t bucket = graph_bucket(n_real);
+  // Fixed shapes for the graph: `bucket` one-token sequences, block tables at the full stride.
+  // Padding rows decode token 0 at position 0 of a one-key sequence in block 0 and write no KV
+  // (slot -1); their outputs are never read.
+  n_seqs_ = bucket;
+  table_stride_ = max_table_blocks_;
+  for (int64_t s = 0; s < bucket; ++s) {
+    const bool real = s < n_real;
+    const SequenceInput* in = real ? &batch[static_cast<size_t>(s)] : nullptr;
+    const int64_t pos = real ? in->start_pos : 0;
+    h_meta_[static_cast<size_t>(meta.query_begin + s)] = static_cast<int32_t>(s);
+    h_meta_[static_cast<size_t>(meta.query_len + s)] = 1;
+    h_meta_[static_cast<size_t>(meta.start_pos + s)] = static_cast<int32_t>(pos);
+    h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(pos + 1);
+    const int64_t used = real ? (pos + bs) / bs : 0;
+    int32_t* table = &h_meta_[static_cast<size_t>(meta.tables + s * table_stride_)];
+    for (int64_t b = 0; b < table_stride_; ++b) table[b] = b < used ? in->block_table[static_cast<size_t>(b)] : 0;
+    h_meta_[static_cast<size_t>(meta.tokens + s)] = real ? in->tokens[0] : 0;
+    h_meta_[static_cast<size_t>(meta.positions + s)] = static_cast<int32_t>(pos);
+    h_meta_[static_cast<size_t>(meta.out_rows + s)] = static_cast<int32_t>(s);
+    h_slots_[static_cast<size_t>(s)] =
+        real ? static_cast<int64_t>(in->block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs : -1;
+  }
+  TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
+  // Every region the graph reads, at the offsets MetaLayout gives for the workspace maxima.
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + bucket * table_stride_) * 4,
+                                                stream_),
+                      "upload step metadata");
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), bucket * 8, stream_), "upload KV slots");
+  void* graph = nullptr;
+  for (const auto& [b, g] : graphs_)
+    if (b == bucket) graph = g;
+  if (!graph) {
+    TESSERA_CUDA_TRY(api_->graph_begin_capture(stream_), fmt::format("begin capturing the decode graph of {}", bucket));
+    const int64_t before = last_step_.launches;
+    Status s = enqueue_forward(bucket, /*all_decode=*/true);
+    if (s.is_ok()) s = enqueue_lm_head(0, bucket);
+    last_step_.launches = before;  // captured, not launched
+    void* captured = nullptr;
+    const int rc = api_->graph_end_capture(stream_, &captured);
+    if (!s.is_ok()) {
+      if (rc == 0) api_->graph_destroy(captured);
+      return s.with_context(fmt::format("capturing the decode graph of batch {}", bucket));
+    }
+    TESSERA_CUDA_TRY(rc, fmt::format("instantiate the decode graph of batch {}", bucket));
+    graphs_.emplace_back(bucket, captured);
+    graph = captured;
+    last_step_.captured = true;
+  }
+  TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the decode graph");
+  last_step_.graphed = true;
+  last_step_.bucket = bucket;
+  logits.resize(static_cast<size_t>(n_real * config_.vocab));
+  TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, logits.data()));
+  last_step_.total_micros = micros_since(step_start_);
+  return Status::ok();
 }
 
 }  // namespace tessera

@@ -19,18 +19,30 @@
 //     with INT8 / INT4 weights also an f16 buffer for the largest such matrix: GEMMs of more than
 //     32 tokens dequantize the matrix into it and use cuBLAS (the W8A16 / W4A16 kernels re-read
 //     the packed weights once per 8 tokens).
-//  3. the KV pool as ONE allocation: cudaMemGetInfo's free bytes minus kv_headroom * total,
-//     divided into blocks of block_size tokens ([layer][K|V][num_blocks][block_size][n_kv_heads]
-//     [head_dim] fp32, the CPU layout per layer), capped at max_kv_blocks when > 0.
+//  3. the KV pool as ONE allocation, [layer][K|V][num_blocks][block_size][n_kv_heads][head_dim]
+//     fp32 (the CPU layout per layer), with the block tables' metadata. Either at create()
+//     (cudaMemGetInfo's free bytes minus kv_headroom * total, capped at max_kv_blocks when > 0),
+//     or, with options.defer_kv_pool, by configure_kv() with the block size and block count the
+//     coordinator chose from free_device_bytes() (the shard reports that in its hello).
+//
+// CUDA graphs (options.cuda_graphs): a step in which every sequence decodes one token and wants
+// its logits runs as one graph launch. The batch is padded to a bucket (1, 2, 4, ... up to
+// max_graph_batch; padding rows write no KV and their logits are dropped) and the step's
+// metadata goes to the same device buffers every time (block tables at a fixed stride), so the
+// graph captured on the bucket's first step (embedding .. LM head, NCCL collectives included)
+// is replayed for every later one. Other steps (prefill, mixed, prompt logprobs) run eagerly.
 //
 // Streams: every kernel runs on one stream. With TP > 1 `comm` must be an NcclComm (device
 // pointers) and its stream is used, so kernels and collectives are ordered without events.
 // Thread-safety: create() and run() on one thread (the cuBLAS handle is per thread).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -49,9 +61,22 @@ struct CudaForwardOptions {
   int64_t block_size = 16;              // tokens per KV block
   int64_t max_tokens_per_step = 2048;   // new tokens of all sequences in one run()
   int64_t max_seqs_per_step = 256;      // sequences in one run()
-  int64_t max_logit_rows = 256;         // logit rows one run() may return
+  int64_t max_logit_rows = 256;         // logit rows per LM-head pass (more run in several passes)
   double kv_headroom = 0.10;            // fraction of total device memory left free after the KV pool
   int64_t max_kv_blocks = 0;            // > 0: at most this many KV blocks
+  bool defer_kv_pool = false;           // true: no KV pool until configure_kv()
+  bool cuda_graphs = true;              // decode steps as CUDA graph replays
+  int64_t max_graph_batch = 256;        // the largest graphed bucket (also <= max_seqs_per_step)
+};
+
+// What one run() enqueued (host side): the numbers the GPU benchmark reports.
+struct CudaStepStats {
+  int64_t launches = 0;      // kernel, GEMM, collective, copy and graph launches enqueued
+  bool graphed = false;      // replayed a CUDA graph
+  bool captured = false;     // captured that graph first (this step)
+  int64_t bucket = 0;        // the padded batch of a graphed step
+  double host_micros = 0;    // run() entry until every launch was enqueued (before the wait)
+  double total_micros = 0;   // run() entry until the logits were on the host
 };
 
 class CudaForward {
@@ -76,6 +101,25 @@ class CudaForward {
   // CUDA call (Unavailable).
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
+  // With options.defer_kv_pool: the device bytes free now (after weights and workspace), what
+  // a KV pool may take before any headroom.
+  Result<int64_t> free_device_bytes() const;
+  // With options.defer_kv_pool: allocates the KV pool of exactly num_blocks blocks of
+  // block_size tokens. ResourceExhausted when it does not fit; InvalidArgument when called
+  // twice or with bad sizes.
+  Status configure_kv(int64_t block_size, int64_t num_blocks);
+  // Copy-on-write of a shared block: every layer's K and V of block src into block dst,
+  // ordered before the next run() on the forward stream. OutOfRange for bad ids.
+  Status copy_block(int32_t src, int32_t dst);
+  // KV bytes of one token (every layer, K and V, this rank's KV heads, fp32).
+  int64_t kv_bytes_per_token() const;
+
+  const CudaStepStats& last_step() const { return last_step_; }
+  // Turns graph replays of decode steps on or off from the next run() (captured graphs stay).
+  void set_cuda_graphs(bool on);
+  int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
+  std::string device_name() const { return device_name_; }
+
   int64_t num_kv_blocks() const { return num_blocks_; }
   int64_t block_size() const { return options_.block_size; }
   int64_t weight_bytes() const { return weight_bytes_; }       // device bytes of weights
@@ -96,10 +140,17 @@ class CudaForward {
   Status allocate_workspace();
   Status allocate_kv_pool();
   Result<void*> device_alloc(int64_t bytes, const char* what);
+  Status allocate_kv(int64_t block_size, int64_t num_blocks);
   Status validate(std::span<const SequenceInput> batch) const;
+  // Enqueues embedding .. LM head (and the TP all-gather) for the metadata already on the
+  // device: n token rows, n_out logit rows.
+  Status enqueue_forward(int64_t n, bool all_decode);
+  Status enqueue_lm_head(int64_t row0, int64_t count);
+  Status download_logits(int64_t n_rows, int64_t n_real, float* out);
+  Status run_graphed(std::span<const SequenceInput> batch, std::vector<float>& logits);
+  int64_t graph_bucket(int64_t n_seqs) const;
   Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
   Status attention(int64_t layer, int64_t n_tokens, bool all_decode);
-  Status gather_logits(int64_t n_out, std::vector<float>& logits);
 
   const ModelConfig& config_;
   const ShardLayout layout_;
@@ -142,6 +193,14 @@ class CudaForward {
   int64_t layer_kv_floats_ = 0;  // floats of one layer's K (or V)
   int64_t table_stride_ = 0;     // block-table columns of the current step
   int64_t n_seqs_ = 0;
+  bool kv_ready_ = false;
+
+  // CUDA graphs, one per bucket (padded batch size), captured on first use
+  std::vector<std::pair<int64_t, void*>> graphs_;
+  int64_t max_graph_batch_ = 0;
+  CudaStepStats last_step_;
+  std::chrono::steady_clock::time_point step_start_;
+  std::string device_name_;
 };
 
 }  // namespace tessera

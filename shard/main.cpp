@@ -31,12 +31,22 @@ int main(int argc, char** argv) {
   app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4 (groups of 128) or int4-sym")
       ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
   app.add_flag("--quant-lm-head", o.quantize_lm_head, "with --quant: quantize the LM head too");
+  app.add_option("--max-step-tokens", o.max_step_tokens,
+                 "CUDA: tokens of the largest step the workspace holds (the coordinator's max_step_tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins (--shard-arg overrides)
+  app.add_option("--max-step-seqs", o.max_step_seqs, "CUDA: sequences of the largest step (the coordinator's max_batch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  bool no_graphs = false;
+  app.add_flag("--no-cuda-graphs", no_graphs, "CUDA: run decode steps eagerly instead of as CUDA graph replays");
   int64_t debug_step_delay_ms = 0;
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);
   o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
   o.weight_quant = parse_weight_quant(quant).value();  // validated by the IsMember check
   o.bind = !no_bind;
+  o.cuda_graphs = !no_graphs;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.coordinator_timeout = std::chrono::milliseconds(coordinator_timeout_ms);
   if (!app.count("--local-ranks")) o.local_ranks = static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
@@ -60,6 +70,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.device = backend.kind;
-  TESSERA_LOG_DEBUG("backend: {}", backend.reason);
+  TESSERA_LOG_INFO("backend: {}", backend.reason);
   return run_shard(o, *comm);
 }

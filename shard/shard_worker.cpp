@@ -12,9 +12,13 @@
 
 #include "comm/control_channel.h"
 #include "comm/control_codec.h"
+#include "comm/nccl_comm.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/thread_pool.h"
+#include "kernels/cuda/cuda_loader.h"
 #include "kernels/sampling.h"
+#include "shard/cuda_forward.h"
 #include "shard/forward.h"
 #include "shard/kv_cache.h"
 #include "shard/tp_slice.h"
@@ -112,7 +116,13 @@ class ShardWorker {
       return 2;
     }
     HeartbeatThread heartbeat(o_, rank, last_step_);
-    TESSERA_RETURN_IF_ERROR_EXIT(send(hello()));
+    Result<ShardHello> h = hello();
+    if (!h.is_ok()) {
+      TESSERA_LOG_ERROR("{}", h.status().to_string());
+      (void)send(RefusedMsg{"rank " + std::to_string(rank) + ": " + h.status().to_string()});
+      return 2;
+    }
+    TESSERA_RETURN_IF_ERROR_EXIT(send(*h));
     return loop();
   }
 
@@ -144,24 +154,67 @@ class ShardWorker {
     int threads = o_.threads;
     if (threads <= 0) threads = bound_cpus_.empty() ? 0 : static_cast<int>(bound_cpus_.size());
     pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = threads, .pin_cpus = bound_cpus_});
+    if (o_.device == DeviceKind::kCuda) TESSERA_RETURN_IF_ERROR(load_cuda());
     return Status::ok();
   }
 
-  ShardHello hello() const {
+  // Uploads this rank's weights to its GPU (local rank modulo the devices of this host), with
+  // an NCCL communicator over the MPI world at TP > 1. The KV pool waits for configure().
+  Status load_cuda() {
+    TESSERA_ASSIGN_OR_RETURN(const CudaApi* api, load_cuda_api_with_device());
+    const int devices = api->device_count();
+    const int local_rank =
+        static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_RANK", comm_.rank() % std::max(1, o_.local_ranks)));
+    const int device = local_rank % devices;
+    if (comm_.size() > 1) {
+      NcclCommOptions no;
+      no.device = device;
+      TESSERA_ASSIGN_OR_RETURN(nccl_, NcclComm::create(comm_, no));
+    }
+    CudaForwardOptions co;
+    co.device = device;
+    co.max_tokens_per_step = o_.max_step_tokens;
+    co.max_seqs_per_step = o_.max_step_seqs;
+    co.max_logit_rows = std::min<int64_t>(o_.max_step_tokens, std::max<int64_t>(o_.max_step_seqs, 256));
+    co.defer_kv_pool = true;
+    co.cuda_graphs = o_.cuda_graphs;
+    co.max_graph_batch = o_.max_step_seqs;
+    TESSERA_ASSIGN_OR_RETURN(cuda_, CudaForward::create(store_->config(), layout_, weights_.weights, nccl_.get(), co));
+    // The device holds the weights now: drop the host copies (quantized or converted ones are
+    // owned here; a mapped file's pages are released by the OS when not touched again).
+    weights_ = ShardWeights{};
+    TESSERA_LOG_INFO("{}: {:.1f} MiB of weights, {:.1f} MiB of workspace, steps up to {} tokens / {} sequences{}",
+                     cuda_->device_name(), static_cast<double>(cuda_->weight_bytes()) / (1 << 20),
+                     static_cast<double>(cuda_->workspace_bytes()) / (1 << 20), o_.max_step_tokens, o_.max_step_seqs,
+                     o_.cuda_graphs ? ", decode as CUDA graphs" : "");
+    return Status::ok();
+  }
+
+  Result<ShardHello> hello() const {
     const ModelConfig& c = store_->config();
     ShardHello h;
     h.rank = comm_.rank();
     h.world_size = comm_.size();
     h.tp_size = layout_.tp_size;
-    h.device = fmt::format("cpu ({} threads{})", pool_->size(),
-                           bound_cpus_.empty() ? "" : ", cpus " + format_cpu_list(bound_cpus_));
-    h.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, o_.local_ranks));
     h.kv_bytes_per_token = 2ull * static_cast<uint64_t>(c.n_layers * layout_.n_kv_heads * c.head_dim) * sizeof(float);
+    h.weight_bytes = weights_.bytes;
+    if (cuda_) {
+      h.device = cuda_->device_name();
+      TESSERA_ASSIGN_OR_RETURN(const int64_t free_bytes, cuda_->free_device_bytes());
+      h.memory_available_bytes = static_cast<uint64_t>(free_bytes);
+      h.kv_bytes_per_token = static_cast<uint64_t>(cuda_->kv_bytes_per_token());
+      h.weight_bytes = static_cast<uint64_t>(cuda_->weight_bytes());
+      h.max_step_tokens = o_.max_step_tokens;
+      h.max_step_seqs = o_.max_step_seqs;
+    } else {
+      h.device = fmt::format("cpu ({} threads{})", pool_->size(),
+                             bound_cpus_.empty() ? "" : ", cpus " + format_cpu_list(bound_cpus_));
+      h.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, o_.local_ranks));
+    }
     h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.weight_quant)) +
                           (o_.quantize_lm_head ? "+lm_head" : "");
     h.hostname = hostname();
     h.pid = static_cast<int32_t>(::getpid());
-    h.weight_bytes = weights_.bytes;
     return h;
   }
 
@@ -217,11 +270,19 @@ class ShardWorker {
   }
 
   Status configure(const ConfigureMsg& cfg) {
+    if (num_blocks_ > 0) return Status::invalid_argument("configured twice");
+    if (cuda_) {
+      TESSERA_RETURN_IF_ERROR(cuda_->configure_kv(cfg.block_size, cfg.num_blocks));
+      num_blocks_ = cfg.num_blocks;
+      TESSERA_LOG_DEBUG("KV pool on {}: {} blocks of {} tokens", cuda_->device_name(), cfg.num_blocks, cfg.block_size);
+      return Status::ok();
+    }
     const ModelConfig& c = store_->config();
     KvCacheShape shape{c.n_layers, layout_.n_kv_heads, c.head_dim, cfg.block_size, cfg.num_blocks};
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     cache_ = std::make_unique<KvCache>(std::move(cache));
     forward_ = std::make_unique<ForwardPass>(c, layout_, weights_.weights, pool_.get(), cache_.get(), &comm_);
+    num_blocks_ = cfg.num_blocks;
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", cfg.num_blocks, cfg.block_size);
     return Status::ok();
   }
@@ -233,7 +294,7 @@ class ShardWorker {
   // Applies the plan's bookkeeping; any error leaves the computation undone (every rank sees
   // the same plan, so every rank fails the same way before any collective).
   Status prepare(const StepPlan& plan) {
-    if (!forward_) return Status::invalid_argument("step before configure");
+    if (num_blocks_ == 0) return Status::invalid_argument("step before configure");
     if (plan.step_id != last_step_ + 1)
       return Status::invalid_argument(fmt::format("step {} arrived after step {}", plan.step_id, last_step_.load()));
     for (uint64_t id : plan.finished) drop(id);
@@ -252,9 +313,8 @@ class ShardWorker {
       st.sampler->add_prompt_tokens(n.prompt_ids);
       sequences_.emplace(n.seq_id, std::move(st));
     }
-    const auto& shape = cache_->shape();
     for (const BlockCopy& bc : plan.block_copies) {
-      if (bc.src < 0 || bc.dst < 0 || bc.src >= shape.num_blocks || bc.dst >= shape.num_blocks)
+      if (bc.src < 0 || bc.dst < 0 || bc.src >= num_blocks_ || bc.dst >= num_blocks_)
         return Status::out_of_range(fmt::format("block copy {} -> {} outside the cache", bc.src, bc.dst));
     }
     for (const ScheduledSequence& s : plan.scheduled) {
@@ -268,7 +328,8 @@ class ShardWorker {
     return Status::ok();
   }
 
-  void copy_block(int32_t src, int32_t dst) {
+  Status copy_block(int32_t src, int32_t dst) {
+    if (cuda_) return cuda_->copy_block(src, dst);
     const auto& shape = cache_->shape();
     const size_t per_block = static_cast<size_t>(shape.block_size * shape.n_kv_heads * shape.head_dim);
     for (int64_t l = 0; l < shape.n_layers; ++l) {
@@ -276,6 +337,7 @@ class ShardWorker {
       std::copy_n(kv.k + per_block * static_cast<size_t>(src), per_block, kv.k + per_block * static_cast<size_t>(dst));
       std::copy_n(kv.v + per_block * static_cast<size_t>(src), per_block, kv.v + per_block * static_cast<size_t>(dst));
     }
+    return Status::ok();
   }
 
   StepResult execute(const StepPlan& plan) {
@@ -286,7 +348,9 @@ class ShardWorker {
     r.rank = comm_.rank();
     Status s = prepare(plan);
     if (s.is_ok()) {
-      for (const BlockCopy& bc : plan.block_copies) copy_block(bc.src, bc.dst);
+      for (const BlockCopy& bc : plan.block_copies) {
+        if (s.is_ok()) s = copy_block(bc.src, bc.dst);
+      }
       batch_.clear();
       for (const ScheduledSequence& q : plan.scheduled) {
         SequenceState& st = sequences_.at(q.seq_id);
@@ -300,9 +364,14 @@ class ShardWorker {
         in.all_logits = q.prompt_logprobs;
         batch_.push_back(in);
       }
-      const uint64_t comm_before = forward_->comm_micros;
-      if (!batch_.empty()) s = forward_->run(batch_, logits_);
-      r.comm_micros = forward_->comm_micros - comm_before;
+      if (cuda_) {
+        // Collectives run on the device stream, inside the step (not timed apart).
+        if (s.is_ok() && !batch_.empty()) s = cuda_->run(batch_, logits_);
+      } else {
+        const uint64_t comm_before = forward_->comm_micros;
+        if (s.is_ok() && !batch_.empty()) s = forward_->run(batch_, logits_);
+        r.comm_micros = forward_->comm_micros - comm_before;
+      }
       if (s.is_ok()) sample(plan, r);
     }
     if (!s.is_ok()) r.error = fmt::format("rank {}: step {}: {}", comm_.rank(), plan.step_id, s.to_string());
@@ -360,6 +429,9 @@ class ShardWorker {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<NcclComm> nccl_;          // CUDA backend at TP > 1
+  std::unique_ptr<CudaForward> cuda_;       // CUDA backend; null: the CPU ForwardPass
+  int64_t num_blocks_ = 0;                  // set by configure
   std::map<uint64_t, SequenceState> sequences_;
   std::atomic<uint64_t> last_step_{0};
   std::vector<SequenceInput> batch_;

@@ -27,6 +27,12 @@ struct ShardOptions {
   std::chrono::milliseconds debug_step_delay{0};  // tests only: sleep before each step (failure tests)
   WeightQuant weight_quant = WeightQuant::kNone;  // --quant: RTN of float weights at load
   bool quantize_lm_head = false;                  // --quant-lm-head: the LM head too
+  // The CUDA backend's workspace holds steps of at most this many tokens / sequences (the
+  // coordinator passes its scheduler's max_step_tokens / max_batch); decode steps run as CUDA
+  // graph replays unless cuda_graphs is off.
+  int64_t max_step_tokens = 8192;
+  int64_t max_step_seqs = 256;
+  bool cuda_graphs = true;
 };
 
 // Runs until shutdown or failure; returns the process exit code (0: orderly shutdown).

@@ -47,6 +47,19 @@ int tessera_cuda_event_record(void* event, void* stream);
 // Milliseconds between two recorded events (waits for `end`).
 int tessera_cuda_event_elapsed_ms(void* start, void* end, float* ms);
 
+// CUDA graphs (runtime_api.cpp). Capture of the work enqueued on `stream` by the calling
+// thread (cudaStreamCaptureModeThreadLocal): between begin and end nothing runs; kernels,
+// cuBLAS calls and NCCL collectives enqueued on `stream` are recorded with their arguments as
+// they are at capture time (device pointers and scalars), so a replay reads whatever those
+// device buffers hold then. Host<->device copies must stay outside a capture. end_capture
+// instantiates the graph into *graph_exec (the captured template is released); a failed or
+// invalidated capture returns non-zero and leaves the stream out of capture mode.
+int tessera_cuda_graph_begin_capture(void* stream);
+int tessera_cuda_graph_end_capture(void* stream, void** graph_exec);
+// Enqueues one replay of an instantiated graph on `stream` (one launch).
+int tessera_cuda_graph_launch(void* graph_exec, void* stream);
+int tessera_cuda_graph_destroy(void* graph_exec);  // null is fine
+
 // ---- NCCL (nccl_api.cpp; nccl_stub.cpp when the library was built without NCCL) ----
 
 // 1 when built with NCCL, else 0 (then every tessera_nccl_* call fails with "built without NCCL").
@@ -153,6 +166,8 @@ int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, 
                             void* stream);
 
 // gemm_blas.cpp (cuBLAS). A handle per thread and device: create it after selecting the device.
+// The handle owns a fixed device workspace (set again after every stream change), so GEMMs can
+// be captured into CUDA graphs without cuBLAS allocating during the capture.
 int tessera_cuda_blas_create(void** handle);
 int tessera_cuda_blas_destroy(void* handle);
 // y[t, r] = sum_c x[t, c] * w[r, c]: w f16 [rows, cols] row-major (the weight layout of

@@ -68,6 +68,10 @@ Result<CudaApi> open_cuda_api(const std::string& path) {
   resolve(lib, "tessera_cuda_event_destroy", &api.event_destroy, &missing);
   resolve(lib, "tessera_cuda_event_record", &api.event_record, &missing);
   resolve(lib, "tessera_cuda_event_elapsed_ms", &api.event_elapsed_ms, &missing);
+  resolve(lib, "tessera_cuda_graph_begin_capture", &api.graph_begin_capture, &missing);
+  resolve(lib, "tessera_cuda_graph_end_capture", &api.graph_end_capture, &missing);
+  resolve(lib, "tessera_cuda_graph_launch", &api.graph_launch, &missing);
+  resolve(lib, "tessera_cuda_graph_destroy", &api.graph_destroy, &missing);
   resolve(lib, "tessera_nccl_available", &api.nccl_available, &missing);
   resolve(lib, "tessera_nccl_unique_id_bytes", &api.nccl_unique_id_bytes, &missing);
   resolve(lib, "tessera_nccl_get_unique_id", &api.nccl_get_unique_id, &missing);

@@ -37,6 +37,10 @@ struct CudaApi {
   decltype(&tessera_cuda_event_destroy) event_destroy = nullptr;
   decltype(&tessera_cuda_event_record) event_record = nullptr;
   decltype(&tessera_cuda_event_elapsed_ms) event_elapsed_ms = nullptr;
+  decltype(&tessera_cuda_graph_begin_capture) graph_begin_capture = nullptr;
+  decltype(&tessera_cuda_graph_end_capture) graph_end_capture = nullptr;
+  decltype(&tessera_cuda_graph_launch) graph_launch = nullptr;
+  decltype(&tessera_cuda_graph_destroy) graph_destroy = nullptr;
 
   // NCCL
   decltype(&tessera_nccl_available) nccl_available = nullptr;

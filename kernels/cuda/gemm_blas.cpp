@@ -29,17 +29,45 @@ int record_blas(const char* what, cublasStatus_t s) {
     if (tessera_blas_s_ != CUBLAS_STATUS_SUCCESS) return record_blas(#call, tessera_blas_s_); \
   } while (0)
 
+namespace {
+// What a Tessera cuBLAS handle points at: the cuBLAS handle and its own workspace. cuBLAS
+// would otherwise draw workspace from its pool, which is not allowed while a stream is being
+// captured into a CUDA graph (and grows per captured graph).
+struct BlasHandle {
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;  // cuBLAS asks for <= 32 MiB on sm_90
+}  // namespace
+
 extern "C" int tessera_cuda_blas_create(void** handle) {
   if (!handle) return tessera::cuda::record_message("tessera_cuda_blas_create: null out pointer");
-  cublasHandle_t h = nullptr;
-  TESSERA_BLAS_RETURN_IF_ERROR(cublasCreate(&h));
-  *handle = h;
+  *handle = nullptr;
+  auto* b = new BlasHandle;
+  const cublasStatus_t s = cublasCreate(&b->handle);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    delete b;
+    return record_blas("cublasCreate", s);
+  }
+  const cudaError_t e = cudaMalloc(&b->workspace, kBlasWorkspaceBytes);
+  if (e != cudaSuccess) {
+    cublasDestroy(b->handle);
+    delete b;
+    return tessera::cuda::record_error("cudaMalloc (cuBLAS workspace)", e);
+  }
+  b->workspace_bytes = kBlasWorkspaceBytes;
+  *handle = b;
   return 0;
 }
 
 extern "C" int tessera_cuda_blas_destroy(void* handle) {
   if (!handle) return 0;
-  TESSERA_BLAS_RETURN_IF_ERROR(cublasDestroy(static_cast<cublasHandle_t>(handle)));
+  auto* b = static_cast<BlasHandle*>(handle);
+  const cublasStatus_t s = cublasDestroy(b->handle);
+  cudaFree(b->workspace);
+  delete b;
+  if (s != CUBLAS_STATUS_SUCCESS) return record_blas("cublasDestroy", s);
   return 0;
 }
 
@@ -49,8 +77,11 @@ extern "C" int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint
   if (rows < 0 || cols < 0 || n_tokens < 0 || rows > INT32_MAX || cols > INT32_MAX || n_tokens > INT32_MAX)
     return tessera::cuda::record_message("tessera_cuda_gemm_f16: sizes must be in [0, 2^31)");
   if (rows == 0 || n_tokens == 0) return 0;
-  auto h = static_cast<cublasHandle_t>(handle);
+  auto* b = static_cast<BlasHandle*>(handle);
+  cublasHandle_t h = b->handle;
+  // cublasSetStream resets the workspace to cuBLAS's pool: set ours again after it.
   TESSERA_BLAS_RETURN_IF_ERROR(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
+  TESSERA_BLAS_RETURN_IF_ERROR(cublasSetWorkspace(h, b->workspace, b->workspace_bytes));
   const float alpha = 1.0f;
   // cols == 0: the product is empty, y must still be zeros; beta = 0 with k = 0 writes them.
   const float beta = 0.0f;

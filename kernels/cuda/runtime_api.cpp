@@ -113,3 +113,38 @@ extern "C" int tessera_cuda_event_elapsed_ms(void* start, void* end, float* ms) 
       cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
   return 0;
 }
+
+extern "C" int tessera_cuda_graph_begin_capture(void* stream) {
+  if (!stream) return record_message("tessera_cuda_graph_begin_capture: the legacy stream cannot be captured");
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal));
+  return 0;
+}
+
+extern "C" int tessera_cuda_graph_end_capture(void* stream, void** graph_exec) {
+  if (!graph_exec) return record_message("tessera_cuda_graph_end_capture: null out pointer");
+  *graph_exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  // Ends capture mode even when the capture was invalidated (then graph is null).
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph));
+  if (!graph) return record_message("tessera_cuda_graph_end_capture: the capture produced no graph");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TESSERA_CUDA_RETURN_IF_ERROR(e);
+  *graph_exec = exec;
+  return 0;
+}
+
+extern "C" int tessera_cuda_graph_launch(void* graph_exec, void* stream) {
+  if (!graph_exec) return record_message("tessera_cuda_graph_launch: null graph");
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec), static_cast<cudaStream_t>(stream)));
+  return 0;
+}
+
+extern "C" int tessera_cuda_graph_destroy(void* graph_exec) {
+  if (!graph_exec) return 0;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec)));
+  return 0;
+}

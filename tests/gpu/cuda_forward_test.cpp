@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "common/env.h"
 #include "tests/shard/stories_reference.h"
@@ -48,7 +49,8 @@ struct GpuModel {
 };
 
 Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& path, int64_t block_size,
-                                                 WeightQuant quant = WeightQuant::kNone) {
+                                                 WeightQuant quant = WeightQuant::kNone,
+                                                 const std::function<void(CudaForwardOptions&)>& edit = {}) {
   auto m = std::make_unique<GpuModel>();
   TESSERA_ASSIGN_OR_RETURN(m->store, WeightStore::open(path));
   ModelWeights full;
@@ -61,8 +63,9 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& path, int64_
   o.max_seqs_per_step = 16;
   o.max_logit_rows = 64;
   o.max_kv_blocks = 4096 / block_size + 64;  // a small pool: tests may run side by side
+  if (edit) edit(o);
   TESSERA_ASSIGN_OR_RETURN(m->forward, CudaForward::create(m->config(), m->layout, m->weights.weights, nullptr, o));
-  m->allocator = std::make_unique<SimpleBlockAllocator>(m->forward->num_kv_blocks());
+  if (!o.defer_kv_pool) m->allocator = std::make_unique<SimpleBlockAllocator>(m->forward->num_kv_blocks());
   return m;
 }
 
@@ -211,6 +214,156 @@ TEST_P(CudaForwardTest, RejectsBadInputWithoutCrashing) {
   s = m.forward->run({&in, 1}, logits);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_EQ(argmax(logits.data(), m.config().vocab), 403);
+}
+
+// Decode steps replayed from CUDA graphs (batches padded to buckets 1, 2, 4) give the logits
+// of the same steps run eagerly, one graph per bucket is captured once, and a graphed step
+// costs a handful of launches instead of several per layer.
+TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
+  auto graphed = load_gpu_model(model_path(), 8);
+  auto eager = load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.cuda_graphs = false; });
+  ASSERT_TRUE(graphed.is_ok()) << graphed.status().to_string();
+  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
+  GpuModel* models[2] = {graphed->get(), eager->get()};
+  const int64_t vocab = models[0]->config().vocab;
+  const std::vector<RefCase> cases = load_cases();
+  ASSERT_GE(cases.size(), 3u);
+  const size_t n_seqs = 3;
+  std::vector<std::vector<int32_t>> tables[2];
+  std::vector<float> logits[2];
+  for (int m = 0; m < 2; ++m) {
+    tables[m].resize(n_seqs);
+    std::vector<SequenceInput> prefill;
+    for (size_t i = 0; i < n_seqs; ++i) {
+      ASSERT_TRUE(models[m]->allocator->ensure(tables[m][i], static_cast<int64_t>(cases[i].prompt.size()) + 16, 8));
+      prefill.push_back({cases[i].prompt, 0, tables[m][i], true});
+    }
+    Status s = models[m]->forward->run(prefill, logits[m]);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_FALSE(models[m]->forward->last_step().graphed);
+  }
+  std::vector<int32_t> next(n_seqs);
+  std::vector<int64_t> pos(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    next[i] = argmax(&logits[0][i * static_cast<size_t>(vocab)], vocab);
+    pos[i] = static_cast<int64_t>(cases[i].prompt.size());
+  }
+  // 3 sequences (bucket 4, one padding row), then 2 (bucket 2), then 1 (bucket 1), then 3 again.
+  const size_t widths[] = {3, 3, 3, 2, 2, 1, 1, 3, 3};
+  int64_t eager_launches = 0;
+  for (size_t k = 0; k < std::size(widths); ++k) {
+    const size_t w = widths[k];
+    for (int m = 0; m < 2; ++m) {
+      std::vector<SequenceInput> step;
+      for (size_t i = 0; i < w; ++i)
+        step.push_back({std::span<const int32_t>(&next[i], 1), pos[i], tables[m][i], true});
+      Status s = models[m]->forward->run(step, logits[m]);
+      ASSERT_TRUE(s.is_ok()) << "step " << k << ": " << s.to_string();
+    }
+    const CudaStepStats& g = models[0]->forward->last_step();
+    EXPECT_TRUE(g.graphed) << "step " << k;
+    EXPECT_EQ(g.bucket, w == 3 ? 4 : static_cast<int64_t>(w)) << "step " << k;
+    EXPECT_EQ(g.captured, k == 0 || k == 3 || k == 5) << "step " << k;
+    EXPECT_EQ(g.launches, 4) << "step " << k;  // metadata, KV slots, the graph, the logits
+    EXPECT_FALSE(models[1]->forward->last_step().graphed);
+    eager_launches = models[1]->forward->last_step().launches;
+    ASSERT_EQ(logits[0].size(), w * static_cast<size_t>(vocab));
+    ASSERT_EQ(logits[1].size(), logits[0].size());
+    for (size_t i = 0; i < w; ++i) {
+      const std::vector<float> row(logits[0].begin() + static_cast<int64_t>(i) * vocab,
+                                   logits[0].begin() + static_cast<int64_t>(i + 1) * vocab);
+      EXPECT_LT(max_rel_err(row, &logits[1][i * static_cast<size_t>(vocab)], vocab), 1e-3f)
+          << "step " << k << " sequence " << i;
+      next[i] = argmax(&logits[0][i * static_cast<size_t>(vocab)], vocab);
+      EXPECT_EQ(next[i], argmax(&logits[1][i * static_cast<size_t>(vocab)], vocab)) << "step " << k;
+      ++pos[i];
+    }
+  }
+  EXPECT_EQ(models[0]->forward->graphs_captured(), 3);
+  EXPECT_EQ(models[1]->forward->graphs_captured(), 0);
+  EXPECT_GT(eager_launches, 10 * models[0]->config().n_layers);
+  for (int m = 0; m < 2; ++m)
+    for (auto& t : tables[m]) models[m]->allocator->release(t);
+}
+
+// The shard's order: weights and workspace first, the KV pool when the coordinator has chosen
+// the block size and count; copy-on-write block copies on the device.
+TEST_P(CudaForwardTest, DeferredKvPoolAndBlockCopies) {
+  auto gpu = load_gpu_model(model_path(), 16, WeightQuant::kNone, [](CudaForwardOptions& o) { o.defer_kv_pool = true; });
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  CudaForward& f = *(*gpu)->forward;
+  const int64_t vocab = (*gpu)->config().vocab;
+  const std::vector<int32_t> one = {1};
+  const std::vector<int32_t> table0 = {0};
+  std::vector<float> logits;
+  SequenceInput early{one, 0, table0, true};
+  EXPECT_EQ(f.run({&early, 1}, logits).code(), StatusCode::kInvalidArgument);
+  Result<int64_t> free_bytes = f.free_device_bytes();
+  ASSERT_TRUE(free_bytes.is_ok()) << free_bytes.status().to_string();
+  EXPECT_GT(*free_bytes, 0);
+  EXPECT_EQ(f.configure_kv(8, 0).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.configure_kv(8, 32).is_ok());
+  EXPECT_EQ(f.num_kv_blocks(), 32);
+  EXPECT_EQ(f.block_size(), 8);
+  EXPECT_EQ(f.kv_bytes(), 32 * 8 * f.kv_bytes_per_token());
+  EXPECT_EQ(f.configure_kv(8, 32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.copy_block(0, 32).code(), StatusCode::kOutOfRange);
+
+  // A prompt of 20 tokens fills blocks 0, 1 and 4 of 8 tokens each (block 4 holds 4 of them).
+  // Sequence B shares blocks 0 and 1 and gets a copy of block 4 in block 9: its next step must
+  // see exactly what A's sees.
+  const RefCase c = load_cases().back();
+  std::vector<int32_t> prompt;
+  while (prompt.size() < 20) prompt.insert(prompt.end(), c.prompt.begin(), c.prompt.end());
+  prompt.resize(20);
+  const std::vector<int32_t> table_a = {0, 1, 4}, table_b = {0, 1, 9};
+  SequenceInput a{prompt, 0, table_a, true};
+  ASSERT_TRUE(f.run({&a, 1}, logits).is_ok());
+  const int32_t next = argmax(logits.data(), vocab);
+  ASSERT_TRUE(f.copy_block(4, 9).is_ok());
+  std::vector<float> logits_a, logits_b;
+  a = {std::span<const int32_t>(&next, 1), 20, table_a, true};
+  SequenceInput b{std::span<const int32_t>(&next, 1), 20, table_b, true};
+  ASSERT_TRUE(f.run({&a, 1}, logits_a).is_ok());
+  ASSERT_TRUE(f.run({&b, 1}, logits_b).is_ok());
+  EXPECT_EQ(logits_a, logits_b);
+  // Without the copy (block 10 was never written) the same step sees other keys.
+  const std::vector<int32_t> table_c = {0, 1, 10};
+  SequenceInput no_copy{std::span<const int32_t>(&next, 1), 20, table_c, true};
+  ASSERT_TRUE(f.run({&no_copy, 1}, logits).is_ok());
+  EXPECT_NE(logits, logits_a);
+}
+
+// Prompt logprobs of more rows than max_logit_rows (64 here): the LM head runs in pieces and
+// the rows equal those of the same prompt prefilled in chunks of 50.
+TEST_P(CudaForwardTest, AllLogitsBeyondMaxLogitRows) {
+  auto whole = load_gpu_model(model_path(), 16);
+  auto chunked = load_gpu_model(model_path(), 16);
+  ASSERT_TRUE(whole.is_ok() && chunked.is_ok());
+  const int64_t vocab = (*whole)->config().vocab;
+  const RefCase c = load_cases().front();
+  std::vector<int32_t> prompt;
+  while (prompt.size() < 150) prompt.insert(prompt.end(), c.prompt.begin(), c.prompt.end());
+  prompt.resize(150);
+  std::vector<int32_t> t1, t2;
+  ASSERT_TRUE((*whole)->allocator->ensure(t1, 150, 16));
+  ASSERT_TRUE((*chunked)->allocator->ensure(t2, 150, 16));
+  std::vector<float> all, piece, pieces;
+  SequenceInput in{prompt, 0, t1, true, true};
+  Status s = (*whole)->forward->run({&in, 1}, all);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_EQ(all.size(), 150 * static_cast<size_t>(vocab));
+  for (int64_t p = 0; p < 150; p += 50) {
+    SequenceInput part{std::span<const int32_t>(prompt).subspan(static_cast<size_t>(p), 50), p, t2, true, true};
+    s = (*chunked)->forward->run({&part, 1}, piece);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    pieces.insert(pieces.end(), piece.begin(), piece.end());
+  }
+  ASSERT_EQ(pieces.size(), all.size());
+  for (int64_t r = 0; r < 150; r += 7) {
+    const std::vector<float> row(all.begin() + r * vocab, all.begin() + (r + 1) * vocab);
+    EXPECT_LT(max_rel_err(row, &pieces[static_cast<size_t>(r * vocab)], vocab), 1e-2f) << "row " << r;
+  }
 }
 
 // GPU vs CPU on a synthetic model (hidden 256, FFN 512: whole INT4 groups) in F16, INT8

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "common/dtype.h"
@@ -24,6 +25,17 @@ using tessera::f32_to_fp16;
 using tessera::fp16_to_f32;
 
 const char* g_last_error = "";
+
+// CUDA graph capture: while a stream is being captured, the ops below are recorded (with copies
+// of their arguments, as a kernel launch copies its parameters) instead of run; a graph replays
+// them in order. Copies and synchronizations during a capture fail, as they do on a device.
+using Graph = std::vector<std::function<int()>>;
+thread_local Graph* g_capture = nullptr;
+
+int record(std::function<int()> op) {
+  g_capture->push_back(std::move(op));
+  return 0;
+}
 
 int fail(const char* message) {
   g_last_error = message;
@@ -76,6 +88,7 @@ int tessera_cuda_free(void* p) {
   return 0;
 }
 int tessera_cuda_memcpy(void* dst, const void* src, int64_t bytes) {
+  if (g_capture) return fail("fake backend: a copy during a graph capture");
   std::memcpy(dst, src, static_cast<size_t>(bytes));
   return 0;
 }
@@ -93,7 +106,32 @@ int tessera_cuda_stream_create(void** s) {
   return 0;
 }
 int tessera_cuda_stream_destroy(void*) { return 0; }
-int tessera_cuda_stream_synchronize(void*) { return 0; }
+int tessera_cuda_stream_synchronize(void*) {
+  if (g_capture) return fail("fake backend: stream synchronization during a graph capture");
+  return 0;
+}
+int tessera_cuda_graph_begin_capture(void* stream) {
+  if (!stream) return fail("fake backend: the legacy stream cannot be captured");
+  if (g_capture) return fail("fake backend: already capturing");
+  g_capture = new Graph;
+  return 0;
+}
+int tessera_cuda_graph_end_capture(void*, void** graph_exec) {
+  if (!g_capture) return fail("fake backend: not capturing");
+  *graph_exec = g_capture;
+  g_capture = nullptr;
+  return 0;
+}
+int tessera_cuda_graph_launch(void* graph_exec, void*) {
+  if (g_capture) return fail("fake backend: graph launch during a capture");
+  for (auto& op : *static_cast<Graph*>(graph_exec))
+    if (int rc = op(); rc != 0) return rc;
+  return 0;
+}
+int tessera_cuda_graph_destroy(void* graph_exec) {
+  delete static_cast<Graph*>(graph_exec);
+  return 0;
+}
 int tessera_cuda_event_create(void** e) { return tessera_cuda_stream_create(e); }
 int tessera_cuda_event_destroy(void*) { return 0; }
 int tessera_cuda_event_record(void*, void*) { return 0; }
@@ -116,7 +154,8 @@ int tessera_nccl_all_reduce_sum_f32(void*, const float*, float*, int64_t, void*)
 int tessera_nccl_all_gather(void*, const void*, void*, int64_t, void*) { return fail("no NCCL"); }
 int tessera_nccl_broadcast(void*, void*, int64_t, int, void*) { return fail("no NCCL"); }
 
-int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps, void*) {
+int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_rms_norm_f32(x, w, y, n, dim, eps, stream); });
   for (int64_t r = 0; r < n; ++r) {
     float sum = 0.0f;
     for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i] * x[r * dim + i];
@@ -125,13 +164,13 @@ int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t 
   }
   return 0;
 }
-int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n,
-                                  int64_t dim, float eps, void* stream) {
+int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n, int64_t dim, float eps, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_add_rms_norm_f32(residual, delta, w, y, n, dim, eps, stream); });
   for (int64_t i = 0; i < n * dim; ++i) residual[i] += delta[i];
   return tessera_cuda_rms_norm_f32(residual, w, y, n, dim, eps, stream);
 }
-int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids,
-                           int64_t n, void* out, int out_dtype, void*) {
+int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n, void* out, int out_dtype, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_embedding(table, table_dtype, vocab, dim, ids, n, out, out_dtype, stream); });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < dim; ++i) {
       float v = 0.0f;
@@ -143,15 +182,18 @@ int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, in
     }
   return 0;
 }
-int tessera_cuda_convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void*) {
+int tessera_cuda_convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_convert_f32_to_f16(src, dst, n, stream); });
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
   return 0;
 }
-int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, void*) {
+int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_convert_f16_to_f32(src, dst, n, stream); });
   for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
   return 0;
 }
-int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void*) {
+int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void* stream) {
+  if (g_capture) return record([c = *a, stream] { return tessera_cuda_rope_kv_write_f32(&c, stream); });
   const int64_t hd = a->head_dim, half = hd / 2, row = a->n_kv_heads * hd;
   auto rotate = [&](const float* src, float* dst, int64_t i, float pos) {
     const float angle = pos * a->inv_freq[i], c = std::cos(angle), s = std::sin(angle);
@@ -171,7 +213,8 @@ int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void*) {
   }
   return 0;
 }
-int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void*) {
+int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void* stream) {
+  if (g_capture) return record([c = *a, stream] { return tessera_cuda_paged_decode_attention_f32(&c, stream); });
   for (int64_t s = 0; s < a->n_seqs; ++s)
     for (int64_t h = 0; h < a->n_heads; ++h) {
       const int64_t n = a->seq_lens[s];
@@ -184,7 +227,8 @@ int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs
 }
 
 // prefill_attention.cu step by step: blocks (h, tile, s), 4 warps x 4 queries, 16-key tiles.
-int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionArgs* args, void*) {
+int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionArgs* args, void* stream) {
+  if (g_capture) return record([c = *args, stream] { return tessera_cuda_paged_prefill_attention_f32(&c, stream); });
   if (!args) return fail("null args");
   const TesseraCudaPrefillAttentionArgs& a = *args;
   if (a.head_dim <= 0 || a.head_dim > 256 || a.n_kv_heads <= 0 || a.n_heads <= 0 || a.n_heads % a.n_kv_heads != 0 ||
@@ -248,19 +292,21 @@ int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionAr
   return 0;
 }
 
-int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim, void*) {
+int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_silu_mul_f32(gate, up, out, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   return 0;
 }
-int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void*) {
+int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_argmax_f32(logits, n_rows, vocab, ids, stream); });
   for (int64_t r = 0; r < n_rows; ++r)
     ids[r] = static_cast<int32_t>(std::max_element(logits + r * vocab, logits + (r + 1) * vocab) - (logits + r * vocab));
   return 0;
 }
 int tessera_cuda_blas_create(void** handle) { return tessera_cuda_stream_create(handle); }
 int tessera_cuda_blas_destroy(void*) { return 0; }
-int tessera_cuda_gemm_f16(void*, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols,
-                          int64_t n, void*) {
+int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gemm_f16(handle, w, x, y, rows, cols, n, stream); });
   std::vector<float> xf(static_cast<size_t>(cols));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = 0; c < cols; ++c) xf[static_cast<size_t>(c)] = fp16_to_f32(x[t * cols + c]);
@@ -274,8 +320,8 @@ int tessera_cuda_gemm_f16(void*, const uint16_t* w, const uint16_t* x, float* y,
 }
 
 // quant_gemm.cu's chunk (256 columns) / lane decomposition, one lane sum per lane.
-int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
-                            int64_t cols, int64_t n, void*) {
+int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gemm_w8a16(w, scales, x, y, rows, cols, n, stream); });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < rows; ++r) {
       float lanes[32] = {};
@@ -291,8 +337,8 @@ int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t
     }
   return 0;
 }
-int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x,
-                            float* y, int64_t rows, int64_t cols, int64_t n, void*) {
+int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gemm_w4a16(w, scales, zeros, x, y, rows, cols, n, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
   for (int64_t t = 0; t < n; ++t)
@@ -315,13 +361,13 @@ int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint
     }
   return 0;
 }
-int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols,
-                                  void*) {
+int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_dequantize_w8a16(w, scales, out, rows, cols, stream); });
   for (int64_t i = 0; i < rows * cols; ++i) out[i] = f32_to_fp16(static_cast<float>(w[i]) * scales[i / cols]);
   return 0;
 }
-int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out,
-                                  int64_t rows, int64_t cols, void*) {
+int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out, int64_t rows, int64_t cols, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_dequantize_w4a16(w, scales, zeros, out, rows, cols, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
   for (int64_t i = 0; i < rows * cols; ++i) {
@@ -333,15 +379,18 @@ int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, cons
   }
   return 0;
 }
-int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void*) {
+int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_add_f32(y, x, n, stream); });
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   return 0;
 }
-int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t dim, void*) {
+int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t dim, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_add_bias_f32(y, bias, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) y[i] += bias[i % dim];
   return 0;
 }
-int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim, void*) {
+int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gather_rows_f32(src, rows, dst, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) dst[i] = src[static_cast<int64_t>(rows[i / dim]) * dim + i % dim];
   return 0;
 }

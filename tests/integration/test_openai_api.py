@@ -26,11 +26,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Server:
-    def __init__(self, model, tp=1, extra=()):
+    def __init__(self, model, tp=1, extra=(), env=None):
         self.cmd = [os.path.join(BIN, "tessera"), "serve", "--model", model, "--port", "0", "--tp", str(tp),
                     "--model-name", "test-model", *extra]
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.log = []
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -104,6 +104,21 @@ def stories_server():
         pytest.skip(f"no test data at {STORIES}")
     s = Server(os.path.join(STORIES, "hf"),
                extra=["--chat-template", os.path.join(HERE, "data", "stories_chat_template.jinja")])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cuda_stories_server():
+    """stories260K served by a shard on the CUDA backend; without a GPU, on the CPU stand-in of
+    libtessera_cuda.so that CTest names in TESSERA_FAKE_CUDA_LIBRARY (the wiring, not the kernels)."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    lib = os.environ.get("TESSERA_FAKE_CUDA_LIBRARY")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend")
+    s = Server(os.path.join(STORIES, "hf"), extra=["--device", "cuda"],
+               env=dict(os.environ, TESSERA_CUDA_LIBRARY=lib, TESSERA_LOG_LEVEL="info"))
     yield s
     s.stop()
 
@@ -297,8 +312,8 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
     assert r.choices[0].text
 
 
-def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
-    c = stories_server.client
+def concurrent_streams_match_solo_and_free_blocks(server):
+    c = server.client
     prompts = [f"Once upon a time, {name} went" for name in
                ["Tom", "Lily", "Ben", "Sue", "Max", "Amy", "Sam", "Mia"]] * 8  # 64 requests
     solo = {}
@@ -314,22 +329,52 @@ def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
     for p, o in zip(prompts, outs):
         assert o == solo[p], p
     deadline = time.time() + 10
-    while stories_server.metric("tessera_kv_blocks", '{state="used"}') != 0 and time.time() < deadline:
+    while server.metric("tessera_kv_blocks", '{state="used"}') != 0 and time.time() < deadline:
         time.sleep(0.1)
-    assert stories_server.metric("tessera_kv_blocks", '{state="used"}') == 0
+    assert server.metric("tessera_kv_blocks", '{state="used"}') == 0
 
 
-def test_prefix_cache_hits_and_outputs_unchanged(stories_server):
-    c = stories_server.client
+def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
+    concurrent_streams_match_solo_and_free_blocks(stories_server)
+
+
+def prefix_cache_hits_and_outputs_unchanged(server):
+    c = server.client
     prefix = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 3
     first = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
-    before = stories_server.metric("tessera_prefix_cache_hit_rate")
+    before = server.metric("tessera_prefix_cache_hit_rate")
     second = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
     third = c.completions.create(model="test-model", prompt=prefix + "The sun", max_tokens=16, temperature=0)
-    after = stories_server.metric("tessera_prefix_cache_hit_rate")
+    after = server.metric("tessera_prefix_cache_hit_rate")
     assert after > before
     assert second.choices[0].text == first.choices[0].text
     assert third.choices[0].text
+
+
+def test_prefix_cache_hits_and_outputs_unchanged(stories_server):
+    prefix_cache_hits_and_outputs_unchanged(stories_server)
+
+
+# ---- the same through a CUDA shard (graphs for decode, device block copies, device memory plan) ----
+
+def test_cuda_shard_reference_ids(cuda_stories_server):
+    s = cuda_stories_server
+    for case in reference()["cases"]:
+        n = len(case["greedy_ids"])
+        r = s.client.completions.create(model="test-model", prompt=case["prompt_ids"], max_tokens=n, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        expected = s.post_raw("/detokenize", json.dumps({"tokens": case["greedy_ids"]}).encode())[1]
+        assert r.choices[0].text == json.loads(expected)["prompt"], case["name"]
+        assert r.usage.completion_tokens == n
+    assert any("cuda:0 (fake CPU backend" in line and "ready" in line for line in s.log), "".join(s.log[-20:])
+
+
+def test_cuda_shard_concurrent_streams_match_solo(cuda_stories_server):
+    concurrent_streams_match_solo_and_free_blocks(cuda_stories_server)
+
+
+def test_cuda_shard_prefix_cache(cuda_stories_server):
+    prefix_cache_hits_and_outputs_unchanged(cuda_stories_server)
 
 
 def test_client_disconnect_aborts_and_frees(stories_server):

@@ -1,0 +1,84 @@
+// The shard's CUDA backend wired end to end: `tessera generate --device cuda` starts a
+// tessera-shard that uploads the model with CudaForward, reports device memory in its hello,
+// gets its KV pool from the coordinator's plan and decodes through CUDA graphs. On machines
+// without a GPU this runs against the CPU stand-in of libtessera_cuda.so
+// (tests/gpu/fake_cuda_backend.cpp) named by TESSERA_FAKE_CUDA_LIBRARY (CTest entry
+// cuda_shard_fake_backend); elsewhere it skips. That checks the wiring, not the kernels: the
+// `gpu` tests do that on a device.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/env.h"
+#include "tests/integration/process_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tessera::testing;
+
+class CudaShardFakeBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* lib = std::getenv("TESSERA_FAKE_CUDA_LIBRARY");
+    if (!lib || !fs::exists(lib)) GTEST_SKIP() << "TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend";
+    env_ = "TESSERA_CUDA_LIBRARY=" + quote(lib) + " ";
+  }
+  std::string env_;
+};
+
+TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
+  const std::string stories = testdata_dir() + "/stories260K";
+  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  std::ifstream in(stories + "/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  for (const auto& c : ref["cases"]) {
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    for (const std::string model : {"/hf", "/stories260K-f32.gguf"}) {
+      const ProcessResult r =
+          run(env_ + "TESSERA_LOG_LEVEL=info " + bin("tessera") + " generate --model " + quote(stories + model) +
+              " --prompt-ids " + join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +
+              std::to_string(greedy.size()) + " --temperature 0 --ignore-eos --print-ids --tp 1 --device cuda");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(last_line(r.output), join_ids(greedy)) << model << " " << c["name"];
+      // The hello named the device and the coordinator planned the KV pool from its memory.
+      EXPECT_NE(r.output.find("cuda:0 (fake CPU backend"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("decode as CUDA graphs"), std::string::npos) << r.output;
+    }
+  }
+}
+
+TEST_F(CudaShardFakeBackend, EagerDecodeGivesTheSameTokens) {
+  const std::string model = testdata_dir() + "/stories260K/hf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  const std::string args = " generate --model " + quote(model) +
+                           " --prompt 'Once upon a time' --max-tokens 40 --temperature 0 --ignore-eos --print-ids"
+                           " --tp 1 --device cuda";
+  const ProcessResult graphs = run(env_ + bin("tessera") + args);
+  const ProcessResult eager = run(env_ + bin("tessera") + args + " --shard-arg=--no-cuda-graphs");
+  ASSERT_EQ(graphs.exit_code, 0) << graphs.output;
+  ASSERT_EQ(eager.exit_code, 0) << eager.output;
+  EXPECT_EQ(last_line(graphs.output), last_line(eager.output));
+}
+
+TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
+  const std::string model = testdata_dir() + "/stories260K/hf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  // TP 2 needs NCCL, which the fake backend lacks: every rank fails, none hangs.
+  ProcessResult r = run(env_ + bin("tessera") + " generate --model " + quote(model) +
+                        " --prompt-ids 1,2,3 --max-tokens 4 --tp 2 --device cuda --heartbeat-timeout-ms 5000");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("NCCL"), std::string::npos) << r.output;
+  // A shard whose workspace is smaller than the coordinator's prompt pieces is refused at start.
+  r = run(env_ + bin("tessera") + " generate --model " + quote(model) +
+          " --prompt-ids 1,2,3 --max-tokens 4 --tp 1 --device cuda --prefill-chunk 64 --shard-arg=--max-step-tokens=32");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at most 32 tokens"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tessera
