@@ -149,8 +149,9 @@ int run(int argc, char** argv) {
     api->stream_destroy(stream);
   }
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
-  std::printf("| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
-              "| eager step ms | launches/step eager -> graph | host share eager -> graph |\n");
+  std::printf(
+      "| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
+      "| eager step ms | launches/step eager -> graph | host share eager -> graph |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   std::stringstream ts(types);
@@ -251,11 +252,12 @@ int run(int argc, char** argv) {
       };
       const Timing g = timed(true);
       const Timing e = timed(false);
-      std::printf("| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% |\n",
-                  type_name.c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(b), g.ms,
-                  static_cast<double>(b) * 1e3 / g.ms, step_gb, floor_ms, g.ms > 0 ? 100.0 * floor_ms / g.ms : 0.0,
-                  e.ms, static_cast<long long>(e.launches), static_cast<long long>(g.launches), 100.0 * e.host_share,
-                  100.0 * g.host_share);
+      std::printf(
+          "| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% |\n",
+          type_name.c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(b), g.ms,
+          static_cast<double>(b) * 1e3 / g.ms, step_gb, floor_ms, g.ms > 0 ? 100.0 * floor_ms / g.ms : 0.0, e.ms,
+          static_cast<long long>(e.launches), static_cast<long long>(g.launches), 100.0 * e.host_share,
+          100.0 * g.host_share);
       std::fflush(stdout);
     }
   }

@@ -1,8 +1,8 @@
 #include "shard/cuda_forward.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "comm/device_comm.h"
@@ -358,6 +358,11 @@ Status CudaForward::allocate_workspace() {
     TESSERA_RETURN_IF_ERROR(
         alloc_f32(&gathered_, layout_.tp_size * R * layout_.vocab_per_rank, "gathered logits"));
   void* p = nullptr;
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(R * 8, "greedy ids and values"));
+  greedy_ = static_cast<int32_t*>(p);
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(layout_.tp_size * R * 8, "gathered greedy ids and values"));
+  greedy_gathered_ = static_cast<int32_t*>(p);
+  workspace_bytes_ += (layout_.tp_size + 1) * R * 8;
   const int64_t act_cols = std::max({hidden, q_dim, ffn});
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(T * act_cols * 2, "f16 activations"));
   act16_ = static_cast<uint16_t*>(p);
@@ -411,9 +416,9 @@ Status CudaForward::configure_kv(int64_t block_size, int64_t num_blocks) {
     return Status::invalid_argument(fmt::format("CUDA device {}: the KV pool is already allocated ({} blocks of {})",
                                                 options_.device, num_blocks_, options_.block_size));
   if (block_size <= 0 || num_blocks <= 0 || num_blocks > 0x7fffffff)
-    return Status::invalid_argument(fmt::format(
-        "CUDA device {}: KV pool of {} blocks of {} tokens: both must be > 0 (and blocks < 2^31)", options_.device,
-        num_blocks, block_size));
+    return Status::invalid_argument(
+        fmt::format("CUDA device {}: KV pool of {} blocks of {} tokens: both must be > 0 (and blocks < 2^31)",
+                    options_.device, num_blocks, block_size));
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   return allocate_kv(block_size, num_blocks);
 }
@@ -447,14 +452,15 @@ Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks) {
 Status CudaForward::copy_block(int32_t src, int32_t dst) {
   if (!kv_ready_) return Status::invalid_argument("CudaForward: block copy before the KV pool exists");
   if (src < 0 || dst < 0 || src >= num_blocks_ || dst >= num_blocks_)
-    return Status::out_of_range(fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, num_blocks_ - 1));
+    return Status::out_of_range(
+        fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, num_blocks_ - 1));
   const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   for (int64_t part = 0; part < 2 * config_.n_layers; ++part) {  // [layer][K|V]
     float* base = kv_pool_ + part * layer_kv_floats_;
-    TESSERA_CUDA_TRY(api_->device_memcpy_async(base + dst * block_floats, base + src * block_floats,
-                                               block_floats * 4, stream_),
-                     fmt::format("copy KV block {} -> {}", src, dst));
+    TESSERA_CUDA_TRY(
+        api_->device_memcpy_async(base + dst * block_floats, base + src * block_floats, block_floats * 4, stream_),
+        fmt::format("copy KV block {} -> {}", src, dst));
   }
   return Status::ok();
 }
@@ -609,9 +615,9 @@ Status CudaForward::download_logits(int64_t n_rows, int64_t n_real, float* out) 
   const int64_t per = layout_.vocab_per_rank;
   h_gathered_.resize(static_cast<size_t>(layout_.tp_size * n_rows * per));
   ++last_step_.launches;
-  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_gathered_.data(), gathered_, layout_.tp_size * n_rows * per * 4,
-                                             stream_),
-                   "copy gathered logits");
+  TESSERA_CUDA_TRY(
+      api_->device_memcpy_async(h_gathered_.data(), gathered_, layout_.tp_size * n_rows * per * 4, stream_),
+      "copy gathered logits");
   last_step_.host_micros = micros_since(step_start_);
   TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
   for (int r = 0; r < layout_.tp_size; ++r) {
@@ -670,18 +676,59 @@ Status CudaForward::enqueue_forward(int64_t n, bool all_decode) {
   return Status::ok();
 }
 
-Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count) {
-  // The final-normed rows out_rows[row0 .. row0 + count) -> proj_ -> f16 -> LM head (->
-  // all-gather at TP > 1); count <= max_logit_rows.
+Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count, bool greedy) {
+  // The final-normed rows out_rows[row0 .. row0 + count) -> proj_ -> f16 -> LM head; count <=
+  // max_logit_rows. Then either the logits' all-gather (TP > 1) or, greedy, each row's argmax
+  // over this rank's vocabulary slice with its value, gathered from every rank (8 bytes a row).
   const MetaLayout meta = step_meta(options_, max_table_blocks_);
   const int64_t hidden = config_.hidden;
   TESSERA_CUDA_LAUNCH(api_->gather_rows_f32(h_, meta_ + meta.out_rows + row0, proj_, count, hidden, stream_),
                       "gather rows");
   TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(proj_, act16_, count * hidden, stream_), "f32 -> f16");
   TESSERA_RETURN_IF_ERROR(gemm(*lm_head_, act16_, logits_, count));  // [count, local] packed
+  if (greedy) {
+    const int64_t first_id = std::min<int64_t>(config_.vocab, layout_.vocab_per_rank * layout_.tp_rank);
+    auto* values = reinterpret_cast<float*>(greedy_ + count);  // [ids | values] of this rank
+    TESSERA_CUDA_LAUNCH(api_->argmax_value_f32(logits_, count, lm_head_->rows, static_cast<int32_t>(first_id), greedy_,
+                                               values, stream_),
+                        "greedy argmax");
+    if (layout_.tp_size > 1) {
+      ++last_step_.launches;
+      TESSERA_RETURN_IF_ERROR(comm_->all_gather(greedy_, greedy_gathered_, count * 8));
+    }
+    return Status::ok();
+  }
   if (layout_.tp_size > 1) {
     ++last_step_.launches;
     TESSERA_RETURN_IF_ERROR(comm_->all_gather(logits_, gathered_, count * layout_.vocab_per_rank * 4));
+  }
+  return Status::ok();
+}
+
+Status CudaForward::download_greedy(int64_t n_rows, int64_t n_real, int32_t* out) {
+  // Per rank [ids (n_rows) | values (n_rows)]; the larger value wins, then the lower id (the
+  // single-device argmax's choice; ranks hold increasing id ranges).
+  const int64_t ranks = layout_.tp_size;
+  const int32_t* src = ranks > 1 ? greedy_gathered_ : greedy_;
+  h_greedy_.resize(static_cast<size_t>(ranks * 2 * n_rows));
+  ++last_step_.launches;
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_greedy_.data(), src, ranks * 2 * n_rows * 4, stream_), "copy token ids");
+  last_step_.host_micros = micros_since(step_start_);
+  TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
+  for (int64_t t = 0; t < n_real; ++t) {
+    int32_t best_id = h_greedy_[static_cast<size_t>(t)];
+    float best_v = 0.0f;
+    std::memcpy(&best_v, &h_greedy_[static_cast<size_t>(n_rows + t)], 4);
+    for (int64_t r = 1; r < ranks; ++r) {
+      const int32_t id = h_greedy_[static_cast<size_t>(r * 2 * n_rows + t)];
+      float v = 0.0f;
+      std::memcpy(&v, &h_greedy_[static_cast<size_t>(r * 2 * n_rows + n_rows + t)], 4);
+      if (v > best_v || (v == best_v && id < best_id)) {
+        best_v = v;
+        best_id = id;
+      }
+    }
+    out[t] = best_id;
   }
   return Status::ok();
 }
@@ -700,12 +747,22 @@ int64_t CudaForward::graph_bucket(int64_t n_seqs) const {
 }
 
 Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  return run_step(batch, &logits, nullptr);
+}
+
+Status CudaForward::run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) {
+  return run_step(batch, nullptr, &ids);
+}
+
+Status CudaForward::run_step(std::span<const SequenceInput> batch, std::vector<float>* logits,
+                             std::vector<int32_t>* ids) {
   step_start_ = std::chrono::steady_clock::now();
   last_step_ = CudaStepStats{};
   TESSERA_RETURN_IF_ERROR(validate(batch));
   bool graphable = max_graph_batch_ > 0 && !batch.empty() && static_cast<int64_t>(batch.size()) <= max_graph_batch_;
-  for (const SequenceInput& in : batch) graphable = graphable && in.tokens.size() == 1 && in.want_logits && !in.all_logits;
-  if (graphable) return run_graphed(batch, logits);
+  for (const SequenceInput& in : batch)
+    graphable = graphable && in.tokens.size() == 1 && in.want_logits && !in.all_logits;
+  if (graphable) return run_graphed(batch, logits, ids);
 
   const MetaLayout meta = step_meta(options_, max_table_blocks_);
   const int64_t bs = options_.block_size;
@@ -743,12 +800,13 @@ Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Pageable host memory: the copies are staged before the calls return, and h_meta_ is not
   // touched again before the stream synchronization at the end of the step anyway.
-  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4,
-                                                stream_),
-                      "upload step metadata");
+  TESSERA_CUDA_LAUNCH(
+      api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4, stream_),
+      "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
   TESSERA_RETURN_IF_ERROR(enqueue_forward(n, all_decode));
-  logits.resize(static_cast<size_t>(n_out * config_.vocab));
+  if (logits) logits->resize(static_cast<size_t>(n_out * config_.vocab));
+  if (ids) ids->resize(static_cast<size_t>(n_out));
   if (n_out == 0) {
     last_step_.host_micros = micros_since(step_start_);
     TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
@@ -756,14 +814,18 @@ Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>
   // Logit rows in pieces of at most max_logit_rows (a long prompt with prompt logprobs).
   for (int64_t row0 = 0; row0 < n_out; row0 += options_.max_logit_rows) {
     const int64_t count = std::min(options_.max_logit_rows, n_out - row0);
-    TESSERA_RETURN_IF_ERROR(enqueue_lm_head(row0, count));
-    TESSERA_RETURN_IF_ERROR(download_logits(count, count, logits.data() + row0 * config_.vocab));
+    TESSERA_RETURN_IF_ERROR(enqueue_lm_head(row0, count, /*greedy=*/ids != nullptr));
+    if (ids)
+      TESSERA_RETURN_IF_ERROR(download_greedy(count, count, ids->data() + row0));
+    else
+      TESSERA_RETURN_IF_ERROR(download_logits(count, count, logits->data() + row0 * config_.vocab));
   }
   last_step_.total_micros = micros_since(step_start_);
   return Status::ok();
 }
 
-Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vector<float>* logits,
+                                std::vector<int32_t>* ids) {
   const MetaLayout meta = step_meta(options_, max_table_blocks_);
   const int64_t bs = options_.block_size;
   const auto n_real = static_cast<int64_t>(batch.size());
@@ -792,18 +854,20 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vecto
   }
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Every region the graph reads, at the offsets MetaLayout gives for the workspace maxima.
-  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + bucket * table_stride_) * 4,
-                                                stream_),
-                      "upload step metadata");
+  TESSERA_CUDA_LAUNCH(
+      api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + bucket * table_stride_) * 4, stream_),
+      "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), bucket * 8, stream_), "upload KV slots");
+  // One graph per bucket and output kind (logits, or greedy ids computed on the device).
+  const int64_t key = 2 * bucket + (ids ? 1 : 0);
   void* graph = nullptr;
-  for (const auto& [b, g] : graphs_)
-    if (b == bucket) graph = g;
+  for (const auto& [k, g] : graphs_)
+    if (k == key) graph = g;
   if (!graph) {
     TESSERA_CUDA_TRY(api_->graph_begin_capture(stream_), fmt::format("begin capturing the decode graph of {}", bucket));
     const int64_t before = last_step_.launches;
     Status s = enqueue_forward(bucket, /*all_decode=*/true);
-    if (s.is_ok()) s = enqueue_lm_head(0, bucket);
+    if (s.is_ok()) s = enqueue_lm_head(0, bucket, /*greedy=*/ids != nullptr);
     last_step_.launches = before;  // captured, not launched
     void* captured = nullptr;
     const int rc = api_->graph_end_capture(stream_, &captured);
@@ -812,15 +876,20 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vecto
       return s.with_context(fmt::format("capturing the decode graph of batch {}", bucket));
     }
     TESSERA_CUDA_TRY(rc, fmt::format("instantiate the decode graph of batch {}", bucket));
-    graphs_.emplace_back(bucket, captured);
+    graphs_.emplace_back(key, captured);
     graph = captured;
     last_step_.captured = true;
   }
   TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the decode graph");
   last_step_.graphed = true;
   last_step_.bucket = bucket;
-  logits.resize(static_cast<size_t>(n_real * config_.vocab));
-  TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, logits.data()));
+  if (ids) {
+    ids->resize(static_cast<size_t>(n_real));
+    TESSERA_RETURN_IF_ERROR(download_greedy(bucket, n_real, ids->data()));
+  } else {
+    logits->resize(static_cast<size_t>(n_real * config_.vocab));
+    TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, logits->data()));
+  }
   last_step_.total_micros = micros_since(step_start_);
   return Status::ok();
 }

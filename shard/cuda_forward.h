@@ -71,12 +71,12 @@ struct CudaForwardOptions {
 
 // What one run() enqueued (host side): the numbers the GPU benchmark reports.
 struct CudaStepStats {
-  int64_t launches = 0;      // kernel, GEMM, collective, copy and graph launches enqueued
-  bool graphed = false;      // replayed a CUDA graph
-  bool captured = false;     // captured that graph first (this step)
-  int64_t bucket = 0;        // the padded batch of a graphed step
-  double host_micros = 0;    // run() entry until every launch was enqueued (before the wait)
-  double total_micros = 0;   // run() entry until the logits were on the host
+  int64_t launches = 0;     // kernel, GEMM, collective, copy and graph launches enqueued
+  bool graphed = false;     // replayed a CUDA graph
+  bool captured = false;    // captured that graph first (this step)
+  int64_t bucket = 0;       // the padded batch of a graphed step
+  double host_micros = 0;   // run() entry until every launch was enqueued (before the wait)
+  double total_micros = 0;  // run() entry until the logits were on the host
 };
 
 class CudaForward {
@@ -100,6 +100,11 @@ class CudaForward {
   // table too short, or a step larger than the options allow (nothing is run then); a failed
   // CUDA call (Unavailable).
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
+  // As run(), but only each logit row's greedy token comes back: the argmax (ties to the lowest
+  // id, NaN as -inf: kernels/sampling.h's greedy choice) is taken on the device (per rank over
+  // its vocabulary slice at TP > 1, merged on the host), so 4 bytes a row cross to the host
+  // instead of the vocabulary's logits. Rows in run()'s order.
+  Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids);
 
   // With options.defer_kv_pool: the device bytes free now (after weights and workspace), what
   // a KV pool may take before any headroom.
@@ -145,9 +150,12 @@ class CudaForward {
   // Enqueues embedding .. LM head (and the TP all-gather) for the metadata already on the
   // device: n token rows, n_out logit rows.
   Status enqueue_forward(int64_t n, bool all_decode);
-  Status enqueue_lm_head(int64_t row0, int64_t count);
+  Status enqueue_lm_head(int64_t row0, int64_t count, bool greedy);
   Status download_logits(int64_t n_rows, int64_t n_real, float* out);
-  Status run_graphed(std::span<const SequenceInput> batch, std::vector<float>& logits);
+  Status download_greedy(int64_t n_rows, int64_t n_real, int32_t* out);
+  // logits or ids (the other null): run() and run_greedy().
+  Status run_step(std::span<const SequenceInput> batch, std::vector<float>* logits, std::vector<int32_t>* ids);
+  Status run_graphed(std::span<const SequenceInput> batch, std::vector<float>* logits, std::vector<int32_t>* ids);
   int64_t graph_bucket(int64_t n_seqs) const;
   Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
   Status attention(int64_t layer, int64_t n_tokens, bool all_decode);
@@ -175,6 +183,9 @@ class CudaForward {
   float *x_ = nullptr, *h_ = nullptr, *proj_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *attn_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *gathered_ = nullptr;
   uint16_t* act16_ = nullptr;
+  int32_t* greedy_ = nullptr;           // [ids | values] of max_logit_rows rows
+  int32_t* greedy_gathered_ = nullptr;  // tp_size of those
+  std::vector<int32_t> h_greedy_;
   // f16 copy of one INT8 / INT4 matrix for steps of more than 32 tokens (then cuBLAS), sized
   // for the largest quantized matrix; null when no matrix is quantized.
   uint16_t* dequant_ = nullptr;
@@ -195,7 +206,8 @@ class CudaForward {
   int64_t n_seqs_ = 0;
   bool kv_ready_ = false;
 
-  // CUDA graphs, one per bucket (padded batch size), captured on first use
+  // CUDA graphs, one per bucket (padded batch size) and output kind, captured on first use:
+  // (2 * bucket + greedy, graph exec)
   std::vector<std::pair<int64_t, void*>> graphs_;
   int64_t max_graph_batch_ = 0;
   CudaStepStats last_step_;

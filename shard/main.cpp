@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
                  "CUDA: tokens of the largest step the workspace holds (the coordinator's max_step_tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins (--shard-arg overrides)
-  app.add_option("--max-step-seqs", o.max_step_seqs, "CUDA: sequences of the largest step (the coordinator's max_batch)")
+  app.add_option("--max-step-seqs", o.max_step_seqs,
+                 "CUDA: sequences of the largest step (the coordinator's max_batch)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   bool no_graphs = false;

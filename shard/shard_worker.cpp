@@ -5,8 +5,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <limits>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -364,20 +364,59 @@ class ShardWorker {
         in.all_logits = q.prompt_logprobs;
         batch_.push_back(in);
       }
+      bool greedy = false;
       if (cuda_) {
-        // Collectives run on the device stream, inside the step (not timed apart).
-        if (s.is_ok() && !batch_.empty()) s = cuda_->run(batch_, logits_);
+        // Collectives run on the device stream, inside the step (not timed apart). Steps whose
+        // every sampled row is plain greedy take the argmax on the device: no logits cross.
+        greedy = plain_greedy(plan);
+        if (s.is_ok() && !batch_.empty())
+          s = greedy ? cuda_->run_greedy(batch_, greedy_ids_) : cuda_->run(batch_, logits_);
       } else {
         const uint64_t comm_before = forward_->comm_micros;
         if (s.is_ok() && !batch_.empty()) s = forward_->run(batch_, logits_);
         r.comm_micros = forward_->comm_micros - comm_before;
       }
-      if (s.is_ok()) sample(plan, r);
+      if (s.is_ok()) {
+        if (greedy)
+          take_greedy(plan, r);
+        else
+          sample(plan, r);
+      }
     }
     if (!s.is_ok()) r.error = fmt::format("rank {}: step {}: {}", comm_.rank(), plan.step_id, s.to_string());
     last_step_ = plan.step_id;
     r.compute_micros = micros_since(t0);
     return r;
+  }
+
+  // True when every sequence that samples this step wants the plain argmax: temperature 0, no
+  // logprobs, no penalties, no banned tokens, no prompt logprobs (what Sampler would do with
+  // the logits is then exactly the device's greedy choice).
+  bool plain_greedy(const StepPlan& plan) const {
+    for (const ScheduledSequence& q : plan.scheduled) {
+      if (q.prompt_logprobs || !q.banned_tokens.empty()) return false;
+      if (!q.sample) continue;
+      auto it = sequences_.find(q.seq_id);
+      if (it == sequences_.end()) return false;
+      const SamplingParams& p = it->second.sampler->params();
+      if (p.temperature != 0.0f || p.n_logprobs != 0 || p.return_logprob || p.repetition_penalty != 1.0f ||
+          p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+        return false;
+    }
+    return true;
+  }
+
+  // The tokens of a plain_greedy step: one id per sampling sequence, in batch order.
+  void take_greedy(const StepPlan& plan, StepResult& r) {
+    size_t row = 0;
+    for (const ScheduledSequence& q : plan.scheduled) {
+      if (!q.sample) continue;
+      SequenceState& st = sequences_.at(q.seq_id);
+      const int32_t id = greedy_ids_[row++];
+      st.sampler->accept(id);  // as sample() does: the sampler's history stays complete
+      if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(id);
+      if (comm_.rank() == 0) r.tokens.push_back({q.seq_id, id, 0.0f, {}});
+    }
   }
 
   // Every rank samples from the same gathered logits with the same seeded state, so every
@@ -429,13 +468,14 @@ class ShardWorker {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
-  std::unique_ptr<NcclComm> nccl_;          // CUDA backend at TP > 1
-  std::unique_ptr<CudaForward> cuda_;       // CUDA backend; null: the CPU ForwardPass
-  int64_t num_blocks_ = 0;                  // set by configure
+  std::unique_ptr<NcclComm> nccl_;     // CUDA backend at TP > 1
+  std::unique_ptr<CudaForward> cuda_;  // CUDA backend; null: the CPU ForwardPass
+  int64_t num_blocks_ = 0;             // set by configure
   std::map<uint64_t, SequenceState> sequences_;
   std::atomic<uint64_t> last_step_{0};
   std::vector<SequenceInput> batch_;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;
 };
 
 }  // namespace

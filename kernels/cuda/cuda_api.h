@@ -164,6 +164,11 @@ int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, in
 // -inf (all -inf or NaN: 0), as kernels/sampling.h's greedy path. fp32 [n_rows, vocab].
 int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids,
                             void* stream);
+// sampling.cu. The same per row, plus values[r] = the maximum (NaN as -inf; -inf when every
+// value is), and ids offset by id_offset: a TP rank's candidate over its vocabulary slice
+// [id_offset, id_offset + vocab), merged across ranks by the larger value, then the lower id.
+int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t id_offset, int32_t* ids,
+                                  float* values, void* stream);
 
 // gemm_blas.cpp (cuBLAS). A handle per thread and device: create it after selecting the device.
 // The handle owns a fixed device workspace (set again after every stream change), so GEMMs can

@@ -89,6 +89,7 @@ Result<CudaApi> open_cuda_api(const std::string& path) {
   resolve(lib, "tessera_cuda_paged_decode_attention_f32", &api.paged_decode_attention_f32, &missing);
   resolve(lib, "tessera_cuda_silu_mul_f32", &api.silu_mul_f32, &missing);
   resolve(lib, "tessera_cuda_argmax_f32", &api.argmax_f32, &missing);
+  resolve(lib, "tessera_cuda_argmax_value_f32", &api.argmax_value_f32, &missing);
   resolve(lib, "tessera_cuda_blas_create", &api.blas_create, &missing);
   resolve(lib, "tessera_cuda_blas_destroy", &api.blas_destroy, &missing);
   resolve(lib, "tessera_cuda_gemm_f16", &api.gemm_f16, &missing);

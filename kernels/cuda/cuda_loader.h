@@ -62,6 +62,7 @@ struct CudaApi {
   decltype(&tessera_cuda_paged_decode_attention_f32) paged_decode_attention_f32 = nullptr;
   decltype(&tessera_cuda_silu_mul_f32) silu_mul_f32 = nullptr;
   decltype(&tessera_cuda_argmax_f32) argmax_f32 = nullptr;
+  decltype(&tessera_cuda_argmax_value_f32) argmax_value_f32 = nullptr;
   decltype(&tessera_cuda_blas_create) blas_create = nullptr;
   decltype(&tessera_cuda_blas_destroy) blas_destroy = nullptr;
   decltype(&tessera_cuda_gemm_f16) gemm_f16 = nullptr;

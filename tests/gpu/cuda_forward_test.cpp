@@ -5,19 +5,19 @@
 #include "shard/cuda_forward.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "common/env.h"
-#include "tests/shard/stories_reference.h"
 #include "kernels/cuda/cuda_loader.h"
 #include "model/synthetic_model.h"
 #include "shard/local_model.h"
+#include "tests/shard/stories_reference.h"
 
 namespace tessera {
 namespace {
@@ -221,7 +221,8 @@ TEST_P(CudaForwardTest, RejectsBadInputWithoutCrashing) {
 // costs a handful of launches instead of several per layer.
 TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
   auto graphed = load_gpu_model(model_path(), 8);
-  auto eager = load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.cuda_graphs = false; });
+  auto eager =
+      load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.cuda_graphs = false; });
   ASSERT_TRUE(graphed.is_ok()) << graphed.status().to_string();
   ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
   GpuModel* models[2] = {graphed->get(), eager->get()};
@@ -286,10 +287,52 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
     for (auto& t : tables[m]) models[m]->allocator->release(t);
 }
 
+// run_greedy (the argmax on the device, only ids back) picks the argmax of run()'s logits, for a
+// batched prefill and for graphed decode steps of several bucket sizes.
+TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
+  auto a = load_gpu_model(model_path(), 8);
+  auto b = load_gpu_model(model_path(), 8);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  GpuModel* m[2] = {a->get(), b->get()};
+  const int64_t vocab = m[0]->config().vocab;
+  const std::vector<RefCase> cases = load_cases();
+  const size_t n_seqs = std::min<size_t>(3, cases.size());
+  std::vector<std::vector<int32_t>> tables[2];
+  for (int k = 0; k < 2; ++k) {
+    tables[k].resize(n_seqs);
+    for (size_t i = 0; i < n_seqs; ++i)
+      ASSERT_TRUE(m[k]->allocator->ensure(tables[k][i], static_cast<int64_t>(cases[i].prompt.size()) + 12, 8));
+  }
+  std::vector<float> logits;
+  std::vector<int32_t> ids, next(n_seqs);
+  std::vector<int64_t> pos(n_seqs);
+  for (size_t w : {n_seqs, n_seqs, n_seqs - 1, size_t{1}, n_seqs, size_t{1}}) {
+    std::vector<SequenceInput> in[2];
+    const bool prefill = pos[0] == 0;
+    for (int k = 0; k < 2; ++k)
+      for (size_t i = 0; i < w; ++i)
+        in[k].push_back(prefill ? SequenceInput{cases[i].prompt, 0, tables[k][i], true}
+                                : SequenceInput{std::span<const int32_t>(&next[i], 1), pos[i], tables[k][i], true});
+    Status s = m[0]->forward->run(in[0], logits);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    s = m[1]->forward->run_greedy(in[1], ids);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_EQ(ids.size(), w);
+    EXPECT_EQ(m[1]->forward->last_step().graphed, !prefill);
+    for (size_t i = 0; i < w; ++i) {
+      EXPECT_EQ(ids[i], argmax(&logits[i * static_cast<size_t>(vocab)], vocab)) << "sequence " << i;
+      pos[i] = prefill ? static_cast<int64_t>(cases[i].prompt.size()) : pos[i] + 1;
+      next[i] = ids[i];
+    }
+  }
+  EXPECT_EQ(m[1]->forward->graphs_captured(), 3);  // greedy graphs of buckets 4, 2, 1
+}
+
 // The shard's order: weights and workspace first, the KV pool when the coordinator has chosen
 // the block size and count; copy-on-write block copies on the device.
 TEST_P(CudaForwardTest, DeferredKvPoolAndBlockCopies) {
-  auto gpu = load_gpu_model(model_path(), 16, WeightQuant::kNone, [](CudaForwardOptions& o) { o.defer_kv_pool = true; });
+  auto gpu =
+      load_gpu_model(model_path(), 16, WeightQuant::kNone, [](CudaForwardOptions& o) { o.defer_kv_pool = true; });
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   CudaForward& f = *(*gpu)->forward;
   const int64_t vocab = (*gpu)->config().vocab;

@@ -160,6 +160,16 @@ TEST_F(CudaOps, ArgmaxMatchesGreedySampler) {
     int32_t* d_ids = alloc<int32_t>(rows);
     ASSERT_EQ(api_->argmax_f32(d_logits, rows, vocab, d_ids, nullptr), 0) << api_->last_error();
     EXPECT_EQ(to_host(d_ids, rows), want) << "vocab=" << vocab;
+    // With values and an id offset (a TP rank's slice of the vocabulary).
+    float* d_values = alloc<float>(rows);
+    ASSERT_EQ(api_->argmax_value_f32(d_logits, rows, vocab, 1000, d_ids, d_values, nullptr), 0) << api_->last_error();
+    const std::vector<int32_t> ids = to_host(d_ids, rows);
+    const std::vector<float> values = to_host(d_values, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(ids[static_cast<size_t>(r)], want[static_cast<size_t>(r)] + 1000) << "vocab=" << vocab << " row " << r;
+      const float v = logits[static_cast<size_t>(r * vocab + want[static_cast<size_t>(r)])];
+      EXPECT_EQ(values[static_cast<size_t>(r)], std::isnan(v) ? -inf : v) << "vocab=" << vocab << " row " << r;
+    }
   }
 }
 

@@ -154,7 +154,8 @@ int tessera_nccl_all_reduce_sum_f32(void*, const float*, float*, int64_t, void*)
 int tessera_nccl_all_gather(void*, const void*, void*, int64_t, void*) { return fail("no NCCL"); }
 int tessera_nccl_broadcast(void*, void*, int64_t, int, void*) { return fail("no NCCL"); }
 
-int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps, void* stream) {
+int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps,
+                              void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_rms_norm_f32(x, w, y, n, dim, eps, stream); });
   for (int64_t r = 0; r < n; ++r) {
     float sum = 0.0f;
@@ -164,13 +165,21 @@ int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t 
   }
   return 0;
 }
-int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n, int64_t dim, float eps, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_add_rms_norm_f32(residual, delta, w, y, n, dim, eps, stream); });
+int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n, int64_t dim,
+                                  float eps, void* stream) {
+  if (g_capture)
+    return record([=] { return tessera_cuda_add_rms_norm_f32(residual, delta, w, y, n, dim, eps, stream); });
   for (int64_t i = 0; i < n * dim; ++i) residual[i] += delta[i];
   return tessera_cuda_rms_norm_f32(residual, w, y, n, dim, eps, stream);
 }
-int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n, void* out, int out_dtype, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_embedding(table, table_dtype, vocab, dim, ids, n, out, out_dtype, stream); });
+int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids,
+                           int64_t n, void* out, int out_dtype, void* stream) {
+  if (g_capture)
+    return record(
+        [=] { return tessera_cuda_embedding(table, table_dtype, vocab, dim, ids, n, out, out_dtype, stream); });
+  if ((table_dtype != TESSERA_CUDA_F32 && table_dtype != TESSERA_CUDA_F16) ||
+      (out_dtype != TESSERA_CUDA_F32 && out_dtype != TESSERA_CUDA_F16))
+    return fail("fake backend: embedding dtype must be TESSERA_CUDA_F32 or TESSERA_CUDA_F16");
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < dim; ++i) {
       float v = 0.0f;
@@ -297,15 +306,32 @@ int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, in
   for (int64_t i = 0; i < n * dim; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   return 0;
 }
-int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_argmax_f32(logits, n_rows, vocab, ids, stream); });
-  for (int64_t r = 0; r < n_rows; ++r)
-    ids[r] = static_cast<int32_t>(std::max_element(logits + r * vocab, logits + (r + 1) * vocab) - (logits + r * vocab));
+int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t id_offset, int32_t* ids,
+                                  float* values, void* stream) {
+  if (g_capture)
+    return record([=] { return tessera_cuda_argmax_value_f32(logits, n_rows, vocab, id_offset, ids, values, stream); });
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float best = -INFINITY;
+    int64_t at = -1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float v = std::isnan(logits[r * vocab + i]) ? -INFINITY : logits[r * vocab + i];
+      if (at < 0 || v > best) {
+        best = v;
+        at = i;
+      }
+    }
+    ids[r] = static_cast<int32_t>(at) + id_offset;
+    if (values) values[r] = best;
+  }
   return 0;
+}
+int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void* stream) {
+  return tessera_cuda_argmax_value_f32(logits, n_rows, vocab, 0, ids, nullptr, stream);
 }
 int tessera_cuda_blas_create(void** handle) { return tessera_cuda_stream_create(handle); }
 int tessera_cuda_blas_destroy(void*) { return 0; }
-int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols,
+                          int64_t n, void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_gemm_f16(handle, w, x, y, rows, cols, n, stream); });
   std::vector<float> xf(static_cast<size_t>(cols));
   for (int64_t t = 0; t < n; ++t) {
@@ -320,7 +346,8 @@ int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, fl
 }
 
 // quant_gemm.cu's chunk (256 columns) / lane decomposition, one lane sum per lane.
-int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
+                            int64_t cols, int64_t n, void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_gemm_w8a16(w, scales, x, y, rows, cols, n, stream); });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < rows; ++r) {
@@ -337,7 +364,8 @@ int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t
     }
   return 0;
 }
-int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x, float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x, float* y,
+                            int64_t rows, int64_t cols, int64_t n, void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_gemm_w4a16(w, scales, zeros, x, y, rows, cols, n, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
@@ -361,13 +389,16 @@ int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint
     }
   return 0;
 }
-int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols, void* stream) {
+int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols,
+                                  void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_dequantize_w8a16(w, scales, out, rows, cols, stream); });
   for (int64_t i = 0; i < rows * cols; ++i) out[i] = f32_to_fp16(static_cast<float>(w[i]) * scales[i / cols]);
   return 0;
 }
-int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out, int64_t rows, int64_t cols, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_dequantize_w4a16(w, scales, zeros, out, rows, cols, stream); });
+int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out,
+                                  int64_t rows, int64_t cols, void* stream) {
+  if (g_capture)
+    return record([=] { return tessera_cuda_dequantize_w4a16(w, scales, zeros, out, rows, cols, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
   for (int64_t i = 0; i < rows * cols; ++i) {
@@ -389,7 +420,8 @@ int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t di
   for (int64_t i = 0; i < n * dim; ++i) y[i] += bias[i % dim];
   return 0;
 }
-int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim, void* stream) {
+int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim,
+                                 void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_gather_rows_f32(src, rows, dst, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) dst[i] = src[static_cast<int64_t>(rows[i / dim]) * dim + i % dim];
   return 0;

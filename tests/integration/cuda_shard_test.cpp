@@ -6,11 +6,11 @@
 // cuda_shard_fake_backend); elsewhere it skips. That checks the wiring, not the kernels: the
 // `gpu` tests do that on a device.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/env.h"
 #include "tests/integration/process_util.h"
@@ -52,17 +52,19 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
   }
 }
 
-TEST_F(CudaShardFakeBackend, EagerDecodeGivesTheSameTokens) {
+TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {
   const std::string model = testdata_dir() + "/stories260K/hf";
   if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
-  const std::string args = " generate --model " + quote(model) +
-                           " --prompt 'Once upon a time' --max-tokens 40 --temperature 0 --ignore-eos --print-ids"
-                           " --tp 1 --device cuda";
-  const ProcessResult graphs = run(env_ + bin("tessera") + args);
-  const ProcessResult eager = run(env_ + bin("tessera") + args + " --shard-arg=--no-cuda-graphs");
-  ASSERT_EQ(graphs.exit_code, 0) << graphs.output;
-  ASSERT_EQ(eager.exit_code, 0) << eager.output;
-  EXPECT_EQ(last_line(graphs.output), last_line(eager.output));
+  // Greedy (the argmax taken on the device) and seeded sampling (the logits sampled on the host).
+  for (const std::string sampling : {"--temperature 0", "--temperature 0.9 --top-k 40 --seed 7"}) {
+    const std::string args = " generate --model " + quote(model) + " --prompt 'Once upon a time' --max-tokens 40 " +
+                             sampling + " --ignore-eos --print-ids --tp 1 --device cuda";
+    const ProcessResult graphs = run(env_ + bin("tessera") + args);
+    const ProcessResult eager = run(env_ + bin("tessera") + args + " --shard-arg=--no-cuda-graphs");
+    ASSERT_EQ(graphs.exit_code, 0) << graphs.output;
+    ASSERT_EQ(eager.exit_code, 0) << eager.output;
+    EXPECT_EQ(last_line(graphs.output), last_line(eager.output)) << sampling;
+  }
 }
 
 TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
@@ -74,8 +76,9 @@ TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("NCCL"), std::string::npos) << r.output;
   // A shard whose workspace is smaller than the coordinator's prompt pieces is refused at start.
-  r = run(env_ + bin("tessera") + " generate --model " + quote(model) +
-          " --prompt-ids 1,2,3 --max-tokens 4 --tp 1 --device cuda --prefill-chunk 64 --shard-arg=--max-step-tokens=32");
+  r = run(
+      env_ + bin("tessera") + " generate --model " + quote(model) +
+      " --prompt-ids 1,2,3 --max-tokens 4 --tp 1 --device cuda --prefill-chunk 64 --shard-arg=--max-step-tokens=32");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("at most 32 tokens"), std::string::npos) << r.output;
 }
