@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -56,8 +57,9 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   } else {
     cmd.insert(cmd.end(), {"--bind-to", "none"});  // shards bind themselves from the hwloc map
   }
-  // The shards' environment knobs travel with the job.
-  cmd.insert(cmd.end(), {"-x", "TESSERA_LOG_LEVEL"});
+  // The shards' environment knobs travel with the job (mpirun warns about unset ones).
+  for (const char* knob : {"TESSERA_LOG_LEVEL", "TESSERA_CUDA_LIBRARY"})
+    if (std::getenv(knob)) cmd.insert(cmd.end(), {"-x", knob});
   cmd.insert(cmd.end(), s.extra_mpirun_args.begin(), s.extra_mpirun_args.end());
   cmd.insert(cmd.end(), shard.begin(), shard.end());
   return cmd;
