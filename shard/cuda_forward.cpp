@@ -36,6 +36,12 @@ struct CudaForward::Layer {
 
 namespace {
 
+// Split decode attention: pieces of about kSplitKeys keys, at most kMaxSplits of them, used
+// while a step has fewer than kSplitBelowBlocks (sequence, head) pairs.
+constexpr int64_t kSplitKeys = 512;
+constexpr int64_t kMaxSplits = 32;
+constexpr int64_t kSplitBelowBlocks = 1024;
+
 // Rows converted per host staging pass (bounds host memory during upload).
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 
@@ -358,6 +364,15 @@ Status CudaForward::allocate_workspace() {
     TESSERA_RETURN_IF_ERROR(
         alloc_f32(&gathered_, layout_.tp_size * R * layout_.vocab_per_rank, "gathered logits"));
   void* p = nullptr;
+  // Split decode attention for contexts longer than 2 pieces (options.decode_split_keys).
+  const int64_t piece = options_.decode_split_keys > 0 ? options_.decode_split_keys : kSplitKeys;
+  if (options_.decode_split_keys >= 0 && config_.max_positions > 2 * piece) {
+    decode_splits_ = std::min<int64_t>(kMaxSplits, (config_.max_positions + piece - 1) / piece);
+    decode_split_keys_ = (config_.max_positions + decode_splits_ - 1) / decode_splits_;
+    const int64_t seqs = std::min<int64_t>(S, (kSplitBelowBlocks + layout_.n_heads - 1) / layout_.n_heads);
+    TESSERA_RETURN_IF_ERROR(alloc_f32(&decode_partial_, seqs * layout_.n_heads * decode_splits_ * (hd + 2),
+                                      "split decode attention"));
+  }
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(R * 8, "greedy ids and values"));
   greedy_ = static_cast<int32_t*>(p);
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(layout_.tp_size * R * 8, "gathered greedy ids and values"));
@@ -501,9 +516,24 @@ Status CudaForward::validate(std::span<const SequenceInput> batch) const {
 }
 
 Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n) {
-  constexpr int64_t kQuantKernelMaxTokens = 32;
+  // Quantized weights: the register-dequantizing FMA kernels up to kFmaMaxTokens tokens, the
+  // tensor-core kernels (weights read once per 64 tokens) up to kTensorCoreMaxTokens, beyond
+  // that the matrix expanded to f16 and cuBLAS. (Chosen from the kernels' weight traffic, not
+  // yet from measurements on a device.)
+  constexpr int64_t kFmaMaxTokens = 8;
+  constexpr int64_t kTensorCoreMaxTokens = 256;
   ++last_step_.launches;
-  if (m.kind != Matrix::Kind::kF16 && n > kQuantKernelMaxTokens) {
+  const bool quantized = m.kind != Matrix::Kind::kF16;
+  if (quantized && n > kFmaMaxTokens && n <= kTensorCoreMaxTokens && (m.kind == Matrix::Kind::kW4 || m.cols % 16 == 0)) {
+    if (m.kind == Matrix::Kind::kW8)
+      return api_->check(api_->gemm_w8a16_tc(static_cast<const int8_t*>(m.w), static_cast<const float*>(m.scales),
+                                             x16, y, m.rows, m.cols, n, stream_),
+                         "W8A16 tensor-core GEMM");
+    return api_->check(api_->gemm_w4a16_tc(static_cast<const uint8_t*>(m.w), static_cast<const uint16_t*>(m.scales),
+                                           static_cast<const uint8_t*>(m.zeros), x16, y, m.rows, m.cols, n, stream_),
+                       "W4A16 tensor-core GEMM");
+  }
+  if (quantized && n > kTensorCoreMaxTokens) {
     // Large step: expand the matrix to f16 once (stream-ordered, so the buffer is free again
     // when the next GEMM's dequantization runs) and use cuBLAS.
     const int rc = m.kind == Matrix::Kind::kW8
@@ -574,6 +604,14 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
     a.max_blocks_per_seq = table_stride_;
     a.scale = scale;
     a.sliding_window = config_.sliding_window;
+    // Few (sequence, head) blocks for the device: split every sequence's keys over several
+    // blocks (flash-decoding), so a long context at a small batch still fills the GPU.
+    if (decode_splits_ > 1 && n_seqs_ * layout_.n_heads < kSplitBelowBlocks) {
+      a.n_splits = decode_splits_;
+      a.split_keys = decode_split_keys_;
+      a.partial = decode_partial_;
+      ++last_step_.launches;  // the merge kernel
+    }
     return api_->check(api_->paged_decode_attention_f32(&a, stream_), "paged decode attention");
   }
   TesseraCudaPrefillAttentionArgs a{};

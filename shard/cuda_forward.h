@@ -67,6 +67,10 @@ struct CudaForwardOptions {
   bool defer_kv_pool = false;           // true: no KV pool until configure_kv()
   bool cuda_graphs = true;              // decode steps as CUDA graph replays
   int64_t max_graph_batch = 256;        // the largest graphed bucket (also <= max_seqs_per_step)
+  // Decode attention split over the sequence in pieces of this many keys (at most 32 pieces)
+  // while a step has fewer than 1024 (sequence, head) pairs. 0: pieces of 512 keys when the
+  // context is longer than 1024; < 0: never split.
+  int64_t decode_split_keys = 0;
 };
 
 // What one run() enqueued (host side): the numbers the GPU benchmark reports.
@@ -183,6 +187,9 @@ class CudaForward {
   float *x_ = nullptr, *h_ = nullptr, *proj_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *attn_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *gathered_ = nullptr;
   uint16_t* act16_ = nullptr;
+  // split decode attention (long contexts, small batches): pieces and their partial states
+  int64_t decode_splits_ = 0, decode_split_keys_ = 0;
+  float* decode_partial_ = nullptr;
   int32_t* greedy_ = nullptr;           // [ids | values] of max_logit_rows rows
   int32_t* greedy_gathered_ = nullptr;  // tp_size of those
   std::vector<int32_t> h_greedy_;

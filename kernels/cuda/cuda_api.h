@@ -136,7 +136,16 @@ int tessera_cuda_rope_kv_write_f32(const struct TesseraCudaRopeKvArgs* args, voi
 // h / (n_heads / n_kv_heads) (GQA). Online softmax, fp32 throughout. head_dim <= 256.
 // Launch: one block of 128 threads (4 warps) per (sequence, query head); warp w handles keys
 // w, w + 4, ...; lane l holds dims l, l + 32, ...; the warps' partial softmax states are merged
-// at the end. No split over the sequence yet (long contexts use one block per head).
+// at the end.
+// Split over the sequence (flash-decoding) when n_splits > 1: the visible keys of a sequence
+// are cut into pieces of split_keys keys (the first piece starts at the window's first key);
+// block (h, s, p) of a grid (n_heads, n_seqs, n_splits) handles piece p and writes its state
+// (max m, sum l, unnormalized weighted value sum acc) to partial[((s * n_heads + h) * n_splits
+// + p) * (head_dim + 2)] as [acc[0..head_dim), m, l]; pieces past the end write m = -inf, l = 0.
+// A second kernel (grid (n_heads, n_seqs)) merges the pieces: M = max m_p, L = sum l_p e^(m_p
+// - M), out = sum acc_p e^(m_p - M) / L. So a long context uses n_splits blocks per head; the
+// grid does not depend on the lengths (a CUDA graph can hold it). n_splits * split_keys should
+// cover the longest visible span (keys beyond it are not attended).
 struct TesseraCudaDecodeAttentionArgs {
   const float* q;               // [n_seqs, n_heads, head_dim], RoPE applied
   float* out;                   // [n_seqs, n_heads, head_dim]
@@ -152,6 +161,9 @@ struct TesseraCudaDecodeAttentionArgs {
   int64_t max_blocks_per_seq;
   float scale;                  // usually 1/sqrt(head_dim)
   int64_t sliding_window;       // > 0: only the last sliding_window keys
+  int64_t n_splits;             // <= 1: one block per (sequence, head); else split as above
+  int64_t split_keys;           // keys per piece when n_splits > 1 (> 0)
+  float* partial;               // [n_seqs, n_heads, n_splits, head_dim + 2] when n_splits > 1
 };
 int tessera_cuda_paged_decode_attention_f32(const struct TesseraCudaDecodeAttentionArgs* args,
                                             void* stream);
@@ -233,6 +245,17 @@ int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t
 int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
                             const uint16_t* x, float* y, int64_t rows, int64_t cols,
                             int64_t n_tokens, void* stream);
+// quant_gemm_tc.cu. The same two GEMMs (same arguments, layouts and result) on tensor cores
+// (mma.sync m16n8k16, fp32 accumulation), for batches of tokens (prefill): the weights are read
+// once per 64 tokens. Needs compute capability >= 8.0, w and x 16-byte aligned, cols a multiple
+// of 16 (W8) or 128 (W4), n_tokens <= 64 * 65535. W4: each weight is rounded to f16 before the
+// multiply (the value tessera_cuda_dequantize_w4a16 writes); W8: the int8 levels are exact in
+// f16 and the row scale multiplies the fp32 sum.
+int tessera_cuda_gemm_w8a16_tc(const int8_t* w, const float* scales, const uint16_t* x, float* y,
+                               int64_t rows, int64_t cols, int64_t n_tokens, void* stream);
+int tessera_cuda_gemm_w4a16_tc(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
+                               const uint16_t* x, float* y, int64_t rows, int64_t cols,
+                               int64_t n_tokens, void* stream);
 // quant_gemm.cu. The same weights expanded to f16 [rows, cols] (round to nearest even), for
 // batches where cuBLAS on a dequantized copy beats re-reading the packed weights per 8 tokens.
 int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows,

@@ -72,6 +72,8 @@ struct CudaApi {
   decltype(&tessera_cuda_paged_prefill_attention_f32) paged_prefill_attention_f32 = nullptr;
   decltype(&tessera_cuda_gemm_w8a16) gemm_w8a16 = nullptr;
   decltype(&tessera_cuda_gemm_w4a16) gemm_w4a16 = nullptr;
+  decltype(&tessera_cuda_gemm_w8a16_tc) gemm_w8a16_tc = nullptr;
+  decltype(&tessera_cuda_gemm_w4a16_tc) gemm_w4a16_tc = nullptr;
   decltype(&tessera_cuda_dequantize_w8a16) dequantize_w8a16 = nullptr;
   decltype(&tessera_cuda_dequantize_w4a16) dequantize_w4a16 = nullptr;
   decltype(&tessera_cuda_add_f32) add_f32 = nullptr;

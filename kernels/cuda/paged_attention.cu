@@ -7,6 +7,11 @@
 // end the 4 states are merged through shared memory:
 //   M = max_w m_w,  L = sum_w l_w e^(m_w - M),  out = sum_w acc_w e^(m_w - M) / L.
 // A warp that saw no key has m = -inf, l = 0, acc = 0 and contributes nothing.
+// Split over the sequence (args.n_splits > 1): grid (n_heads, n_seqs, n_splits), block
+// (h, s, p) covers keys [first + p * split_keys, min(n_keys, first + (p + 1) * split_keys)) the
+// same way and writes its merged state (acc unnormalized, M, L) to args.partial; then
+// decode_combine_kernel, grid (n_heads, n_seqs), 128 threads, merges the pieces with the same
+// formula.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -22,18 +27,33 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 
 __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) {
-  const int64_t h = blockIdx.x, s = blockIdx.y;
+  const int64_t h = blockIdx.x, s = blockIdx.y, piece = blockIdx.z;
+  const bool split = a.n_splits > 1;
   const int64_t hd = a.head_dim;
   const int64_t group = a.n_heads / a.n_kv_heads;
   const int64_t kvh = h / group;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t n_keys = a.seq_lens[s];
   float* out = a.out + (s * a.n_heads + h) * hd;
+  float* part = split ? a.partial + ((s * a.n_heads + h) * a.n_splits + piece) * (hd + 2) : nullptr;
   if (n_keys <= 0) {  // precondition violated: write zeros rather than garbage
-    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) out[d] = 0.0f;
+    if (split) {
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) part[d] = 0.0f;
+      if (threadIdx.x == 0) {
+        part[hd] = -INFINITY;
+        part[hd + 1] = 0.0f;
+      }
+    } else {
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) out[d] = 0.0f;
+    }
     return;
   }
-  const int64_t first = a.sliding_window > 0 && n_keys > a.sliding_window ? n_keys - a.sliding_window : 0;
+  int64_t first = a.sliding_window > 0 && n_keys > a.sliding_window ? n_keys - a.sliding_window : 0;
+  int64_t end = n_keys;
+  if (split) {
+    first += piece * a.split_keys;
+    end = min(end, first + a.split_keys);
+  }
   const float* q = a.q + (s * a.n_heads + h) * hd;
   const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
 
@@ -45,7 +65,7 @@ __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) 
     acc[j] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t key = first + warp; key < n_keys; key += kWarps) {
+  for (int64_t key = first + warp; key < end; key += kWarps) {
     const int64_t block = table[key / a.block_size];
     const int64_t offset = ((block * a.block_size + key % a.block_size) * a.n_kv_heads + kvh) * hd;
     const float* k = a.k_cache + offset;
@@ -87,10 +107,46 @@ __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) 
     weight[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - big_m) : 0.0f;
     big_l += warp_l[w] * weight[w];
   }
+  if (split) {  // this piece's state; an empty piece writes M = -inf, L = 0, acc = 0
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kWarps; ++w) o += warp_acc[w][d] * weight[w];
+      part[d] = o;
+    }
+    if (threadIdx.x == 0) {
+      part[hd] = big_m;
+      part[hd + 1] = big_l;
+    }
+    return;
+  }
   const float inv_l = 1.0f / big_l;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w) o += warp_acc[w][d] * weight[w];
+    out[d] = o * inv_l;
+  }
+}
+
+__global__ void decode_combine_kernel(TesseraCudaDecodeAttentionArgs a) {
+  const int64_t h = blockIdx.x, s = blockIdx.y;
+  const int64_t hd = a.head_dim, stride = hd + 2;
+  const float* part = a.partial + (s * a.n_heads + h) * a.n_splits * stride;
+  float* out = a.out + (s * a.n_heads + h) * hd;
+  float big_m = -INFINITY;
+  for (int64_t p = 0; p < a.n_splits; ++p)
+    if (part[p * stride + hd + 1] > 0.0f) big_m = fmaxf(big_m, part[p * stride + hd]);
+  float big_l = 0.0f;
+  for (int64_t p = 0; p < a.n_splits; ++p) {
+    const float l = part[p * stride + hd + 1];
+    if (l > 0.0f) big_l += l * expf(part[p * stride + hd] - big_m);
+  }
+  const float inv_l = big_l > 0.0f ? 1.0f / big_l : 0.0f;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int64_t p = 0; p < a.n_splits; ++p) {
+      const float l = part[p * stride + hd + 1];
+      if (l > 0.0f) o += part[p * stride + d] * expf(part[p * stride + hd] - big_m);
+    }
     out[d] = o * inv_l;
   }
 }
@@ -110,8 +166,16 @@ extern "C" int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAt
     return record_message("tessera_cuda_paged_decode_attention_f32: block_size and max_blocks_per_seq must be > 0");
   if (a.n_seqs < 0 || a.n_seqs > 65535)
     return record_message("tessera_cuda_paged_decode_attention_f32: n_seqs must be in [0, 65535]");
+  const bool split = a.n_splits > 1;
+  if (split && (a.n_splits > 65535 || a.split_keys <= 0 || !a.partial))
+    return record_message(
+        "tessera_cuda_paged_decode_attention_f32: a split needs n_splits <= 65535, split_keys > 0 and partial");
   if (a.n_seqs == 0) return 0;
-  const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_seqs));
+  const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_seqs),
+                  split ? static_cast<unsigned>(a.n_splits) : 1u);
   paged_decode_attention_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
-  return check_launch("paged_decode_attention_kernel launch");
+  if (int rc = check_launch("paged_decode_attention_kernel launch"); rc != 0 || !split) return rc;
+  const dim3 combine_grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_seqs));
+  decode_combine_kernel<<<combine_grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return check_launch("decode_combine_kernel launch");
 }

@@ -167,6 +167,18 @@ TEST_F(CudaAttention, PagedDecodeAttentionMatchesCpu) {
     a.sliding_window = c.sliding_window;
     ASSERT_EQ(api_->paged_decode_attention_f32(&a, nullptr), 0) << api_->last_error();
     expect_close(to_host(a.out, static_cast<int64_t>(q.size())), want, 5e-5f, 1e-4f, "decode attention " + what);
+    // Split over the sequence: pieces of 1, 7 and 64 keys, one piece more than the longest
+    // visible span needs (an empty piece must not count).
+    for (int64_t split_keys : {1, 7, 64}) {
+      const int64_t span = c.sliding_window > 0 ? std::min(c.sliding_window, c.max_len) : c.max_len;
+      a.n_splits = (span + split_keys - 1) / split_keys + 1;
+      a.split_keys = split_keys;
+      a.partial = alloc<float>(c.n_seqs * c.n_heads * a.n_splits * (c.head_dim + 2));
+      a.out = alloc<float>(static_cast<int64_t>(q.size()));
+      ASSERT_EQ(api_->paged_decode_attention_f32(&a, nullptr), 0) << api_->last_error();
+      expect_close(to_host(a.out, static_cast<int64_t>(q.size())), want, 5e-5f, 1e-4f,
+                   "split decode attention (" + std::to_string(split_keys) + " keys a piece) " + what);
+    }
   }
 }
 
@@ -182,6 +194,10 @@ TEST_F(CudaAttention, RejectsBadShapes) {
   EXPECT_NE(std::string(api_->last_error()).find("n_kv_heads"), std::string::npos) << api_->last_error();
   a.n_kv_heads = 2;
   a.head_dim = 257;
+  EXPECT_NE(api_->paged_decode_attention_f32(&a, nullptr), 0);
+  a.head_dim = 64;
+  a.n_splits = 4;  // a split without its partial buffer
+  a.split_keys = 16;
   EXPECT_NE(api_->paged_decode_attention_f32(&a, nullptr), 0);
   TesseraCudaRopeKvArgs r{};
   r.n_tokens = 1;

@@ -328,6 +328,21 @@ TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
   EXPECT_EQ(m[1]->forward->graphs_captured(), 3);  // greedy graphs of buckets 4, 2, 1
 }
 
+// Decode attention split over the sequence (pieces of 16 keys here, so every step of these
+// prompts uses several): the reference greedy ids, graphed and eager.
+TEST_P(CudaForwardTest, SplitDecodeAttentionGivesTheReferenceIds) {
+  for (const bool graphs : {true, false}) {
+    auto gpu = load_gpu_model(model_path(), 16, WeightQuant::kNone, [&](CudaForwardOptions& o) {
+      o.decode_split_keys = 16;
+      o.cuda_graphs = graphs;
+    });
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+    for (const RefCase& c : load_cases())
+      EXPECT_EQ(greedy(**gpu, c.prompt, static_cast<int64_t>(c.greedy.size()), 0, nullptr), c.greedy)
+          << c.name << (graphs ? " graphed" : " eager");
+  }
+}
+
 // The shard's order: weights and workspace first, the KV pool when the coordinator has chosen
 // the block size and count; copy-on-write block copies on the device.
 TEST_P(CudaForwardTest, DeferredKvPoolAndBlockCopies) {
@@ -424,16 +439,18 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
   spec.n_kv_heads = 2;
   spec.ffn = 512;
   spec.vocab = 512;
-  spec.max_positions = 128;
+  spec.max_positions = 512;
   spec.weight_type = QuantType::kF16;
   spec.seed = 77;
   ASSERT_TRUE(write_synthetic_hf(spec, dir).is_ok());
-  // 40 prompt tokens: the prefill GEMMs of INT8 / INT4 take the dequantize + cuBLAS path (> 32
-  // tokens), the decode steps the W8A16 / W4A16 kernels.
-  std::vector<int32_t> prompt(40);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 37) % 511);
+  // Prompts of 40 and 300 tokens: the prefill GEMMs of INT8 / INT4 take the tensor-core kernels
+  // (9..256 tokens), then dequantize + cuBLAS (> 256); the decode steps the W8A16 / W4A16 FMA
+  // kernels.
+  for (const size_t prompt_len : {size_t{40}, size_t{300}})
   for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4}) {
-    const std::string what(weight_quant_name(q));
+    std::vector<int32_t> prompt(prompt_len);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 37) % 511);
+    const std::string what = std::string(weight_quant_name(q)) + ", prompt of " + std::to_string(prompt_len);
     auto gpu = load_gpu_model(dir, 16, q);
     ASSERT_TRUE(gpu.is_ok()) << what << ": " << gpu.status().to_string();
     auto cpu = LocalModel::load({.path = dir, .threads = 2, .quant = q});

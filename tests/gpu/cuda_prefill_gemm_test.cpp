@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -228,6 +232,151 @@ TEST_F(CudaQuantGemm, W4A16MatchesDefinition) {
       }
   }
   EXPECT_NE(api_->gemm_w4a16(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, 1, nullptr), 0);  // cols % 128
+}
+
+// ---- tensor-core GEMMs (quant_gemm_tc.cu) over the grid n_tokens x rows x cols ----
+
+constexpr int64_t kTcTokens[] = {1, 7, 16, 33, 64, 200};
+constexpr int64_t kTcRows[] = {8, 24, 200, 4096};
+constexpr int64_t kTcCols[] = {128, 256, 4096};
+// The CPU stand-in emulates every lane of every mma, so there shapes above this many
+// multiply-adds are left to the device run (the index math is the same at every size; the
+// emulated grid still covers every token tiling, row tail and multi-chunk column walk).
+constexpr int64_t kFakeBackendMaxMacs = int64_t{1} << 27;
+
+bool on_fake_backend(const CudaApi* api) {
+  char name[128] = {};
+  int major = 0, minor = 0;
+  return api->device_info(0, name, sizeof(name), &major, &minor) == 0 && std::strstr(name, "fake") != nullptr;
+}
+
+// Runs `run(n)` (which returns y [n, rows] from the device) for each n in `tokens` and compares it
+// with the double-precision product of the dequantized weights `w` [rows, cols] and the f16
+// activations x16 [>= max n, cols]: |got - want| <= 1e-5 + rel_tol * sum_c |w x|.
+void expect_tc_gemm(const std::vector<double>& w, const std::vector<uint16_t>& x16, int64_t rows, int64_t cols,
+                    const std::vector<int64_t>& tokens, double rel_tol, const std::string& what,
+                    const std::function<std::vector<float>(int64_t)>& run) {
+  const int64_t n_max = *std::max_element(tokens.begin(), tokens.end());
+  std::vector<double> x(static_cast<size_t>(n_max * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = fp16_to_f32(x16[i]);
+  std::vector<double> want(static_cast<size_t>(n_max * rows)), mag(want.size());
+  for (int64_t t = 0; t < n_max; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* wr = &w[static_cast<size_t>(r * cols)];
+      const double* xt = &x[static_cast<size_t>(t * cols)];
+      double acc = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        acc += wr[c] * xt[c];
+        a += std::fabs(wr[c] * xt[c]);
+      }
+      want[static_cast<size_t>(t * rows + r)] = acc;
+      mag[static_cast<size_t>(t * rows + r)] = a;
+    }
+  for (int64_t n : tokens) {
+    const std::vector<float> got = run(n);
+    ASSERT_EQ(got.size(), static_cast<size_t>(n * rows)) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 + rel_tol * mag[i])
+          << what << " " << rows << "x" << cols << " n=" << n << " token " << static_cast<int64_t>(i) / rows
+          << " row " << static_cast<int64_t>(i) % rows;
+  }
+}
+
+// The tokens of the grid to run for one weight shape (all of them on a device).
+std::vector<int64_t> tc_tokens(const CudaApi* api, int64_t rows, int64_t cols) {
+  std::vector<int64_t> tokens;
+  const bool fake = on_fake_backend(api);
+  for (int64_t n : kTcTokens)
+    if (!fake || n * rows * cols <= kFakeBackendMaxMacs) tokens.push_back(n);
+  return tokens;
+}
+
+// W8: the int8 levels are exact in f16 and the sums are fp32, so the only error is the
+// accumulation's (tensor-core fp32 adds): 1e-4 of sum |w x|.
+TEST_F(CudaQuantGemm, W8A16TensorCoreMatchesDefinition) {
+  std::vector<std::array<int64_t, 2>> shapes;
+  for (int64_t rows : kTcRows)
+    for (int64_t cols : kTcCols) shapes.push_back({rows, cols});
+  shapes.push_back({40, 144});   // cols % 128 != 0: a partial last chunk
+  shapes.push_back({17, 1040});
+  std::mt19937 rng(21);
+  for (const auto& [rows, cols] : shapes) {
+    std::vector<int64_t> tokens = tc_tokens(api_, rows, cols);
+    if (cols % 128 != 0) tokens = {9, 33};
+    if (tokens.empty()) continue;
+    std::vector<int8_t> levels(static_cast<size_t>(rows * cols));
+    for (auto& v : levels) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+    const std::vector<float> scales = gaussian(rows, static_cast<uint32_t>(rows + cols), 0.01f);
+    std::vector<double> w(levels.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = levels[i] * static_cast<double>(scales[i / static_cast<size_t>(cols)]);
+    const int64_t n_max = *std::max_element(tokens.begin(), tokens.end());
+    const std::vector<uint16_t> x16 = to_f16(gaussian(n_max * cols, static_cast<uint32_t>(cols)));
+    const int8_t* d_w = to_device(levels);
+    const float* d_scales = to_device(scales);
+    const uint16_t* d_x = to_device(x16);
+    float* d_y = alloc<float>(n_max * rows);
+    expect_tc_gemm(w, x16, rows, cols, tokens, 1e-4, "w8a16_tc", [&](int64_t n) {
+      EXPECT_EQ(api_->gemm_w8a16_tc(d_w, d_scales, d_x, d_y, rows, cols, n, nullptr), 0) << api_->last_error();
+      return to_host(d_y, n * rows);
+    });
+    if (HasFatalFailure()) return;
+  }
+}
+
+// W4: each weight is rounded to f16 (relative error <= 2^-11 = 4.9e-4) before the fp32 sums.
+TEST_F(CudaQuantGemm, W4A16TensorCoreMatchesDefinition) {
+  std::mt19937 rng(23);
+  for (int64_t rows : kTcRows)
+    for (int64_t cols : kTcCols) {
+      const std::vector<int64_t> tokens = tc_tokens(api_, rows, cols);
+      if (tokens.empty()) continue;
+      const int64_t groups = cols / 128;
+      std::vector<uint8_t> levels(static_cast<size_t>(rows * cols)), zeros(static_cast<size_t>(rows * groups));
+      for (auto& v : levels) v = static_cast<uint8_t>(rng() % 16);
+      for (auto& v : zeros) v = static_cast<uint8_t>(rng() % 16);
+      const std::vector<uint16_t> scales =
+          to_f16(gaussian(rows * groups, static_cast<uint32_t>(rows * 7 + cols), 0.02f));
+      std::vector<uint8_t> packed(static_cast<size_t>(rows * cols / 2));
+      for (size_t b = 0; b < packed.size(); ++b)
+        packed[b] = static_cast<uint8_t>(levels[2 * b] | (levels[2 * b + 1] << 4));
+      std::vector<double> w(levels.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const size_t g = static_cast<size_t>(r * groups + c / 128);
+          w[static_cast<size_t>(r * cols + c)] =
+              (static_cast<double>(levels[static_cast<size_t>(r * cols + c)]) - zeros[g]) * fp16_to_f32(scales[g]);
+        }
+      const int64_t n_max = *std::max_element(tokens.begin(), tokens.end());
+      const std::vector<uint16_t> x16 = to_f16(gaussian(n_max * cols, static_cast<uint32_t>(cols + 1)));
+      const uint8_t* d_w = to_device(packed);
+      const uint16_t* d_scales = to_device(scales);
+      const uint8_t* d_zeros = to_device(zeros);
+      const uint16_t* d_x = to_device(x16);
+      float* d_y = alloc<float>(n_max * rows);
+      expect_tc_gemm(w, x16, rows, cols, tokens, 6e-4, "w4a16_tc", [&](int64_t n) {
+        EXPECT_EQ(api_->gemm_w4a16_tc(d_w, d_scales, d_zeros, d_x, d_y, rows, cols, n, nullptr), 0)
+            << api_->last_error();
+        return to_host(d_y, n * rows);
+      });
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(CudaQuantGemm, TensorCoreRejectsBadArguments) {
+  const uint8_t* d_w = alloc<uint8_t>(64 * 256);
+  const uint16_t* d_x = alloc<uint16_t>(4 * 256 + 8);
+  const uint16_t* d_s = alloc<uint16_t>(64 * 2);
+  const uint8_t* d_z = alloc<uint8_t>(64 * 2);
+  float* d_y = alloc<float>(4 * 64);
+  const auto* d_w8 = reinterpret_cast<const int8_t*>(d_w);
+  const auto* d_f = reinterpret_cast<const float*>(d_s);
+  EXPECT_NE(api_->gemm_w4a16_tc(d_w, d_s, d_z, d_x, d_y, 64, 200, 4, nullptr), 0);     // cols % 128
+  EXPECT_NE(api_->gemm_w8a16_tc(d_w8, d_f, d_x, d_y, 64, 200, 4, nullptr), 0);         // cols % 16
+  EXPECT_NE(api_->gemm_w4a16_tc(d_w, d_s, d_z, d_x + 1, d_y, 64, 256, 4, nullptr), 0);  // x misaligned
+  EXPECT_NE(api_->gemm_w8a16_tc(d_w8 + 8, d_f, d_x, d_y, 64, 256, 4, nullptr), 0);     // w misaligned
+  EXPECT_EQ(api_->gemm_w8a16_tc(d_w8, d_f, d_x, d_y, 0, 256, 4, nullptr), 0) << api_->last_error();  // empty
+  EXPECT_EQ(api_->gemm_w4a16_tc(d_w, d_s, d_z, d_x, d_y, 64, 256, 0, nullptr), 0) << api_->last_error();
 }
 
 TEST_F(CudaElementwise, AddBiasAndGatherRows) {

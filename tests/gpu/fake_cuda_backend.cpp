@@ -3,10 +3,11 @@
 // every call synchronous. Loaded through TESSERA_CUDA_LIBRARY, it lets CTest run the CUDA
 // forward pass's host logic (weight upload and repacking, step metadata, block tables, op
 // dispatch, logits) and the index math of the newer kernels on machines without a GPU
-// (test `cuda_forward_fake_backend`). The prefill attention and W8A16 / W4A16 GEMMs follow
-// their kernels' block / warp / lane decomposition step by step; the other ops are plain
-// references. NCCL is absent (TP 1 only). It says nothing about the real kernels' speed or
-// synchronization: the `gpu` tests on a device do.
+// (test `cuda_forward_fake_backend`). The prefill attention and W8A16 / W4A16 GEMMs (also the
+// tensor-core ones, mma fragments included) follow their kernels' block / warp / lane
+// decomposition step by step; the other ops are plain references. NCCL is absent (TP 1 only).
+// It says nothing about the real kernels' speed or synchronization: the `gpu` tests on a
+// device do.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +63,197 @@ void attend(const float* q, float* out, const float* k_cache, const float* v_cac
   for (int64_t key = first; key <= last; ++key)
     for (int64_t i = 0; i < hd; ++i)
       out[i] += scores[static_cast<size_t>(key - first)] * v_cache[offset(key) + i] / static_cast<float>(sum);
+}
+
+// ---- quant_gemm_tc.cu, emulated step by step ----
+// The same grid (64 weight rows x 8 kNT tokens per block), 4 warps of 32 lanes, 128-column chunks
+// staged into a shared-memory image xs, and per k-step the A / B fragment registers each lane
+// fills; the mma itself assembles A, B and C from the 32 lanes' registers with the PTX ISA's
+// m16n8k16 f16 fragment layout and writes D back the same way. Shared memory the kernel never
+// writes holds NaN, so reading a wrong xs position shows.
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = 32 * kTcWarps;
+constexpr int kTcWarpRows = 16;
+constexpr int kTcBlockRows = kTcWarpRows * kTcWarps;
+constexpr int kTcChunkCols = 128;
+constexpr int kTcLaneCols = 32;
+constexpr int kTcKSteps = kTcChunkCols / 16;
+constexpr int kTcXsStride = kTcChunkCols + 8;
+
+int tc_xs_offset(int c) { return c + ((c >> 6) << 2); }
+uint32_t pack_half2(uint16_t lo, uint16_t hi) { return lo | (static_cast<uint32_t>(hi) << 16); }
+float half_of(uint32_t reg, int h) { return fp16_to_f32(static_cast<uint16_t>(reg >> (16 * h))); }
+
+int tc_token_tiles(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
+
+// Lane q's 16 bytes of a row per chunk = columns c0 + 32q + [0, 32).
+struct TcW4 {
+  const uint8_t* w;
+  const uint16_t* scales;
+  const uint8_t* zeros;
+  int64_t rows, cols;
+  struct Raw {
+    uint8_t bytes[16];
+  };
+  struct Params {
+    float z, d;
+  };
+  Raw load(int64_t r, int64_t c0, int q) const {
+    Raw raw{};
+    if (r < rows) std::memcpy(raw.bytes, w + r * (cols / 2) + (c0 + kTcLaneCols * q) / 2, sizeof(raw.bytes));
+    return raw;
+  }
+  Params params(int64_t r, int64_t c0) const {
+    if (r >= rows) return {0.0f, 0.0f};
+    const int64_t g = r * (cols / kTcChunkCols) + c0 / kTcChunkCols;
+    return {static_cast<float>(zeros[g]), fp16_to_f32(scales[g])};
+  }
+  // Columns 32q + 4s + 2h + {0, 1}: the nibbles of byte 2s + h, each rounded to f16 once.
+  uint32_t fragment(const Raw& raw, const Params& p, int s, int h) const {
+    const uint8_t byte = raw.bytes[2 * s + h];
+    return pack_half2(f32_to_fp16((static_cast<float>(byte & 15) - p.z) * p.d),
+                      f32_to_fp16((static_cast<float>(byte >> 4) - p.z) * p.d));
+  }
+  float row_scale(int64_t) const { return 1.0f; }
+};
+
+// Lane q's 32 bytes of a row per chunk = columns c0 + 32q + [0, 32), two 16-byte loads.
+struct TcW8 {
+  const int8_t* w;
+  const float* scales;
+  int64_t rows, cols;
+  struct Raw {
+    int8_t bytes[32];
+  };
+  struct Params {};
+  Raw load(int64_t r, int64_t c0, int q) const {
+    Raw raw{};
+    const int64_t c = c0 + kTcLaneCols * q;
+    if (r >= rows) return raw;
+    if (c < cols) std::memcpy(raw.bytes, w + r * cols + c, 16);
+    if (c + 16 < cols) std::memcpy(raw.bytes + 16, w + r * cols + c + 16, 16);
+    return raw;
+  }
+  Params params(int64_t, int64_t) const { return {}; }
+  uint32_t fragment(const Raw& raw, const Params&, int s, int h) const {
+    return pack_half2(f32_to_fp16(raw.bytes[4 * s + 2 * h]), f32_to_fp16(raw.bytes[4 * s + 2 * h + 1]));
+  }
+  float row_scale(int64_t r) const { return r < rows ? scales[r] : 0.0f; }
+};
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 d, a, b, d over the 32 lanes' registers.
+void tc_mma(float (*d)[4], const uint32_t (*a)[4], const uint32_t (*b)[2]) {
+  float A[16][16], B[16][8], D[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, q = lane & 3;
+    for (int i = 0; i < 8; ++i) {  // a_i: register i / 2, half i & 1
+      const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+      const int col = 2 * q + (i & 1) + (i >= 4 ? 8 : 0);
+      A[row][col] = half_of(a[lane][i / 2], i & 1);
+    }
+    for (int i = 0; i < 4; ++i) B[2 * q + (i & 1) + (i >= 2 ? 8 : 0)][g] = half_of(b[lane][i / 2], i & 1);
+    for (int i = 0; i < 4; ++i) D[i < 2 ? g : g + 8][2 * q + (i & 1)] = d[lane][i];
+  }
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n)
+      for (int k = 0; k < 16; ++k) D[m][n] += A[m][k] * B[k][n];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) d[lane][i] = D[i < 2 ? lane >> 2 : (lane >> 2) + 8][2 * (lane & 3) + (i & 1)];
+}
+
+template <class Weights>
+void tc_gemm(const Weights& wq, const uint16_t* x, float* y, int64_t n_tokens) {
+  const int64_t rows = wq.rows, cols = wq.cols;
+  const int nt = tc_token_tiles(n_tokens), bn = 8 * nt;
+  const int64_t grid_x = (rows + kTcBlockRows - 1) / kTcBlockRows, grid_y = (n_tokens + bn - 1) / bn;
+  std::vector<uint16_t> xs(static_cast<size_t>(bn * kTcXsStride));
+  // acc[warp][j][lane][4]
+  std::vector<float> acc_store(static_cast<size_t>(kTcWarps * nt * 32 * 4));
+  auto acc = [&](int warp, int j) {
+    return reinterpret_cast<float(*)[4]>(&acc_store[static_cast<size_t>((warp * nt + j) * 32 * 4)]);
+  };
+  std::vector<typename Weights::Raw> raw_lo(kTcThreads), raw_hi(kTcThreads);
+  std::vector<typename Weights::Params> p_lo(kTcThreads), p_hi(kTcThreads);
+  for (int64_t by = 0; by < grid_y; ++by)
+    for (int64_t bx = 0; bx < grid_x; ++bx) {
+      std::fill(acc_store.begin(), acc_store.end(), 0.0f);
+      std::fill(xs.begin(), xs.end(), static_cast<uint16_t>(0x7e00));  // NaN: never written
+      const int64_t t0 = by * bn;
+      auto warp_row0 = [&](int warp) { return bx * kTcBlockRows + warp * kTcWarpRows; };
+      for (int64_t c0 = 0; c0 < cols; c0 += kTcChunkCols) {
+        // 1. raw weight loads
+        for (int tid = 0; tid < kTcThreads; ++tid) {
+          const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+          if (warp_row0(warp) >= rows) continue;
+          const int64_t row_lo = warp_row0(warp) + g, row_hi = row_lo + 8;
+          raw_lo[tid] = wq.load(row_lo, c0, q);
+          raw_hi[tid] = wq.load(row_hi, c0, q);
+          p_lo[tid] = wq.params(row_lo, c0);
+          p_hi[tid] = wq.params(row_hi, c0);
+        }
+        // 2. staging: thread tid copies 16-byte vectors e = tid, tid + 128, ... as two 8-byte pieces
+        constexpr int kVectors = kTcChunkCols / 8;
+        for (int tid = 0; tid < kTcThreads; ++tid)
+          for (int e = tid; e < bn * kVectors; e += kTcThreads) {
+            const int t = e / kVectors, c = 8 * (e % kVectors);
+            uint16_t v[8] = {};
+            if (t0 + t < n_tokens && c0 + c < cols) std::memcpy(v, x + (t0 + t) * cols + c0 + c, sizeof(v));
+            std::memcpy(&xs[static_cast<size_t>(t * kTcXsStride + tc_xs_offset(c))], v, 8);
+            std::memcpy(&xs[static_cast<size_t>(t * kTcXsStride + tc_xs_offset(c + 4))], v + 4, 8);
+          }
+        // 3. k-steps: fragments per lane, one mma per token tile
+        for (int warp = 0; warp < kTcWarps; ++warp) {
+          if (warp_row0(warp) >= rows) continue;
+          for (int s = 0; s < kTcKSteps; ++s) {
+            uint32_t a[32][4];
+            for (int lane = 0; lane < 32; ++lane) {
+              const int tid = 32 * warp + lane;
+              a[lane][0] = wq.fragment(raw_lo[tid], p_lo[tid], s, 0);
+              a[lane][1] = wq.fragment(raw_hi[tid], p_hi[tid], s, 0);
+              a[lane][2] = wq.fragment(raw_lo[tid], p_lo[tid], s, 1);
+              a[lane][3] = wq.fragment(raw_hi[tid], p_hi[tid], s, 1);
+            }
+            for (int j = 0; j < nt; ++j) {
+              uint32_t b[32][2];
+              for (int lane = 0; lane < 32; ++lane) {
+                const int g = lane >> 2, q = lane & 3;
+                const int offset = (8 * j + g) * kTcXsStride + tc_xs_offset(kTcLaneCols * q + 4 * s);
+                const uint16_t* p = &xs[static_cast<size_t>(offset)];
+                b[lane][0] = pack_half2(p[0], p[1]);
+                b[lane][1] = pack_half2(p[2], p[3]);
+              }
+              tc_mma(acc(warp, j), a, b);
+            }
+          }
+        }
+      }
+      // epilogue
+      for (int warp = 0; warp < kTcWarps; ++warp) {
+        if (warp_row0(warp) >= rows) continue;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, q = lane & 3;
+          const int64_t row_lo = warp_row0(warp) + g, row_hi = row_lo + 8;
+          const float scale_lo = wq.row_scale(row_lo), scale_hi = wq.row_scale(row_hi);
+          for (int j = 0; j < nt; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int64_t t = t0 + 8 * j + 2 * q + e;
+              if (t >= n_tokens) continue;
+              const float* c = acc(warp, j)[lane];
+              if (row_lo < rows) y[t * rows + row_lo] = c[e] * scale_lo;
+              if (row_hi < rows) y[t * rows + row_hi] = c[2 + e] * scale_hi;
+            }
+        }
+      }
+    }
+}
+
+int tc_check(const void* w, const void* x, int64_t rows, int64_t cols, int64_t n, int64_t col_multiple,
+             const char* message) {
+  if (rows < 0 || cols < 0 || n < 0 || cols % col_multiple != 0 || (n + 63) / 64 > 65535) return fail(message);
+  if (rows == 0 || n == 0 || cols == 0) return 0;
+  if ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x)) % 16 != 0)
+    return fail("tessera_cuda_gemm_w*a16_tc: w and x must be 16-byte aligned");
+  return 0;
 }
 
 }  // namespace
@@ -224,13 +416,58 @@ int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void* stream)
 }
 int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void* stream) {
   if (g_capture) return record([c = *a, stream] { return tessera_cuda_paged_decode_attention_f32(&c, stream); });
+  const int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+  if (a->n_splits > 1 && (a->split_keys <= 0 || !a->partial)) return fail("fake backend: bad split arguments");
   for (int64_t s = 0; s < a->n_seqs; ++s)
     for (int64_t h = 0; h < a->n_heads; ++h) {
       const int64_t n = a->seq_lens[s];
       const int64_t first = a->sliding_window > 0 && n > a->sliding_window ? n - a->sliding_window : 0;
-      attend(a->q + (s * a->n_heads + h) * a->head_dim, a->out + (s * a->n_heads + h) * a->head_dim, a->k_cache,
-             a->v_cache, a->block_tables + s * a->max_blocks_per_seq, first, n - 1, a->head_dim, a->n_kv_heads,
-             h / (a->n_heads / a->n_kv_heads), a->block_size, a->scale);
+      const float* q = a->q + (s * a->n_heads + h) * hd;
+      float* out = a->out + (s * a->n_heads + h) * hd;
+      const int32_t* table = a->block_tables + s * a->max_blocks_per_seq;
+      if (a->n_splits <= 1) {
+        attend(q, out, a->k_cache, a->v_cache, table, first, n - 1, hd, a->n_kv_heads, h / group, a->block_size,
+               a->scale);
+        continue;
+      }
+      // The split kernel: each piece's (acc, m, l) in the partial buffer, then the merge.
+      float* part = a->partial + (s * a->n_heads + h) * a->n_splits * (hd + 2);
+      for (int64_t p = 0; p < a->n_splits; ++p) {
+        float* st = part + p * (hd + 2);
+        const int64_t lo = first + p * a->split_keys, hi = std::min(n, lo + a->split_keys);
+        float m = -INFINITY, l = 0.0f;
+        std::vector<float> acc(static_cast<size_t>(hd), 0.0f);
+        for (int64_t key = lo; key < hi; ++key) {
+          const int64_t off =
+              ((static_cast<int64_t>(table[key / a->block_size]) * a->block_size + key % a->block_size) *
+                   a->n_kv_heads +
+               h / group) *
+              hd;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) dot += q[d] * a->k_cache[off + d];
+          const float score = dot * a->scale, m_new = std::max(m, score);
+          const float corr = std::exp(m - m_new), w = std::exp(score - m_new);
+          l = l * corr + w;
+          for (int64_t d = 0; d < hd; ++d)
+            acc[static_cast<size_t>(d)] = acc[static_cast<size_t>(d)] * corr + w * a->v_cache[off + d];
+          m = m_new;
+        }
+        std::copy(acc.begin(), acc.end(), st);
+        st[hd] = m;
+        st[hd + 1] = l;
+      }
+      float big_m = -INFINITY, big_l = 0.0f;
+      for (int64_t p = 0; p < a->n_splits; ++p)
+        if (part[p * (hd + 2) + hd + 1] > 0.0f) big_m = std::max(big_m, part[p * (hd + 2) + hd]);
+      for (int64_t p = 0; p < a->n_splits; ++p)
+        if (part[p * (hd + 2) + hd + 1] > 0.0f)
+          big_l += part[p * (hd + 2) + hd + 1] * std::exp(part[p * (hd + 2) + hd] - big_m);
+      for (int64_t d = 0; d < hd; ++d) {
+        float o = 0.0f;
+        for (int64_t p = 0; p < a->n_splits; ++p)
+          if (part[p * (hd + 2) + hd + 1] > 0.0f) o += part[p * (hd + 2) + d] * std::exp(part[p * (hd + 2) + hd] - big_m);
+        out[d] = big_l > 0.0f ? o / big_l : 0.0f;
+      }
     }
   return 0;
 }
@@ -387,6 +624,24 @@ int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint
       for (float v : lanes) sum += v;
       y[t * rows + r] = sum;
     }
+  return 0;
+}
+// quant_gemm_tc.cu's decomposition, emulated (tc_gemm above).
+int tessera_cuda_gemm_w8a16_tc(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
+                               int64_t cols, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gemm_w8a16_tc(w, scales, x, y, rows, cols, n, stream); });
+  if (int rc = tc_check(w, x, rows, cols, n, 16, "tessera_cuda_gemm_w8a16_tc: bad sizes")) return rc;
+  if (rows == 0 || n == 0) return 0;
+  tc_gemm(TcW8{w, scales, rows, cols}, x, y, n);
+  return 0;
+}
+int tessera_cuda_gemm_w4a16_tc(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x,
+                               float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
+  if (g_capture)
+    return record([=] { return tessera_cuda_gemm_w4a16_tc(w, scales, zeros, x, y, rows, cols, n, stream); });
+  if (int rc = tc_check(w, x, rows, cols, n, 128, "tessera_cuda_gemm_w4a16_tc: bad sizes")) return rc;
+  if (rows == 0 || n == 0) return 0;
+  tc_gemm(TcW4{w, scales, zeros, rows, cols}, x, y, n);
   return 0;
 }
 int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols,
