@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace tessera {
 
@@ -39,5 +40,11 @@ struct AttentionArgs {
 // Causal attention of one sequence's query tokens over its cache (which must already hold the
 // keys/values of every position up to start_pos + n_tokens - 1). fp32 softmax.
 void paged_attention(const PagedKvLayer& kv, const AttentionArgs& args, ThreadPool* pool);
+
+// paged_attention of several sequences over the same cache layer in one pass over the pool
+// (one args per sequence; their outputs must not overlap), the work of all of them split by
+// estimated cost. Results are bit-identical to one paged_attention call per sequence, for
+// any pool. No heap allocation once the caller thread has seen a batch this large.
+void paged_attention_batch(const PagedKvLayer& kv, std::span<const AttentionArgs> batch, ThreadPool* pool);
 
 }  // namespace tessera

@@ -119,6 +119,7 @@ void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batc
 
   PagedKvLayer kv = cache_->layer(l);
   int64_t t = 0;
+  attention_args_.clear();
   for (const SequenceInput& in : batch) {
     const auto len = static_cast<int64_t>(in.tokens.size());
     kv_write(kv, in.block_table.data(), in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
@@ -132,9 +133,11 @@ void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batc
     args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     args.sliding_window = config_.sliding_window;
     args.block_table = in.block_table.data();
-    paged_attention(kv, args, pool_);
+    attention_args_.push_back(args);
     t += len;
   }
+  // All sequences in one pass over the pool (every kv_write above is done first).
+  paged_attention_batch(kv, attention_args_, pool_);
   matmul(w.wo, attn_.data(), n, proj_.data(), pool_);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/paged_attention.h"
 #include "model/model_config.h"
 #include "model/weight_store.h"
 #include "shard/kv_cache.h"
@@ -71,6 +72,7 @@ class ForwardPass {
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;
   std::vector<int32_t> positions_;
   std::vector<float> local_logits_, gathered_logits_;
+  std::vector<AttentionArgs> attention_args_;  // one per sequence of the step
 
  public:
   // Time spent in collectives, accumulated over run() calls (for the per-step breakdown).

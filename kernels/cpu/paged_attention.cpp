@@ -4,6 +4,14 @@
 // processed together, so every K and V row of the cache is loaded once per item. Items are
 // spread over the pool in an order that mixes short and long causal spans (balanced prefill).
 //
+// Prefill on AVX-512 (>= kTileMinTokens query tokens): item = (tile of consecutive tokens, KV
+// head), up to kTileRows query rows (tokens x GQA heads). Each thread keeps a transposed copy of
+// the head's keys for the whole call (built once, blocks of 16 positions), so scores need no
+// horizontal reductions, and each loaded value row serves several rows; per-token items had
+// re-read the head's K and V rows from L2 for every query token and were load-bound.
+// paged_attention_batch spreads the items of all sequences of a step over the pool at once, split
+// by estimated cost, instead of one pool pass (and its wake-up) per sequence.
+//
 // Canonical arithmetic for one query q (head h) at position p, keys j in its visible span —
 // the same on the scalar, AVX2 and AVX-512 paths, so results depend on neither the ISA nor the
 // thread count nor how the query's sequence was chunked:
@@ -14,9 +22,12 @@
 #include "kernels/paged_attention.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -334,6 +345,183 @@ TESSERA_AVX2 void values_avx2(const Item& it, const float* inv) {
     }
   }
 }
+
+// ---- prefill tiles (AVX-512): several query rows (tokens x GQA heads) against one KV head.
+//
+// Scores use a transposed copy of the keys, blocks of 16 keys as [head_dim_padded][16], so a
+// vector holds one dim lane of 16 keys: lane l of dot16 for 16 keys is the fma chain over the
+// chunks c of q[16c + l] * kt[16c + l][:], and the 16 lane sums are combined by vertical adds
+// in reduce16's tree (pairs i, i + 8, then i + 4, i + 2, i + 1). That is the canonical
+// arithmetic with no horizontal shuffles; kRb rows x kKb key blocks share each load.
+
+// Scores of kRb rows against kKb blocks of 16 keys, times scale, into s (row r at s + r * ld).
+// For each lane pair (i, i + 8), the 2 * kRb * kKb fma chains run interleaved (enough of them
+// to hide the fma latency) and their sum t_i (reduce16's first level) goes to a stack buffer;
+// the remaining levels (t_i + t_{i+4}, then + 2, + 1) are done at the end.
+template <int kNc, int kRb, int kKb>
+TESSERA_AVX512 void scores_block_avx512(const float* q, const float* kt, int64_t hdp, float* s, int64_t ld,
+                                        float scale) {
+  __m512 t[8][kRb][kKb];
+  for (int i = 0; i < 8; ++i) {
+    __m512 a[kRb][kKb], b[kRb][kKb];
+#pragma GCC unroll 16
+    for (int r = 0; r < kRb; ++r)
+#pragma GCC unroll 16
+      for (int k = 0; k < kKb; ++k) a[r][k] = b[r][k] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int c = 0; c < kNc; ++c) {
+      __m512 ka[kKb], kb[kKb];
+#pragma GCC unroll 16
+      for (int k = 0; k < kKb; ++k) {
+        ka[k] = _mm512_loadu_ps(kt + k * 16 * hdp + (16 * c + i) * 16);
+        kb[k] = _mm512_loadu_ps(kt + k * 16 * hdp + (16 * c + i + 8) * 16);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < kRb; ++r) {
+        const __m512 qa = _mm512_set1_ps(q[r * hdp + 16 * c + i]);
+        const __m512 qb = _mm512_set1_ps(q[r * hdp + 16 * c + i + 8]);
+#pragma GCC unroll 16
+        for (int k = 0; k < kKb; ++k) {
+          a[r][k] = _mm512_fmadd_ps(qa, ka[k], a[r][k]);
+          b[r][k] = _mm512_fmadd_ps(qb, kb[k], b[r][k]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < kRb; ++r)
+#pragma GCC unroll 16
+      for (int k = 0; k < kKb; ++k) t[i][r][k] = _mm512_add_ps(a[r][k], b[r][k]);
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
+  for (int r = 0; r < kRb; ++r) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kKb; ++k) {
+      __m512 u[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) u[i] = _mm512_add_ps(t[i][r][k], t[i + 4][r][k]);
+      const __m512 v0 = _mm512_add_ps(u[0], u[2]), v1 = _mm512_add_ps(u[1], u[3]);
+      _mm512_storeu_ps(s + r * ld + 16 * k, _mm512_mul_ps(_mm512_add_ps(v0, v1), sc));
+    }
+  }
+}
+
+using ScoresBlockFn = void (*)(const float*, const float*, int64_t, float*, int64_t, float);
+
+// Row blocks of kScoreRows (the last may be shorter) x pairs of key blocks.
+constexpr int kScoreRows = 4;
+
+template <int kNc, int kKb>
+constexpr std::array<ScoresBlockFn, kScoreRows> kScoresBlocks = {
+    &scores_block_avx512<kNc, 1, kKb>, &scores_block_avx512<kNc, 2, kKb>, &scores_block_avx512<kNc, 3, kKb>,
+    &scores_block_avx512<kNc, 4, kKb>};
+
+struct TileScores {
+  const float* q;   // [rows][hdp]
+  const float* kt;  // [blocks][hdp][16]
+  int64_t rows, blocks, hdp;
+  float* s;         // [rows][ld], ld = 16 * blocks
+  float scale;
+};
+
+template <int kNc>
+TESSERA_AVX512 void scores_tile_avx512(const TileScores& t) {
+  const int64_t ld = 16 * t.blocks, kb = 16 * t.hdp;
+  for (int64_t b = 0; b < t.blocks; b += 2) {
+    const auto& fns = b + 1 < t.blocks ? kScoresBlocks<kNc, 2> : kScoresBlocks<kNc, 1>;
+    for (int64_t r = 0; r < t.rows; r += kScoreRows) {
+      const int64_t n = std::min<int64_t>(kScoreRows, t.rows - r);
+      fns[static_cast<size_t>(n - 1)](t.q + r * t.hdp, t.kt + b * kb, t.hdp, t.s + r * ld + 16 * b, ld, t.scale);
+    }
+  }
+}
+
+// p_j = e_j * inv over one row's span (the canonical weight of value j).
+TESSERA_AVX512 void scale_row_avx512(float* s, int64_t n, float inv) {
+  const __m512 iv = _mm512_set1_ps(inv);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), iv));
+  if (j < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), iv));
+  }
+}
+
+struct TileValues {
+  const float* p;        // weights, row r at p + r * ld, key position j at index j - base
+  int64_t ld, base;
+  const int64_t* first;  // per row: visible key positions first[r] .. last[r]
+  const int64_t* last;
+  float* o;              // [rows][hdp] accumulators
+  int64_t hdp, hd;
+};
+
+// Rows r0 .. r0 + kRows - 1 over keys j0 .. j1 - 1, whose value rows start at v, `stride`
+// floats apart (one cache block). kCheck: skip keys outside a row's span.
+template <int kNc, int kRows, bool kCheck>
+TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t j0, int64_t j1, const float* v,
+                                       int64_t stride) {
+  const auto tail = static_cast<__mmask16>(t.hd % 16 == 0 ? 0xffffu : (1u << (t.hd % 16)) - 1u);
+  float* o = t.o + r0 * t.hdp;
+  __m512 acc[kRows][kNc];
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < kNc; ++c) acc[r][c] = _mm512_loadu_ps(o + r * t.hdp + 16 * c);
+  const float* p = t.p + r0 * t.ld - t.base;
+  for (int64_t j = j0; j < j1; ++j, v += stride) {
+    __m512 vv[kNc];
+#pragma GCC unroll 16
+    for (int c = 0; c < kNc; ++c)
+      vv[c] = c + 1 < kNc ? _mm512_loadu_ps(v + 16 * c) : _mm512_maskz_loadu_ps(tail, v + 16 * c);
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r) {
+      if (kCheck && (j < t.first[r0 + r] || j > t.last[r0 + r])) continue;
+      const __m512 pv = _mm512_set1_ps(p[r * t.ld + j]);
+#pragma GCC unroll 16
+      for (int c = 0; c < kNc; ++c) acc[r][c] = _mm512_fmadd_ps(pv, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < kNc; ++c) _mm512_storeu_ps(o + r * t.hdp + 16 * c, acc[r][c]);
+}
+
+// Rows per pass over the values: accumulators and one value row fit the 32 registers.
+constexpr int values_rows_per_pass(int nc) { return std::min(8, (28 - nc) / nc); }
+
+using ValuesRowsFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const float*, int64_t);
+
+template <int kNc, bool kCheck, int... kR>
+constexpr std::array<ValuesRowsFn, sizeof...(kR)> values_rows_table(std::integer_sequence<int, kR...>) {
+  return {&values_rows_avx512<kNc, kR + 1, kCheck>...};
+}
+
+template <int kNc, bool kCheck>
+TESSERA_AVX512 void values_run_avx512(const TileValues& t, int64_t rows, int64_t j0, int64_t j1, const float* v,
+                                      int64_t stride) {
+  constexpr int kRb = values_rows_per_pass(kNc);
+  static constexpr auto kTable = values_rows_table<kNc, kCheck>(std::make_integer_sequence<int, kRb>());
+  int64_t r = 0;
+  for (; r + kRb <= rows; r += kRb) values_rows_avx512<kNc, kRb, kCheck>(t, r, j0, j1, v, stride);
+  if (r < rows) kTable[static_cast<size_t>(rows - r - 1)](t, r, j0, j1, v, stride);
+}
+
+using ScoresTileFn = void (*)(const TileScores&);
+using ValuesRunFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const float*, int64_t);
+
+template <int kNc>
+constexpr ScoresTileFn kScoresTile = &scores_tile_avx512<kNc>;
+constexpr ScoresTileFn kScoresTiles[8] = {kScoresTile<1>, kScoresTile<2>, kScoresTile<3>, kScoresTile<4>,
+                                          kScoresTile<5>, kScoresTile<6>, kScoresTile<7>, kScoresTile<8>};
+constexpr ValuesRunFn kValuesRuns[2][8] = {
+    {&values_run_avx512<1, false>, &values_run_avx512<2, false>, &values_run_avx512<3, false>,
+     &values_run_avx512<4, false>, &values_run_avx512<5, false>, &values_run_avx512<6, false>,
+     &values_run_avx512<7, false>, &values_run_avx512<8, false>},
+    {&values_run_avx512<1, true>, &values_run_avx512<2, true>, &values_run_avx512<3, true>,
+     &values_run_avx512<4, true>, &values_run_avx512<5, true>, &values_run_avx512<6, true>,
+     &values_run_avx512<7, true>, &values_run_avx512<8, true>}};
 #endif  // TESSERA_ATT_X86
 
 void run_item(const Item& it) {
@@ -380,6 +568,14 @@ struct Scratch {
   int64_t filled = 0;
   std::vector<float> scores;
   std::vector<const float*> keys, values;
+  // Prefill tiles: transposed keys of one KV head, blocks of 16 positions from kt_lo to kt_hi
+  // (multiples of 16); positions outside [kt_real_lo, the call's written end) hold zeros.
+  // Sized like one head's keys of the longest span seen (512 tokens x 64 dims: 128 KiB).
+  uint64_t kt_call = 0;
+  const float* kt_k = nullptr;
+  int64_t kt_kvh = -1, kt_lo = 0, kt_hi = 0, kt_real_lo = 0;
+  std::vector<float> kt, tile_q, tile_scores, tile_out;
+  std::vector<int64_t> tile_first, tile_last;
 };
 
 Scratch& scratch() {
@@ -424,6 +620,166 @@ void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_
   run_item(it);
 }
 
+
+// ---- prefill tiles
+
+constexpr int64_t kTileRows = 16;   // query rows (tokens x heads of a GQA group) per prefill item
+constexpr int64_t kTileMinTokens = 16;  // below this, per-token items (no transposed keys to build)
+constexpr int64_t kTileMaxHeadDim = 128;
+
+int64_t tile_tokens(int64_t group) { return std::max<int64_t>(1, kTileRows / group); }
+
+bool use_tiles(const PagedKvLayer& kv, const AttentionArgs& args) {
+#ifdef TESSERA_ATT_X86
+  return cpu::active_isa() == cpu::Isa::kAvx512 && args.n_tokens >= kTileMinTokens &&
+         kv.head_dim <= kTileMaxHeadDim;
+#else
+  return false;
+#endif
+}
+
+inline int64_t span_first(const AttentionArgs& args, int64_t pos) {
+  return args.sliding_window > 0 ? std::max<int64_t>(0, pos - args.sliding_window + 1) : 0;
+}
+
+#ifdef TESSERA_ATT_X86
+// dst[j][i] = rows[i][j] for 16 rows of 16 floats (zero for a null row or j >= n).
+TESSERA_AVX512 void transpose16_avx512(const float* const* rows, __mmask16 n, float* dst) {
+  __m512 r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? _mm512_maskz_loadu_ps(n, rows[i]) : _mm512_setzero_ps();
+  // t[2i], t[2i+1]: rows 2i, 2i+1 interleaved (elements 0, 1 and 2, 3 of each 128-bit lane).
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + m], 128-bit lane L: rows 4i .. 4i + 3 at element 4L + m.
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Column 4L + m gathers lane L of u[m], u[4 + m], u[8 + m], u[12 + m].
+  for (int m = 0; m < 4; ++m) {
+    const __m512 v = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), w = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+    _mm512_storeu_ps(dst + (0 + m) * 16, _mm512_shuffle_f32x4(v, v2, 0x88));
+    _mm512_storeu_ps(dst + (4 + m) * 16, _mm512_shuffle_f32x4(v, v2, 0xDD));
+    _mm512_storeu_ps(dst + (8 + m) * 16, _mm512_shuffle_f32x4(w, w2, 0x88));
+    _mm512_storeu_ps(dst + (12 + m) * 16, _mm512_shuffle_f32x4(w, w2, 0xDD));
+  }
+}
+
+// Transposed keys of KV head kvh for one block of 16 positions p0 .. p0 + 15 into dst
+// [hdp][16]; positions outside [real_lo, real_hi) and dims past head_dim are zero.
+void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int64_t kvh, int64_t p0,
+                         int64_t real_lo, int64_t real_hi, int64_t hdp, float* dst) {
+  const int64_t hd = kv.head_dim;
+  const float* rows[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t p = p0 + i;
+    rows[i] = p < real_lo || p >= real_hi ? nullptr : kv.k + slot_offset(kv, block_table, p) + kvh * hd;
+  }
+  for (int64_t c = 0; c < hdp; c += 16) {
+    const int64_t n = std::min<int64_t>(16, hd - c);
+    const float* chunk[16];
+    for (int i = 0; i < 16; ++i) chunk[i] = rows[i] != nullptr ? rows[i] + c : nullptr;
+    transpose16_avx512(chunk, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
+  }
+}
+
+// Makes s.kt cover positions [lo, hi) (multiples of 16) with real keys from real_lo on.
+void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, int64_t kvh, uint64_t call,
+                            int64_t lo, int64_t hi, int64_t real_lo, Scratch& s) {
+  const int64_t hdp = (kv.head_dim + 15) / 16 * 16;
+  const int64_t end = args.start_pos + args.n_tokens;  // positions below are written
+  if (s.kt_call != call || s.kt_k != kv.k || s.kt_kvh != kvh || lo < s.kt_lo || real_lo < s.kt_real_lo) {
+    s.kt_call = call;
+    s.kt_k = kv.k;
+    s.kt_kvh = kvh;
+    s.kt_lo = s.kt_hi = lo;
+    s.kt_real_lo = real_lo;
+  }
+  if (hi <= s.kt_hi) return;
+  const auto need = static_cast<size_t>((hi - s.kt_lo) * hdp);
+  if (s.kt.size() < need) s.kt.resize(std::max(need, 2 * s.kt.size()));
+  for (int64_t p0 = s.kt_hi; p0 < hi; p0 += 16)
+    transpose_key_block(kv, args.block_table, kvh, p0, s.kt_real_lo, end, hdp, &s.kt[static_cast<size_t>((p0 - s.kt_lo) * hdp)]);
+  s.kt_hi = hi;
+}
+
+// Query tokens t0 .. t0 + n - 1 of KV head kvh: rows r = t * group + g.
+void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, int64_t n, int64_t kvh, uint64_t call) {
+  const int64_t hd = kv.head_dim, nc = (hd + 15) / 16, hdp = 16 * nc;
+  const int64_t group = args.n_heads / kv.n_kv_heads, rows = n * group;
+  const int64_t pos0 = args.start_pos + t0, pos1 = pos0 + n - 1;
+  const int64_t lo = span_first(args, pos0);          // union of the rows' spans: lo .. pos1
+  const int64_t base = lo / 16 * 16, blocks = (pos1 - base) / 16 + 1, ld = 16 * blocks;
+  Scratch& s = scratch();
+  ensure_transposed_keys(kv, args, kvh, call, base, base + ld, lo, s);
+  auto grow = [](auto& v, int64_t size) {
+    if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
+  };
+  grow(s.tile_q, rows * hdp);
+  grow(s.tile_scores, rows * ld);
+  grow(s.tile_out, rows * hdp);
+  grow(s.tile_first, rows);
+  grow(s.tile_last, rows);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = t * group + g;
+      float* q = &s.tile_q[static_cast<size_t>(r * hdp)];
+      std::memcpy(q, args.q + ((t0 + t) * args.n_heads + kvh * group + g) * hd, static_cast<size_t>(hd) * sizeof(float));
+      std::fill(q + hd, q + hdp, 0.0f);
+      s.tile_first[static_cast<size_t>(r)] = span_first(args, pos0 + t);
+      s.tile_last[static_cast<size_t>(r)] = pos0 + t;
+    }
+  }
+  float* sc = s.tile_scores.data();
+  const TileScores ts{s.tile_q.data(), &s.kt[static_cast<size_t>((base - s.kt_lo) * hdp)], rows, blocks, hdp, sc,
+                      args.scale};
+  kScoresTiles[nc - 1](ts);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t f = s.tile_first[static_cast<size_t>(r)], len = s.tile_last[static_cast<size_t>(r)] - f + 1;
+    float* row = sc + r * ld + (f - base);
+    scale_row_avx512(row, len, softmax_avx512(row, len));
+  }
+  std::fill(s.tile_out.begin(), s.tile_out.begin() + rows * hdp, 0.0f);
+  const TileValues tv{sc, ld, base, s.tile_first.data(), s.tile_last.data(), s.tile_out.data(), hdp, hd};
+  // Keys every row sees (no per-row test) between the ones only some rows see; each row still
+  // takes its keys in increasing order.
+  const int64_t all_lo = s.tile_first[static_cast<size_t>(rows - 1)], all_hi = pos0;
+  const int64_t row_stride = kv.n_kv_heads * hd;
+  auto values = [&](int64_t j0, int64_t j1, bool check) {
+    for (int64_t j = j0; j < j1;) {
+      const int64_t run = std::min(j1 - j, kv.block_size - j % kv.block_size);
+      const float* v = kv.v + slot_offset(kv, args.block_table, j) + kvh * hd;
+      kValuesRuns[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
+      j += run;
+    }
+  };
+  if (all_lo <= all_hi) {
+    values(lo, all_lo, true);
+    values(all_lo, all_hi + 1, false);
+    values(all_hi + 1, pos1 + 1, true);
+  } else {
+    values(lo, pos1 + 1, true);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r / group, g = r % group;
+    std::memcpy(args.out + ((t0 + t) * args.n_heads + kvh * group + g) * hd, &s.tile_out[static_cast<size_t>(r * hdp)],
+                static_cast<size_t>(hd) * sizeof(float));
+  }
+}
+#else
+void attend_tile(const PagedKvLayer&, const AttentionArgs&, int64_t, int64_t, int64_t, uint64_t) {
+  TESSERA_CHECK(false, "paged_attention: prefill tiles need x86");
+}
+#endif  // TESSERA_ATT_X86
+
 }  // namespace
 
 void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_pos,
@@ -439,7 +795,9 @@ void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_
   }
 }
 
-void paged_attention(const PagedKvLayer& kv, const AttentionArgs& args, ThreadPool* pool) {
+namespace {
+
+void check_args(const PagedKvLayer& kv, const AttentionArgs& args) {
   TESSERA_CHECK(kv.block_size > 0 && kv.n_kv_heads > 0 && kv.head_dim > 0,
                 "paged_attention: block_size {} n_kv_heads {} head_dim {}", kv.block_size,
                 kv.n_kv_heads, kv.head_dim);
@@ -450,24 +808,114 @@ void paged_attention(const PagedKvLayer& kv, const AttentionArgs& args, ThreadPo
                 args.n_heads / kv.n_kv_heads, kMaxGroup);
   TESSERA_CHECK(args.start_pos >= 0 && args.n_tokens >= 0, "paged_attention: start_pos {} n_tokens {}",
                 args.start_pos, args.n_tokens);
-  const int64_t nt = args.n_tokens;
-  const int64_t items = nt * kv.n_kv_heads;
+}
+
+// One sequence's items: n_kv_heads x units, a unit being a query token, or a tile of
+// `tile` tokens (prefill). Item i: KV head i / units; within a head, units alternate from both
+// ends (0, units-1, 1, units-2, ...) so any contiguous range holds short and long causal spans
+// alike, and items of one sequence cost about the same on average (`cost`).
+struct SeqPlan {
+  int64_t units = 0, tile = 0, items = 0, item_begin = 0;
+  double cost = 0, cost_begin = 0;
+  uint64_t call = 0;
+};
+
+SeqPlan plan_sequence(const PagedKvLayer& kv, const AttentionArgs& args) {
+  SeqPlan p;
+  const int64_t group = args.n_heads / kv.n_kv_heads;
+  p.tile = use_tiles(kv, args) ? tile_tokens(group) : 0;
+  p.units = p.tile > 0 ? (args.n_tokens + p.tile - 1) / p.tile : args.n_tokens;
+  p.items = p.units * kv.n_kv_heads;
+  // Mean span of the sequence's queries, plus a fixed cost per item.
+  const int64_t last = args.start_pos + args.n_tokens - 1;
+  const double span = 0.5 * static_cast<double>(last - span_first(args, last) + 1 + args.start_pos -
+                                                span_first(args, args.start_pos) + 1);
+  p.cost = static_cast<double>(args.n_tokens * group) / static_cast<double>(std::max<int64_t>(1, p.units)) *
+               static_cast<double>(kv.head_dim) * span +
+           512.0;
+  return p;
+}
+
+void run_sequence_items(const PagedKvLayer& kv, const AttentionArgs& args, const SeqPlan& p, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    const int64_t kvh = i / p.units, r = i % p.units;
+    const int64_t u = r % 2 == 0 ? r / 2 : p.units - 1 - r / 2;
+    if (p.tile > 0) {
+      attend_tile(kv, args, u * p.tile, std::min(p.tile, args.n_tokens - u * p.tile), kvh, p.call);
+    } else {
+      attend(kv, args, u, kvh, p.call);
+    }
+  }
+}
+
+// Per caller thread: the plans of the current call, grown once (no allocation per step).
+std::vector<SeqPlan>& plans_scratch() {
+  thread_local std::vector<SeqPlan> plans;
+  return plans;
+}
+
+// Global item index at cumulative cost x (monotone in x).
+int64_t item_at_cost(const std::vector<SeqPlan>& plans, size_t n, double x) {
+  const auto it = std::upper_bound(plans.begin(), plans.begin() + static_cast<std::ptrdiff_t>(n), x,
+                                   [](double v, const SeqPlan& p) { return v < p.cost_begin; });
+  if (it == plans.begin()) return 0;
+  const SeqPlan& p = *(it - 1);
+  const auto k = static_cast<int64_t>((x - p.cost_begin) / p.cost + 0.5);
+  return p.item_begin + std::clamp<int64_t>(k, 0, p.items);
+}
+
+}  // namespace
+
+void paged_attention_batch(const PagedKvLayer& kv, std::span<const AttentionArgs> batch, ThreadPool* pool) {
   static std::atomic<uint64_t> calls{0};
-  const uint64_t call = ++calls;
-  // Item i: KV head i / nt; within a head, tokens alternate from both ends (0, nt-1, 1, nt-2,
-  // ...) so any contiguous range of items holds short and long causal spans alike.
-  auto run = [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t kvh = i / nt, r = i % nt;
-      const int64_t t = r % 2 == 0 ? r / 2 : nt - 1 - r / 2;
-      attend(kv, args, t, kvh, call);
+  // One id per sequence: the per-thread caches are keyed by it (block tables differ).
+  const uint64_t call0 = calls.fetch_add(batch.size() + 1) + 1;
+  std::vector<SeqPlan>& plans = plans_scratch();
+  if (plans.size() < batch.size()) plans.resize(batch.size());
+  int64_t items = 0;
+  double total = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    check_args(kv, batch[s]);
+    SeqPlan p = plan_sequence(kv, batch[s]);
+    p.call = call0 + s;
+    p.item_begin = items;
+    p.cost_begin = total;
+    items += p.items;
+    total += p.cost * static_cast<double>(p.items);
+    plans[s] = p;
+  }
+  const size_t n = batch.size();
+  // Items b .. e - 1 of the whole batch, sequence by sequence.
+  auto run = [&](int64_t b, int64_t e) {
+    size_t s = static_cast<size_t>(
+        std::upper_bound(plans.begin(), plans.begin() + static_cast<std::ptrdiff_t>(n), b,
+                         [](int64_t v, const SeqPlan& p) { return v < p.item_begin; }) -
+        plans.begin() - 1);
+    for (; s < n && b < e; ++s) {
+      const SeqPlan& p = plans[s];
+      const int64_t lo = std::max(b, p.item_begin), hi = std::min(e, p.item_begin + p.items);
+      if (lo < hi) run_sequence_items(kv, batch[s], p, lo - p.item_begin, hi - p.item_begin);
     }
   };
-  if (pool == nullptr || items == 1) {
-    run(0, items, 0);
-  } else {
-    pool->parallel_for(items, 1, run);
+  if (items == 0) return;
+  if (pool == nullptr || pool->size() <= 1 || items == 1) {
+    run(0, items);
+    return;
   }
+  // Part k of the pool takes the items between cumulative costs k / parts and (k + 1) / parts.
+  const int64_t parts = std::min<int64_t>(pool->size(), items);
+  pool->parallel_for(parts, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t lo = k == 0 ? 0 : item_at_cost(plans, n, total * static_cast<double>(k) / static_cast<double>(parts));
+      const int64_t hi =
+          k + 1 == parts ? items : item_at_cost(plans, n, total * static_cast<double>(k + 1) / static_cast<double>(parts));
+      run(lo, hi);
+    }
+  });
+}
+
+void paged_attention(const PagedKvLayer& kv, const AttentionArgs& args, ThreadPool* pool) {
+  paged_attention_batch(kv, std::span<const AttentionArgs>(&args, 1), pool);
 }
 
 }  // namespace tessera

@@ -453,6 +453,89 @@ TEST_P(AttentionTest, ChunkedPrefillEqualsOneShot) {
   EXPECT_EQ(whole, chunked);
 }
 
+// Prompts long enough for the prefill tiles (16 tokens x GQA heads per item, transposed keys):
+// every shape must match the reference and give the bits of the same tokens attended one at a
+// time (per-token items), with and without a pool; head_dim 160 exceeds the tiles' limit.
+TEST_P(AttentionTest, LongPromptsMatchReferenceAndTokenByToken) {
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  const AttnCase cases[] = {{16, 4, 4, 64, 0, 50, 0},  {7, 8, 2, 64, 13, 33, 0},  {1, 2, 1, 36, 0, 17, 0},
+                            {16, 2, 2, 128, 5, 40, 9},  {5, 6, 3, 8, 0, 70, 24},   {16, 32, 4, 16, 0, 20, 0},
+                            {3, 4, 4, 100, 21, 16, 3},  {16, 4, 1, 160, 0, 18, 0}, {16, 64, 1, 64, 3, 17, 5},
+                            {4, 3, 3, 80, 0, 65, 16}};
+  uint32_t seed = 500;
+  for (const AttnCase& c : cases) {
+    CacheFixture f(c, ++seed);
+    const int64_t per_token = c.n_heads * c.head_dim;
+    kv_write(f.layer, f.block_table.data(), 0, c.start_pos + c.n_tokens, f.k_all.data(), f.v_all.data());
+    const auto q = gaussian(c.n_tokens * per_token, seed + 100, 2.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> out(q.size(), NAN), pooled(q.size(), NAN), single(q.size(), NAN);
+    AttentionArgs args{q.data(), out.data(), c.n_tokens, c.start_pos, c.n_heads, scale, c.window,
+                       f.block_table.data()};
+    paged_attention(f.layer, args, nullptr);
+    args.out = pooled.data();
+    paged_attention(f.layer, args, &pool);
+    for (int64_t t = 0; t < c.n_tokens; ++t) {
+      AttentionArgs one{q.data() + t * per_token, single.data() + t * per_token, 1, c.start_pos + t, c.n_heads,
+                        scale, c.window, f.block_table.data()};
+      paged_attention(f.layer, one, nullptr);
+    }
+    const auto ref = reference_attention(c, f, q, scale);
+    const std::string shape = "bs " + std::to_string(c.block_size) + " heads " + std::to_string(c.n_heads) + "/" +
+                              std::to_string(c.n_kv_heads) + " hd " + std::to_string(c.head_dim) + " start " +
+                              std::to_string(c.start_pos) + " tokens " + std::to_string(c.n_tokens) + " window " +
+                              std::to_string(c.window);
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], ref[i], 4e-6) << shape << " i " << i;
+      ASSERT_EQ(std::memcmp(&out[i], &pooled[i], 4), 0) << shape << " pool changed the result at " << i;
+      ASSERT_EQ(std::memcmp(&out[i], &single[i], 4), 0) << shape << " token by token differs at " << i;
+    }
+  }
+}
+
+// Several sequences over one cache layer (each with its own blocks): decode tokens, a prompt
+// long enough for tiles, short chunks and an empty one. One batched call must give the bits of
+// one call per sequence, whatever the pool.
+TEST_P(AttentionTest, BatchEqualsOneCallPerSequence) {
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  struct Seq { int64_t start_pos, n_tokens; };
+  const Seq seqs[] = {{7, 1}, {0, 40}, {30, 1}, {12, 3}, {5, 0}, {0, 1}, {18, 20}, {40, 1}};
+  // One KV head: consecutive sequences then share the head index of the per-thread caches.
+  for (auto [n_heads, n_kv] : {std::pair<int64_t, int64_t>{4, 2}, {2, 1}}) {
+    const int64_t block_size = 8, hd = 64, window = 0, max_len = 48;
+    const int64_t per_seq_blocks = max_len / block_size, n = std::size(seqs);
+    const AttnCase shape{block_size, n_heads, n_kv, hd, 0, n * max_len, window};
+    CacheFixture f(shape, 77);  // its shuffled table, cut into one table per sequence
+    const int64_t row = n_kv * hd, per_token = n_heads * hd;
+    std::vector<std::vector<float>> q(n), want(n), got(n);
+    std::vector<AttentionArgs> args(n);
+    for (int64_t s = 0; s < n; ++s) {
+      const int32_t* table = f.block_table.data() + s * per_seq_blocks;
+      const int64_t len = seqs[s].start_pos + seqs[s].n_tokens;
+      kv_write(f.layer, table, 0, len, f.k_all.data() + s * max_len * row,
+               f.v_all.data() + s * max_len * row);
+      q[s] = gaussian(std::max<int64_t>(1, seqs[s].n_tokens) * per_token, 900 + static_cast<uint32_t>(s));
+      want[s].assign(q[s].size(), NAN);
+      AttentionArgs a{q[s].data(), want[s].data(), seqs[s].n_tokens, seqs[s].start_pos,
+                      n_heads, 0.125f, window, table};
+      paged_attention(f.layer, a, nullptr);
+      args[s] = a;
+    }
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      for (int64_t s = 0; s < n; ++s) {
+        got[s].assign(q[s].size(), NAN);
+        args[s].out = got[s].data();
+      }
+      paged_attention_batch(f.layer, args, p);
+      for (int64_t s = 0; s < n; ++s) {
+        const size_t filled = static_cast<size_t>(seqs[s].n_tokens * per_token);
+        ASSERT_EQ(std::memcmp(got[s].data(), want[s].data(), filled * 4), 0) << "sequence " << s;
+        if (seqs[s].n_tokens == 0) EXPECT_TRUE(std::isnan(got[s][0])) << "empty sequence written";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, AttentionTest, ::testing::Values(false, true), path_name);
 
 TEST(KvWrite, PlacesTokensAtDocumentedOffsets) {
