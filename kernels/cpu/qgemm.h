@@ -86,6 +86,35 @@ void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
 
+// ---- batched decode (2..kSmallBatch tokens)
+//
+// The SIMD paths run a few tokens against each weight block right after building it, with the
+// tokens' activations re-laid block-major so that a micro-kernel reaches token t of block b at
+// a constant offset from one pointer, and with the per-block integer terms that depend only on
+// the activations computed once per call (aux, exact int32):
+//   Q8_0 / Q4_0 / Q5_0 / I8_CH: aux[0] = -offset * bsum32 (offset 128, 8, 16, 128: the signed
+//     level is the stored unsigned level minus it; AVX2 keeps Q8_0 / I8_CH levels signed and
+//     does not use it);  I4_G128: aux[0] = bsum32;
+//   Q4_K / Q5_K: aux[j] = bsum32[2j] | bsum32[2j + 1] << 16 (j = 0..3, int16 pairs for pmaddwd);
+//   Q6_K: aux[g] = -32 * bsum16[g] (g = 0..15).
+constexpr int64_t kSmallBatch = 16;
+
+struct PackedActs {
+  const int8_t* q = nullptr;      // [nb][n][block] (nb = k / block)
+  const float* d = nullptr;       // [nb][n]
+  const int32_t* aux = nullptr;   // [nb][n][n_aux]
+  int n = 0;                      // tokens
+  int n_aux = 0;
+  int64_t block = 0;
+};
+
+// aux values per token and block of `type` (see above).
+int packed_aux_per_block(QuantType type);
+
+// Packs all a.n_tokens tokens of a.acts into `scratch` (packed_acts_bytes(), 64-byte aligned).
+size_t packed_acts_bytes(const QMatmulArgs& a);
+PackedActs pack_acts(const QMatmulArgs& a, void* scratch);
+
 // Quantizers per ISA (bit-identical); quantize_acts dispatches.
 void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts);

@@ -3,6 +3,8 @@
 // pair sums, so levels must stay below 128: Q8_0 keeps its signed bytes and moves the sign onto
 // the activation (|w| * sign(x, w)); the other formats' levels are at most 63.
 // Same integer sums, same float operations: bit-identical to the scalar and AVX-512 paths.
+// Decode builds a chunk of blocks into an L1 tile and runs it; batched decode (2..kSmallBatch
+// tokens) runs every token over each chunk; prefill builds the whole row tile first.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -416,6 +418,168 @@ TESSERA_AVX2 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64
   }
 }
 
+// ---- batched decode (2..kSmallBatch tokens): the tile is built a chunk at a time (the decode
+// chunk: one K-quant super-block, 8 blocks of the 32-element formats) and every token runs
+// over it before the next chunk is built, instead of building the whole row tile first (see
+// qgemm_avx512.cpp). Tokens come block-major (PackedActs, qgemm.h), at constant offsets.
+// Unsigned levels below 2^L: a maddubs pair sum is at most 2 * (2^L - 1) * 127, so kSum = 8
+// (L = 4) or 4 (L = 5) dword groups can be added in int16 before one madd widens them (exact;
+// the same integer as the dot4 chain, fewer instructions).
+template <int T, bool kSigned, int kSum = 1>
+TESSERA_AVX2_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const int8_t* q, const float* dx,
+                                const int32_t* aux, int n, __m256* out) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
+  const int64_t qstep = static_cast<int64_t>(n) * 32;
+  for (int64_t b = 0; b < nblk; ++b, tile += kUnit + 32, q += qstep, dx += n, aux += n) {
+    __m256i ia[T], p16[T];
+    for (int t = 0; t < T; ++t) ia[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(aux[t]);
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
+      if (kSigned) {
+        const __m256i wa = _mm256_abs_epi8(w);
+        for (int t = 0; t < T; ++t)
+          ia[t] = _mm256_add_epi32(ia[t], dot4(wa, _mm256_sign_epi8(bcast_x4(q + 32 * t + 4 * g), w)));
+      } else {
+        for (int t = 0; t < T; ++t) {
+          const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 32 * t + 4 * g));
+          p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
+          if (g % kSum == kSum - 1) ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+        }
+      }
+    }
+    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+template <int T>
+TESSERA_AVX2_INLINE void bk_i4(const uint8_t* tile, int64_t nblk, const int8_t* q, const float* dx,
+                               const int32_t* aux, int n, __m256* out) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
+  const int64_t qstep = static_cast<int64_t>(n) * 32;
+  for (int64_t b = 0; b < nblk; ++b, tile += kUnit + 64, q += qstep, dx += n, aux += n) {
+    const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
+    __m256i ia[T], p16[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(aux[t]));
+    for (int g = 0; g < 8; ++g) {  // 4-bit levels: 8 groups summed in int16 (see bk_q32)
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 32 * t + 4 * g));
+        p16[t] = g == 0 ? p : _mm256_add_epi16(p16[t], p);
+      }
+    }
+    for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+// One Q4_K / Q5_K super-block; mins as sum_j pmaddwd(m[2j] | m[2j+1] << 16, aux[j]) (exact).
+// A sub-block's dword groups are summed in int16, kSum at a time (see bk_q32), and one madd
+// with the scale in both halves of each lane gives sc * (dot) exactly.
+template <int T, int kSum>
+TESSERA_AVX2_INLINE void bk_k_affine(const uint8_t* tile, const int8_t* q, const float* dx, const int32_t* aux,
+                                     __m256* out) {
+  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+  const auto* mm = sc + 8 * 8;
+  const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
+  __m256i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s) {
+    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
+    const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
+    __m256i p16[T];
+    const uint8_t* u = tile + kUnit * s;
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 256 * t + 32 * s + 4 * g));
+        p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
+        if (g % kSum == kSum - 1) tot[t] = _mm256_add_epi32(tot[t], _mm256_madd_epi16(p16[t], sc2));
+      }
+    }
+  }
+  const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
+  for (int t = 0; t < T; ++t) {
+    __m256i ms = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i mp = _mm256_or_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j)),
+                                         _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j + 8)), 16));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(aux[4 * t + j])));
+    }
+    const __m256 dxv = _mm256_set1_ps(dx[t]);
+    const __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dxv), out[t]);
+    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
+                             _mm256_mul_ps(dmin, dxv), acc);
+  }
+}
+
+// One Q6_K super-block; aux[g] = -32 * bsum16[g] starts each 16-element group.
+template <int T>
+TESSERA_AVX2_INLINE void bk_q6_k(const uint8_t* tile, const int8_t* q, const float* dx, const int32_t* aux,
+                                 __m256* out) {
+  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+  __m256i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+  for (int grp = 0; grp < 16; ++grp) {
+    __m256i ia[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm256_set1_epi32(aux[16 * t + grp]);
+    const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(q + 256 * t + 16 * grp + 4 * g)));
+    }
+    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * grp));
+    for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
+  }
+  const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(sc + 128));
+  for (int t = 0; t < T; ++t)
+    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(dx[t])), out[t]);
+}
+
+// Blocks [b, b + nblk) of the chunk tile against tokens [t0, t0 + T).
+template <int T>
+TESSERA_AVX2 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, int64_t nblk, const PackedActs& x,
+                              int t0, __m256* acc) {
+  const int64_t i = b * x.n + t0;  // (block, token) index of the first pair
+  const int8_t* q = x.q + i * x.block;
+  const float* dx = x.d + i;
+  const int32_t* aux = x.aux + i * x.n_aux;
+  switch (type) {
+    case QuantType::kQ4_K: return bk_k_affine<T, 8>(tile, q, dx, aux, acc);
+    case QuantType::kQ5_K: return bk_k_affine<T, 4>(tile, q, dx, aux, acc);
+    case QuantType::kQ6_K: return bk_q6_k<T>(tile, q, dx, aux, acc);
+    case QuantType::kQ8_0:
+    case QuantType::kI8_CH: return bk_q32<T, true>(tile, nblk, q, dx, aux, x.n, acc);
+    case QuantType::kI4_G128: return bk_i4<T>(tile, nblk, q, dx, aux, x.n, acc);
+    case QuantType::kQ4_0: return bk_q32<T, false, 8>(tile, nblk, q, dx, aux, x.n, acc);
+    default: return bk_q32<T, false, 4>(tile, nblk, q, dx, aux, x.n, acc);  // Q5_0
+  }
+}
+
+TESSERA_AVX2 void run_batch(QuantType type, int n_tok, const uint8_t* tile, int64_t b, int64_t nblk,
+                            const PackedActs& x, int t0, __m256* acc) {
+  switch (n_tok) {
+    case 1: return run_batch_t<1>(type, tile, b, nblk, x, t0, acc);
+    case 2: return run_batch_t<2>(type, tile, b, nblk, x, t0, acc);
+    case 3: return run_batch_t<3>(type, tile, b, nblk, x, t0, acc);
+    default: return run_batch_t<4>(type, tile, b, nblk, x, t0, acc);
+  }
+}
+
+uint8_t* pack_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
+}
+
 uint8_t* tile_scratch(size_t bytes) {
   thread_local std::vector<uint8_t> buf;
   if (buf.size() < bytes + 64) buf.resize(bytes + 64);
@@ -471,9 +635,13 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
   const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
   const size_t stride = lay.block_stride();
-  const bool whole = a.n_tokens > 1;
+  // Decode and batched decode build a chunk of blocks at a time (it stays in L1); larger batches
+  // (prefill) build the whole row tile once and run every token over it.
+  const bool whole = a.n_tokens > kSmallBatch;
   const int64_t chunk = whole ? nb : (lay.units_per_block == 1 ? 8 : 1);
   uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
+  PackedActs packed;
+  if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const int64_t nb_act = a.k / a.acts.block;
   for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
@@ -485,6 +653,18 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
     }
     rows.vindex = _mm256_load_si256(reinterpret_cast<const __m256i*>(offs));
     rows.trailer = row_block_bytes(type, a.k);
+    if (a.n_tokens > 1 && !whole) {
+      __m256 acc[kSmallBatch];
+      for (auto& v : acc) v = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; b += chunk) {
+        const int64_t e = std::min(nb, b + chunk);
+        build_tile(type, rows, b, e, tile);
+        for (int t0 = 0; t0 < packed.n; t0 += 4)
+          run_batch(type, std::min(4, packed.n - t0), tile, b, e - b, packed, t0, acc + t0);
+      }
+      for (int t = 0; t < packed.n; ++t) store_rows(a.y + t * a.y_stride + g0, acc[t], n_valid);
+      continue;
+    }
     if (!whole) {
       TokenPtrs x{};
       x.q[0] = a.acts.q;

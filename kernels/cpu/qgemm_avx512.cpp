@@ -7,9 +7,12 @@
 // instructions give the exact integer dot of the unit for 16 rows, with no horizontal sums,
 // and the per-row float update (acc = fma(isum, dw * dx, acc)) is one vector operation.
 //
-// Decode (one token) builds the interleaved units of a few blocks into a small L1 buffer and
-// consumes them at once; prefill and batched decode build a whole 16-row tile once and run it
-// against up to 8 tokens at a time (each weight byte is read from memory once per matmul).
+// Decode (one token) builds the interleaved units in registers and consumes them at once.
+// Batched decode (2..kSmallBatch tokens) does the same with every token's dot taken from each
+// unit (Q8_0 / Q4_0 / Q5_0, and Q4_K up to 4 tokens), or builds a chunk of blocks into an L1
+// tile and runs every token over it before the next chunk. Prefill builds a whole 16-row tile
+// once and runs it against up to 8 tokens at a time. Each weight byte is read from memory once
+// per matmul in every mode.
 //
 // The load-time formats reuse the scheme: I8_CH is Q8_0 with one scale per row, I4_G128's
 // 32-element sub-blocks are Q4_0 nibbles with a per-row zero point instead of the constant 8.
@@ -713,6 +716,319 @@ TESSERA_AVX512 void store_rows(float* y, __m512 v, int n_valid) {
   _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n_valid) - 1u), v);
 }
 
+// ------------------------------------------------------------------ batched decode (2..16 tokens)
+//
+// A whole-row tile (prefill) stores and reloads every weight byte expanded ~2x and streams the
+// weights with no compute to hide the misses behind; at a few tokens nothing amortizes that.
+// Here the tile is built a chunk at a time into an L1 buffer (one K-quant super-block, 8 blocks
+// of the 32-element formats) and every token runs over the chunk before the next is built,
+// the next row group prefetched per block as in decode. Each weight byte is read from memory
+// once per matmul. The tokens come block-major (PackedActs, qgemm.h): token t of block b sits
+// at a constant offset from one pointer per block, which keeps the micro-kernels' addressing
+// out of the general-purpose registers. Same integer sums, same float operations in the same
+// order as the other paths.
+template <int T>
+TESSERA_AVX512_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const PackedActs& x, int t0, __m512* out) {
+  __m512 acc[T];  // locals, as in mk_q32
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
+  const int8_t* q = x.q + static_cast<int64_t>(t0) * 32;
+  const float* dx = x.d + t0;
+  const int32_t* aux = x.aux + t0;
+  const int64_t qstep = static_cast<int64_t>(x.n) * 32;
+  for (int64_t b = 0; b < nblk; ++b, tile += 512 + 64, q += qstep, dx += x.n, aux += x.n) {
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(aux[t]);
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 32 * t + 4 * g));
+    }
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+template <int T>
+TESSERA_AVX512_INLINE void bk_i4(const uint8_t* tile, int64_t nblk, const PackedActs& x, int t0, __m512* out) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = out[t];
+  const int8_t* q = x.q + static_cast<int64_t>(t0) * 32;
+  const float* dx = x.d + t0;
+  const int32_t* aux = x.aux + t0;
+  const int64_t qstep = static_cast<int64_t>(x.n) * 32;
+  for (int64_t b = 0; b < nblk; ++b, tile += 512 + 128, q += qstep, dx += x.n, aux += x.n) {
+    const __m512i nz = _mm512_load_si512(tile + 576);
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(aux[t]));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 32 * t + 4 * g));
+    }
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+// One Q4_K / Q5_K super-block (the tile of build_k_affine). The mins term is
+// sum_j pmaddwd(m[2j] | m[2j+1] << 16, aux[j]): the same exact integer as sum_s m[s] * bsum32[s].
+template <int T>
+TESSERA_AVX512_INLINE void bk_k_affine(const uint8_t* tile, const PackedActs& x, int64_t b, int t0, __m512* out) {
+  const int8_t* q = x.q + (b * x.n + t0) * 256;
+  const float* dx = x.d + b * x.n + t0;
+  const int32_t* aux = x.aux + (b * x.n + t0) * 4;
+  const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
+  const auto* mm = sc + 8 * 16;
+  const auto* df = reinterpret_cast<const float*>(mm + 8 * 16);
+  __m512i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
+  for (int s = 0; s < 8; ++s) {
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm512_setzero_si512();
+    const uint8_t* u = tile + 512 * s;
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 256 * t + 32 * s + 4 * g));
+    }
+    const __m512i scv = _mm512_load_si512(sc + 16 * s);
+    for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
+  }
+  __m512i mp[4];
+  for (int j = 0; j < 4; ++j)
+    mp[j] = _mm512_or_si512(_mm512_load_si512(mm + 32 * j), _mm512_slli_epi32(_mm512_load_si512(mm + 32 * j + 16), 16));
+  const __m512 d = _mm512_load_ps(df), dmin = _mm512_load_ps(df + 16);
+  for (int t = 0; t < T; ++t) {
+    __m512i ms = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) ms = _mm512_dpwssd_epi32(ms, mp[j], _mm512_set1_epi32(aux[4 * t + j]));
+    const __m512 dxv = _mm512_set1_ps(dx[t]);
+    __m512 acc = out[t];
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, dxv), acc);
+    out[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), ms)),
+                             _mm512_mul_ps(dmin, dxv), acc);
+  }
+}
+
+// One Q6_K super-block (the tile of build_q6_k); aux[g] = -32 * bsum16[g] starts each group.
+template <int T>
+TESSERA_AVX512_INLINE void bk_q6_k(const uint8_t* tile, const PackedActs& x, int64_t b, int t0, __m512* out) {
+  const int8_t* q = x.q + (b * x.n + t0) * 256;
+  const float* dx = x.d + b * x.n + t0;
+  const int32_t* aux = x.aux + (b * x.n + t0) * 16;
+  const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
+  __m512i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
+  for (int grp = 0; grp < 16; ++grp) {
+    __m512i ia[T];
+    for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(aux[16 * t + grp]);
+    const uint8_t* u = tile + 512 * (grp / 2) + 256 * (grp % 2);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 256 * t + 16 * grp + 4 * g));
+    }
+    const __m512i scv = _mm512_load_si512(sc + 16 * grp);
+    for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
+  }
+  const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(sc + 256));
+  for (int t = 0; t < T; ++t)
+    out[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, _mm512_set1_ps(dx[t])), out[t]);
+}
+
+// Q8_0 / Q4_0 / Q5_0: no tile at all. A block's unit (8 vectors) is built in registers as in
+// decode and every token's dot is taken from it at once; the up to 16 accumulators stay in
+// registers across the row, and the prefetch ticks once per block as in decode (a tile chunk
+// of these short blocks gathers more misses than the build can hide).
+template <QuantType kType, int T>
+TESSERA_AVX512_INLINE void fused_q32(const Rows& rows, int64_t nb, const PackedActs& x, Prefetch& pf, __m512* out) {
+  constexpr size_t bb = kType == QuantType::kQ8_0 ? 34 : kType == QuantType::kQ4_0 ? 18 : 22;
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const int8_t* q = x.q;
+  const float* dx = x.d;
+  const int32_t* aux = x.aux;
+  const int64_t qstep = static_cast<int64_t>(T) * 32;
+  for (int64_t b = 0; b < nb; ++b, q += qstep, dx += T, aux += T) {
+    pf.tick();
+    __m512i w[8];
+    build_q32(kType, rows, b, b + 1, nullptr, w);
+    const __m512 dw = load16_f16(rows.p, static_cast<size_t>(b) * bb);
+    for (int t = 0; t < T; ++t) {
+      __m512i ia = _mm512_set1_epi32(aux[t]);
+      for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, w[g], bcast_x4(q + 32 * t + 4 * g));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+template <QuantType kType>
+TESSERA_AVX512 void fused_q32_n(const Rows& rows, int64_t nb, const PackedActs& x, Prefetch& pf, __m512* acc) {
+  switch (x.n) {
+    case 2: return fused_q32<kType, 2>(rows, nb, x, pf, acc);
+    case 3: return fused_q32<kType, 3>(rows, nb, x, pf, acc);
+    case 4: return fused_q32<kType, 4>(rows, nb, x, pf, acc);
+    case 5: return fused_q32<kType, 5>(rows, nb, x, pf, acc);
+    case 6: return fused_q32<kType, 6>(rows, nb, x, pf, acc);
+    case 7: return fused_q32<kType, 7>(rows, nb, x, pf, acc);
+    case 8: return fused_q32<kType, 8>(rows, nb, x, pf, acc);
+    case 9: return fused_q32<kType, 9>(rows, nb, x, pf, acc);
+    case 10: return fused_q32<kType, 10>(rows, nb, x, pf, acc);
+    case 11: return fused_q32<kType, 11>(rows, nb, x, pf, acc);
+    case 12: return fused_q32<kType, 12>(rows, nb, x, pf, acc);
+    case 13: return fused_q32<kType, 13>(rows, nb, x, pf, acc);
+    case 14: return fused_q32<kType, 14>(rows, nb, x, pf, acc);
+    case 15: return fused_q32<kType, 15>(rows, nb, x, pf, acc);
+    default: return fused_q32<kType, 16>(rows, nb, x, pf, acc);
+  }
+}
+
+// Scale (sc) or min (m) of sub-block s (0..7) of 16 Q4_K / Q5_K rows from the transposed
+// header hd (tr16x4 of the first 16 bytes), as build_k_affine stores them.
+TESSERA_AVX512_INLINE __m512i k_scale_of(const __m512i* hd, int s) {
+  const __m512i m6 = _mm512_set1_epi32(63), m3 = _mm512_set1_epi32(3), mf = _mm512_set1_epi32(0xF);
+  if (s < 4) return _mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s), m6);
+  const int u = s - 4;
+  return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(hd[3], 8 * u), mf),
+                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * u + 6), m3), 4));
+}
+
+TESSERA_AVX512_INLINE __m512i k_min_of(const __m512i* hd, int s) {
+  const __m512i m6 = _mm512_set1_epi32(63), m3 = _mm512_set1_epi32(3), mf = _mm512_set1_epi32(0xF);
+  if (s < 4) return _mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s), m6);
+  const int u = s - 4;
+  return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(hd[3], 8 * u + 4), mf),
+                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * u + 6), m3), 4));
+}
+
+// Q4_K at 2..4 tokens: the decode walk (gemv_k_affine) with T tokens per unit; the scales of
+// a 64-element chunk are extracted when it is reached and the mins at the end, which leaves
+// the registers for the 4T accumulators. More tokens take the chunk tile (register budget).
+template <int T>
+TESSERA_AVX512_INLINE void fused_q4_k(const Rows& rows, int64_t nb, const PackedActs& x, Prefetch& pf, __m512* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const int8_t* q = x.q;
+  const float* dx = x.d;
+  const int32_t* aux = x.aux;
+  for (int64_t b = 0; b < nb; ++b, q += 256 * T, dx += T, aux += 4 * T) {
+    pf.tick();
+    const size_t off = static_cast<size_t>(b) * 144;
+    __m512i hd[4];
+    tr16x4(rows.p, off, hd);
+    __m512i tot[T];
+    for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i d[8];
+      tr16x8(rows.p, off + 16 + 32 * static_cast<size_t>(c), d);
+      __m512i ilo[T], ihi[T];
+      for (int t = 0; t < T; ++t) ilo[t] = ihi[t] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) {
+        const __m512i lo = _mm512_and_si512(d[g], m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
+        for (int t = 0; t < T; ++t) {
+          ilo[t] = _mm512_dpbusd_epi32(ilo[t], lo, bcast_x4(q + 256 * t + 64 * c + 4 * g));
+          ihi[t] = _mm512_dpbusd_epi32(ihi[t], hi, bcast_x4(q + 256 * t + 64 * c + 32 + 4 * g));
+        }
+      }
+      const __m512i sl = k_scale_of(hd, 2 * c), sh = k_scale_of(hd, 2 * c + 1);
+      for (int t = 0; t < T; ++t)
+        tot[t] = _mm512_add_epi32(tot[t], _mm512_add_epi32(_mm512_mullo_epi32(ilo[t], sl), _mm512_mullo_epi32(ihi[t], sh)));
+    }
+    __m512i mp[4];
+    for (int j = 0; j < 4; ++j) mp[j] = _mm512_or_si512(k_min_of(hd, 2 * j), _mm512_slli_epi32(k_min_of(hd, 2 * j + 1), 16));
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hd[0]));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hd[0], 16)));
+    for (int t = 0; t < T; ++t) {
+      __m512i ms = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) ms = _mm512_dpwssd_epi32(ms, mp[j], _mm512_set1_epi32(aux[4 * t + j]));
+      const __m512 dxv = _mm512_set1_ps(dx[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, dxv), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), ms)),
+                               _mm512_mul_ps(dmin, dxv), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+// Blocks [b, b + nblk) of the chunk tile against tokens [t0, t0 + T).
+template <int T>
+TESSERA_AVX512 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, int64_t nblk, const PackedActs& x,
+                                int t0, __m512* acc) {
+  switch (type) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return bk_k_affine<T>(tile, x, b, t0, acc);
+    case QuantType::kQ6_K: return bk_q6_k<T>(tile, x, b, t0, acc);
+    case QuantType::kI4_G128: {
+      PackedActs xb = x;
+      xb.q += b * x.n * 32;
+      xb.d += b * x.n;
+      xb.aux += b * x.n;
+      return bk_i4<T>(tile, nblk, xb, t0, acc);
+    }
+    default: {
+      PackedActs xb = x;
+      xb.q += b * x.n * 32;
+      xb.d += b * x.n;
+      xb.aux += b * x.n;
+      return bk_q32<T>(tile, nblk, xb, t0, acc);
+    }
+  }
+}
+
+TESSERA_AVX512 void run_batch(QuantType type, int n_tok, const uint8_t* tile, int64_t b, int64_t nblk,
+                              const PackedActs& x, int t0, __m512* acc) {
+  switch (n_tok) {
+    case 1: return run_batch_t<1>(type, tile, b, nblk, x, t0, acc);
+    case 2: return run_batch_t<2>(type, tile, b, nblk, x, t0, acc);
+    case 3: return run_batch_t<3>(type, tile, b, nblk, x, t0, acc);
+    case 4: return run_batch_t<4>(type, tile, b, nblk, x, t0, acc);
+    case 5: return run_batch_t<5>(type, tile, b, nblk, x, t0, acc);
+    case 6: return run_batch_t<6>(type, tile, b, nblk, x, t0, acc);
+    case 7: return run_batch_t<7>(type, tile, b, nblk, x, t0, acc);
+    default: return run_batch_t<8>(type, tile, b, nblk, x, t0, acc);
+  }
+}
+
+uint8_t* pack_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
+}
+
+// Accumulates tokens [0, x.n) of the row group into acc[0..x.n) (the fused kernels where they
+// exist, else the chunk tile).
+TESSERA_AVX512 void small_batch(QuantType type, const Rows& rows, int64_t nb, const PackedActs& x, Prefetch pf,
+                                __m512* acc) {
+  const int n = x.n;
+  switch (type) {
+    case QuantType::kQ8_0: return fused_q32_n<QuantType::kQ8_0>(rows, nb, x, pf, acc);
+    case QuantType::kQ4_0: return fused_q32_n<QuantType::kQ4_0>(rows, nb, x, pf, acc);
+    case QuantType::kQ5_0: return fused_q32_n<QuantType::kQ5_0>(rows, nb, x, pf, acc);
+    case QuantType::kQ4_K:
+      if (n == 2) return fused_q4_k<2>(rows, nb, x, pf, acc);
+      if (n == 3) return fused_q4_k<3>(rows, nb, x, pf, acc);
+      if (n == 4) return fused_q4_k<4>(rows, nb, x, pf, acc);
+      break;
+    default: break;
+  }
+  const size_t stride = tile_layout(type).block_stride();
+  const int64_t chunk = tile_layout(type).units_per_block == 1 ? 8 : 1;
+  uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
+  // Token groups of at most 8 (the micro-kernels' register budget), as even as possible.
+  const int half = n <= 8 ? n : (n + 1) / 2;
+  for (int t = 0; t < n; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += chunk) {
+    const int64_t e = std::min(nb, b + chunk);
+    for (int64_t i = b; i < e; ++i) pf.tick();
+    build_tile(type, rows, b, e, tile);
+    run_batch(type, half, tile, b, e - b, x, 0, acc);
+    if (half < n) run_batch(type, n - half, tile, b, e - b, x, half, acc + half);
+  }
+}
+
 }  // namespace
 
 TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
@@ -745,9 +1061,12 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
   const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
   const size_t stride = lay.block_stride();
-  // Decode builds a few blocks at a time (stays in L1); batches build the whole row tile.
-  const bool whole = a.n_tokens > 1;
+  // Decode and batched decode build a few blocks at a time (they stay in L1); larger batches
+  // (prefill) build the whole row tile once and run every token over it.
+  const bool whole = a.n_tokens > kSmallBatch;
   uint8_t* tile = whole ? tile_scratch(stride * static_cast<size_t>(nb)) : nullptr;
+  PackedActs packed;
+  if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const int64_t nb_act = a.k / a.acts.block;
   for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
@@ -759,21 +1078,24 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
     }
     rows.vindex = _mm512_load_si512(offs);
     rows.trailer = row_block_bytes(type, a.k);
-    if (!whole) {
-      Prefetch pf;
-      pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
-      pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
-      pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+    // The next row group's bytes, prefetched a little per block (see Prefetch).
+    Prefetch pf;
+    pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
+    pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+    pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+    if (a.n_tokens == 1) {
       const __m512 acc = gemv_rows(type, rows, nb, Token1{a.acts.q, a.acts.d, a.acts.bsum}, pf);
       store_rows(a.y + g0, acc, n_valid);
       continue;
     }
+    if (!whole) {
+      __m512 acc[kSmallBatch];
+      small_batch(type, rows, nb, packed, pf, acc);
+      for (int t = 0; t < packed.n; ++t) store_rows(a.y + t * a.y_stride + g0, acc[t], n_valid);
+      continue;
+    }
     {
-      // Built a few blocks at a time while the next group's bytes are prefetched (see Prefetch).
-      Prefetch pf;
-      pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
-      pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
-      pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+      // Built a few blocks at a time while the next group's bytes are prefetched.
       constexpr int64_t kChunk = 4;
       for (int64_t b = 0; b < nb; b += kChunk) {
         const int64_t e = std::min(nb, b + kChunk);

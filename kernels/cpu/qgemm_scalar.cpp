@@ -206,6 +206,71 @@ QuantizedActs acts_view(void* scratch, int64_t n_tokens, int64_t k, int64_t bloc
   return a;
 }
 
+int packed_aux_per_block(QuantType type) {
+  switch (type) {
+    case QuantType::kQ4_K: case QuantType::kQ5_K: return 4;
+    case QuantType::kQ6_K: return 16;
+    default: return 1;
+  }
+}
+
+size_t packed_acts_bytes(const QMatmulArgs& a) {
+  const auto n = static_cast<size_t>(a.n_tokens);
+  const auto nb = static_cast<size_t>(a.k / a.acts.block);
+  const auto n_aux = static_cast<size_t>(packed_aux_per_block(a.type));
+  // + 64 bytes of slack after q, as in acts_bytes.
+  return align64(n * static_cast<size_t>(a.k) + 64) + align64(nb * n * 4) + align64(nb * n * n_aux * 4);
+}
+
+PackedActs pack_acts(const QMatmulArgs& a, void* scratch) {
+  const int64_t n = a.n_tokens, k = a.k, blk = a.acts.block, nb = k / blk;
+  const int n_aux = packed_aux_per_block(a.type);
+  auto* p = static_cast<uint8_t*>(scratch);
+  auto* q = reinterpret_cast<int8_t*>(p);
+  p += align64(static_cast<size_t>(n * k) + 64);
+  auto* d = reinterpret_cast<float*>(p);
+  p += align64(static_cast<size_t>(nb * n) * 4);
+  auto* aux = reinterpret_cast<int32_t*>(p);
+  int offset = 0;  // the q32 formats' level offset (see qgemm.h)
+  switch (a.type) {
+    case QuantType::kQ8_0: case QuantType::kI8_CH: offset = 128; break;
+    case QuantType::kQ4_0: offset = 8; break;
+    case QuantType::kQ5_0: offset = 16; break;
+    default: break;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t i = b * n + t;
+      std::memcpy(q + i * blk, a.acts.q + t * k + b * blk, static_cast<size_t>(blk));
+      d[i] = a.acts.d[t * nb + b];
+      const int16_t* bs = a.acts.bsum + t * (k / 16) + b * (blk / 16);
+      int32_t* x = aux + i * n_aux;
+      switch (a.type) {
+        case QuantType::kQ4_K:
+        case QuantType::kQ5_K:
+          for (int j = 0; j < 4; ++j) {
+            const int lo = bs[4 * j] + bs[4 * j + 1], hi = bs[4 * j + 2] + bs[4 * j + 3];  // |.| <= 4064
+            x[j] = static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+          }
+          break;
+        case QuantType::kQ6_K:
+          for (int g = 0; g < 16; ++g) x[g] = -32 * bs[g];
+          break;
+        case QuantType::kI4_G128: x[0] = bs[0] + bs[1]; break;
+        default: x[0] = -offset * (bs[0] + bs[1]); break;
+      }
+    }
+  }
+  PackedActs pa;
+  pa.q = q;
+  pa.d = d;
+  pa.aux = aux;
+  pa.n = static_cast<int>(n);
+  pa.n_aux = n_aux;
+  pa.block = blk;
+  return pa;
+}
+
 void quantize_acts_scalar(const float* x, int64_t t0, int64_t t1, const QuantizedActs& acts) {
   const int64_t k = acts.k, blk = acts.block, nb = k / blk;
   for (int64_t t = t0; t < t1; ++t) {

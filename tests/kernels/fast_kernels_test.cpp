@@ -77,6 +77,26 @@ TEST(FastMatmul, QuantizedEveryIsaMatchesReferenceAndEachOther) {
   }
 }
 
+TEST(FastMatmul, EveryBatchedDecodeSizeMatchesEachTokenAlone) {
+  // 2..16 tokens take the batched-decode kernels (token groups over a chunk of blocks, or the
+  // unit built in registers for the 32-element formats), 17 and more the prefill tile: every
+  // size must give each token the bits it gets alone, on every ISA. 11 blocks of 32 leave a
+  // partial chunk; 37 rows leave partial row groups of 16 and 8.
+  IsaGuard guard;
+  for (QuantType type : kBlockTypes) {
+    const int64_t rows = 37, k = quant_traits(type).block_elems == 32 ? 32 * 11 : 256 * 3;
+    const Matrix m = make_matrix(type, rows, k, 4242 + static_cast<uint32_t>(type));
+    for (int64_t n_tokens = 2; n_tokens <= 18; ++n_tokens) {
+      const auto x = activations(n_tokens * k, static_cast<uint32_t>(31 * n_tokens + 5));
+      const std::string what = std::string(quant_name(type)) + " batch of " + std::to_string(n_tokens);
+      test::expect_same_bits_everywhere(
+          [&](const std::vector<float>& xs, int64_t n, ThreadPool* pool) { return run_matmul(m, xs, n, pool); },
+          [&](const std::vector<float>& y) { check_against_reference(m, x, n_tokens, y, what); }, x, rows, k,
+          n_tokens, what);
+    }
+  }
+}
+
 TEST(FastMatmul, FloatEveryIsaMatchesReferenceAndEachOther) {
   IsaGuard guard;
   ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
@@ -111,7 +131,7 @@ TEST(FastMatmul, LargeRowsAndVocabularySlices) {
   // Long rows (many blocks per tile) and a row slice written with a stride, on the fastest path.
   IsaGuard guard;
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  for (QuantType type : {QuantType::kQ4_0, QuantType::kQ6_K, QuantType::kF16}) {
+  for (QuantType type : {QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K, QuantType::kF16}) {
     const int64_t rows = 70, k = 256 * 22, n_tokens = 3, begin = 19, end = 61, stride = 50;
     const Matrix m = make_matrix(type, rows, k, 5);
     const auto x = activations(n_tokens * k, 6);
@@ -191,7 +211,8 @@ TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
   struct Case { int64_t block_size, n_heads, n_kv, hd, start, n_tokens, window; };
   const Case cases[] = {{16, 8, 2, 64, 0, 37, 0}, {7, 4, 4, 128, 30, 5, 0}, {16, 32, 4, 64, 200, 1, 0},
-                        {5, 6, 3, 36, 11, 9, 8}, {16, 2, 1, 8, 0, 19, 0}, {3, 4, 1, 100, 40, 1, 17}};
+                        {5, 6, 3, 36, 11, 9, 8}, {16, 2, 1, 8, 0, 19, 0}, {3, 4, 1, 100, 40, 1, 17},
+                        {16, 12, 12, 64, 0, 130, 0}, {16, 8, 2, 128, 20, 45, 33}, {6, 5, 5, 80, 0, 40, 0}};
   for (const Case& c : cases) {
     const int64_t total = c.start + c.n_tokens;
     const int64_t blocks = (total + c.block_size - 1) / c.block_size + 2;
