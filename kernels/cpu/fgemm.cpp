@@ -131,6 +131,78 @@ TESSERA_AVX512 void gemv4_avx512(const FMatmulArgs& a, const uint8_t* const* row
   for (int r = 0; r < 4; ++r) out[r] = reduce16_avx512(acc[r]);
 }
 
+// ---- Small batches (2..kSmallTokens tokens: decode steps of concurrent sequences). The
+// blocked GEMM below packs every row into a panel first, a second pass over the weights that
+// costs as much as the matrix-vector step itself when the batch is small. Here the weights
+// stream straight from memory as in gemv4: 4 rows x up to 6 tokens per pass (24 accumulators),
+// further token groups of the same quad re-read its rows from L1. Every output keeps the
+// canonical arithmetic (lane c % 16, one fma per element in increasing c, reduce16).
+constexpr int64_t kSmallTokens = 16;
+
+template <QuantType kType, int kT>
+TESSERA_AVX512 void small4_avx512(const FMatmulArgs& a, const uint8_t* const* rows, int64_t t0, float* out,
+                                  const uint8_t* next, size_t next_bytes) {
+  __m512 acc[4][kT];
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const int64_t kfull = a.k / kLanes * kLanes;
+  const size_t elem = kType == QuantType::kF32 ? 4 : 2;
+  const size_t step_bytes = 4 * kLanes * elem;
+  size_t pf = 0;
+  const float* x = a.x + t0 * a.k;
+  int64_t c = 0;
+  for (; c < kfull; c += kLanes) {
+    if (pf < next_bytes) {
+      for (size_t e = pf + step_bytes; pf < e; pf += 64) _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_NTA);
+    }
+    __m512 w[4];
+    for (int r = 0; r < 4; ++r) w[r] = load_w16(kType, rows[r], c);
+    for (int t = 0; t < kT; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * a.k + c);
+      for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
+    }
+  }
+  if (c < a.k) {
+    const auto m = static_cast<__mmask16>((1u << (a.k - c)) - 1u);
+    __m512 w[4];
+    for (int r = 0; r < 4; ++r) w[r] = load_w16_masked(kType, rows[r], c, m);
+    for (int t = 0; t < kT; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * a.k + c);
+      for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < kT; ++t)
+    for (int r = 0; r < 4; ++r) out[t * 4 + r] = reduce16_avx512(acc[r][t]);
+}
+
+template <QuantType kType>
+TESSERA_AVX512 void fmatmul_small_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t g = r0; g < r1; g += 4) {
+    const int n_valid = static_cast<int>(std::min<int64_t>(4, r1 - g));
+    const uint8_t* rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = a.w + static_cast<size_t>(g + std::min(r, n_valid - 1)) * a.row_bytes;
+    constexpr int64_t kAhead = 8;
+    const uint8_t* next = a.w + static_cast<size_t>(g + kAhead) * a.row_bytes;
+    const size_t next_bytes =
+        g + kAhead < r1 ? static_cast<size_t>(std::min<int64_t>(4, r1 - g - kAhead)) * a.row_bytes : 0;
+    float out[6 * 4];
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 6) {
+      const int tn = static_cast<int>(std::min<int64_t>(6, a.n_tokens - t0));
+      // Only the first token group streams the weights (and prefetches the next quad).
+      const size_t nb = t0 == 0 ? next_bytes : 0;
+      switch (tn) {
+        case 1: small4_avx512<kType, 1>(a, rows, t0, out, next, nb); break;
+        case 2: small4_avx512<kType, 2>(a, rows, t0, out, next, nb); break;
+        case 3: small4_avx512<kType, 3>(a, rows, t0, out, next, nb); break;
+        case 4: small4_avx512<kType, 4>(a, rows, t0, out, next, nb); break;
+        case 5: small4_avx512<kType, 5>(a, rows, t0, out, next, nb); break;
+        default: small4_avx512<kType, 6>(a, rows, t0, out, next, nb); break;
+      }
+      for (int t = 0; t < tn; ++t) std::memcpy(a.y + (t0 + t) * a.y_stride + g, out + t * 4, static_cast<size_t>(n_valid) * 4);
+    }
+  }
+}
+
 // ---- Batches (n_tokens > 1): a blocked GEMM with the canonical arithmetic.
 //
 // Each output y[t][r] needs its own 16-lane accumulator (the partial sums of fgemm.h), so the
@@ -461,6 +533,13 @@ TESSERA_AVX512 void fmatmul_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1)
       std::memcpy(a.y + g, out, static_cast<size_t>(n_valid) * 4);
     }
     return;
+  }
+  if (a.n_tokens <= kSmallTokens) {
+    switch (a.type) {
+      case QuantType::kF16: return fmatmul_small_avx512<QuantType::kF16>(a, r0, r1);
+      case QuantType::kBF16: return fmatmul_small_avx512<QuantType::kBF16>(a, r0, r1);
+      default: return fmatmul_small_avx512<QuantType::kF32>(a, r0, r1);
+    }
   }
   switch (a.type) {
     case QuantType::kF16: return fmatmul_batch_avx512<QuantType::kF16>(a, r0, r1);
