@@ -15,14 +15,18 @@
 
 namespace tessera {
 
-// A weight matrix on the device, [rows, cols] row-major in one of three forms.
+// A weight matrix on the device, [rows, cols] row-major in one of four forms.
 struct CudaForward::Matrix {
-  enum class Kind { kF16, kW8, kW4 };
+  enum class Kind { kF16, kW8, kW4, kGguf };
   Kind kind = Kind::kF16;
   int64_t rows = 0, cols = 0;
-  void* w = nullptr;       // f16 [rows, cols] | int8 [rows, cols] | uint8 [rows, cols / 2]
+  // f16 [rows, cols] | int8 [rows, cols] | uint8 [rows, cols / 2] | GGUF: the file's blocks,
+  // row r at r * row_bytes
+  void* w = nullptr;
   void* scales = nullptr;  // W8: fp32 [rows]; W4: f16 [rows, cols / 128]
   void* zeros = nullptr;   // W4: uint8 [rows, cols / 128]
+  QuantType gguf_type = QuantType::kF16;  // GGUF: the block type (tessera_cuda_gemm_gguf's `type`)
+  int64_t row_bytes = 0;                  // GGUF: bytes of one row's blocks
   int64_t bytes = 0;
 };
 
@@ -137,6 +141,22 @@ Result<void*> CudaForward::device_alloc(int64_t bytes, const char* what) {
 
 namespace {
 
+// GGUF block types the device kernels read as stored (kernels/cuda/gguf_gemm.cu); other
+// block types are expanded to f16 at upload.
+bool gguf_on_device(QuantType t) {
+  switch (t) {
+    case QuantType::kQ8_0:
+    case QuantType::kQ4_0:
+    case QuantType::kQ5_0:
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
+    case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Converts rows [r0, r0 + n) of a float or GGUF-block matrix to f16.
 void rows_to_f16(const TensorView& v, int64_t r0, int64_t n, std::vector<float>& tmp, uint16_t* dst) {
   const int64_t cols = v.cols();
@@ -154,7 +174,9 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
   // (tessera_cuda_memcpy is synchronous, so the staging buffer is reused right away).
   std::vector<uint8_t> staging;
   std::vector<float> tmp;
-  auto upload_matrix = [&](const TensorView& v, const std::string& name, Matrix* m) -> Status {
+  // keep_blocks: GGUF block matrices stay in their blocks (every matrix but the embedding,
+  // whose kernel reads f16 / f32 tables).
+  auto upload_matrix = [&](const TensorView& v, const std::string& name, Matrix* m, bool keep_blocks) -> Status {
     if (!v.data || v.ndim != 2)
       return Status::invalid_argument(fmt::format("CudaForward: {} is missing or not a matrix", name));
     m->rows = v.rows();
@@ -213,8 +235,27 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
       TESSERA_CUDA_TRY(api_->device_memcpy(m->scales, scales.data(), rows * groups * 2), "upload " + name);
       TESSERA_CUDA_TRY(api_->device_memcpy(m->zeros, zeros.data(), rows * groups), "upload " + name);
       m->bytes = rows * cols / 2 + rows * groups * 3;
+    } else if (keep_blocks && gguf_on_device(type)) {
+      // The file's blocks as they are (a TP slice's rows are contiguous, row_ptr(r) apart).
+      m->kind = Matrix::Kind::kGguf;
+      m->gguf_type = type;
+      m->row_bytes = static_cast<int64_t>(row_bytes(type, cols));
+      TESSERA_ASSIGN_OR_RETURN(m->w, device_alloc(rows * m->row_bytes, name.c_str()));
+      const int64_t chunk = std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(m->row_bytes, 1));
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t n = std::min(chunk, rows - r0);
+        staging.resize(static_cast<size_t>(n * m->row_bytes));
+        for (int64_t r = 0; r < n; ++r)
+          std::memcpy(&staging[static_cast<size_t>(r * m->row_bytes)], v.row_ptr(r0 + r),
+                      static_cast<size_t>(m->row_bytes));
+        TESSERA_CUDA_TRY(api_->device_memcpy(static_cast<uint8_t*>(m->w) + r0 * m->row_bytes, staging.data(),
+                                             n * m->row_bytes),
+                         "upload " + name);
+      }
+      m->bytes = rows * m->row_bytes;
     } else {
-      // F16 as stored; F32, BF16 and GGUF block types dequantized to f16 on the host.
+      // F16 as stored; F32, BF16 and the other GGUF block types (and a GGUF embedding)
+      // dequantized to f16 on the host.
       m->kind = Matrix::Kind::kF16;
       TESSERA_ASSIGN_OR_RETURN(m->w, device_alloc(rows * cols * 2, name.c_str()));
       auto* dst = static_cast<uint16_t*>(m->w);
@@ -252,7 +293,7 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
 
   const int64_t hd = config_.head_dim, hidden = config_.hidden;
   embed_ = std::make_unique<Matrix>();
-  TESSERA_RETURN_IF_ERROR(upload_matrix(weights.embed, "model.embed_tokens.weight", embed_.get()));
+  TESSERA_RETURN_IF_ERROR(upload_matrix(weights.embed, "model.embed_tokens.weight", embed_.get(), false));
   if (embed_->kind != Matrix::Kind::kF16) {
     // The embedding kernel reads f16 / f32 tables: dequantize an INT8 / INT4 table to f16.
     return Status::unimplemented("CudaForward: a quantized (I8_CH / I4_G128) embedding table is not supported");
@@ -263,7 +304,7 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
     lm_head_ = embed_.get();
   } else {
     lm_head_own_ = std::make_unique<Matrix>();
-    TESSERA_RETURN_IF_ERROR(upload_matrix(weights.lm_head, "lm_head.weight", lm_head_own_.get()));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(weights.lm_head, "lm_head.weight", lm_head_own_.get(), true));
     lm_head_ = lm_head_own_.get();
   }
   step_weight_bytes_ = lm_head_->bytes;
@@ -283,13 +324,13 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
     TESSERA_RETURN_IF_ERROR(upload_vector(w.bv, kv_dim, p + ".self_attn.v_proj.bias", &d.bv));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.q_norm, hd, p + ".self_attn.q_norm.weight", &d.q_norm));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.k_norm, hd, p + ".self_attn.k_norm.weight", &d.k_norm));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wq, p + ".self_attn.q_proj.weight", &d.wq));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wk, p + ".self_attn.k_proj.weight", &d.wk));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wv, p + ".self_attn.v_proj.weight", &d.wv));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wo, p + ".self_attn.o_proj.weight", &d.wo));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_gate, p + ".mlp.gate_proj.weight", &d.w_gate));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_up, p + ".mlp.up_proj.weight", &d.w_up));
-    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_down, p + ".mlp.down_proj.weight", &d.w_down));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wq, p + ".self_attn.q_proj.weight", &d.wq, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wk, p + ".self_attn.k_proj.weight", &d.wk, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wv, p + ".self_attn.v_proj.weight", &d.wv, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.wo, p + ".self_attn.o_proj.weight", &d.wo, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_gate, p + ".mlp.gate_proj.weight", &d.w_gate, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_up, p + ".mlp.up_proj.weight", &d.w_up, true));
+    TESSERA_RETURN_IF_ERROR(upload_matrix(w.w_down, p + ".mlp.down_proj.weight", &d.w_down, true));
     const struct { const Matrix* m; int64_t rows, cols; } shapes[] = {
         {&d.wq, q_dim, hidden}, {&d.wk, kv_dim, hidden}, {&d.wv, kv_dim, hidden}, {&d.wo, hidden, q_dim},
         {&d.w_gate, layout_.ffn, hidden}, {&d.w_up, layout_.ffn, hidden}, {&d.w_down, hidden, layout_.ffn}};
@@ -523,6 +564,23 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
   constexpr int64_t kFmaMaxTokens = 8;
   constexpr int64_t kTensorCoreMaxTokens = 256;
   ++last_step_.launches;
+  if (m.kind == Matrix::Kind::kGguf) {
+    // GGUF blocks: decoded in registers for decode-sized steps; beyond, the matrix expanded
+    // to f16 into the scratch buffer (stream-ordered) and cuBLAS.
+    // (Messages are formatted only on failure: this runs for every matrix of every step.)
+    const int type = static_cast<int>(m.gguf_type);
+    if (n <= kFmaMaxTokens) {
+      const int rc = api_->gemm_gguf(type, m.w, m.row_bytes, x16, y, m.rows, m.cols, n, stream_);
+      return rc == 0 ? Status::ok()
+                     : api_->check(rc, fmt::format("{} [{}, {}] block GEMM of {} tokens", quant_name(m.gguf_type),
+                                                   m.rows, m.cols, n));
+    }
+    if (const int rc = api_->dequantize_gguf(type, m.w, m.row_bytes, dequant_, m.rows, m.cols, stream_); rc != 0)
+      return api_->check(rc, fmt::format("dequantize a {} [{}, {}] weight matrix", quant_name(m.gguf_type), m.rows,
+                                         m.cols));
+    ++last_step_.launches;
+    return api_->check(api_->gemm_f16(blas_, dequant_, x16, y, m.rows, m.cols, n, stream_), "F16 GEMM");
+  }
   const bool quantized = m.kind != Matrix::Kind::kF16;
   if (quantized && n > kFmaMaxTokens && n <= kTensorCoreMaxTokens && (m.kind == Matrix::Kind::kW4 || m.cols % 16 == 0)) {
     if (m.kind == Matrix::Kind::kW8)
@@ -559,6 +617,8 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
           api_->gemm_w4a16(static_cast<const uint8_t*>(m.w), static_cast<const uint16_t*>(m.scales),
                            static_cast<const uint8_t*>(m.zeros), x16, y, m.rows, m.cols, n, stream_),
           "W4A16 GEMM");
+    case Matrix::Kind::kGguf:
+      break;  // handled above
   }
   return Status::internal("CudaForward: unknown matrix kind");
 }

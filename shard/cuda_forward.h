@@ -10,15 +10,18 @@
 // Memory, all allocated by create(), nothing per step:
 //  1. weights: F16 matrices as they are; F32 / BF16 converted to f16 at upload; I8_CH uploaded
 //     as int8 levels + fp32 row scales (W8A16 kernel); I4_G128 repacked to the W4A16 layout of
-//     cuda_api.h; GGUF block types (Q8_0, Q4_0, Q4_K, ...) are dequantized on the host to f16
-//     at upload for now (no GGUF kernels yet). Norm weights and biases stay fp32. A tied LM
-//     head shares the embedding's f16 matrix.
+//     cuda_api.h; GGUF block types Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K uploaded as the file's
+//     blocks (row by row, the bytes weight_bytes() counts) and read by the GGUF block kernels
+//     (kernels/cuda/gguf_gemm.cu); other GGUF block types, and a GGUF embedding table (its
+//     kernel reads f16), are dequantized on the host to f16 at upload. Norm weights and biases
+//     stay fp32. A tied LM head shares the embedding's f16 matrix.
 //  2. workspace for the largest step (options.max_tokens_per_step tokens, max_seqs_per_step
 //     sequences, max_logit_rows logit rows): fp32 activations, one f16 activation buffer for
 //     the GEMM inputs, logits, and the per-step metadata (tokens, positions, slots, block tables);
-//     with INT8 / INT4 weights also an f16 buffer for the largest such matrix: GEMMs of more than
-//     32 tokens dequantize the matrix into it and use cuBLAS (the W8A16 / W4A16 kernels re-read
-//     the packed weights once per 8 tokens).
+//     with INT8 / INT4 / GGUF-block weights also an f16 buffer for the largest such matrix:
+//     INT8 / INT4 GEMMs of more than 256 tokens and GGUF GEMMs of more than 8 dequantize the
+//     matrix into it and use cuBLAS (the register-dequantizing kernels re-read the packed
+//     weights once per 8 tokens).
 //  3. the KV pool as ONE allocation, [layer][K|V][num_blocks][block_size][n_kv_heads][head_dim]
 //     fp32 (the CPU layout per layer), with the block tables' metadata. Either at create()
 //     (cudaMemGetInfo's free bytes minus kv_headroom * total, capped at max_kv_blocks when > 0),
@@ -193,8 +196,8 @@ class CudaForward {
   int32_t* greedy_ = nullptr;           // [ids | values] of max_logit_rows rows
   int32_t* greedy_gathered_ = nullptr;  // tp_size of those
   std::vector<int32_t> h_greedy_;
-  // f16 copy of one INT8 / INT4 matrix for steps of more than 32 tokens (then cuBLAS), sized
-  // for the largest quantized matrix; null when no matrix is quantized.
+  // f16 copy of one INT8 / INT4 / GGUF-block matrix for large steps (then cuBLAS), sized for
+  // the largest such matrix; null when every matrix is f16.
   uint16_t* dequant_ = nullptr;
   int64_t dequant_elems_ = 0;
   int32_t* meta_ = nullptr;  // tokens | positions | out_rows | query_begin | query_len | start_pos | seq_lens | tables

@@ -263,6 +263,31 @@ int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t
 int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
                                   uint16_t* out, int64_t rows, int64_t cols, void* stream);
 
+// gguf_gemm.cu. GGUF block-quantized weights used as stored in the file (ggml's byte layouts,
+// specified in kernels/cpu/quant.cpp): row r of W [rows, cols] is cols / block_elems blocks at
+// w + r * row_bytes (row_bytes >= those blocks' bytes, even; w 2-byte aligned). `type` is the
+// numeric value of tessera::QuantType (common/dtype.h), the TESSERA_CUDA_GGUF_* values below;
+// Q8_0 / Q4_0 / Q5_0 need cols % 32 == 0, Q4_K / Q5_K / Q6_K cols % 256 == 0. Any other type
+// returns -1 with a message naming it.
+enum {
+  TESSERA_CUDA_GGUF_Q8_0 = 3,
+  TESSERA_CUDA_GGUF_Q4_0 = 4,
+  TESSERA_CUDA_GGUF_Q5_0 = 5,
+  TESSERA_CUDA_GGUF_Q4_K = 6,
+  TESSERA_CUDA_GGUF_Q5_K = 7,
+  TESSERA_CUDA_GGUF_Q6_K = 8,
+};
+// y[t, r] = sum_c W[r, c] * x[t, c]: x f16 [n_tokens, cols], y fp32 [n_tokens, rows]
+// (overwritten), fp32 accumulation, weights dequantized in registers (each weight computed in
+// fp32 as kernels/cpu/quant.cpp's dequantize_row does). Fast for 1..8 tokens (decode), correct
+// for any n_tokens >= 0 (larger batches: tessera_cuda_dequantize_gguf + tessera_cuda_gemm_f16).
+int tessera_cuda_gemm_gguf(int type, const void* w, int64_t row_bytes, const uint16_t* x, float* y,
+                           int64_t rows, int64_t cols, int64_t n_tokens, void* stream);
+// out f16 [rows, cols] row-major = W rounded to nearest even (bit-identical to f32_to_fp16 of
+// dequantize_row's values).
+int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row_bytes, uint16_t* out,
+                                 int64_t rows, int64_t cols, void* stream);
+
 // elementwise.cu. y[i] += x[i], i < n (fp32).
 int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream);
 // y[t, i] += bias[i] for y fp32 [n_tokens, dim].

@@ -101,6 +101,8 @@ Result<CudaApi> open_cuda_api(const std::string& path) {
   resolve(lib, "tessera_cuda_gemm_w4a16_tc", &api.gemm_w4a16_tc, &missing);
   resolve(lib, "tessera_cuda_dequantize_w8a16", &api.dequantize_w8a16, &missing);
   resolve(lib, "tessera_cuda_dequantize_w4a16", &api.dequantize_w4a16, &missing);
+  resolve(lib, "tessera_cuda_gemm_gguf", &api.gemm_gguf, &missing);
+  resolve(lib, "tessera_cuda_dequantize_gguf", &api.dequantize_gguf, &missing);
   resolve(lib, "tessera_cuda_add_f32", &api.add_f32, &missing);
   resolve(lib, "tessera_cuda_add_bias_f32", &api.add_bias_f32, &missing);
   resolve(lib, "tessera_cuda_gather_rows_f32", &api.gather_rows_f32, &missing);

@@ -76,6 +76,8 @@ struct CudaApi {
   decltype(&tessera_cuda_gemm_w4a16_tc) gemm_w4a16_tc = nullptr;
   decltype(&tessera_cuda_dequantize_w8a16) dequantize_w8a16 = nullptr;
   decltype(&tessera_cuda_dequantize_w4a16) dequantize_w4a16 = nullptr;
+  decltype(&tessera_cuda_gemm_gguf) gemm_gguf = nullptr;
+  decltype(&tessera_cuda_dequantize_gguf) dequantize_gguf = nullptr;
   decltype(&tessera_cuda_add_f32) add_f32 = nullptr;
   decltype(&tessera_cuda_add_bias_f32) add_bias_f32 = nullptr;
   decltype(&tessera_cuda_gather_rows_f32) gather_rows_f32 = nullptr;

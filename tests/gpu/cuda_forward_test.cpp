@@ -1,7 +1,7 @@
 // The CUDA forward pass (shard/cuda_forward.h) end to end on stories260K: greedy ids against
 // llama2.c's reference (reference.json), last-prompt-position logits against the CPU
 // ForwardPass, chunked prefill and batching invariances, input validation, and a synthetic
-// model in F16 / INT8 / INT4 against the CPU on the same weights. Skips without a device or without the test data.
+// model in F16 / INT8 / INT4 and GGUF Q8_0 / Q4_0 / Q4_K_M against the CPU on the same weights. Skips without a device or without the test data.
 #include "shard/cuda_forward.h"
 
 #include <gtest/gtest.h>
@@ -493,6 +493,80 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
   }
   std::error_code ec;
   fs::remove_all(dir, ec);
+}
+
+// GPU vs CPU on synthetic GGUF files in Q8_0, Q4_0 and a Q4_K_M-like mix (Q4_K, Q6_K for the
+// LM head and some attn_v / ffn_down): the block matrices stay in their blocks on the device
+// (weight_bytes_per_step() is their byte count, weight_bytes() below the f16 size), decode steps
+// and short prompts take the GGUF block GEMM, a 40-token prompt the f16 expansion + cuBLAS, and
+// the greedy tokens equal the CPU LocalModel's.
+TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
+  if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
+    GTEST_SKIP() << api.status().message();
+  }
+  SyntheticModelSpec spec;
+  spec.hidden = 256;
+  spec.n_layers = 2;
+  spec.n_heads = 4;
+  spec.n_kv_heads = 2;
+  spec.ffn = 512;
+  spec.vocab = 512;
+  spec.max_positions = 512;
+  spec.seed = 91;
+  const struct {
+    const char* name;
+    QuantType type;
+    bool q4_k_m;
+  } files[] = {{"q8_0", QuantType::kQ8_0, false}, {"q4_0", QuantType::kQ4_0, false}, {"q4_k_m", QuantType::kQ4_K, true}};
+  for (const auto& f : files) {
+    spec.weight_type = f.type;
+    spec.gguf_mixed_q4_k_m = f.q4_k_m;
+    const std::string path = ::testing::TempDir() + "tessera_cuda_forward_" + f.name + ".gguf";
+    ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok()) << f.name;
+    auto gpu = load_gpu_model(path, 16);
+    ASSERT_TRUE(gpu.is_ok()) << f.name << ": " << gpu.status().to_string();
+    auto cpu = LocalModel::load({.path = path, .threads = 2});
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+
+    // Device bytes: the block matrices' own bytes, well below an f16 copy.
+    const ModelWeights& w = (*gpu)->weights.weights;
+    auto block_bytes = [](const TensorView& v) { return v.rows() * static_cast<int64_t>(row_bytes(v.type, v.cols())); };
+    int64_t step_bytes = block_bytes(w.lm_head), f16_bytes = 2 * (w.embed.numel() + w.lm_head.numel());
+    bool saw_q6_k = w.lm_head.type == QuantType::kQ6_K;
+    for (const LayerWeights& l : w.layers)
+      for (const TensorView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        EXPECT_TRUE(m->type == f.type || (f.q4_k_m && m->type == QuantType::kQ6_K)) << f.name << " " << quant_name(m->type);
+        saw_q6_k = saw_q6_k || m->type == QuantType::kQ6_K;
+        step_bytes += block_bytes(*m);
+        f16_bytes += 2 * m->numel();
+      }
+    EXPECT_EQ(saw_q6_k, f.q4_k_m) << f.name;
+    EXPECT_EQ((*gpu)->forward->weight_bytes_per_step(), step_bytes) << f.name;
+    EXPECT_LT((*gpu)->forward->weight_bytes(), f16_bytes) << f.name;
+    std::printf("%s: device weights %lld bytes (f16 would be %lld), %lld per decode step\n", f.name,
+                static_cast<long long>((*gpu)->forward->weight_bytes()), static_cast<long long>(f16_bytes),
+                static_cast<long long>(step_bytes));
+
+    for (const size_t prompt_len : {size_t{5}, size_t{40}}) {
+      std::vector<int32_t> prompt(prompt_len);
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 53 + 7) % 511);
+      const std::string what = std::string(f.name) + ", prompt of " + std::to_string(prompt_len);
+      std::vector<float> gpu_logits;
+      const std::vector<int32_t> gpu_ids = greedy(**gpu, prompt, 8, 0, &gpu_logits);
+      GenerateOptions go;
+      go.max_tokens = 8;
+      go.sampling.temperature = 0.0f;
+      go.ignore_eos = true;
+      auto out = generate(**cpu, prompt, go);
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      ASSERT_EQ(gpu_logits.size(), out->prompt_last_logits.size()) << what;
+      std::printf("%s: max rel err of the last prompt logits vs CPU %.4f\n", what.c_str(),
+                  max_rel_err(gpu_logits, out->prompt_last_logits.data(), static_cast<int64_t>(gpu_logits.size())));
+      EXPECT_EQ(gpu_ids, out->ids) << what << " (greedy agreement over 8 tokens)";
+    }
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
 }
 
 // On a machine without a usable device the forward pass refuses cleanly (the shard then runs

@@ -256,6 +256,112 @@ int tc_check(const void* w, const void* x, int64_t rows, int64_t cols, int64_t n
   return 0;
 }
 
+// ---- gguf_gemm.cu, emulated step by step ----
+// Pieces of 256 columns (one K-quant super-block or 8 blocks of 32), lane l's slot i = column
+// 32i + l of the piece, each weight decoded as the kernel's decode_piece does; the GEMM keeps
+// one fma accumulator per (lane, token) in piece order, then slot order, 0-padded activations
+// past cols, and sums the lanes with the kernel's xor butterfly.
+static_assert(TESSERA_CUDA_GGUF_Q8_0 == static_cast<int>(tessera::QuantType::kQ8_0) &&
+                  TESSERA_CUDA_GGUF_Q4_0 == static_cast<int>(tessera::QuantType::kQ4_0) &&
+                  TESSERA_CUDA_GGUF_Q5_0 == static_cast<int>(tessera::QuantType::kQ5_0) &&
+                  TESSERA_CUDA_GGUF_Q4_K == static_cast<int>(tessera::QuantType::kQ4_K) &&
+                  TESSERA_CUDA_GGUF_Q5_K == static_cast<int>(tessera::QuantType::kQ5_K) &&
+                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(tessera::QuantType::kQ6_K),
+              "the GGUF type ids of cuda_api.h are tessera::QuantType's values");
+constexpr int kGgufPiece = 256;
+
+struct GgufFormat {
+  int elems = 0, bytes = 0;
+};
+GgufFormat gguf_format(int type) {
+  switch (type) {
+    case TESSERA_CUDA_GGUF_Q8_0: return {32, 34};
+    case TESSERA_CUDA_GGUF_Q4_0: return {32, 18};
+    case TESSERA_CUDA_GGUF_Q5_0: return {32, 22};
+    case TESSERA_CUDA_GGUF_Q4_K: return {256, 144};
+    case TESSERA_CUDA_GGUF_Q5_K: return {256, 176};
+    case TESSERA_CUDA_GGUF_Q6_K: return {256, 210};
+    default: return {};
+  }
+}
+
+float gguf_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// v[i] = weight of column 256 piece + 32 i + lane; 0 for blocks past n_blocks.
+void gguf_decode_piece(int type, const uint8_t* row, int64_t piece, int64_t n_blocks, int lane, float v[8]) {
+  const GgufFormat f = gguf_format(type);
+  for (int i = 0; i < 8; ++i) {
+    if (f.elems == 32) {
+      const int64_t b = piece * 8 + i;
+      if (b >= n_blocks) {
+        v[i] = 0.0f;
+        continue;
+      }
+      const uint8_t* blk = row + b * f.bytes;
+      const float d = gguf_half(blk);
+      if (type == TESSERA_CUDA_GGUF_Q8_0) {
+        v[i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + lane]));
+      } else if (type == TESSERA_CUDA_GGUF_Q4_0) {
+        const uint8_t byte = blk[2 + (lane & 15)];
+        v[i] = static_cast<float>((lane < 16 ? (byte & 0xF) : (byte >> 4)) - 8) * d;
+      } else {
+        uint32_t qh;
+        std::memcpy(&qh, blk + 2, 4);
+        const uint8_t byte = blk[6 + (lane & 15)];
+        const int q = (lane < 16 ? (byte & 0xF) : (byte >> 4)) | static_cast<int>(((qh >> lane) & 1u) << 4);
+        v[i] = static_cast<float>(q - 16) * d;
+      }
+    } else if (type == TESSERA_CUDA_GGUF_Q6_K) {
+      const uint8_t* blk = row + piece * f.bytes;
+      const float d = gguf_half(blk + 208);
+      const int h = i / 4, g = i % 4;
+      const uint8_t lb = blk[64 * h + 32 * (g % 2) + lane];
+      const uint8_t hb = blk[128 + 32 * h + lane];
+      const int q = (((lb >> (g < 2 ? 0 : 4)) & 0xF) | (((hb >> (2 * g)) & 3) << 4)) - 32;
+      const float scale = d * static_cast<float>(static_cast<int8_t>(blk[192 + 8 * h + 2 * g + lane / 16]));
+      v[i] = scale * static_cast<float>(q);
+    } else {
+      const bool high_bit = type == TESSERA_CUDA_GGUF_Q5_K;
+      const uint8_t* blk = row + piece * f.bytes;
+      const float d = gguf_half(blk), dmin = gguf_half(blk + 2);
+      const uint8_t* s = blk + 4;
+      int sc, m;
+      if (i < 4) {
+        sc = s[i] & 63;
+        m = s[i + 4] & 63;
+      } else {
+        sc = (s[i + 4] & 0xF) | ((s[i - 4] >> 6) << 4);
+        m = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+      }
+      const uint8_t byte = blk[(high_bit ? 48 : 16) + 32 * (i / 2) + lane];
+      int q = i % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+      if (high_bit) q |= ((blk[16 + lane] >> i) & 1) << 4;
+      v[i] = (d * static_cast<float>(sc)) * static_cast<float>(q) - dmin * static_cast<float>(m);
+    }
+  }
+}
+
+char g_gguf_message[256];
+
+int gguf_check(const char* op, int type, const void* w, int64_t row_bytes, int64_t rows, int64_t cols) {
+  const GgufFormat f = gguf_format(type);
+  if (f.elems == 0) {
+    std::snprintf(g_gguf_message, sizeof(g_gguf_message), "%s: weight type %d is not a supported GGUF block type",
+                  op, type);
+    return fail(g_gguf_message);
+  }
+  if (rows < 0 || cols < 0 || cols % f.elems != 0 || row_bytes < cols / f.elems * f.bytes || row_bytes % 2 != 0 ||
+      (reinterpret_cast<uintptr_t>(w) & 1) != 0) {
+    std::snprintf(g_gguf_message, sizeof(g_gguf_message), "%s: bad sizes for GGUF type %d", op, type);
+    return fail(g_gguf_message);
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -663,6 +769,55 @@ int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, cons
     const int64_t g = r * groups + c / 128;
     out[i] = f32_to_fp16((static_cast<float>(level) - static_cast<float>(zeros[g])) * fp16_to_f32(scales[g]));
   }
+  return 0;
+}
+// gguf_gemm.cu's decomposition (gguf_decode_piece above).
+int tessera_cuda_gemm_gguf(int type, const void* w, int64_t row_bytes, const uint16_t* x, float* y, int64_t rows,
+                           int64_t cols, int64_t n, void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_gemm_gguf(type, w, row_bytes, x, y, rows, cols, n, stream); });
+  if (int rc = gguf_check("tessera_cuda_gemm_gguf", type, w, row_bytes, rows, cols)) return rc;
+  if (n < 0) return fail("tessera_cuda_gemm_gguf: n_tokens must be >= 0");
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t n_blocks = cols / gguf_format(type).elems, pieces = (cols + kGgufPiece - 1) / kGgufPiece;
+  std::vector<float> xf(static_cast<size_t>(pieces * kGgufPiece));
+  for (int64_t t = 0; t < n; ++t) {
+    std::fill(xf.begin(), xf.end(), 0.0f);
+    for (int64_t c = 0; c < cols; ++c) xf[static_cast<size_t>(c)] = fp16_to_f32(x[t * cols + c]);
+    for (int64_t r = 0; r < rows; ++r) {
+      float lanes[32] = {};
+      for (int64_t p = 0; p < pieces; ++p)
+        for (int lane = 0; lane < 32; ++lane) {
+          float v[8];
+          gguf_decode_piece(type, wb + r * row_bytes, p, n_blocks, lane, v);
+          for (int i = 0; i < 8; ++i)
+            lanes[lane] = std::fma(v[i], xf[static_cast<size_t>(p * kGgufPiece + 32 * i + lane)], lanes[lane]);
+        }
+      for (int off = 16; off > 0; off >>= 1) {  // warp_sum's butterfly
+        float next[32];
+        for (int lane = 0; lane < 32; ++lane) next[lane] = lanes[lane] + lanes[lane ^ off];
+        std::memcpy(lanes, next, sizeof(lanes));
+      }
+      y[t * rows + r] = lanes[0];
+    }
+  }
+  return 0;
+}
+int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row_bytes, uint16_t* out, int64_t rows, int64_t cols,
+                                 void* stream) {
+  if (g_capture) return record([=] { return tessera_cuda_dequantize_gguf(type, w, row_bytes, out, rows, cols, stream); });
+  if (int rc = gguf_check("tessera_cuda_dequantize_gguf", type, w, row_bytes, rows, cols)) return rc;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t n_blocks = cols / gguf_format(type).elems, pieces = (cols + kGgufPiece - 1) / kGgufPiece;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < pieces; ++p)
+      for (int lane = 0; lane < 32; ++lane) {
+        float v[8];
+        gguf_decode_piece(type, wb + r * row_bytes, p, n_blocks, lane, v);
+        for (int i = 0; i < 8; ++i) {
+          const int64_t c = p * kGgufPiece + 32 * i + lane;
+          if (c < cols) out[r * cols + c] = f32_to_fp16(v[i]);
+        }
+      }
   return 0;
 }
 int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream) {
