@@ -535,11 +535,15 @@ void time_bill(const PlanInput& in, const LinkSpec& link, const MemoryBill& m, c
   t.crossover_batch_no_kv =
       static_cast<double>(fixed_read) / card.memory_bandwidth / (2.0 * static_cast<double>(m.matrix_params_per_rank) / card.peak_flops);
 
-  // The fused layer of DESIGN §5: residual+norm, QKV GEMM, RoPE+KV write, paged attention,
-  // O GEMM, residual+norm, gate/up GEMM, SiLU*mul, down GEMM; two all-reduces with TP. Per step:
-  // embedding, final norm, LM head, sampling, and the logits all-gather with TP.
-  t.launches_per_layer = 9 + (in.tp > 1 ? 2 : 0);
-  t.launches_per_step = t.launches_per_layer * static_cast<int>(c.n_layers) + 4 + (in.tp > 1 ? 1 : 0);
+  // What shard/cuda_forward.cpp enqueues per layer today: f32->f16, Q, K, V GEMMs, RoPE + KV
+  // write, attention, f32->f16, O GEMM, add + RMSNorm, f32->f16, gate and up GEMMs, SiLU*mul,
+  // f32->f16, down GEMM, add + RMSNorm (16), the q/k/v biases (Qwen2) and q/k norms (Qwen3), two
+  // all-reduces with TP. Per step: the metadata and KV-slot uploads, embedding, first RMSNorm,
+  // row gather, f32->f16, LM head, the argmax or logits copy (8), and the all-gather with TP.
+  // Split decode attention (long contexts, small batches) adds its merge kernel per layer.
+  // (Fusing the conversions into the norms and GEMM epilogues would take this to ~9 a layer.)
+  t.launches_per_layer = 16 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (in.tp > 1 ? 2 : 0);
+  t.launches_per_step = t.launches_per_layer * static_cast<int>(c.n_layers) + 8 + (in.tp > 1 ? 1 : 0);
   t.launch_s = t.launches_per_step * card.launch_s;
   t.launch_graph_s = card.graph_node_s > 0 ? card.graph_launch_s + t.launches_per_step * card.graph_node_s : t.launch_s;
 

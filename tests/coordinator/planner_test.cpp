@@ -272,10 +272,10 @@ TEST(PlannerTest, DecodeFloorAndCrossover) {
   EXPECT_EQ(p.time.kv_bytes_read, 8ull * 1000 * 524'288);
   EXPECT_DOUBLE_EQ(p.time.memory_s, p.time.weight_read_s + static_cast<double>(8ull * 1000 * 524'288) / 2039e9);
 
-  // Launches: 9 per layer + embedding, final norm, LM head, sampling.
-  EXPECT_EQ(p.time.launches_per_step, 9 * 32 + 4);
-  EXPECT_DOUBLE_EQ(p.time.launch_s, (9 * 32 + 4) * 5e-6);
-  EXPECT_DOUBLE_EQ(p.time.launch_graph_s, 10e-6 + (9 * 32 + 4) * 1e-6);
+  // Launches: the CUDA forward pass's 16 per layer + 8 per step.
+  EXPECT_EQ(p.time.launches_per_step, 16 * 32 + 8);
+  EXPECT_DOUBLE_EQ(p.time.launch_s, (16 * 32 + 8) * 5e-6);
+  EXPECT_DOUBLE_EQ(p.time.launch_graph_s, 10e-6 + (16 * 32 + 8) * 1e-6);
   EXPECT_EQ(p.time.all_reduce_s, 0);
 }
 
@@ -294,7 +294,7 @@ TEST(PlannerTest, AllReduceTime) {
   EXPECT_EQ(p.time.all_reduces_per_step, 160);
   EXPECT_EQ(p.time.all_reduce_bytes, 4ull * 8192 * 2);
   EXPECT_NEAR(p.time.all_reduce_s, 160 * one, 1e-12);
-  EXPECT_EQ(p.time.launches_per_step, 11 * 80 + 5);
+  EXPECT_EQ(p.time.launches_per_step, 18 * 80 + 9);
   // The PCIe link is slower.
   in.use_slow_link = true;
   EXPECT_GT(plan_of(in).time.all_reduce_s, p.time.all_reduce_s);
