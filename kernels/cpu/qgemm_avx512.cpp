@@ -365,38 +365,25 @@ struct TokenPtrs {
   const int16_t* bsum[8];
 };
 
-template <int T>
+// Q8_0 / Q4_0 / Q5_0 (tile: unit, dw[16]; a constant level offset) and, kRowZero, I4_G128 (as
+// Q4_0 with a per-row zero point; tile: unit, dw[16], -z[16]).
+template <int T, bool kRowZero>
 TESSERA_AVX512_INLINE void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x,
-                           __m512* out) {
+                                  __m512* out) {
   // Accumulators in locals: `tile` is a byte pointer that may alias `out`, so updating out[]
   // in the loop would make the compiler store and reload it every block.
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = out[t];
-  for (int64_t b = b0; b < b1; ++b, tile += 512 + 64) {
+  for (int64_t b = b0; b < b1; ++b, tile += 512 + (kRowZero ? 128 : 64)) {
     __m512i ia[T];
-    for (int t = 0; t < T; ++t)
-      ia[t] = _mm512_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
-    for (int g = 0; g < 8; ++g) {
-      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
-      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
+    if constexpr (kRowZero) {
+      const __m512i nz = _mm512_load_si512(tile + 576);
+      for (int t = 0; t < T; ++t)
+        ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
+    } else {
+      for (int t = 0; t < T; ++t)
+        ia[t] = _mm512_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
     }
-    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-// I4_G128: as Q4_0 with a per-row zero point (tile: unit, dw[16], -z[16]).
-template <int T>
-TESSERA_AVX512_INLINE void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
-  __m512 acc[T];  // locals, as in mk_q32
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  for (int64_t b = b0; b < b1; ++b, tile += 512 + 128) {
-    const __m512i nz = _mm512_load_si512(tile + 576);
-    __m512i ia[T];
-    for (int t = 0; t < T; ++t)
-      ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
     for (int g = 0; g < 8; ++g) {
       const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
       for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
@@ -482,8 +469,8 @@ TESSERA_AVX512 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, 
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
     case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
-    case QuantType::kI4_G128: return mk_i4<T>(tile, b0, b1, x, acc);
-    default: return mk_q32<T>(tile, b0, b1, q32_offset(type), x, acc);
+    case QuantType::kI4_G128: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
+    default: return mk_q32<T, false>(tile, b0, b1, q32_offset(type), x, acc);
   }
 }
 
@@ -727,7 +714,9 @@ TESSERA_AVX512 void store_rows(float* y, __m512 v, int n_valid) {
 // at a constant offset from one pointer per block, which keeps the micro-kernels' addressing
 // out of the general-purpose registers. Same integer sums, same float operations in the same
 // order as the other paths.
-template <int T>
+// Q8_0 / Q4_0 / Q5_0 (aux: the offset term, precomputed) and, kRowZero, I4_G128 (aux: the
+// activation block sum, times the row's zero point here); tiles as in mk_q32.
+template <int T, bool kRowZero>
 TESSERA_AVX512_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const PackedActs& x, int t0, __m512* out) {
   __m512 acc[T];  // locals, as in mk_q32
   for (int t = 0; t < T; ++t) acc[t] = out[t];
@@ -735,32 +724,14 @@ TESSERA_AVX512_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const Packe
   const float* dx = x.d + t0;
   const int32_t* aux = x.aux + t0;
   const int64_t qstep = static_cast<int64_t>(x.n) * 32;
-  for (int64_t b = 0; b < nblk; ++b, tile += 512 + 64, q += qstep, dx += x.n, aux += x.n) {
+  for (int64_t b = 0; b < nblk; ++b, tile += 512 + (kRowZero ? 128 : 64), q += qstep, dx += x.n, aux += x.n) {
     __m512i ia[T];
-    for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(aux[t]);
-    for (int g = 0; g < 8; ++g) {
-      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
-      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 32 * t + 4 * g));
+    if constexpr (kRowZero) {
+      const __m512i nz = _mm512_load_si512(tile + 576);
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(aux[t]));
+    } else {
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(aux[t]);
     }
-    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-template <int T>
-TESSERA_AVX512_INLINE void bk_i4(const uint8_t* tile, int64_t nblk, const PackedActs& x, int t0, __m512* out) {
-  __m512 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  const int8_t* q = x.q + static_cast<int64_t>(t0) * 32;
-  const float* dx = x.d + t0;
-  const int32_t* aux = x.aux + t0;
-  const int64_t qstep = static_cast<int64_t>(x.n) * 32;
-  for (int64_t b = 0; b < nblk; ++b, tile += 512 + 128, q += qstep, dx += x.n, aux += x.n) {
-    const __m512i nz = _mm512_load_si512(tile + 576);
-    __m512i ia[T];
-    for (int t = 0; t < T; ++t) ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(aux[t]));
     for (int g = 0; g < 8; ++g) {
       const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
       for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(q + 32 * t + 4 * g));
@@ -960,19 +931,13 @@ TESSERA_AVX512 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, 
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return bk_k_affine<T>(tile, x, b, t0, acc);
     case QuantType::kQ6_K: return bk_q6_k<T>(tile, x, b, t0, acc);
-    case QuantType::kI4_G128: {
-      PackedActs xb = x;
-      xb.q += b * x.n * 32;
-      xb.d += b * x.n;
-      xb.aux += b * x.n;
-      return bk_i4<T>(tile, nblk, xb, t0, acc);
-    }
     default: {
       PackedActs xb = x;
       xb.q += b * x.n * 32;
       xb.d += b * x.n;
       xb.aux += b * x.n;
-      return bk_q32<T>(tile, nblk, xb, t0, acc);
+      if (type == QuantType::kI4_G128) return bk_q32<T, true>(tile, nblk, xb, t0, acc);
+      return bk_q32<T, false>(tile, nblk, xb, t0, acc);
     }
   }
 }

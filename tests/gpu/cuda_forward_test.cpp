@@ -429,14 +429,9 @@ TEST_P(CudaForwardTest, AllLogitsBeyondMaxLogitRows) {
   }
 }
 
-// GPU vs CPU on a synthetic model (hidden 256, FFN 512: whole INT4 groups) in F16, INT8
-// (W8A16 kernel) and INT4 (W4A16 kernel, repacked at upload): last-prompt-position logits
-// correlate with the CPU's on the same quantized weights, and the greedy tokens agree.
-TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
-  if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
-    GTEST_SKIP() << api.status().message();
-  }
-  const std::string dir = ::testing::TempDir() + "tessera_cuda_forward_synthetic";
+// The synthetic model of the tests below: hidden 256, FFN 512 (whole INT4 groups and K-quant
+// super-blocks), 2 layers, 4 heads over 2 KV heads, vocabulary 512, context 512.
+SyntheticModelSpec small_spec(uint32_t seed) {
   SyntheticModelSpec spec;
   spec.hidden = 256;
   spec.n_layers = 2;
@@ -446,7 +441,19 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
   spec.vocab = 512;
   spec.max_positions = 512;
   spec.weight_type = QuantType::kF16;
-  spec.seed = 77;
+  spec.seed = seed;
+  return spec;
+}
+
+// GPU vs CPU on a synthetic model (hidden 256, FFN 512: whole INT4 groups) in F16, INT8
+// (W8A16 kernel) and INT4 (W4A16 kernel, repacked at upload): last-prompt-position logits
+// correlate with the CPU's on the same quantized weights, and the greedy tokens agree.
+TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
+  if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
+    GTEST_SKIP() << api.status().message();
+  }
+  const std::string dir = ::testing::TempDir() + "tessera_cuda_forward_synthetic";
+  const SyntheticModelSpec spec = small_spec(77);
   ASSERT_TRUE(write_synthetic_hf(spec, dir).is_ok());
   // Prompts of 40 and 300 tokens: the prefill GEMMs of INT8 / INT4 take the tensor-core kernels
   // (9..256 tokens), then dequantize + cuBLAS (> 256); the decode steps the W8A16 / W4A16 FMA
@@ -509,15 +516,7 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
   if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
     GTEST_SKIP() << api.status().message();
   }
-  SyntheticModelSpec spec;
-  spec.hidden = 256;
-  spec.n_layers = 2;
-  spec.n_heads = 4;
-  spec.n_kv_heads = 2;
-  spec.ffn = 512;
-  spec.vocab = 512;
-  spec.max_positions = 512;
-  spec.seed = 91;
+  SyntheticModelSpec spec = small_spec(91);
   const struct {
     const char* name;
     QuantType type;
