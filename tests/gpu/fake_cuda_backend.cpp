@@ -5,16 +5,25 @@
 // dispatch, logits) and the index math of the newer kernels on machines without a GPU
 // (test `cuda_forward_fake_backend`). The prefill attention and W8A16 / W4A16 GEMMs (also the
 // tensor-core ones, mma fragments included) follow their kernels' block / warp / lane
-// decomposition step by step; the other ops are plain references. NCCL is absent (TP 1 only).
+// decomposition step by step; the other ops are plain references. NCCL runs between processes
+// through shared memory (below).
 // It says nothing about the real kernels' speed or synchronization: the `gpu` tests on a
 // device do.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -443,14 +452,135 @@ int tessera_cuda_mem_get_info(int64_t* free_bytes, int64_t* total_bytes) {
   return 0;
 }
 
-int tessera_nccl_available() { return 0; }
-int64_t tessera_nccl_unique_id_bytes() { return 0; }
-int tessera_nccl_get_unique_id(void*, int64_t) { return fail("fake backend: built without NCCL"); }
-int tessera_nccl_comm_init(void**, const void*, int64_t, int, int, int) { return fail("fake backend: built without NCCL"); }
-int tessera_nccl_comm_destroy(void*) { return 0; }
-int tessera_nccl_all_reduce_sum_f32(void*, const float*, float*, int64_t, void*) { return fail("no NCCL"); }
-int tessera_nccl_all_gather(void*, const void*, void*, int64_t, void*) { return fail("no NCCL"); }
-int tessera_nccl_broadcast(void*, void*, int64_t, int, void*) { return fail("no NCCL"); }
+// NCCL between processes on this host through a POSIX shared-memory segment named by the
+// unique id: every collective copies this rank's data into its slot, meets the other ranks at
+// a barrier, reads the slots in rank order (so every rank computes the same sums) and meets
+// them again before a slot may be reused. Synchronous, like every op here; recorded during a
+// graph capture like the kernels. TESSERA_FAKE_NCCL=0 makes it report "built without NCCL".
+int tessera_nccl_available() {
+  const char* env = std::getenv("TESSERA_FAKE_NCCL");
+  return env && std::strcmp(env, "0") == 0 ? 0 : 1;
+}
+int64_t tessera_nccl_unique_id_bytes() { return tessera_nccl_available() ? 128 : 0; }
+int tessera_nccl_get_unique_id(void* id, int64_t id_bytes) {
+  if (!tessera_nccl_available()) return fail("fake backend: built without NCCL (TESSERA_FAKE_NCCL=0)");
+  if (id_bytes < 64) return fail("fake NCCL: unique id buffer too small");
+  static std::atomic<int> counter{0};
+  std::memset(id, 0, static_cast<size_t>(id_bytes));
+  std::snprintf(static_cast<char*>(id), static_cast<size_t>(id_bytes), "/tessera_fake_nccl_%d_%d",
+                static_cast<int>(::getpid()), counter.fetch_add(1));
+  return 0;
+}
+
+namespace {
+
+constexpr int64_t kFakeNcclMaxRanks = 8;
+constexpr int64_t kFakeNcclSlotBytes = int64_t{16} << 20;  // per rank; sparse until touched
+
+struct FakeNcclShared {
+  std::atomic<int64_t> arrived;
+  std::atomic<int64_t> generation;
+};
+
+struct FakeNcclComm {
+  std::string name;
+  int rank = 0, nranks = 1;
+  size_t bytes = 0;
+  FakeNcclShared* shared = nullptr;
+  uint8_t* slots = nullptr;  // nranks x kFakeNcclSlotBytes
+  uint8_t* slot(int r) const { return slots + static_cast<int64_t>(r) * kFakeNcclSlotBytes; }
+};
+
+// Every rank arrives; the last one starts the next generation. Gives up after 60 s (a rank died).
+int fake_barrier(FakeNcclComm* c) {
+  const int64_t gen = c->shared->generation.load();
+  if (c->shared->arrived.fetch_add(1) + 1 == c->nranks) {
+    c->shared->arrived.store(0);
+    c->shared->generation.fetch_add(1);
+    return 0;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (c->shared->generation.load() == gen) {
+    if (std::chrono::steady_clock::now() > deadline) return fail("fake NCCL: a rank never reached the barrier");
+    std::this_thread::yield();
+  }
+  return 0;
+}
+
+int fake_check_size(int64_t bytes) {
+  return bytes < 0 || bytes > kFakeNcclSlotBytes ? fail("fake NCCL: a collective larger than its 16 MiB slot") : 0;
+}
+
+}  // namespace
+
+int tessera_nccl_comm_init(void** comm, const void* id, int64_t id_bytes, int rank, int nranks, int) {
+  if (!tessera_nccl_available()) return fail("fake backend: built without NCCL (TESSERA_FAKE_NCCL=0)");
+  if (nranks < 1 || nranks > kFakeNcclMaxRanks || rank < 0 || rank >= nranks || id_bytes < 64)
+    return fail("fake NCCL: bad rank / size / id");
+  auto* c = new FakeNcclComm;
+  c->name.assign(static_cast<const char*>(id), strnlen(static_cast<const char*>(id), static_cast<size_t>(id_bytes)));
+  c->rank = rank;
+  c->nranks = nranks;
+  c->bytes = sizeof(FakeNcclShared) + 64 + static_cast<size_t>(nranks * kFakeNcclSlotBytes);
+  const int fd = ::shm_open(c->name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(c->bytes)) != 0) {
+    if (fd >= 0) ::close(fd);
+    delete c;
+    return fail("fake NCCL: cannot create the shared-memory segment");
+  }
+  void* p = ::mmap(nullptr, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    delete c;
+    return fail("fake NCCL: cannot map the shared-memory segment");
+  }
+  c->shared = static_cast<FakeNcclShared*>(p);  // zero-filled by ftruncate: 0 arrived, generation 0
+  c->slots = static_cast<uint8_t*>(p) + sizeof(FakeNcclShared) + 64;
+  if (int rc = fake_barrier(c); rc != 0) return rc;  // all ranks mapped it
+  if (rank == 0) ::shm_unlink(c->name.c_str());    // the mappings stay; the name goes
+  *comm = c;
+  return 0;
+}
+int tessera_nccl_comm_destroy(void* comm) {
+  auto* c = static_cast<FakeNcclComm*>(comm);
+  if (!c) return 0;
+  ::munmap(c->shared, c->bytes);
+  delete c;
+  return 0;
+}
+int tessera_nccl_all_reduce_sum_f32(void* comm, const float* send, float* recv, int64_t count, void* stream) {
+  if (g_capture) return record([=] { return tessera_nccl_all_reduce_sum_f32(comm, send, recv, count, stream); });
+  auto* c = static_cast<FakeNcclComm*>(comm);
+  if (int rc = fake_check_size(count * 4); rc != 0) return rc;
+  std::memcpy(c->slot(c->rank), send, static_cast<size_t>(count) * 4);
+  if (int rc = fake_barrier(c); rc != 0) return rc;
+  for (int64_t i = 0; i < count; ++i) {
+    float sum = 0.0f;
+    for (int r = 0; r < c->nranks; ++r) sum += reinterpret_cast<const float*>(c->slot(r))[i];
+    recv[i] = sum;
+  }
+  return fake_barrier(c);
+}
+int tessera_nccl_all_gather(void* comm, const void* send, void* recv, int64_t bytes, void* stream) {
+  if (g_capture) return record([=] { return tessera_nccl_all_gather(comm, send, recv, bytes, stream); });
+  auto* c = static_cast<FakeNcclComm*>(comm);
+  if (int rc = fake_check_size(bytes); rc != 0) return rc;
+  std::memcpy(c->slot(c->rank), send, static_cast<size_t>(bytes));
+  if (int rc = fake_barrier(c); rc != 0) return rc;
+  for (int r = 0; r < c->nranks; ++r)
+    std::memcpy(static_cast<uint8_t*>(recv) + static_cast<int64_t>(r) * bytes, c->slot(r), static_cast<size_t>(bytes));
+  return fake_barrier(c);
+}
+int tessera_nccl_broadcast(void* comm, void* data, int64_t bytes, int root, void* stream) {
+  if (g_capture) return record([=] { return tessera_nccl_broadcast(comm, data, bytes, root, stream); });
+  auto* c = static_cast<FakeNcclComm*>(comm);
+  if (int rc = fake_check_size(bytes); rc != 0) return rc;
+  if (root < 0 || root >= c->nranks) return fail("fake NCCL: broadcast root out of range");
+  if (c->rank == root) std::memcpy(c->slot(root), data, static_cast<size_t>(bytes));
+  if (int rc = fake_barrier(c); rc != 0) return rc;
+  if (c->rank != root) std::memcpy(data, c->slot(root), static_cast<size_t>(bytes));
+  return fake_barrier(c);
+}
 
 int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps,
                               void* stream) {

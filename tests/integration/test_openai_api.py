@@ -108,16 +108,17 @@ def stories_server():
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def cuda_stories_server():
-    """stories260K served by a shard on the CUDA backend; without a GPU, on the CPU stand-in of
-    libtessera_cuda.so that CTest names in TESSERA_FAKE_CUDA_LIBRARY (the wiring, not the kernels)."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def cuda_stories_server(request):
+    """stories260K served by shards on the CUDA backend (TP 1 and 2); without a GPU, on the CPU
+    stand-in of libtessera_cuda.so that CTest names in TESSERA_FAKE_CUDA_LIBRARY, whose NCCL runs
+    through shared memory (the wiring, not the kernels)."""
     if not stories_available():
         pytest.skip(f"no test data at {STORIES}")
     lib = os.environ.get("TESSERA_FAKE_CUDA_LIBRARY")
     if not lib or not os.path.exists(lib):
         pytest.skip("TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend")
-    s = Server(os.path.join(STORIES, "hf"), extra=["--device", "cuda"],
+    s = Server(os.path.join(STORIES, "hf"), tp=request.param, extra=["--device", "cuda"],
                env=dict(os.environ, TESSERA_CUDA_LIBRARY=lib, TESSERA_LOG_LEVEL="info"))
     yield s
     s.stop()
