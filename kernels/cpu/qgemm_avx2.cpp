@@ -425,15 +425,22 @@ TESSERA_AVX2 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64
 // Unsigned levels below 2^L: a maddubs pair sum is at most 2 * (2^L - 1) * 127, so kSum = 8
 // (L = 4) or 4 (L = 5) dword groups can be added in int16 before one madd widens them (exact;
 // the same integer as the dot4 chain, fewer instructions).
-template <int T, bool kSigned, int kSum = 1>
+// kRowZero: I4_G128, as Q4_0 with a per-row zero point (tile: unit, dw, -z; aux is then the
+// activation block sum, times the zero point here).
+template <int T, bool kSigned, int kSum = 1, bool kRowZero = false>
 TESSERA_AVX2_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const int8_t* q, const float* dx,
                                 const int32_t* aux, int n, __m256* out) {
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = out[t];
   const int64_t qstep = static_cast<int64_t>(n) * 32;
-  for (int64_t b = 0; b < nblk; ++b, tile += kUnit + 32, q += qstep, dx += n, aux += n) {
+  for (int64_t b = 0; b < nblk; ++b, tile += kUnit + (kRowZero ? 64 : 32), q += qstep, dx += n, aux += n) {
     __m256i ia[T], p16[T];
-    for (int t = 0; t < T; ++t) ia[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(aux[t]);
+    if constexpr (kRowZero) {
+      const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(aux[t]));
+    } else {
+      for (int t = 0; t < T; ++t) ia[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(aux[t]);
+    }
     for (int g = 0; g < 8; ++g) {
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
       if (kSigned) {
@@ -448,31 +455,6 @@ TESSERA_AVX2_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const int8_t*
         }
       }
     }
-    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-template <int T>
-TESSERA_AVX2_INLINE void bk_i4(const uint8_t* tile, int64_t nblk, const int8_t* q, const float* dx,
-                               const int32_t* aux, int n, __m256* out) {
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  const int64_t qstep = static_cast<int64_t>(n) * 32;
-  for (int64_t b = 0; b < nblk; ++b, tile += kUnit + 64, q += qstep, dx += n, aux += n) {
-    const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
-    __m256i ia[T], p16[T];
-    for (int t = 0; t < T; ++t) ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(aux[t]));
-    for (int g = 0; g < 8; ++g) {  // 4-bit levels: 8 groups summed in int16 (see bk_q32)
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
-      for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 32 * t + 4 * g));
-        p16[t] = g == 0 ? p : _mm256_add_epi16(p16[t], p);
-      }
-    }
-    for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
     for (int t = 0; t < T; ++t)
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), acc[t]);
@@ -557,7 +539,7 @@ TESSERA_AVX2 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, in
     case QuantType::kQ6_K: return bk_q6_k<T>(tile, q, dx, aux, acc);
     case QuantType::kQ8_0:
     case QuantType::kI8_CH: return bk_q32<T, true>(tile, nblk, q, dx, aux, x.n, acc);
-    case QuantType::kI4_G128: return bk_i4<T>(tile, nblk, q, dx, aux, x.n, acc);
+    case QuantType::kI4_G128: return bk_q32<T, false, 8, true>(tile, nblk, q, dx, aux, x.n, acc);
     case QuantType::kQ4_0: return bk_q32<T, false, 8>(tile, nblk, q, dx, aux, x.n, acc);
     default: return bk_q32<T, false, 4>(tile, nblk, q, dx, aux, x.n, acc);  // Q5_0
   }

@@ -445,6 +445,25 @@ SyntheticModelSpec small_spec(uint32_t seed) {
   return spec;
 }
 
+// 8 greedy tokens after `prompt` on the GPU and on the CPU model, and the logits at the last
+// prompt position of each.
+struct GpuCpuRun {
+  std::vector<int32_t> gpu_ids;
+  std::vector<float> gpu_logits;
+  GenerateOutput cpu;
+};
+
+Result<GpuCpuRun> run_gpu_and_cpu(GpuModel& gpu, LocalModel& cpu, const std::vector<int32_t>& prompt) {
+  GpuCpuRun r;
+  r.gpu_ids = greedy(gpu, prompt, 8, 0, &r.gpu_logits);
+  GenerateOptions go;
+  go.max_tokens = 8;
+  go.sampling.temperature = 0.0f;
+  go.ignore_eos = true;
+  TESSERA_ASSIGN_OR_RETURN(r.cpu, generate(cpu, prompt, go));
+  return r;
+}
+
 // GPU vs CPU on a synthetic model (hidden 256, FFN 512: whole INT4 groups) in F16, INT8
 // (W8A16 kernel) and INT4 (W4A16 kernel, repacked at upload): last-prompt-position logits
 // correlate with the CPU's on the same quantized weights, and the greedy tokens agree.
@@ -468,14 +487,11 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
     auto cpu = LocalModel::load({.path = dir, .threads = 2, .quant = q});
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
     const int64_t vocab = (*gpu)->config().vocab;
-    std::vector<float> gpu_logits;
-    const std::vector<int32_t> gpu_ids = greedy(**gpu, prompt, 8, 0, &gpu_logits);
-    GenerateOptions go;
-    go.max_tokens = 8;
-    go.sampling.temperature = 0.0f;
-    go.ignore_eos = true;
-    auto out = generate(**cpu, prompt, go);
-    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    auto run = run_gpu_and_cpu(**gpu, **cpu, prompt);
+    ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+    const std::vector<int32_t>& gpu_ids = run->gpu_ids;
+    const std::vector<float>& gpu_logits = run->gpu_logits;
+    const GenerateOutput* out = &run->cpu;
     ASSERT_EQ(static_cast<int64_t>(gpu_logits.size()), vocab);
     double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
     for (int64_t i = 0; i < vocab; ++i) {
@@ -555,14 +571,11 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
       std::vector<int32_t> prompt(prompt_len);
       for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 53 + 7) % 511);
       const std::string what = std::string(f.name) + ", prompt of " + std::to_string(prompt_len);
-      std::vector<float> gpu_logits;
-      const std::vector<int32_t> gpu_ids = greedy(**gpu, prompt, 8, 0, &gpu_logits);
-      GenerateOptions go;
-      go.max_tokens = 8;
-      go.sampling.temperature = 0.0f;
-      go.ignore_eos = true;
-      auto out = generate(**cpu, prompt, go);
-      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      auto run = run_gpu_and_cpu(**gpu, **cpu, prompt);
+      ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+      const std::vector<int32_t>& gpu_ids = run->gpu_ids;
+      const std::vector<float>& gpu_logits = run->gpu_logits;
+      const GenerateOutput* out = &run->cpu;
       ASSERT_EQ(gpu_logits.size(), out->prompt_last_logits.size()) << what;
       std::printf("%s: max rel err of the last prompt logits vs CPU %.4f\n", what.c_str(),
                   max_rel_err(gpu_logits, out->prompt_last_logits.data(), static_cast<int64_t>(gpu_logits.size())));

@@ -9,16 +9,11 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_loader.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace tessera::gpu_test {
 
-inline std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::gaussian;  // seeded normal data, as in the CPU kernel tests
 
 // Skips the test ("no CUDA device: ...") unless the library loads and a device is present;
 // allocations made through it are freed at TearDown.
