@@ -48,6 +48,7 @@
 // different Samplers may be used concurrently from different threads.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -100,6 +101,40 @@ constexpr double sampling_uniform(uint64_t seed, uint64_t counter) {
   return static_cast<double>(sampling_random_bits(seed, counter) >> 11) * 0x1.0p-53;
 }
 
+// e^x for x <= 0 from +, -, * and bit operations only, so that it gives the same bits on every
+// IEEE-754 machine (libm's exp may differ by an ulp between platforms): the sampler's weights.
+// Relative error ~1e-13; values below e^-700 return 0 (negligible next to the maximum term,
+// which is always 1). Bit-identical only where it is compiled without floating-point
+// contraction (-ffp-contract=off: kernels/cpu/sampling.cpp, the fake CUDA backend; baseline
+// x86-64 has no FMA anyway); sampling.cu has its own copy with explicit IEEE intrinsics.
+inline double sampling_exp(double x) {
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2Hi = 0.6931471803691238;  // few mantissa bits: n * kLn2Hi is exact
+  constexpr double kLn2Lo = 1.9082149292705877e-10;
+  constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const bool underflow = !(x > -700.0);
+  const double xc = underflow ? -700.0 : x;
+  const double t = xc * kLog2e + kShifter;
+  const double n = t - kShifter;
+  const double r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
+  // Taylor series to degree 10: truncation error < 3e-13 on |r| <= ln2 / 2.
+  double p = 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // The low mantissa bits of t hold n; n in [-1010, 0] keeps 2^n a normal double.
+  const int64_t ni = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(kShifter);
+  const double scale = std::bit_cast<double>(static_cast<uint64_t>(ni + 1023) << 52);
+  return underflow ? 0.0 : p * scale;
+}
+
 // Log-probability of `token` under log-softmax(logits) and the n_top most likely tokens
 // (descending, ties by lower id): what prompt logprobs (`echo` with `logprobs`) report. Raw
 // logits, no penalties or temperature. id of the result is `token`.
@@ -130,6 +165,10 @@ class Sampler {
   // this. Public so callers (and tests) can see the logits the distribution is built from.
   // Ids >= vocab are ignored.
   void apply_penalties(float* logits, int64_t vocab) const;
+  // The token counts apply_penalties() reads (id -> count), for a backend that applies the
+  // same penalties elsewhere (the CUDA backend's device sampling).
+  const std::unordered_map<int32_t, int32_t>& prompt_counts() const { return prompt_counts_; }
+  const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
 
  private:
   double next_uniform();  // [0, 1)

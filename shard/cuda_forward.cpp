@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 
 #include "comm/device_comm.h"
 #include "comm/nccl_comm.h"
@@ -352,28 +353,17 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
 
 // ---- workspace and KV pool ----
 
-namespace {
-// Offsets (int32 elements) of the metadata regions for T tokens (and as many logit rows at
-// most), S sequences and block tables of table_cap columns.
-struct MetaLayout {
-  int64_t tokens, positions, out_rows, query_begin, query_len, start_pos, seq_lens, tables, total;
-  MetaLayout(int64_t T, int64_t S, int64_t table_cap) {
-    tokens = 0;
-    positions = tokens + T;
-    out_rows = positions + T;
-    query_begin = out_rows + T;
-    query_len = query_begin + S;
-    start_pos = query_len + S;
-    seq_lens = start_pos + S;
-    tables = seq_lens + S;
-    total = tables + S * table_cap;
-  }
-};
-
-MetaLayout step_meta(const CudaForwardOptions& o, int64_t table_cap) {
-  return MetaLayout(o.max_tokens_per_step, o.max_seqs_per_step, table_cap);
+CudaForward::MetaLayout::MetaLayout(int64_t T, int64_t S, int64_t table_cap) {
+  tokens = 0;
+  positions = tokens + T;
+  out_rows = positions + T;
+  query_begin = out_rows + T;
+  query_len = query_begin + S;
+  start_pos = query_len + S;
+  seq_lens = start_pos + S;
+  tables = seq_lens + S;
+  total = tables + S * table_cap;
 }
-}  // namespace
 
 Status CudaForward::allocate_workspace() {
   const int64_t T = options_.max_tokens_per_step;
@@ -414,6 +404,24 @@ Status CudaForward::allocate_workspace() {
     TESSERA_RETURN_IF_ERROR(alloc_f32(&decode_partial_, seqs * layout_.n_heads * decode_splits_ * (hd + 2),
                                       "split decode attention"));
   }
+  // Device sampling: the weights' scratch, the unsharded logits at TP > 1, per-row parameters,
+  // penalty entries and results.
+  TESSERA_RETURN_IF_ERROR(alloc_f32(&sample_scratch_, R * config_.vocab, "sampling weights"));
+  if (layout_.tp_size > 1) TESSERA_RETURN_IF_ERROR(alloc_f32(&full_logits_, R * config_.vocab, "unsharded logits"));
+  const int64_t sample_rows = std::max(R, S);
+  TESSERA_ASSIGN_OR_RETURN(
+      p, device_alloc(sample_rows * static_cast<int64_t>(sizeof(TesseraCudaSampleRow)), "sampling parameters"));
+  sample_rows_ = static_cast<TesseraCudaSampleRow*>(p);
+  h_sample_rows_.assign(static_cast<size_t>(sample_rows), TesseraCudaSampleRow{});
+  const int64_t penalty_bytes =
+      std::max<int64_t>(1, options_.max_penalty_entries) * static_cast<int64_t>(sizeof(TesseraCudaPenalty));
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(penalty_bytes, "sampling penalty entries"));
+  penalties_ = static_cast<TesseraCudaPenalty*>(p);
+  const int64_t sampled_ints = R * (2 + 2 * TESSERA_CUDA_MAX_TOP_LOGPROBS);
+  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(sampled_ints * 4, "sampled tokens"));
+  sampled_ = static_cast<int32_t*>(p);
+  workspace_bytes_ +=
+      sample_rows * static_cast<int64_t>(sizeof(TesseraCudaSampleRow)) + penalty_bytes + sampled_ints * 4;
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(R * 8, "greedy ids and values"));
   greedy_ = static_cast<int32_t*>(p);
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(layout_.tp_size * R * 8, "gathered greedy ids and values"));
@@ -451,8 +459,10 @@ Status CudaForward::allocate_kv_pool() {
   TESSERA_CUDA_TRY(api_->mem_get_info(&free_bytes, &total_bytes), "query device memory");
   const int64_t bytes_per_block = options_.block_size * kv_bytes_per_token();
   // The block tables' metadata comes out of the same free memory (tables of max_positions).
-  const int64_t meta_bytes =
-      step_meta(options_, (config_.max_positions + options_.block_size - 1) / options_.block_size).total * 4;
+  const int64_t meta_bytes = MetaLayout(options_.max_tokens_per_step, options_.max_seqs_per_step,
+                                        (config_.max_positions + options_.block_size - 1) / options_.block_size)
+                                 .total *
+                             4;
   const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
   const int64_t usable = free_bytes - headroom - meta_bytes;
   int64_t blocks = usable > 0 ? usable / bytes_per_block : 0;
@@ -482,7 +492,9 @@ Status CudaForward::configure_kv(int64_t block_size, int64_t num_blocks) {
 Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks) {
   options_.block_size = block_size;
   max_table_blocks_ = (config_.max_positions + block_size - 1) / block_size;
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  // Sized for the largest step; each step packs its regions at the front (MetaLayout of its own
+  // sizes), so only what it uses is uploaded.
+  const MetaLayout meta(options_.max_tokens_per_step, options_.max_seqs_per_step, max_table_blocks_);
   void* p = nullptr;
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(meta.total * 4, "step metadata"));
   meta_ = static_cast<int32_t*>(p);
@@ -624,7 +636,7 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
 }
 
 Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  const MetaLayout& meta = meta_at_;
   float* k_cache = kv_pool_ + (2 * l) * layer_kv_floats_;
   float* v_cache = kv_pool_ + (2 * l + 1) * layer_kv_floats_;
   const int64_t hd = config_.head_dim;
@@ -728,7 +740,7 @@ Status CudaForward::download_logits(int64_t n_rows, int64_t n_real, float* out) 
 }
 
 Status CudaForward::enqueue_forward(int64_t n, bool all_decode) {
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  const MetaLayout& meta = meta_at_;
   const int64_t hidden = config_.hidden, hd = config_.head_dim;
   const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
   const float eps = config_.rms_eps;
@@ -774,17 +786,21 @@ Status CudaForward::enqueue_forward(int64_t n, bool all_decode) {
   return Status::ok();
 }
 
-Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count, bool greedy) {
+Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count, Output kind) {
   // The final-normed rows out_rows[row0 .. row0 + count) -> proj_ -> f16 -> LM head; count <=
-  // max_logit_rows. Then either the logits' all-gather (TP > 1) or, greedy, each row's argmax
-  // over this rank's vocabulary slice with its value, gathered from every rank (8 bytes a row).
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+  // max_logit_rows. Then, by output kind:
+  //  * logits: the all-gather at TP > 1;
+  //  * greedy: each row's argmax over this rank's vocabulary slice with its value, gathered from
+  //    every rank (8 bytes a row);
+  //  * sampled: the full logits (unsharded from the all-gather at TP > 1) sampled on the device
+  //    with the parameters of rows row0 .. row0 + count.
+  const MetaLayout& meta = meta_at_;
   const int64_t hidden = config_.hidden;
   TESSERA_CUDA_LAUNCH(api_->gather_rows_f32(h_, meta_ + meta.out_rows + row0, proj_, count, hidden, stream_),
                       "gather rows");
   TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(proj_, act16_, count * hidden, stream_), "f32 -> f16");
   TESSERA_RETURN_IF_ERROR(gemm(*lm_head_, act16_, logits_, count));  // [count, local] packed
-  if (greedy) {
+  if (kind == Output::kGreedy) {
     const int64_t first_id = std::min<int64_t>(config_.vocab, layout_.vocab_per_rank * layout_.tp_rank);
     auto* values = reinterpret_cast<float*>(greedy_ + count);  // [ids | values] of this rank
     TESSERA_CUDA_LAUNCH(api_->argmax_value_f32(logits_, count, lm_head_->rows, static_cast<int32_t>(first_id), greedy_,
@@ -799,6 +815,28 @@ Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count, bool greedy) {
   if (layout_.tp_size > 1) {
     ++last_step_.launches;
     TESSERA_RETURN_IF_ERROR(comm_->all_gather(logits_, gathered_, count * layout_.vocab_per_rank * 4));
+  }
+  if (kind == Output::kSampled) {
+    float* full = logits_;
+    if (layout_.tp_size > 1) {
+      full = full_logits_;
+      TESSERA_CUDA_LAUNCH(api_->unshard_logits_f32(gathered_, count, config_.vocab, layout_.vocab_per_rank,
+                                                   layout_.tp_size, full, stream_),
+                          "unshard logits");
+    }
+    const int64_t R = options_.max_logit_rows;
+    TesseraCudaSampleArgs a{};
+    a.logits = full;
+    a.scratch = sample_scratch_;
+    a.rows = sample_rows_ + row0;
+    a.penalties = penalties_;
+    a.n_rows = count;
+    a.vocab = config_.vocab;
+    a.ids = sampled_;
+    a.logprobs = reinterpret_cast<float*>(sampled_ + R);
+    a.top_ids = sampled_ + 2 * R;
+    a.top_logprobs = reinterpret_cast<float*>(sampled_ + 2 * R + R * TESSERA_CUDA_MAX_TOP_LOGPROBS);
+    TESSERA_CUDA_LAUNCH(api_->sample_f32(&a, stream_), "sampling");
   }
   return Status::ok();
 }
@@ -831,6 +869,45 @@ Status CudaForward::download_greedy(int64_t n_rows, int64_t n_real, int32_t* out
   return Status::ok();
 }
 
+Status CudaForward::download_sampled(int64_t n_rows, int64_t n_real, std::span<const TesseraCudaSampleRow> rows,
+                                     SampledToken* out) {
+  // sampled_ = [ids (R) | logprobs (R) | top ids (R x MAX) | top logprobs (R x MAX)]; the first
+  // n_real rows of each part come back (the top parts only when a row asked for them).
+  (void)n_rows;
+  const int64_t R = options_.max_logit_rows, top = TESSERA_CUDA_MAX_TOP_LOGPROBS;
+  bool tops = false;
+  for (int64_t t = 0; t < n_real; ++t) tops = tops || rows[static_cast<size_t>(t)].n_logprobs > 0;
+  h_sampled_.resize(static_cast<size_t>(2 * R + 2 * R * top));
+  ++last_step_.launches;
+  TESSERA_CUDA_TRY(api_->device_memcpy_async(h_sampled_.data(), sampled_, (R + n_real) * 4, stream_),
+                   "copy sampled tokens");
+  if (tops) {
+    ++last_step_.launches;
+    TESSERA_CUDA_TRY(
+        api_->device_memcpy_async(h_sampled_.data() + 2 * R, sampled_ + 2 * R, (R * top + n_real * top) * 4, stream_),
+        "copy top logprobs");
+  }
+  last_step_.host_micros = micros_since(step_start_);
+  TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
+  auto as_float = [](int32_t bits) {
+    float f = 0.0f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  for (int64_t t = 0; t < n_real; ++t) {
+    SampledToken& o = out[t];
+    const TesseraCudaSampleRow& row = rows[static_cast<size_t>(t)];
+    o.id = h_sampled_[static_cast<size_t>(t)];
+    o.logprob = as_float(h_sampled_[static_cast<size_t>(R + t)]);
+    o.top_logprobs.clear();
+    const int64_t n_top = std::clamp<int64_t>(std::min<int64_t>(row.n_logprobs, config_.vocab), 0, top);
+    for (int64_t j = 0; j < n_top; ++j)
+      o.top_logprobs.emplace_back(h_sampled_[static_cast<size_t>(2 * R + t * top + j)],
+                                  as_float(h_sampled_[static_cast<size_t>(2 * R + R * top + t * top + j)]));
+  }
+  return Status::ok();
+}
+
 void CudaForward::set_cuda_graphs(bool on) {
   options_.cuda_graphs = on;
   max_graph_batch_ = on ? std::min({options_.max_graph_batch, options_.max_seqs_per_step, options_.max_logit_rows,
@@ -844,32 +921,122 @@ int64_t CudaForward::graph_bucket(int64_t n_seqs) const {
   return std::min(b, max_graph_batch_);
 }
 
+Status CudaForward::upload_sampling(int64_t n_rows, std::span<const TesseraCudaPenalty> penalties) {
+  // Pageable host memory: staged before the call returns (as the metadata uploads).
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(sample_rows_, h_sample_rows_.data(),
+                                                n_rows * static_cast<int64_t>(sizeof(TesseraCudaSampleRow)), stream_),
+                      "upload sampling parameters");
+  if (!penalties.empty())
+    TESSERA_CUDA_LAUNCH(
+        api_->device_memcpy_async(penalties_, penalties.data(), static_cast<int64_t>(penalties.size_bytes()), stream_),
+        "upload penalty entries");
+  return Status::ok();
+}
+
 Status CudaForward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
-  return run_step(batch, &logits, nullptr);
+  return run_step(batch, StepOut{.kind = Output::kLogits, .logits = &logits});
 }
 
 Status CudaForward::run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) {
-  return run_step(batch, nullptr, &ids);
+  return run_step(batch, StepOut{.kind = Output::kGreedy, .ids = &ids});
 }
 
-Status CudaForward::run_step(std::span<const SequenceInput> batch, std::vector<float>* logits,
-                             std::vector<int32_t>* ids) {
+TesseraCudaSampleRow device_sample_row(const Sampler& sampler, std::span<const int32_t> banned,
+                                       std::vector<TesseraCudaPenalty>& penalties) {
+  const SamplingParams& p = sampler.params();
+  TesseraCudaSampleRow row{};
+  row.u = sampling_uniform(sampler.seed(), static_cast<uint64_t>(sampler.num_output_tokens()));
+  row.temperature = p.temperature;
+  row.top_p = p.top_p;
+  row.min_p = p.min_p;
+  row.top_k = p.top_k;
+  row.repetition_penalty = p.repetition_penalty;
+  row.presence_penalty = p.presence_penalty;
+  row.frequency_penalty = p.frequency_penalty;
+  row.n_logprobs = p.n_logprobs;
+  row.want_logprob = p.return_logprob ? 1 : 0;
+  row.penalty_begin = static_cast<int32_t>(penalties.size());
+  std::unordered_map<int32_t, size_t> index;  // id -> its entry
+  auto entry = [&](int32_t id) -> TesseraCudaPenalty& {
+    auto [at, added] = index.try_emplace(id, penalties.size());
+    if (added) penalties.push_back(TesseraCudaPenalty{id, 0, 0, 0});
+    return penalties[at->second];
+  };
+  const bool repetition = p.repetition_penalty != 1.0f;
+  if (repetition)
+    for (const auto& [id, count] : sampler.prompt_counts()) entry(id).in_prompt = 1;
+  if (repetition || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (const auto& [id, count] : sampler.output_counts()) entry(id).out_count = count;
+  for (const int32_t id : banned) entry(id).banned = 1;
+  row.penalty_end = static_cast<int32_t>(penalties.size());
+  return row;
+}
+
+Status CudaForward::can_sample(std::span<const TesseraCudaSampleRow> rows,
+                               std::span<const TesseraCudaPenalty> penalties) const {
+  if (config_.vocab > (int64_t{1} << 20))
+    return Status::invalid_argument(
+        fmt::format("device sampling takes vocabularies of at most 2^20 ids, this model has {}", config_.vocab));
+  if (static_cast<int64_t>(rows.size()) > std::max(options_.max_seqs_per_step, options_.max_logit_rows))
+    return Status::invalid_argument(fmt::format("{} sampled rows, at most {} a step", rows.size(),
+                                                std::max(options_.max_seqs_per_step, options_.max_logit_rows)));
+  if (static_cast<int64_t>(penalties.size()) > options_.max_penalty_entries)
+    return Status::invalid_argument(fmt::format("{} penalty entries, at most {} a step (max_penalty_entries)",
+                                                penalties.size(), options_.max_penalty_entries));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TesseraCudaSampleRow& r = rows[i];
+    if (r.n_logprobs < 0 || r.n_logprobs > TESSERA_CUDA_MAX_TOP_LOGPROBS)
+      return Status::invalid_argument(fmt::format("row {}: n_logprobs {}, the device returns 0 .. {}", i, r.n_logprobs,
+                                                  static_cast<int>(TESSERA_CUDA_MAX_TOP_LOGPROBS)));
+    if (r.penalty_begin < 0 || r.penalty_begin > r.penalty_end ||
+        r.penalty_end > static_cast<int64_t>(penalties.size()))
+      return Status::invalid_argument(fmt::format("row {}: penalty entries [{}, {}) outside the {} given", i,
+                                                  r.penalty_begin, r.penalty_end, penalties.size()));
+    if (!(r.u >= 0.0 && r.u < 1.0) || !std::isfinite(r.temperature) || r.temperature < 0.0f)
+      return Status::invalid_argument(fmt::format("row {}: u {} / temperature {} out of range", i, r.u, r.temperature));
+  }
+  return Status::ok();
+}
+
+Status CudaForward::run_sampled(std::span<const SequenceInput> batch, std::span<const TesseraCudaSampleRow> rows,
+                                std::span<const TesseraCudaPenalty> penalties, std::vector<SampledToken>& out) {
+  TESSERA_RETURN_IF_ERROR(can_sample(rows, penalties));
+  size_t wanted = 0;
+  for (const SequenceInput& in : batch) {
+    if (in.all_logits) return Status::invalid_argument("run_sampled: a sequence wants all its logits (use run())");
+    wanted += in.want_logits ? 1 : 0;
+  }
+  if (wanted != rows.size())
+    return Status::invalid_argument(
+        fmt::format("run_sampled: {} sequences want a token, {} sampling rows given", wanted, rows.size()));
+  // Parameters go to the device before the step (stream order); padding rows of a graphed
+  // bucket are greedy with no logprobs (run_graphed fills them).
+  std::copy(rows.begin(), rows.end(), h_sample_rows_.begin());
+  return run_step(batch, StepOut{.kind = Output::kSampled, .sampled = &out, .rows = rows, .penalties = penalties});
+}
+
+Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut& out) {
   step_start_ = std::chrono::steady_clock::now();
   last_step_ = CudaStepStats{};
   TESSERA_RETURN_IF_ERROR(validate(batch));
   bool graphable = max_graph_batch_ > 0 && !batch.empty() && static_cast<int64_t>(batch.size()) <= max_graph_batch_;
   for (const SequenceInput& in : batch)
     graphable = graphable && in.tokens.size() == 1 && in.want_logits && !in.all_logits;
-  if (graphable) return run_graphed(batch, logits, ids);
+  if (graphable) return run_graphed(batch, out);
 
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
   const int64_t bs = options_.block_size;
   // Host metadata: token rows in batch order, one block-table row per sequence holding the
-  // blocks its positions [0, end) use (stride = the longest such row of this step).
+  // blocks its positions [0, end) use (stride = the longest such row of this step), packed
+  // for this step's sizes.
   n_seqs_ = static_cast<int64_t>(batch.size());
   table_stride_ = 1;
-  for (const SequenceInput& in : batch)
+  int64_t n_tokens = 0;
+  for (const SequenceInput& in : batch) {
     table_stride_ = std::max<int64_t>(table_stride_, (in.start_pos + static_cast<int64_t>(in.tokens.size()) + bs - 1) / bs);
+    n_tokens += static_cast<int64_t>(in.tokens.size());
+  }
+  meta_at_ = MetaLayout(n_tokens, n_seqs_, table_stride_);
+  const MetaLayout& meta = meta_at_;
   int64_t n = 0, n_out = 0;
   bool all_decode = true;
   for (int64_t s = 0; s < n_seqs_; ++s) {
@@ -898,13 +1065,14 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, std::vector<f
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Pageable host memory: the copies are staged before the calls return, and h_meta_ is not
   // touched again before the stream synchronization at the end of the step anyway.
-  TESSERA_CUDA_LAUNCH(
-      api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + n_seqs_ * table_stride_) * 4, stream_),
-      "upload step metadata");
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), meta.total * 4, stream_),
+                      "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
+  if (out.kind == Output::kSampled) TESSERA_RETURN_IF_ERROR(upload_sampling(n_out, out.penalties));
   TESSERA_RETURN_IF_ERROR(enqueue_forward(n, all_decode));
-  if (logits) logits->resize(static_cast<size_t>(n_out * config_.vocab));
-  if (ids) ids->resize(static_cast<size_t>(n_out));
+  if (out.logits) out.logits->resize(static_cast<size_t>(n_out * config_.vocab));
+  if (out.ids) out.ids->resize(static_cast<size_t>(n_out));
+  if (out.sampled) out.sampled->resize(static_cast<size_t>(n_out));
   if (n_out == 0) {
     last_step_.host_micros = micros_since(step_start_);
     TESSERA_CUDA_TRY(api_->stream_synchronize(stream_), "forward step");
@@ -912,27 +1080,36 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, std::vector<f
   // Logit rows in pieces of at most max_logit_rows (a long prompt with prompt logprobs).
   for (int64_t row0 = 0; row0 < n_out; row0 += options_.max_logit_rows) {
     const int64_t count = std::min(options_.max_logit_rows, n_out - row0);
-    TESSERA_RETURN_IF_ERROR(enqueue_lm_head(row0, count, /*greedy=*/ids != nullptr));
-    if (ids)
-      TESSERA_RETURN_IF_ERROR(download_greedy(count, count, ids->data() + row0));
-    else
-      TESSERA_RETURN_IF_ERROR(download_logits(count, count, logits->data() + row0 * config_.vocab));
+    TESSERA_RETURN_IF_ERROR(enqueue_lm_head(row0, count, out.kind));
+    switch (out.kind) {
+      case Output::kGreedy:
+        TESSERA_RETURN_IF_ERROR(download_greedy(count, count, out.ids->data() + row0));
+        break;
+      case Output::kSampled:
+        TESSERA_RETURN_IF_ERROR(
+            download_sampled(count, count, out.rows.subspan(static_cast<size_t>(row0)), out.sampled->data() + row0));
+        break;
+      case Output::kLogits:
+        TESSERA_RETURN_IF_ERROR(download_logits(count, count, out.logits->data() + row0 * config_.vocab));
+        break;
+    }
   }
   last_step_.total_micros = micros_since(step_start_);
   return Status::ok();
 }
 
-Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vector<float>* logits,
-                                std::vector<int32_t>* ids) {
-  const MetaLayout meta = step_meta(options_, max_table_blocks_);
+Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const StepOut& out) {
   const int64_t bs = options_.block_size;
   const auto n_real = static_cast<int64_t>(batch.size());
   const int64_t bucket = graph_bucket(n_real);
-  // Fixed shapes for the graph: `bucket` one-token sequences, block tables at the full stride.
+  // Fixed shapes for the graph: `bucket` one-token sequences, block tables at the full stride,
+  // the regions packed for the bucket (the same offsets at every replay of its graph).
   // Padding rows decode token 0 at position 0 of a one-key sequence in block 0 and write no KV
   // (slot -1); their outputs are never read.
   n_seqs_ = bucket;
   table_stride_ = max_table_blocks_;
+  meta_at_ = MetaLayout(bucket, bucket, table_stride_);
+  const MetaLayout& meta = meta_at_;
   for (int64_t s = 0; s < bucket; ++s) {
     const bool real = s < n_real;
     const SequenceInput* in = real ? &batch[static_cast<size_t>(s)] : nullptr;
@@ -951,13 +1128,17 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vecto
         real ? static_cast<int64_t>(in->block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs : -1;
   }
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
-  // Every region the graph reads, at the offsets MetaLayout gives for the workspace maxima.
-  TESSERA_CUDA_LAUNCH(
-      api_->device_memcpy_async(meta_, h_meta_.data(), (meta.tables + bucket * table_stride_) * 4, stream_),
-      "upload step metadata");
+  // Every region the graph reads, at the bucket's offsets.
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), meta.total * 4, stream_),
+                      "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), bucket * 8, stream_), "upload KV slots");
-  // One graph per bucket and output kind (logits, or greedy ids computed on the device).
-  const int64_t key = 2 * bucket + (ids ? 1 : 0);
+  if (out.kind == Output::kSampled) {
+    // Padding rows: greedy, no logprobs, no penalties (their tokens are dropped).
+    for (int64_t s = n_real; s < bucket; ++s) h_sample_rows_[static_cast<size_t>(s)] = TesseraCudaSampleRow{};
+    TESSERA_RETURN_IF_ERROR(upload_sampling(bucket, out.penalties));
+  }
+  // One graph per bucket and output kind (logits, greedy ids or tokens sampled on the device).
+  const int64_t key = 3 * bucket + static_cast<int64_t>(out.kind);
   void* graph = nullptr;
   for (const auto& [k, g] : graphs_)
     if (k == key) graph = g;
@@ -965,7 +1146,7 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vecto
     TESSERA_CUDA_TRY(api_->graph_begin_capture(stream_), fmt::format("begin capturing the decode graph of {}", bucket));
     const int64_t before = last_step_.launches;
     Status s = enqueue_forward(bucket, /*all_decode=*/true);
-    if (s.is_ok()) s = enqueue_lm_head(0, bucket, /*greedy=*/ids != nullptr);
+    if (s.is_ok()) s = enqueue_lm_head(0, bucket, out.kind);
     last_step_.launches = before;  // captured, not launched
     void* captured = nullptr;
     const int rc = api_->graph_end_capture(stream_, &captured);
@@ -981,12 +1162,19 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, std::vecto
   TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the decode graph");
   last_step_.graphed = true;
   last_step_.bucket = bucket;
-  if (ids) {
-    ids->resize(static_cast<size_t>(n_real));
-    TESSERA_RETURN_IF_ERROR(download_greedy(bucket, n_real, ids->data()));
-  } else {
-    logits->resize(static_cast<size_t>(n_real * config_.vocab));
-    TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, logits->data()));
+  switch (out.kind) {
+    case Output::kGreedy:
+      out.ids->resize(static_cast<size_t>(n_real));
+      TESSERA_RETURN_IF_ERROR(download_greedy(bucket, n_real, out.ids->data()));
+      break;
+    case Output::kSampled:
+      out.sampled->resize(static_cast<size_t>(n_real));
+      TESSERA_RETURN_IF_ERROR(download_sampled(bucket, n_real, out.rows, out.sampled->data()));
+      break;
+    case Output::kLogits:
+      out.logits->resize(static_cast<size_t>(n_real * config_.vocab));
+      TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, out.logits->data()));
+      break;
   }
   last_step_.total_micros = micros_since(step_start_);
   return Status::ok();

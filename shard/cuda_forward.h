@@ -49,6 +49,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/sampling.h"
 #include "model/model_config.h"
 #include "model/weight_store.h"
 #include "shard/forward.h"
@@ -74,6 +76,9 @@ struct CudaForwardOptions {
   // while a step has fewer than 1024 (sequence, head) pairs. 0: pieces of 512 keys when the
   // context is longer than 1024; < 0: never split.
   int64_t decode_split_keys = 0;
+  // run_sampled(): penalty entries (token ids with a repetition / presence / frequency penalty
+  // or a ban) one step may carry for all its rows; a step with more samples on the host.
+  int64_t max_penalty_entries = 65536;
 };
 
 // What one run() enqueued (host side): the numbers the GPU benchmark reports.
@@ -85,6 +90,12 @@ struct CudaStepStats {
   double host_micros = 0;   // run() entry until every launch was enqueued (before the wait)
   double total_micros = 0;  // run() entry until the logits were on the host
 };
+
+// The device-sampling row of a sequence whose host state is `sampler` (its parameters, the
+// uniform of its next draw) with `banned` ids; appends the row's penalty entries (one per id the
+// repetition / presence / frequency penalties or the bans touch) to `penalties`.
+TesseraCudaSampleRow device_sample_row(const Sampler& sampler, std::span<const int32_t> banned,
+                                       std::vector<TesseraCudaPenalty>& penalties);
 
 class CudaForward {
  public:
@@ -112,6 +123,20 @@ class CudaForward {
   // its vocabulary slice at TP > 1, merged on the host), so 4 bytes a row cross to the host
   // instead of the vocabulary's logits. Rows in run()'s order.
   Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids);
+  // As run(), but each logit row is sampled on the device (tessera_cuda_sample_f32: penalties,
+  // temperature, top-k / top-p / min-p, the seeded draw with rows[i].u, the chosen token's
+  // logprob and top-n logprobs, Sampler::sample's semantics), so only ids and logprobs cross
+  // to the host. At TP > 1 every rank samples the same all-gathered logits with the same
+  // deterministic kernel, so every rank gets the same tokens. One row per sequence that wants
+  // logits (no all_logits piece), rows[i] for the i-th; penalty ranges index `penalties`.
+  // InvalidArgument when can_sample() says no (nothing is run then). out[i].top_logprobs holds
+  // rows[i].n_logprobs entries; out[i].logprob is 0 unless asked for.
+  Status run_sampled(std::span<const SequenceInput> batch, std::span<const TesseraCudaSampleRow> rows,
+                     std::span<const TesseraCudaPenalty> penalties, std::vector<SampledToken>& out);
+  // OK when run_sampled() can take a step with these rows and penalties: at most
+  // max_seqs_per_step rows, at most options.max_penalty_entries entries with valid ranges,
+  // n_logprobs in [0, TESSERA_CUDA_MAX_TOP_LOGPROBS], a vocabulary of at most 2^20 ids.
+  Status can_sample(std::span<const TesseraCudaSampleRow> rows, std::span<const TesseraCudaPenalty> penalties) const;
 
   // With options.defer_kv_pool: the device bytes free now (after weights and workspace), what
   // a KV pool may take before any headroom.
@@ -147,6 +172,15 @@ class CudaForward {
  private:
   CudaForward(const ModelConfig& config, const ShardLayout& layout, DeviceComm* comm,
               const CudaForwardOptions& options);
+  // Offsets (int32 elements) of the step metadata regions for T tokens (and as many logit rows
+  // at most), S sequences and block tables of table_cap columns.
+  struct MetaLayout {
+    int64_t tokens = 0, positions = 0, out_rows = 0, query_begin = 0, query_len = 0, start_pos = 0, seq_lens = 0,
+            tables = 0, total = 0;
+    MetaLayout() = default;
+    MetaLayout(int64_t T, int64_t S, int64_t table_cap);
+  };
+
   Status init(const ModelWeights& weights);
   Status upload_weights(const ModelWeights& weights);
   Status allocate_workspace();
@@ -157,12 +191,26 @@ class CudaForward {
   // Enqueues embedding .. LM head (and the TP all-gather) for the metadata already on the
   // device: n token rows, n_out logit rows.
   Status enqueue_forward(int64_t n, bool all_decode);
-  Status enqueue_lm_head(int64_t row0, int64_t count, bool greedy);
+  // What a step returns: logits, greedy ids, or tokens sampled on the device.
+  enum class Output { kLogits = 0, kGreedy = 1, kSampled = 2 };
+  struct StepOut {
+    Output kind = Output::kLogits;
+    std::vector<float>* logits = nullptr;
+    std::vector<int32_t>* ids = nullptr;
+    std::vector<SampledToken>* sampled = nullptr;
+    std::span<const TesseraCudaSampleRow> rows;
+    std::span<const TesseraCudaPenalty> penalties;
+  };
+  // Uploads rows [0, n_rows) of h_sample_rows_ and the penalty entries (stream order).
+  Status upload_sampling(int64_t n_rows, std::span<const TesseraCudaPenalty> penalties);
+  Status enqueue_lm_head(int64_t row0, int64_t count, Output kind);
   Status download_logits(int64_t n_rows, int64_t n_real, float* out);
   Status download_greedy(int64_t n_rows, int64_t n_real, int32_t* out);
-  // logits or ids (the other null): run() and run_greedy().
-  Status run_step(std::span<const SequenceInput> batch, std::vector<float>* logits, std::vector<int32_t>* ids);
-  Status run_graphed(std::span<const SequenceInput> batch, std::vector<float>* logits, std::vector<int32_t>* ids);
+  // Sampled tokens of logit rows [row0, row0 + n_real) of a piece of n_rows rows.
+  Status download_sampled(int64_t n_rows, int64_t n_real, std::span<const TesseraCudaSampleRow> rows,
+                          SampledToken* out);
+  Status run_step(std::span<const SequenceInput> batch, const StepOut& out);
+  Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out);
   int64_t graph_bucket(int64_t n_seqs) const;
   Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
   Status attention(int64_t layer, int64_t n_tokens, bool all_decode);
@@ -196,11 +244,22 @@ class CudaForward {
   int32_t* greedy_ = nullptr;           // [ids | values] of max_logit_rows rows
   int32_t* greedy_gathered_ = nullptr;  // tp_size of those
   std::vector<int32_t> h_greedy_;
+  // device sampling: per-row parameters (max_seqs_per_step), penalty entries, the weights'
+  // scratch [max_logit_rows, vocab], the full logits at TP > 1 (unsharded from gathered_),
+  // and the results [ids | logprobs | top ids | top logprobs] of max_logit_rows rows.
+  TesseraCudaSampleRow* sample_rows_ = nullptr;
+  TesseraCudaPenalty* penalties_ = nullptr;
+  float* sample_scratch_ = nullptr;
+  float* full_logits_ = nullptr;
+  int32_t* sampled_ = nullptr;
+  std::vector<TesseraCudaSampleRow> h_sample_rows_;
+  std::vector<int32_t> h_sampled_;
   // f16 copy of one INT8 / INT4 / GGUF-block matrix for large steps (then cuBLAS), sized for
   // the largest such matrix; null when every matrix is f16.
   uint16_t* dequant_ = nullptr;
   int64_t dequant_elems_ = 0;
   int32_t* meta_ = nullptr;  // tokens | positions | out_rows | query_begin | query_len | start_pos | seq_lens | tables
+  MetaLayout meta_at_;       // where the current step's regions are in meta_ (and h_meta_)
   int64_t* slots_ = nullptr;
   int64_t max_table_blocks_ = 0;  // blocks a sequence of max_positions tokens needs
   // host mirror of the metadata, reused every step
@@ -217,7 +276,7 @@ class CudaForward {
   bool kv_ready_ = false;
 
   // CUDA graphs, one per bucket (padded batch size) and output kind, captured on first use:
-  // (2 * bucket + greedy, graph exec)
+  // (3 * bucket + output kind, graph exec)
   std::vector<std::pair<int64_t, void*>> graphs_;
   int64_t max_graph_batch_ = 0;
   CudaStepStats last_step_;

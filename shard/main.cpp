@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   bool no_graphs = false;
   app.add_flag("--no-cuda-graphs", no_graphs, "CUDA: run decode steps eagerly instead of as CUDA graph replays");
+  bool no_device_sampling = false;
+  app.add_flag("--no-device-sampling", no_device_sampling,
+               "CUDA: sample on the host from downloaded logits instead of on the device");
   int64_t debug_step_delay_ms = 0;
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
   o.weight_quant = parse_weight_quant(quant).value();  // validated by the IsMember check
   o.bind = !no_bind;
   o.cuda_graphs = !no_graphs;
+  o.device_sampling = !no_device_sampling;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.coordinator_timeout = std::chrono::milliseconds(coordinator_timeout_ms);
   if (!app.count("--local-ranks")) o.local_ranks = static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1));

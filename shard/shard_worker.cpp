@@ -183,10 +183,11 @@ class ShardWorker {
     // The device holds the weights now: drop the host copies (quantized or converted ones are
     // owned here; a mapped file's pages are released by the OS when not touched again).
     weights_ = ShardWeights{};
-    TESSERA_LOG_INFO("{}: {:.1f} MiB of weights, {:.1f} MiB of workspace, steps up to {} tokens / {} sequences{}",
+    TESSERA_LOG_INFO("{}: {:.1f} MiB of weights, {:.1f} MiB of workspace, steps up to {} tokens / {} sequences{}{}",
                      cuda_->device_name(), static_cast<double>(cuda_->weight_bytes()) / (1 << 20),
                      static_cast<double>(cuda_->workspace_bytes()) / (1 << 20), o_.max_step_tokens, o_.max_step_seqs,
-                     o_.cuda_graphs ? ", decode as CUDA graphs" : "");
+                     o_.cuda_graphs ? ", decode as CUDA graphs" : "",
+                     o_.device_sampling ? ", sampling on the device" : ", sampling on the host");
     return Status::ok();
   }
 
@@ -364,13 +365,21 @@ class ShardWorker {
         in.all_logits = q.prompt_logprobs;
         batch_.push_back(in);
       }
-      bool greedy = false;
+      bool greedy = false, on_device = false;
       if (cuda_) {
         // Collectives run on the device stream, inside the step (not timed apart). Steps whose
-        // every sampled row is plain greedy take the argmax on the device: no logits cross.
+        // every sampled row is plain greedy take the argmax on the device; other steps sample
+        // on the device when they can: either way no logits cross to the host.
         greedy = plain_greedy(plan);
-        if (s.is_ok() && !batch_.empty())
-          s = greedy ? cuda_->run_greedy(batch_, greedy_ids_) : cuda_->run(batch_, logits_);
+        on_device = !greedy && o_.device_sampling && device_sampling_rows(plan);
+        if (s.is_ok() && !batch_.empty()) {
+          if (greedy)
+            s = cuda_->run_greedy(batch_, greedy_ids_);
+          else if (on_device)
+            s = cuda_->run_sampled(batch_, sample_rows_, penalties_, sampled_);
+          else
+            s = cuda_->run(batch_, logits_);
+        }
       } else {
         const uint64_t comm_before = forward_->comm_micros;
         if (s.is_ok() && !batch_.empty()) s = forward_->run(batch_, logits_);
@@ -379,6 +388,8 @@ class ShardWorker {
       if (s.is_ok()) {
         if (greedy)
           take_greedy(plan, r);
+        else if (on_device)
+          take_sampled(plan, r);
         else
           sample(plan, r);
       }
@@ -404,6 +415,39 @@ class ShardWorker {
         return false;
     }
     return true;
+  }
+
+  // Fills sample_rows_ / penalties_ with every sampling row of the step (batch order) for
+  // CudaForward::run_sampled; false when the device cannot take the step (prompt logprobs need
+  // the logits, more top logprobs than the device returns, too many penalty entries).
+  bool device_sampling_rows(const StepPlan& plan) {
+    sample_rows_.clear();
+    penalties_.clear();
+    for (const ScheduledSequence& q : plan.scheduled) {
+      if (q.prompt_logprobs) return false;
+      if (!q.sample) continue;
+      auto it = sequences_.find(q.seq_id);
+      if (it == sequences_.end()) return false;
+      const Sampler& sampler = *it->second.sampler;
+      const SamplingParams& p = sampler.params();
+      if (p.n_logprobs > TESSERA_CUDA_MAX_TOP_LOGPROBS) return false;
+      sample_rows_.push_back(device_sample_row(sampler, q.banned_tokens, penalties_));
+    }
+    return cuda_->can_sample(sample_rows_, penalties_).is_ok();
+  }
+
+  // The tokens of a device-sampled step, one per sampling sequence in batch order: what
+  // sample() does with the host's Sampler, the draw made on the device.
+  void take_sampled(const StepPlan& plan, StepResult& r) {
+    size_t row = 0;
+    for (const ScheduledSequence& q : plan.scheduled) {
+      if (!q.sample) continue;
+      SequenceState& st = sequences_.at(q.seq_id);
+      SampledToken& tok = sampled_[row++];
+      st.sampler->accept(tok.id);
+      if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
+      if (comm_.rank() == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
+    }
   }
 
   // The tokens of a plain_greedy step: one id per sampling sequence, in batch order.
@@ -476,6 +520,10 @@ class ShardWorker {
   std::vector<SequenceInput> batch_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;
+  // device sampling (CUDA backend): the step's rows and penalty entries, the tokens back
+  std::vector<TesseraCudaSampleRow> sample_rows_;
+  std::vector<TesseraCudaPenalty> penalties_;
+  std::vector<SampledToken> sampled_;
 };
 
 }  // namespace

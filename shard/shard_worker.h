@@ -33,6 +33,9 @@ struct ShardOptions {
   int64_t max_step_tokens = 8192;
   int64_t max_step_seqs = 256;
   bool cuda_graphs = true;
+  // CUDA: sample on the device (only ids and logprobs cross to the host) when a step allows it
+  // (no prompt logprobs, <= 20 top logprobs); off: every non-greedy step reads the logits.
+  bool device_sampling = true;
 };
 
 // Runs until shutdown or failure; returns the process exit code (0: orderly shutdown).

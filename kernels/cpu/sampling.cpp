@@ -47,37 +47,6 @@ std::vector<Candidate>& thread_scratch(int64_t vocab) {
   return scratch;
 }
 
-// e^x for x <= 0 from +, -, * and bit operations only, so that it gives the same bits on every
-// IEEE-754 machine (libm's exp may differ by an ulp between platforms). Relative error ~1e-13.
-// Values below e^-700 return 0: they are negligible next to the maximum term, which is always 1.
-inline double det_exp(double x) {
-  constexpr double kLog2e = 1.4426950408889634;
-  constexpr double kLn2Hi = 0.6931471803691238;   // few mantissa bits: n * kLn2Hi is exact
-  constexpr double kLn2Lo = 1.9082149292705877e-10;
-  constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const bool underflow = !(x > -700.0);
-  const double xc = underflow ? -700.0 : x;
-  const double t = xc * kLog2e + kShifter;
-  const double n = t - kShifter;
-  const double r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
-  // Taylor series to degree 10: truncation error < 3e-13 on |r| <= ln2 / 2.
-  double p = 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  // The low mantissa bits of t hold n; n in [-1010, 0] keeps 2^n a normal double.
-  const int64_t ni = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(kShifter);
-  const double scale = std::bit_cast<double>(static_cast<uint64_t>(ni + 1023) << 52);
-  return underflow ? 0.0 : p * scale;
-}
-
 // Writes the k best of v[0, n) (by Before on (v[i], i)) to out[0, k), sorted. out holds n.
 void select_top(const float* v, int64_t n, int64_t k, Candidate* out) {
   if (k <= kSmallSelect && k < n) {
@@ -263,7 +232,7 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
   Candidate* cand = scratch.data();
   if (want_logprobs) {
     double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += det_exp(static_cast<double>(logits[i]) - max_logit);
+    for (int64_t i = 0; i < vocab; ++i) sum += sampling_exp(static_cast<double>(logits[i]) - max_logit);
     log_sum_exp = max_logit + std::log(sum);
     if (n_logprobs > 0) {
       select_top(logits, vocab, n_logprobs, cand);
@@ -283,7 +252,7 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
     // order, which is what makes the draw reproducible.
     const double temperature = params_.temperature;
     auto weight = [&](float logit) {
-      return static_cast<float>(det_exp((static_cast<double>(logit) - max_logit) / temperature));
+      return static_cast<float>(sampling_exp((static_cast<double>(logit) - max_logit) / temperature));
     };
     const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
     int64_t size = 0;

@@ -182,9 +182,75 @@ int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, 
 int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t id_offset, int32_t* ids,
                                   float* values, void* stream);
 
-// gemm_blas.cpp (cuBLAS). A handle per thread and device: create it after selecting the device.
-// The handle owns a fixed device workspace (set again after every stream change), so GEMMs can
-// be captured into CUDA graphs without cuBLAS allocating during the capture.
+// sampling.cu. Sampling on the device: for each row, what Sampler::sample (kernels/sampling.h)
+// does with that row of logits, with the same order of operations and the same semantics, so
+// that only ids and logprobs cross to the host:
+//   1. this row's penalty entries (below): banned ids become -inf; then the repetition penalty
+//      (x > 0 ? x / r : x * r, for ids with in_prompt or out_count > 0) and presence /
+//      frequency (x -= presence + frequency * out_count, the penalty computed in fp32, for
+//      out_count > 0), each an IEEE operation as written (no fused multiply-add);
+//   2. NaN -> -inf, +inf -> FLT_MAX; a row that is all -inf becomes all 0 (uniform);
+//   3. logprobs when asked (want_logprob or n_logprobs > 0): lse = max + log(sum e^(x - max)),
+//      the chosen token's x - lse, and the n_logprobs best (x desc, id asc) with x - lse;
+//   4. temperature 0: the argmax (first maximum); else weights w = (float) e^((x - max) / T)
+//      with sampling.cpp's deterministic exp (bit-identical: the same +, -, *, / in IEEE double
+//      without contraction), top-k by (x desc, id asc), min-p (w >= min_p), top-p over
+//      (w desc, id asc) (the smallest prefix whose mass >= top_p * the top-k mass, at least one
+//      token), and the draw with `u`: the first kept token whose running mass exceeds
+//      u * (kept mass), walking (w desc, id asc) when top-k or top-p is on, id order otherwise.
+// Masses are sums of w in 2^-43 fixed point (integers: exact and independent of the order and of
+// the thread count, so every TP rank given the same logits draws the same token); the CPU sums
+// in double. The two can differ only where u falls within ~1e-8 (relative) of a boundary
+// between two tokens.
+// Launch: one block per row. logits [n_rows, vocab] fp32 are modified (steps 1-2); scratch
+// [n_rows, vocab] fp32 is workspace. vocab in [1, 2^20].
+enum { TESSERA_CUDA_MAX_TOP_LOGPROBS = 20 };
+struct TesseraCudaSampleRow {
+  double u;                  // the draw's uniform in [0, 1): sampling_uniform(seed, output position)
+  float temperature;         // 0: greedy
+  float top_p;               // (0, 1]; 1: off
+  float min_p;               // [0, 1]; 0: off
+  int32_t top_k;             // <= 0 or >= vocab: off
+  float repetition_penalty;  // 1: off
+  float presence_penalty;
+  float frequency_penalty;
+  int32_t n_logprobs;     // 0 .. TESSERA_CUDA_MAX_TOP_LOGPROBS
+  int32_t want_logprob;   // != 0: the chosen token's logprob (also when n_logprobs > 0)
+  int32_t penalty_begin;  // this row's penalty entries: penalties[penalty_begin, penalty_end)
+  int32_t penalty_end;
+  int32_t pad_;
+};
+// One token id of one row (ids unique within a row).
+struct TesseraCudaPenalty {
+  int32_t id;         // ids outside [0, vocab) are ignored
+  int32_t in_prompt;  // != 0: in the prompt (repetition penalty)
+  int32_t out_count;  // times in the output so far
+  int32_t banned;     // != 0: -inf before the penalties
+};
+struct TesseraCudaSampleArgs {
+  float* logits;                               // [n_rows, vocab], modified
+  float* scratch;                              // [n_rows, vocab]
+  const struct TesseraCudaSampleRow* rows;     // [n_rows] (device)
+  const struct TesseraCudaPenalty* penalties;  // (device; may be null when no row has entries)
+  int64_t n_rows;
+  int64_t vocab;
+  int32_t* ids;         // [n_rows] the chosen token
+  float* logprobs;      // [n_rows] its logprob (0 when not asked)
+  int32_t* top_ids;     // [n_rows, TESSERA_CUDA_MAX_TOP_LOGPROBS]: the first
+  float* top_logprobs;  //   n_logprobs of row r at r * MAX (the rest untouched)
+};
+int tessera_cuda_sample_f32(const struct TesseraCudaSampleArgs* args, void* stream);
+// elementwise.cu. A vocabulary-parallel LM head's all-gathered logits back in vocabulary order:
+// gathered holds tp chunks of n_rows * per_rank floats; chunk r holds rank r's logits
+// [n_rows, count_r] packed at its front, count_r = min(vocab, (r + 1) * per_rank) -
+// min(vocab, r * per_rank). out [n_rows, vocab]: out[t, r * per_rank + i] = chunk r [t, i].
+int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_rows, int64_t vocab, int64_t per_rank, int64_t tp,
+                                    float* out, void* stream);
+// gemm_blas.cpp (cuBLASLt; cuBLAS for shapes the cuBLASLt heuristic does not cover). A handle
+// per thread and device: create it after selecting the device. The handle owns a fixed device
+// workspace (set again after every stream change) and one cuBLASLt plan per GEMM shape, chosen
+// on the shape's first call, so GEMMs can be captured into CUDA graphs without cuBLAS
+// allocating during the capture.
 int tessera_cuda_blas_create(void** handle);
 int tessera_cuda_blas_destroy(void* handle);
 // y[t, r] = sum_c x[t, c] * w[r, c]: w f16 [rows, cols] row-major (the weight layout of

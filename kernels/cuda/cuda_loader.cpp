@@ -106,6 +106,8 @@ Result<CudaApi> open_cuda_api(const std::string& path) {
   resolve(lib, "tessera_cuda_add_f32", &api.add_f32, &missing);
   resolve(lib, "tessera_cuda_add_bias_f32", &api.add_bias_f32, &missing);
   resolve(lib, "tessera_cuda_gather_rows_f32", &api.gather_rows_f32, &missing);
+  resolve(lib, "tessera_cuda_sample_f32", &api.sample_f32, &missing);
+  resolve(lib, "tessera_cuda_unshard_logits_f32", &api.unshard_logits_f32, &missing);
   if (!missing.empty())
     return Status::unavailable("CUDA backend library " + path + " lacks entry points: " + missing +
                                " (stale build?)");

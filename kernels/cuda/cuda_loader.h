@@ -81,6 +81,8 @@ struct CudaApi {
   decltype(&tessera_cuda_add_f32) add_f32 = nullptr;
   decltype(&tessera_cuda_add_bias_f32) add_bias_f32 = nullptr;
   decltype(&tessera_cuda_gather_rows_f32) gather_rows_f32 = nullptr;
+  decltype(&tessera_cuda_sample_f32) sample_f32 = nullptr;
+  decltype(&tessera_cuda_unshard_logits_f32) unshard_logits_f32 = nullptr;
 
   // OK when rc == 0; else Unavailable "<what>: <last_error()>" (call on the failing thread).
   Status check(int rc, std::string_view what) const;

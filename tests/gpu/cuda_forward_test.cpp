@@ -333,6 +333,96 @@ TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
   EXPECT_EQ(m[1]->forward->graphs_captured(), 3);  // greedy graphs of buckets 4, 2, 1
 }
 
+// run_sampled (penalties, temperature, top-k / top-p / min-p, bans, the seeded draw and the
+// logprobs on the device) gives what the host Sampler gives on run()'s logits, for a batched
+// prefill (eager) and graphed decode steps, with a greedy-with-logprobs row in the batch.
+TEST_P(CudaForwardTest, SampledOnTheDeviceMatchesTheHostSampler) {
+  auto a = load_gpu_model(model_path(), 8);
+  auto b = load_gpu_model(model_path(), 8);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  GpuModel* m[2] = {a->get(), b->get()};
+  const int64_t vocab = m[0]->config().vocab;
+  const std::vector<RefCase> cases = load_cases();
+  const size_t n_seqs = std::min<size_t>(3, cases.size());
+  std::vector<SamplingParams> params(3);
+  params[0] = {.temperature = 0.8f, .top_k = 20, .seed = 3, .has_seed = true, .n_logprobs = 3, .return_logprob = true};
+  // Sequence 1's logprobs come from its penalised logits with its bans (the host's most likely
+  // token of each step): a penalty or ban the device misses moves them.
+  params[1] = {.temperature = 1.0f,
+               .top_p = 0.9f,
+               .min_p = 0.05f,
+               .repetition_penalty = 1.3f,
+               .presence_penalty = 0.4f,
+               .frequency_penalty = 0.2f,
+               .seed = 5,
+               .has_seed = true,
+               .n_logprobs = 2,
+               .return_logprob = true};
+  params[2] = {.temperature = 0.0f, .n_logprobs = 2};
+  std::vector<int32_t> banned[3] = {{}, {5, 17, 400}, {}};
+  std::vector<std::unique_ptr<Sampler>> host, device;
+  std::vector<std::vector<int32_t>> tables[2];
+  for (size_t i = 0; i < n_seqs; ++i) {
+    host.push_back(std::make_unique<Sampler>(params[i]));
+    device.push_back(std::make_unique<Sampler>(params[i]));
+    host[i]->add_prompt_tokens(cases[i].prompt);
+    device[i]->add_prompt_tokens(cases[i].prompt);
+  }
+  for (int k = 0; k < 2; ++k) {
+    tables[k].resize(n_seqs);
+    for (size_t i = 0; i < n_seqs; ++i)
+      ASSERT_TRUE(m[k]->allocator->ensure(tables[k][i], static_cast<int64_t>(cases[i].prompt.size()) + 12, 8));
+  }
+  std::vector<float> logits;
+  std::vector<SampledToken> sampled;
+  std::vector<int32_t> next(n_seqs);
+  std::vector<int64_t> pos(n_seqs);
+  int64_t compared = 0, expected = 0;
+  for (size_t w : {n_seqs, n_seqs, n_seqs, n_seqs - 1, size_t{1}, n_seqs, n_seqs, size_t{1}}) {
+    expected += static_cast<int64_t>(w);
+    std::vector<SequenceInput> in[2];
+    const bool prefill = pos[0] == 0;
+    for (int k = 0; k < 2; ++k)
+      for (size_t i = 0; i < w; ++i)
+        in[k].push_back(prefill ? SequenceInput{cases[i].prompt, 0, tables[k][i], true}
+                                : SequenceInput{std::span<const int32_t>(&next[i], 1), pos[i], tables[k][i], true});
+    Status s = m[0]->forward->run(in[0], logits);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    if (w > 1) banned[1] = {5, 17, argmax(&logits[static_cast<size_t>(vocab)], vocab)};
+    std::vector<TesseraCudaSampleRow> rows;
+    std::vector<TesseraCudaPenalty> penalties;
+    for (size_t i = 0; i < w; ++i) rows.push_back(device_sample_row(*device[i], banned[i], penalties));
+    s = m[1]->forward->run_sampled(in[1], rows, penalties, sampled);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_EQ(sampled.size(), w);
+    EXPECT_EQ(m[1]->forward->last_step().graphed, !prefill);
+    for (size_t i = 0; i < w; ++i) {
+      float* row = &logits[i * static_cast<size_t>(vocab)];
+      for (const int32_t id : banned[i]) row[id] = -INFINITY;
+      const SampledToken want = host[i]->sample(row, vocab);
+      const SampledToken& got = sampled[i];
+      ASSERT_EQ(got.id, want.id) << "sequence " << i << " position " << pos[i];
+      EXPECT_NEAR(got.logprob, want.logprob, 1e-4) << "sequence " << i;
+      ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size()) << "sequence " << i;
+      for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
+        EXPECT_EQ(got.top_logprobs[j].first, want.top_logprobs[j].first) << "sequence " << i << " top " << j;
+        EXPECT_NEAR(got.top_logprobs[j].second, want.top_logprobs[j].second, 1e-4);
+      }
+      device[i]->accept(got.id);
+      pos[i] = prefill ? static_cast<int64_t>(cases[i].prompt.size()) : pos[i] + 1;
+      next[i] = want.id;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, expected);
+  // A request the device cannot serve is refused before anything runs.
+  std::vector<TesseraCudaSampleRow> rows(1);
+  rows[0].n_logprobs = TESSERA_CUDA_MAX_TOP_LOGPROBS + 1;
+  const Status s = m[1]->forward->run_sampled({}, rows, {}, sampled);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("n_logprobs"), std::string::npos) << s.to_string();
+}
+
 // Decode attention split over the sequence (pieces of 16 keys here, so every step of these
 // prompts uses several): the reference greedy ids, graphed and eager.
 TEST_P(CudaForwardTest, SplitDecodeAttentionGivesTheReferenceIds) {

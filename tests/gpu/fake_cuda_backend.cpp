@@ -5,8 +5,9 @@
 // dispatch, logits) and the index math of the newer kernels on machines without a GPU
 // (test `cuda_forward_fake_backend`). The prefill attention and W8A16 / W4A16 GEMMs (also the
 // tensor-core ones, mma fragments included) follow their kernels' block / warp / lane
-// decomposition step by step; the other ops are plain references. NCCL runs between processes
-// through shared memory (below).
+// decomposition step by step; the other ops are plain references (the sampler: the kernel's
+// orders and fixed-point sums as a sequential algorithm). NCCL runs between processes through
+// shared memory (below).
 // It says nothing about the real kernels' speed or synchronization: the `gpu` tests on a
 // device do.
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +30,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cuda/cuda_api.h"
+#include "kernels/sampling.h"
 
 namespace {
 
@@ -369,6 +372,142 @@ int gguf_check(const char* op, int type, const void* w, int64_t row_bytes, int64
     return fail(g_gguf_message);
   }
   return 0;
+}
+
+// ---- sampling.cu's sampler (tessera_cuda_sample_f32) as a plain sequential algorithm ----
+// The kernel's result is defined by orders and integer sums, not by its radix select: sort, walk,
+// stop at the first element whose running 2^-43 fixed-point mass reaches the target. Only the
+// logprobs' double sum runs in another order (a tree on the device).
+
+// Order-preserving key of a non-NaN logit, -0 == +0 (the kernel's logit_key).
+uint32_t sample_logit_key(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  if (b == 0x80000000u) b = 0;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+uint32_t sample_weight_key(float w) {
+  uint32_t b;
+  std::memcpy(&b, &w, sizeof(b));
+  return b;
+}
+// round-to-nearest-even(w * 2^43)
+uint64_t sample_fixed_weight(float w) { return static_cast<uint64_t>(std::nearbyint(static_cast<double>(w) * 0x1p43)); }
+
+void sample_row(const TesseraCudaSampleArgs& a, int64_t r) {
+  const int64_t n = a.vocab;
+  float* x = a.logits + r * n;
+  float* w = a.scratch + r * n;
+  const TesseraCudaSampleRow& row = a.rows[r];
+  // 1. penalties
+  if (a.penalties) {
+    for (int64_t e = row.penalty_begin; e < row.penalty_end; ++e) {
+      const TesseraCudaPenalty& p = a.penalties[e];
+      if (p.id < 0 || p.id >= n) continue;
+      float v = p.banned ? -INFINITY : x[p.id];
+      const float rep = row.repetition_penalty;
+      if (rep != 1.0f && (p.in_prompt || p.out_count > 0)) v = v > 0.0f ? v / rep : v * rep;
+      if ((row.presence_penalty != 0.0f || row.frequency_penalty != 0.0f) && p.out_count > 0) {
+        const float penalty = row.presence_penalty + row.frequency_penalty * static_cast<float>(p.out_count);
+        v -= penalty;
+      }
+      x[p.id] = v;
+    }
+  }
+  // 2. sanitize, argmax
+  int64_t argmax = 0;
+  uint32_t best = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) x[i] = -INFINITY;
+    if (x[i] == INFINITY) x[i] = FLT_MAX;
+    if (sample_logit_key(x[i]) > best) {
+      best = sample_logit_key(x[i]);
+      argmax = i;
+    }
+  }
+  float max_logit = x[argmax];
+  if (best == sample_logit_key(-INFINITY)) {
+    std::fill(x, x + n, 0.0f);
+    max_logit = 0.0f;
+  }
+  auto logit_before = [&](int64_t i, int64_t j) {  // (x desc, id asc)
+    const uint32_t ki = sample_logit_key(x[i]), kj = sample_logit_key(x[j]);
+    return ki > kj || (ki == kj && i < j);
+  };
+  auto weight_before = [&](int64_t i, int64_t j) {  // (w desc, id asc)
+    const uint32_t ki = sample_weight_key(w[i]), kj = sample_weight_key(w[j]);
+    return ki > kj || (ki == kj && i < j);
+  };
+  // 3. logprobs
+  const int64_t n_top = std::min<int64_t>(std::clamp<int64_t>(row.n_logprobs, 0, TESSERA_CUDA_MAX_TOP_LOGPROBS), n);
+  const bool want_logprobs = row.want_logprob != 0 || n_top > 0;
+  double log_sum_exp = 0.0;
+  if (want_logprobs) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+      sum += tessera::sampling_exp(static_cast<double>(x[i]) - static_cast<double>(max_logit));
+    log_sum_exp = static_cast<double>(max_logit) + std::log(sum);
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    std::partial_sort(order.begin(), order.begin() + n_top, order.end(), logit_before);
+    for (int64_t j = 0; j < n_top; ++j) {
+      const int64_t id = order[static_cast<size_t>(j)];
+      a.top_ids[r * TESSERA_CUDA_MAX_TOP_LOGPROBS + j] = static_cast<int32_t>(id);
+      a.top_logprobs[r * TESSERA_CUDA_MAX_TOP_LOGPROBS + j] =
+          static_cast<float>(static_cast<double>(x[id]) - log_sum_exp);
+    }
+  }
+  // 4. the token
+  int64_t chosen = argmax;
+  if (row.temperature != 0.0f) {
+    const double temperature = row.temperature;
+    for (int64_t i = 0; i < n; ++i)
+      w[i] = static_cast<float>(
+          tessera::sampling_exp((static_cast<double>(x[i]) - static_cast<double>(max_logit)) / temperature));
+    const bool use_top_k = row.top_k > 0 && row.top_k < n;
+    const bool use_top_p = row.top_p < 1.0f;
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+    if (use_top_k) {  // the top_k first in (x desc, id asc) order, back in id order
+      std::nth_element(ids.begin(), ids.begin() + (row.top_k - 1), ids.end(), logit_before);
+      const int64_t kth = ids[static_cast<size_t>(row.top_k - 1)];
+      ids.clear();
+      for (int64_t i = 0; i < n; ++i)
+        if (i == kth || logit_before(i, kth)) ids.push_back(i);
+    }
+    uint64_t mass = 0;  // of the top-k set
+    for (int64_t i : ids) mass += sample_fixed_weight(w[i]);
+    if (row.min_p > 0.0f)
+      ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int64_t i) { return !(w[i] >= row.min_p); }), ids.end());
+    if (use_top_k || use_top_p) std::sort(ids.begin(), ids.end(), weight_before);
+    if (use_top_p) {  // the first element whose running mass reaches the target ends the prefix
+      const auto target = static_cast<uint64_t>(std::ceil(static_cast<double>(row.top_p) * static_cast<double>(mass)));
+      uint64_t run = 0;
+      for (size_t j = 0; j < ids.size(); ++j) {
+        run += sample_fixed_weight(w[ids[j]]);
+        if (run >= target) {
+          ids.resize(j + 1);
+          break;
+        }
+      }
+    }
+    uint64_t kept = 0;
+    for (int64_t i : ids) kept += sample_fixed_weight(w[i]);
+    double scaled = std::floor(row.u * static_cast<double>(kept));
+    if (!(scaled >= 0.0)) scaled = 0.0;
+    uint64_t below = scaled >= static_cast<double>(kept) ? kept : static_cast<uint64_t>(scaled);
+    if (below > kept - 1) below = kept - 1;
+    uint64_t run = 0;
+    for (int64_t i : ids) {
+      run += sample_fixed_weight(w[i]);
+      if (run > below) {
+        chosen = i;
+        break;
+      }
+    }
+  }
+  a.ids[r] = static_cast<int32_t>(chosen);
+  a.logprobs[r] = want_logprobs ? static_cast<float>(static_cast<double>(x[chosen]) - log_sum_exp) : 0.0f;
 }
 
 }  // namespace
@@ -964,6 +1103,40 @@ int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* d
                                  void* stream) {
   if (g_capture) return record([=] { return tessera_cuda_gather_rows_f32(src, rows, dst, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) dst[i] = src[static_cast<int64_t>(rows[i / dim]) * dim + i % dim];
+  return 0;
+}
+
+int tessera_cuda_sample_f32(const TesseraCudaSampleArgs* args, void* stream) {
+  // Arguments are checked when the call is made (as the real entry point does on the host), also
+  // during a capture.
+  if (!args) return fail("tessera_cuda_sample_f32: args is null");
+  const TesseraCudaSampleArgs a = *args;
+  if (a.n_rows < 0 || a.n_rows > 0x7fffffff) return fail("tessera_cuda_sample_f32: need 0 <= n_rows < 2^31");
+  if (a.vocab < 1 || a.vocab > (int64_t{1} << 20)) return fail("tessera_cuda_sample_f32: need 1 <= vocab <= 2^20");
+  if (a.n_rows == 0) return 0;
+  if (!a.logits || !a.scratch || !a.rows || !a.ids || !a.logprobs || !a.top_ids || !a.top_logprobs)
+    return fail(
+        "tessera_cuda_sample_f32: logits, scratch, rows, ids, logprobs, top_ids and top_logprobs must not be null");
+  if (g_capture) return record([a, stream] { return tessera_cuda_sample_f32(&a, stream); });
+  for (int64_t r = 0; r < a.n_rows; ++r) sample_row(a, r);
+  return 0;
+}
+int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_rows, int64_t vocab, int64_t per_rank, int64_t tp,
+                                    float* out, void* stream) {
+  if (n_rows < 0 || vocab <= 0 || per_rank <= 0 || tp <= 0 || per_rank < (vocab + tp - 1) / tp)
+    return fail(
+        "tessera_cuda_unshard_logits_f32: need n_rows >= 0, vocab > 0, tp > 0 and per_rank > 0 with per_rank * tp >= "
+        "vocab");
+  if (n_rows == 0) return 0;
+  if (!gathered || !out) return fail("tessera_cuda_unshard_logits_f32: gathered and out must not be null");
+  if (g_capture)
+    return record([=] { return tessera_cuda_unshard_logits_f32(gathered, n_rows, vocab, per_rank, tp, out, stream); });
+  for (int64_t t = 0; t < n_rows; ++t)
+    for (int64_t c = 0; c < vocab; ++c) {
+      const int64_t r = c / per_rank, i = c % per_rank;
+      const int64_t count = std::min(vocab, (r + 1) * per_rank) - r * per_rank;
+      out[t * vocab + c] = gathered[r * n_rows * per_rank + t * count + i];
+    }
   return 0;
 }
 

@@ -55,7 +55,7 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
 TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {
   const std::string model = testdata_dir() + "/stories260K/hf";
   if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
-  // Greedy (the argmax taken on the device) and seeded sampling (the logits sampled on the host).
+  // Greedy (the argmax taken on the device) and seeded sampling (on the device too).
   for (const std::string sampling : {"--temperature 0", "--temperature 0.9 --top-k 40 --seed 7"}) {
     const std::string args = " generate --model " + quote(model) + " --prompt 'Once upon a time' --max-tokens 40 " +
                              sampling + " --ignore-eos --print-ids --tp 1 --device cuda";
@@ -90,6 +90,31 @@ TEST_F(CudaShardFakeBackend, TensorParallelCudaShards) {
   ASSERT_EQ(graphs.exit_code, 0) << graphs.output;
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
   EXPECT_EQ(last_line(graphs.output), last_line(eager.output));
+}
+
+// Sampling on the device (tessera_cuda_sample_f32) draws the tokens the host Sampler draws from
+// the downloaded logits (--no-device-sampling), at TP 1 and at TP 2 (where every rank samples
+// the unsharded logits), with penalties, top-k / top-p / min-p.
+TEST_F(CudaShardFakeBackend, DeviceAndHostSamplingDrawTheSameTokens) {
+  const std::string model = testdata_dir() + "/stories260K/stories260K-f32.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  const std::vector<std::string> samplings = {
+      "--temperature 0.9 --top-k 40 --seed 7",
+      "--temperature 1.1 --top-p 0.8 --min-p 0.02 --repetition-penalty 1.2 --seed 3",
+      "--temperature 0.6 --repetition-penalty 1.6 --seed 12"};
+  for (const int tp : {1, 2}) {
+    for (const std::string& sampling : samplings) {
+      const std::string args = " generate --model " + quote(model) +
+                               " --prompt 'Lily and Tom went to the park. Lily saw a big dog' --max-tokens 48 " +
+                               sampling + " --ignore-eos --print-ids --tp " + std::to_string(tp) + " --device cuda";
+      const ProcessResult device = run(env_ + bin("tessera") + args);
+      const ProcessResult host = run(env_ + bin("tessera") + args + " --shard-arg=--no-device-sampling");
+      ASSERT_EQ(device.exit_code, 0) << device.output;
+      ASSERT_EQ(host.exit_code, 0) << host.output;
+      EXPECT_NE(device.output.find("sampling on the device"), std::string::npos) << device.output;
+      EXPECT_EQ(last_line(device.output), last_line(host.output)) << "tp " << tp << ": " << sampling;
+    }
+  }
 }
 
 TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {

@@ -370,6 +370,27 @@ def test_cuda_shard_reference_ids(cuda_stories_server):
     assert any("cuda:0 (fake CPU backend" in line and "ready" in line for line in s.log), "".join(s.log[-20:])
 
 
+def test_cuda_shard_logprobs_sampled_on_the_device(cuda_stories_server, stories_server):
+    """Greedy with logprobs and seeded sampling go through the device sampler (only ids and
+    logprobs come back): the same tokens and logprobs as the CPU backend's host sampler, within
+    the f16 rounding of the CUDA path's activations."""
+    kwargs = dict(model="test-model", prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=3)
+    got = cuda_stories_server.client.completions.create(**kwargs).choices[0].logprobs
+    want = stories_server.client.completions.create(**kwargs).choices[0].logprobs
+    assert got.tokens == want.tokens
+    for g, w, gtop, wtop in zip(got.token_logprobs, want.token_logprobs, got.top_logprobs, want.top_logprobs):
+        assert abs(g - w) < 2e-2 and len(gtop) == 3
+        assert max(gtop, key=gtop.get) == max(wtop, key=wtop.get)
+        assert abs(max(gtop.values()) - g) < 1e-4  # greedy: the chosen token is the most likely
+    sampled = dict(model="test-model", prompt="Once upon", max_tokens=6, temperature=0.9, top_p=0.9, seed=5,
+                   logprobs=2, frequency_penalty=0.5)
+    first = cuda_stories_server.client.completions.create(**sampled).choices[0]
+    again = cuda_stories_server.client.completions.create(**sampled).choices[0]
+    assert first.text == again.text  # seeded: the same draw every time
+    assert first.logprobs.token_logprobs == again.logprobs.token_logprobs
+    assert all(len(top) == 2 and lp <= 0 for lp, top in zip(first.logprobs.token_logprobs, first.logprobs.top_logprobs))
+
+
 def test_cuda_shard_concurrent_streams_match_solo(cuda_stories_server):
     concurrent_streams_match_solo_and_free_blocks(cuda_stories_server)
 
