@@ -156,6 +156,60 @@ int run(int argc, char** argv) {
         timer.us([&] { return g_api->argmax_f32(logits, b, kVocab, out_ids, s); }, "argmax"),
         static_cast<double>(b * kVocab * 4));
 
+  // Device sampling over Gaussian logits (sd 3): the draw in id order, top-k + top-p (radix
+  // selections), and top-p with 20 top logprobs. GB/s counts one read of the logits.
+  {
+    std::vector<float> host_logits(static_cast<size_t>(max_batch * kVocab));
+    uint64_t state = 0x9e3779b97f4a7c15ULL;
+    for (float& v : host_logits) {  // sum of 4 uniforms: roughly Gaussian, sd ~ 3
+      float acc = 0.0f;
+      for (int k = 0; k < 4; ++k) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        acc += static_cast<float>(state >> 40) / 16777216.0f - 0.5f;
+      }
+      v = acc * 5.2f;
+    }
+    float* sample_logits = device_copy(host_logits);
+    auto* scratch = static_cast<float*>(device_bytes(max_batch * kVocab * 4));
+    auto* out_lp = static_cast<float*>(device_bytes(max_batch * 4));
+    auto* top_ids = static_cast<int32_t*>(device_bytes(max_batch * TESSERA_CUDA_MAX_TOP_LOGPROBS * 4));
+    auto* top_lp = static_cast<float*>(device_bytes(max_batch * TESSERA_CUDA_MAX_TOP_LOGPROBS * 4));
+    struct Mode {
+      const char* name;
+      int32_t top_k;
+      float top_p;
+      int32_t n_logprobs;
+    };
+    for (const Mode& mode : {Mode{"sample T=1", 0, 1.0f, 0}, Mode{"sample k50 p0.9", 50, 0.9f, 0},
+                             Mode{"sample p0.9 +20 lp", 0, 0.9f, 20}}) {
+      std::vector<TesseraCudaSampleRow> rows(max_batch);
+      for (int64_t i = 0; i < max_batch; ++i) {
+        TesseraCudaSampleRow& r = rows[static_cast<size_t>(i)];
+        r.u = static_cast<double>(i * 37 % 100) / 100.0;
+        r.temperature = mode.top_k ? 0.8f : 1.0f;
+        r.top_p = mode.top_p;
+        r.top_k = mode.top_k;
+        r.repetition_penalty = 1.0f;
+        r.n_logprobs = mode.n_logprobs;
+      }
+      const TesseraCudaSampleRow* d_rows = device_copy(rows);
+      for (int64_t b : batches) {
+        TesseraCudaSampleArgs a{};
+        a.logits = sample_logits;
+        a.scratch = scratch;
+        a.rows = d_rows;
+        a.n_rows = b;
+        a.vocab = kVocab;
+        a.ids = out_ids;
+        a.logprobs = out_lp;
+        a.top_ids = top_ids;
+        a.top_logprobs = top_lp;
+        row(mode.name, "vocab 128256", b, timer.us([&] { return g_api->sample_f32(&a, s); }, "sample"),
+            static_cast<double>(b * kVocab * 4));
+      }
+    }
+  }
+
   // RoPE + KV write and decode attention over a paged cache, contexts 1024 and 4096.
   std::vector<float> inv_freq(kHeadDim / 2);
   for (int64_t i = 0; i < kHeadDim / 2; ++i) inv_freq[static_cast<size_t>(i)] = 1.0f / (1.0f + static_cast<float>(i));
