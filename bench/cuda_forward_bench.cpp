@@ -8,8 +8,10 @@
 //
 // For each weight type (f16: cuBLAS; int8: W8A16 kernel; int4: W4A16 kernel) and batch size:
 // B sequences are prefilled with --context tokens each, then --steps decode steps (one token
-// per sequence) are timed with a host clock around CudaForward::run (which includes the logits
-// copy to the host), first replayed from CUDA graphs, then run eagerly. Printed beside it: the
+// per sequence) are timed with a host clock around CudaForward::run_greedy (the argmax on the
+// device, the ids copied to the host: the serving path of a greedy request), first replayed
+// from CUDA graphs, then run eagerly; then graphed steps that sample on the device
+// (run_sampled: temperature 0.8, top-p 0.95, the seeded draw). Printed beside it: the
 // bytes of weights one step streams, the measured device-to-device copy bandwidth, the floor =
 // bytes / bandwidth, floor / step time, the launches one step enqueues in each mode and the
 // share of the step the host spends enqueueing.
@@ -29,6 +31,7 @@
 #include "common/dtype.h"
 #include "kernels/cuda/cuda_loader.h"
 #include "kernels/quant.h"
+#include "kernels/sampling.h"
 #include "model/synthetic_model.h"
 #include "shard/cuda_forward.h"
 
@@ -151,8 +154,8 @@ int run(int argc, char** argv) {
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
   std::printf(
       "| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
-      "| eager step ms | launches/step eager -> graph | host share eager -> graph |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| eager step ms | launches/step eager -> graph | host share eager -> graph | sampled step ms |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   std::stringstream ts(types);
   std::string type_name;
@@ -207,7 +210,7 @@ int run(int argc, char** argv) {
     const double floor_ms = copy_gbs > 0 ? step_gb / copy_gbs * 1e3 : 0.0;
 
     for (int64_t b : batches) {
-      const int64_t blocks_per_seq = (context + 2 * steps + 8 + 15) / 16;
+      const int64_t blocks_per_seq = (context + 3 * (steps + 3) + 15) / 16;  // three timed phases
       std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
       for (int64_t s = 0; s < b; ++s)
         for (int64_t i = 0; i < blocks_per_seq; ++i) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * blocks_per_seq + i));
@@ -218,13 +221,24 @@ int run(int argc, char** argv) {
       std::vector<float> logits;
       Status st = fwd.run(batch, logits);
       if (!st.is_ok()) die("prefill: " + st.to_string());
-      std::vector<int32_t> tokens(static_cast<size_t>(b), 1);
+      std::vector<int32_t> tokens(static_cast<size_t>(b), 1), ids;
+      std::vector<SampledToken> sampled;
+      std::vector<TesseraCudaSampleRow> rows(static_cast<size_t>(b));
+      for (int64_t s = 0; s < b; ++s) {
+        TesseraCudaSampleRow& r = rows[static_cast<size_t>(s)];
+        r.temperature = 0.8f;
+        r.top_p = 0.95f;
+        r.repetition_penalty = 1.0f;
+      }
+      bool sample = false;  // false: greedy on the device
       auto decode = [&](int64_t pos) {
         std::vector<SequenceInput> step;
         for (int64_t s = 0; s < b; ++s)
           step.push_back({std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1), pos,
                           tables[static_cast<size_t>(s)], true});
-        Status s2 = fwd.run(step, logits);
+        for (int64_t s = 0; s < b; ++s)
+          rows[static_cast<size_t>(s)].u = sampling_uniform(static_cast<uint64_t>(s), pos);
+        Status s2 = sample ? fwd.run_sampled(step, rows, {}, sampled) : fwd.run_greedy(step, ids);
         if (!s2.is_ok()) die("decode: " + s2.to_string());
       };
       // Graphed decode (the default; the warm-up captures the bucket's graph), then the same
@@ -252,12 +266,15 @@ int run(int argc, char** argv) {
       };
       const Timing g = timed(true);
       const Timing e = timed(false);
+      sample = true;
+      const Timing sg = timed(true);
+      sample = false;
       std::printf(
-          "| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% |\n",
+          "| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% | %.2f |\n",
           type_name.c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(b), g.ms,
           static_cast<double>(b) * 1e3 / g.ms, step_gb, floor_ms, g.ms > 0 ? 100.0 * floor_ms / g.ms : 0.0, e.ms,
           static_cast<long long>(e.launches), static_cast<long long>(g.launches), 100.0 * e.host_share,
-          100.0 * g.host_share);
+          100.0 * g.host_share, sg.ms);
       std::fflush(stdout);
     }
   }
