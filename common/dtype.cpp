@@ -24,6 +24,12 @@ constexpr std::array<QuantTraits, static_cast<size_t>(QuantType::kCount)> kTrait
     {QuantType::kI32, "I32", 1, 4, 26, false, 0},
     {QuantType::kI8_CH, "I8_CH", 32, 32, -1, false, 4},
     {QuantType::kI4_G128, "I4_G128", 128, 68, -1, false, 0},
+    {QuantType::kQ8_0_R16, "Q8_0_R16", 32, 34, -1, false, 0},
+    {QuantType::kQ4_0_R16, "Q4_0_R16", 32, 18, -1, false, 0},
+    {QuantType::kQ5_0_R16, "Q5_0_R16", 32, 22, -1, false, 0},
+    {QuantType::kQ4_K_R16, "Q4_K_R16", 256, 144, -1, false, 0},
+    {QuantType::kQ5_K_R16, "Q5_K_R16", 256, 176, -1, false, 0},
+    {QuantType::kQ6_K_R16, "Q6_K_R16", 256, 210, -1, false, 0},
 }};
 
 }  // namespace

@@ -17,14 +17,14 @@ enum class QuantType : uint8_t {
   kF32 = 0,
   kF16,
   kBF16,
-  kQ8_0,   // ggml: 32 elems, fp16 scale + 32 x int8                         (34 B)
-  kQ4_0,   // ggml: 32 elems, fp16 scale + 16 B nibbles, value (q - 8) * d   (18 B)
-  kQ5_0,   // ggml: 32 elems, fp16 scale + 4 B high bits + 16 B nibbles      (22 B)
-  kQ4_K,   // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
-  kQ5_K,   // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
-  kQ6_K,   // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
-  kI8,     // plain int8 (activations, per-channel INT8 weight payloads)
-  kI32,    // plain int32
+  kQ8_0,  // ggml: 32 elems, fp16 scale + 32 x int8                         (34 B)
+  kQ4_0,  // ggml: 32 elems, fp16 scale + 16 B nibbles, value (q - 8) * d   (18 B)
+  kQ5_0,  // ggml: 32 elems, fp16 scale + 4 B high bits + 16 B nibbles      (22 B)
+  kQ4_K,  // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
+  kQ5_K,  // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
+  kQ6_K,  // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
+  kI8,    // plain int8 (activations, per-channel INT8 weight payloads)
+  kI32,   // plain int32
   // Weight formats produced at load (RTN of a float checkpoint, or converted AWQ / GPTQ). Not
   // stored in files; never memory-mapped.
   kI8_CH,    // INT8 per output channel: k int8 levels, then one fp32 scale per row (row
@@ -33,6 +33,16 @@ enum class QuantType : uint8_t {
              // reserved byte, then 4 sub-blocks of 16 B in Q4_0 order (byte j of sub-block s:
              // low nibble = element 32s + j, high nibble = element 32s + 16 + j);
              // w = (level - z) * d. Symmetric int4 is z = 8.
+  // GGUF block matrices re-laid at load for the AVX-512 kernels (kernels/cpu/qgemm.h,
+  // repack_r16): rows in groups of 16 (rows % 16 == 0), each block of a group's 16 rows one
+  // contiguous piece, its fields transposed into the kernels' vectors. Same bytes per row as the
+  // base format; only matmul reads them. Never in files.
+  kQ8_0_R16,
+  kQ4_0_R16,
+  kQ5_0_R16,
+  kQ4_K_R16,
+  kQ5_K_R16,
+  kQ6_K_R16,
   kCount,
 };
 

@@ -1,13 +1,15 @@
 #include "shard/forward.h"
 
 #include <algorithm>
-#include <cmath>
-
 #include <chrono>
+#include <cmath>
 
 #include "comm/device_comm.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "kernels/activation.h"
+#include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "kernels/paged_attention.h"
@@ -43,6 +45,21 @@ ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, c
   TESSERA_CHECK(static_cast<int64_t>(weights.layers.size()) == config.n_layers, "{} layers bound, {} expected",
                 weights.layers.size(), config.n_layers);
   TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
+  layers_ = weights.layers;
+  lm_head_ = weights.lm_head;
+  if (cpu::active_isa() == cpu::Isa::kAvx512 && env_int("TESSERA_CPU_REPACK", 1) != 0) {
+    auto repack = [&](TensorView& w) {
+      const std::optional<QuantType> r16 = cpu::r16_of(w.type, w.rows());
+      if (!r16 || w.data == nullptr) return;
+      std::vector<uint8_t>& bytes = repacked_.emplace_back(w.nbytes());
+      cpu::repack_r16(w.type, static_cast<const uint8_t*>(w.data), w.rows(), w.cols(), bytes.data());
+      w.data = bytes.data();
+      w.type = *r16;
+    };
+    for (LayerWeights& l : layers_)
+      for (TensorView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(*w);
+    repack(lm_head_);
+  }
 }
 
 Status ForwardPass::validate(std::span<const SequenceInput> batch) const {
@@ -100,7 +117,7 @@ void ForwardPass::embed(std::span<const SequenceInput> batch) {
 }
 
 void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batch, int64_t n) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const LayerWeights& w = layers_[static_cast<size_t>(l)];
   const int64_t hd = config_.head_dim;
   const int64_t n_heads = layout_.n_heads;
   const int64_t n_kv = layout_.n_kv_heads;
@@ -146,14 +163,14 @@ Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
   const int64_t local = layout_.vocab_end - layout_.vocab_begin;
   logits.resize(static_cast<size_t>(n_out * vocab));
   if (layout_.tp_size == 1) {
-    matmul(weights_.lm_head, proj_.data(), n_out, logits.data(), pool_);
+    matmul(lm_head_, proj_.data(), n_out, logits.data(), pool_);
     return Status::ok();
   }
   // Each rank computes its vocabulary slice [n_out, per_rank] (padded), the slices are
   // gathered [rank][n_out][per_rank] and interleaved into [n_out][vocab].
   const int64_t per = layout_.vocab_per_rank;
   local_logits_.assign(static_cast<size_t>(n_out * per), 0.0f);
-  if (local > 0) matmul_rows(weights_.lm_head, 0, local, proj_.data(), n_out, local_logits_.data(), per, pool_);
+  if (local > 0) matmul_rows(lm_head_, 0, local, proj_.data(), n_out, local_logits_.data(), per, pool_);
   gathered_logits_.resize(static_cast<size_t>(n_out * per * layout_.tp_size));
   const auto t0 = std::chrono::steady_clock::now();
   TESSERA_RETURN_IF_ERROR(comm_->all_gather(local_logits_.data(), gathered_logits_.data(),
@@ -171,7 +188,7 @@ Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
 }
 
 void ForwardPass::mlp_block(int64_t l, int64_t n) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const LayerWeights& w = layers_[static_cast<size_t>(l)];
   matmul(w.w_gate, h_.data(), n, gate_.data(), pool_);
   matmul(w.w_up, h_.data(), n, up_.data(), pool_);
   silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
@@ -200,16 +217,16 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
 
   const int64_t hidden = config_.hidden;
   const float eps = config_.rms_eps;
-  rms_norm(x_.data(), f32(weights_.layers[0].attn_norm), h_.data(), n, hidden, eps);
+  rms_norm(x_.data(), f32(layers_[0].attn_norm), h_.data(), n, hidden, eps);
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    const LayerWeights& w = layers_[static_cast<size_t>(l)];
     attention_block(l, batch, n);
     TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
     add_rms_norm(x_.data(), proj_.data(), f32(w.ffn_norm), h_.data(), n, hidden, eps);
     mlp_block(l, n);
     TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
     const TensorView& next_norm =
-        l + 1 < config_.n_layers ? weights_.layers[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
+        l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
     add_rms_norm(x_.data(), proj_.data(), f32(next_norm), h_.data(), n, hidden, eps);
   }
 

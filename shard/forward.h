@@ -5,6 +5,12 @@
 // KV cache (each piece's keys/values are written to the cache before its attention runs, so a
 // piece may be a whole prompt, a prefill chunk, or one decode token).
 //
+// Weights: the layer matrices and the LM head are used as bound, except GGUF Q8_0 / Q4_0
+// matrices of a multiple of 16 rows where the AVX-512 kernels are active: those are re-laid
+// once at construction into the 16-row interleaved layout (kernels/cpu/qgemm.h, repack_r16;
+// same bytes, same results, no per-block transposes in the kernels), held by the ForwardPass.
+// TESSERA_CPU_REPACK=0 keeps the file's layout (A/B).
+//
 // Thread-safety: one thread calls run(); kernels use the injected ThreadPool.
 #pragma once
 
@@ -63,6 +69,10 @@ class ForwardPass {
   const ModelConfig& config_;
   const ShardLayout layout_;
   const ModelWeights& weights_;
+  // The matrices run() multiplies: weights_'s, or their 16-row interleaved copies.
+  std::vector<LayerWeights> layers_;
+  TensorView lm_head_;
+  std::vector<std::vector<uint8_t>> repacked_;
   DeviceComm* comm_;
   ThreadPool* pool_;
   KvCache* cache_;

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "common/dtype.h"
 
@@ -81,6 +82,28 @@ struct QMatmulArgs {
 
 // Rows a thread should take at a time (the AVX-512 kernels work on 16 rows).
 constexpr int64_t kQRowGroup = 16;
+
+// ---- the 16-row interleaved layouts (QuantType k*_R16), AVX-512 only
+//
+// The AVX-512 kernels take 16 rows at a time and transpose each field of a block of the 16
+// rows into vectors whose lane r belongs to row r (tr16x4 / tr16x8, gathers) before the integer
+// dots: tens of shuffles, inserts and loads per block, which single-thread decode is bound by.
+// Re-laid at load, a block of a group of 16 rows is one contiguous piece of 16 * block_bytes
+// with every field already transposed: the field at block byte x sits at 16 * x, as 64-byte
+// vectors of dwords (vector d, lane r = bytes [x + 4d, x + 4d + 4) of row r) or, for an fp16
+// field (the Q8_0 / Q4_0 / Q5_0 scale, the Q6_K d), as the 16 rows' halves. Group g, block b
+// starts at (g * nb + b) * 16 * block_bytes: a group takes the bytes of its 16 rows in the
+// file, so sizes and row-range pointers (at multiples of 16 rows) are unchanged. The
+// arithmetic is the base format's (same bits); matmul runs these on the AVX-512 kernels
+// whatever the ISA cap, so they are only made where AVX-512 is active.
+bool is_r16(QuantType type);
+QuantType r16_base(QuantType type);  // kQ4_0_R16 -> kQ4_0, ...; other types unchanged
+// The R16 type of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K matrix of `rows` rows; nullopt for
+// other types or rows % 16 != 0.
+std::optional<QuantType> r16_of(QuantType type, int64_t rows);
+// Re-lays `rows` rows (a multiple of 16) of k columns of such a matrix (row stride
+// row_bytes(type, k)) into dst (the same number of bytes).
+void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uint8_t* dst);
 
 void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);

@@ -142,7 +142,34 @@ struct Rows {
   const uint8_t* p[kRows];  // row pointers (invalid rows repeat the last valid one)
   __m512i vindex;           // byte offset of each row from p[0]
   size_t trailer = 0;       // I8_CH: byte offset of the row scale
+  const uint8_t* group = nullptr;  // Q8_0_R16 / Q4_0_R16: the group's interleaved blocks (qgemm.h)
 };
+
+// Reads of the 16 rows' bytes at byte offset `off` of every row (the same field of each row's
+// block): transposed from the rows, or, for an R16 matrix (kernels/cpu/qgemm.h), loaded as
+// stored: there the field at block byte x of block b sits at group + 16 * (b * block_bytes + x)
+// with lane r = row r (dwords: 64-byte vectors, fp16 fields: 16 halves).
+// out[d] lane r = dword d of the 16 (x4) or 32 (x8) bytes at row r + off.
+TESSERA_AVX512_INLINE void rows16x4(const Rows& rows, size_t off, __m512i* out) {
+  if (rows.group == nullptr) return tr16x4(rows.p, off, out);
+  for (int d = 0; d < 4; ++d) out[d] = _mm512_loadu_si512(rows.group + kRows * off + 64 * d);
+}
+TESSERA_AVX512_INLINE void rows16x8(const Rows& rows, size_t off, __m512i* out) {
+  if (rows.group == nullptr) return tr16x8(rows.p, off, out);
+  for (int d = 0; d < 8; ++d) out[d] = _mm512_loadu_si512(rows.group + kRows * off + 64 * d);
+}
+// Lane r = the dword at row r + off.
+TESSERA_AVX512_INLINE __m512i rows_dword(const Rows& rows, size_t off) {
+  if (rows.group == nullptr) return _mm512_i32gather_epi32(rows.vindex, rows.p[0] + off, 1);
+  return _mm512_loadu_si512(rows.group + kRows * off);
+}
+// Lane r = the fp16 value at row r + off; `at_end`: the field ends its row's block (a gather
+// reads the dword before it).
+TESSERA_AVX512_INLINE __m512 rows_f16(const Rows& rows, size_t off, bool at_end = false) {
+  if (rows.group != nullptr)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.group + kRows * off)));
+  return at_end ? gather_f16_hi(rows.p[0], rows.vindex, off) : load16_f16(rows.p, off);
+}
 
 struct TileLayout {
   size_t units_per_block;    // interleaved units per weight block
@@ -184,20 +211,20 @@ TESSERA_AVX512_INLINE void build_q32(QuantType type, const Rows& rows, int64_t b
     const size_t off = static_cast<size_t>(b) * bb;
     __m512i w[8];
     if (type == QuantType::kQ8_0) {
-      tr16x8(rows.p, off + 2, w);
+      rows16x8(rows, off + 2, w);
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
       for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(w[g], flip);
     } else if (type == QuantType::kQ4_0) {
       __m512i d[4];
-      tr16x4(rows.p, off + 2, d);
+      rows16x4(rows, off + 2, d);
       for (int g = 0; g < 4; ++g) {
         w[g] = _mm512_and_si512(d[g], m4);
         w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
       }
     } else {  // Q5_0: nibbles as Q4_0, fifth bit of element j from bit j of qh
       __m512i d[4];
-      tr16x4(rows.p, off + 6, d);
-      const __m512i qh = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + off + 2, 1);
+      rows16x4(rows, off + 6, d);
+      const __m512i qh = rows_dword(rows, off + 2);
       const __m512i spread = _mm512_set1_epi32(0x00204081);
       const __m512i ones = _mm512_set1_epi32(0x01010101);
       for (int g = 0; g < 8; ++g) {
@@ -214,7 +241,7 @@ TESSERA_AVX512_INLINE void build_q32(QuantType type, const Rows& rows, int64_t b
       return;
     }
     store_unit(tile, w);
-    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), load16_f16(rows.p, off));
+    _mm512_store_ps(reinterpret_cast<float*>(tile + 512), rows_f16(rows, off));
   }
 }
 
@@ -228,10 +255,10 @@ TESSERA_AVX512 void build_k_affine(QuantType type, const Rows& rows, int64_t b0,
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const size_t off = static_cast<size_t>(b) * bb;
     __m512i qh[8];
-    if (q5) tr16x8(rows.p, off + 16, qh);
+    if (q5) rows16x8(rows, off + 16, qh);
     for (int c = 0; c < 4; ++c) {
       __m512i d[8], lo[8], hi[8];
-      tr16x8(rows.p, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      rows16x8(rows, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
       for (int g = 0; g < 8; ++g) {
         lo[g] = _mm512_and_si512(d[g], m4);
         hi[g] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
@@ -245,7 +272,7 @@ TESSERA_AVX512 void build_k_affine(QuantType type, const Rows& rows, int64_t b0,
     }
     // Header: d, dmin (dword 0), scales[0..3], [4..7], [8..11] (dwords 1..3).
     __m512i hd[4];
-    tr16x4(rows.p, off, hd);
+    rows16x4(rows, off, hd);
     auto* sc = reinterpret_cast<int32_t*>(tile + 4096);
     auto* mm = sc + 8 * 16;
     auto* df = reinterpret_cast<float*>(mm + 8 * 16);
@@ -292,19 +319,19 @@ TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t
     const size_t off = static_cast<size_t>(b) * 210;
     for (int h = 0; h < 2; ++h) {
       __m512i a[8], c[8], qh[8];
-      tr16x8(rows.p, off + 64 * static_cast<size_t>(h), a);
-      tr16x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
-      tr16x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      rows16x8(rows, off + 64 * static_cast<size_t>(h), a);
+      rows16x8(rows, off + 64 * static_cast<size_t>(h) + 32, c);
+      rows16x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m512i u[4][8];
       q6_unpack(a, c, qh, u);
       for (int q = 0; q < 4; ++q) store_unit(tile + 512 * (4 * h + q), u[q]);
     }
     __m512i s[4];
-    tr16x4(rows.p, off + 192, s);
+    rows16x4(rows, off + 192, s);
     auto* sc = reinterpret_cast<int32_t*>(tile + 4096);
     for (int g = 0; g < 16; ++g)
       _mm512_store_si512(sc + 16 * g, _mm512_srai_epi32(_mm512_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24));
-    _mm512_store_ps(reinterpret_cast<float*>(sc + 256), gather_f16_hi(rows.p[0], rows.vindex, off + 208));
+    _mm512_store_ps(reinterpret_cast<float*>(sc + 256), rows_f16(rows, off + 208, /*at_end=*/true));
   }
 }
 
@@ -322,7 +349,7 @@ TESSERA_AVX512 void build_int(QuantType type, const Rows& rows, int64_t b0, int6
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     __m512i w[8];
     if (type == QuantType::kI8_CH) {
-      tr16x8(rows.p, static_cast<size_t>(b) * 32, w);
+      rows16x8(rows, static_cast<size_t>(b) * 32, w);
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
       for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(w[g], flip);
       store_unit(tile, w);
@@ -331,13 +358,13 @@ TESSERA_AVX512 void build_int(QuantType type, const Rows& rows, int64_t b0, int6
     }
     const size_t grp = static_cast<size_t>(b / 4) * 68;
     __m512i d[4];
-    tr16x4(rows.p, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
+    rows16x4(rows, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
     for (int g = 0; g < 4; ++g) {
       w[g] = _mm512_and_si512(d[g], m4);
       w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4);
     }
     store_unit(tile, w);
-    const __m512i hdr = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + grp, 1);
+    const __m512i hdr = rows_dword(rows, grp);
     _mm512_store_ps(reinterpret_cast<float*>(tile + 512), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr)));
     const __m512i z = _mm512_and_si512(_mm512_srli_epi32(hdr, 16), _mm512_set1_epi32(0xFF));
     _mm512_store_si512(tile + 576, _mm512_sub_epi32(_mm512_setzero_si512(), z));
@@ -525,12 +552,12 @@ TESSERA_AVX512 __m512 gemv_q32(const Rows& rows, int64_t nb, const Token1& x, Pr
     __m512i ia = _mm512_set1_epi32(-offset * (x.bsum[2 * b] + x.bsum[2 * b + 1]));
     if constexpr (kType == QuantType::kQ8_0) {
       __m512i w[8];
-      tr16x8(rows.p, off + 2, w);
+      rows16x8(rows, off + 2, w);
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
       for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, _mm512_xor_si512(w[g], flip), bcast_x4(xb + 4 * g));
     } else if constexpr (kType == QuantType::kQ4_0) {
       __m512i d[4];
-      tr16x4(rows.p, off + 2, d);
+      rows16x4(rows, off + 2, d);
       for (int g = 0; g < 4; ++g) {
         ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(d[g], m4), bcast_x4(xb + 4 * g));
         ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4), bcast_x4(xb + 16 + 4 * g));
@@ -540,7 +567,7 @@ TESSERA_AVX512 __m512 gemv_q32(const Rows& rows, int64_t nb, const Token1& x, Pr
       build_q32(kType, rows, b, b + 1, nullptr, w);
       for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, w[g], bcast_x4(xb + 4 * g));
     }
-    const __m512 dw = load16_f16(rows.p, off);
+    const __m512 dw = rows_f16(rows, off);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc);
   }
   return acc;
@@ -557,7 +584,7 @@ TESSERA_AVX512 __m512 gemv_k_affine(const Rows& rows, int64_t nb, const Token1& 
     pf.tick();
     const size_t off = static_cast<size_t>(b) * bb;
     __m512i hd[4];
-    tr16x4(rows.p, off, hd);
+    rows16x4(rows, off, hd);
     __m512i sc[8], mm[8];
     for (int s = 0; s < 4; ++s) {
       sc[s] = _mm512_and_si512(_mm512_srli_epi32(hd[1], 8 * s), m6);
@@ -569,12 +596,12 @@ TESSERA_AVX512 __m512 gemv_k_affine(const Rows& rows, int64_t nb, const Token1& 
                                   _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[2], 8 * s + 6), m3), 4));
     }
     __m512i qh[8];
-    if constexpr (kQ5) tr16x8(rows.p, off + 16, qh);
+    if constexpr (kQ5) rows16x8(rows, off + 16, qh);
     const int8_t* xb = x.q + 256 * b;
     __m512i tot = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       __m512i d[8];
-      tr16x8(rows.p, off + (kQ5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      rows16x8(rows, off + (kQ5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
       __m512i ilo = _mm512_setzero_si512(), ihi = _mm512_setzero_si512();
       for (int g = 0; g < 8; ++g) {
         __m512i lo = _mm512_and_si512(d[g], m4);
@@ -606,15 +633,15 @@ TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, P
     pf.tick();
     const size_t off = static_cast<size_t>(b) * 210;
     __m512i s4[4];
-    tr16x4(rows.p, off + 192, s4);
+    rows16x4(rows, off + 192, s4);
     const int8_t* xb = x.q + 256 * b;
     const int16_t* bs = x.bsum + 16 * b;
     __m512i tot = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       __m512i a[8], c[8], qh[8];
-      tr16x8(rows.p, off + 64 * static_cast<size_t>(h), a);
-      tr16x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
-      tr16x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      rows16x8(rows, off + 64 * static_cast<size_t>(h), a);
+      rows16x8(rows, off + 64 * static_cast<size_t>(h) + 32, c);
+      rows16x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m512i u[4][8];
       q6_unpack(a, c, qh, u);
       for (int q = 0; q < 4; ++q) {
@@ -627,7 +654,7 @@ TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, P
         }
       }
     }
-    const __m512 d = gather_f16_hi(rows.p[0], rows.vindex, off + 208);
+    const __m512 d = rows_f16(rows, off + 208, /*at_end=*/true);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(d, _mm512_set1_ps(x.d[b])), acc);
   }
   return acc;
@@ -645,7 +672,7 @@ TESSERA_AVX512 __m512 gemv_i8_ch(const Rows& rows, int64_t nb, const Token1& x, 
     const int8_t* xb = x.q + 32 * b;
     __m512i ia = _mm512_set1_epi32(-128 * (x.bsum[2 * b] + x.bsum[2 * b + 1]));
     __m512i w[8];
-    tr16x8(rows.p, static_cast<size_t>(b) * 32, w);
+    rows16x8(rows, static_cast<size_t>(b) * 32, w);
     for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, _mm512_xor_si512(w[g], flip), bcast_x4(xb + 4 * g));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(s, _mm512_set1_ps(x.d[b])), acc);
   }
@@ -658,7 +685,7 @@ TESSERA_AVX512 __m512 gemv_i4_g128(const Rows& rows, int64_t nb, const Token1& x
   __m512 acc = _mm512_setzero_ps();
   for (int64_t grp = 0; grp < nb / 4; ++grp) {
     const size_t off = static_cast<size_t>(grp) * 68;
-    const __m512i hdr = _mm512_i32gather_epi32(rows.vindex, rows.p[0] + off, 1);
+    const __m512i hdr = rows_dword(rows, off);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
     const __m512i nz = _mm512_sub_epi32(_mm512_setzero_si512(),
                                         _mm512_and_si512(_mm512_srli_epi32(hdr, 16), _mm512_set1_epi32(0xFF)));
@@ -668,7 +695,7 @@ TESSERA_AVX512 __m512 gemv_i4_g128(const Rows& rows, int64_t nb, const Token1& x
       const int8_t* xb = x.q + 32 * b;
       __m512i ia = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[2 * b] + x.bsum[2 * b + 1]));
       __m512i d[4];
-      tr16x4(rows.p, off + 4 + 16 * static_cast<size_t>(sb), d);
+      rows16x4(rows, off + 4 + 16 * static_cast<size_t>(sb), d);
       for (int g = 0; g < 4; ++g) {
         ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(d[g], m4), bcast_x4(xb + 4 * g));
         ia = _mm512_dpbusd_epi32(ia, _mm512_and_si512(_mm512_srli_epi16(d[g], 4), m4), bcast_x4(xb + 16 + 4 * g));
@@ -823,7 +850,7 @@ TESSERA_AVX512_INLINE void fused_q32(const Rows& rows, int64_t nb, const PackedA
     pf.tick();
     __m512i w[8];
     build_q32(kType, rows, b, b + 1, nullptr, w);
-    const __m512 dw = load16_f16(rows.p, static_cast<size_t>(b) * bb);
+    const __m512 dw = rows_f16(rows, static_cast<size_t>(b) * bb);
     for (int t = 0; t < T; ++t) {
       __m512i ia = _mm512_set1_epi32(aux[t]);
       for (int g = 0; g < 8; ++g) ia = _mm512_dpbusd_epi32(ia, w[g], bcast_x4(q + 32 * t + 4 * g));
@@ -887,12 +914,12 @@ TESSERA_AVX512_INLINE void fused_q4_k(const Rows& rows, int64_t nb, const Packed
     pf.tick();
     const size_t off = static_cast<size_t>(b) * 144;
     __m512i hd[4];
-    tr16x4(rows.p, off, hd);
+    rows16x4(rows, off, hd);
     __m512i tot[T];
     for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       __m512i d[8];
-      tr16x8(rows.p, off + 16 + 32 * static_cast<size_t>(c), d);
+      rows16x8(rows, off + 16 + 32 * static_cast<size_t>(c), d);
       __m512i ilo[T], ihi[T];
       for (int t = 0; t < T; ++t) ilo[t] = ihi[t] = _mm512_setzero_si512();
       for (int g = 0; g < 8; ++g) {
@@ -1021,7 +1048,11 @@ TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1,
   }
 }
 
-TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1) {
+TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t r1) {
+  // R16 matrices run as their base format, reading each group's blocks as stored.
+  const bool r16 = is_r16(args.type);
+  QMatmulArgs a = args;
+  a.type = r16_base(args.type);
   const QuantType type = a.type;
   const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
@@ -1043,6 +1074,7 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1)
     }
     rows.vindex = _mm512_load_si512(offs);
     rows.trailer = row_block_bytes(type, a.k);
+    if (r16) rows.group = a.w + static_cast<size_t>(g0) * a.row_bytes;
     // The next row group's bytes, prefetched a little per block (see Prefetch).
     Prefetch pf;
     pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/check.h"
 #include "kernels/cpu/qgemm.h"
@@ -160,8 +161,110 @@ int64_t kernel_block_elems(QuantType type) {
   }
 }
 
+namespace {
+// The fields of a block as the AVX-512 kernels read them for 16 rows at once: fp16 values
+// (2 bytes) or runs of dwords, at byte x of the block (qgemm.h, the R16 layouts).
+struct BlockField {
+  int x;
+  int bytes;
+  bool half;
+};
+std::vector<BlockField> r16_fields(QuantType base) {
+  switch (base) {
+    case QuantType::kQ8_0:
+      return {{0, 2, true}, {2, 32, false}};
+    case QuantType::kQ4_0:
+      return {{0, 2, true}, {2, 16, false}};
+    case QuantType::kQ5_0:
+      return {{0, 2, true}, {2, 4, false}, {6, 16, false}};
+    case QuantType::kQ4_K:
+      return {{0, 144, false}};
+    case QuantType::kQ5_K:
+      return {{0, 176, false}};
+    case QuantType::kQ6_K:
+      return {{0, 208, false}, {208, 2, true}};
+    default:
+      return {};
+  }
+}
+}  // namespace
+
+bool is_r16(QuantType type) { return r16_base(type) != type; }
+
+QuantType r16_base(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0_R16:
+      return QuantType::kQ8_0;
+    case QuantType::kQ4_0_R16:
+      return QuantType::kQ4_0;
+    case QuantType::kQ5_0_R16:
+      return QuantType::kQ5_0;
+    case QuantType::kQ4_K_R16:
+      return QuantType::kQ4_K;
+    case QuantType::kQ5_K_R16:
+      return QuantType::kQ5_K;
+    case QuantType::kQ6_K_R16:
+      return QuantType::kQ6_K;
+    default:
+      return type;
+  }
+}
+
+std::optional<QuantType> r16_of(QuantType type, int64_t rows) {
+  if (rows <= 0 || rows % kQRowGroup != 0) return std::nullopt;
+  switch (type) {
+    case QuantType::kQ8_0:
+      return QuantType::kQ8_0_R16;
+    case QuantType::kQ4_0:
+      return QuantType::kQ4_0_R16;
+    case QuantType::kQ5_0:
+      return QuantType::kQ5_0_R16;
+    case QuantType::kQ4_K:
+      return QuantType::kQ4_K_R16;
+    case QuantType::kQ5_K:
+      return QuantType::kQ5_K_R16;
+    case QuantType::kQ6_K:
+      return QuantType::kQ6_K_R16;
+    default:
+      return std::nullopt;
+  }
+}
+
+void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uint8_t* dst) {
+  const std::vector<BlockField> fields = r16_fields(type);
+  TESSERA_CHECK(!fields.empty(), "repack_r16: {} has no 16-row layout", quant_name(type));
+  const QuantTraits& tr = quant_traits(type);
+  TESSERA_CHECK(rows % kQRowGroup == 0 && k % tr.block_elems == 0, "repack_r16: {} rows x {} cols", rows, k);
+  const auto bb = static_cast<size_t>(tr.block_bytes);
+  const size_t rb = row_bytes(type, k);
+  const int64_t nb = k / tr.block_elems;
+  for (int64_t g = 0; g < rows / kQRowGroup; ++g) {
+    const uint8_t* rows16 = src + static_cast<size_t>(g * kQRowGroup) * rb;
+    uint8_t* group = dst + static_cast<size_t>(g * kQRowGroup) * rb;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* out = group + static_cast<size_t>(b) * kQRowGroup * bb;
+      for (int64_t r = 0; r < kQRowGroup; ++r) {
+        const uint8_t* blk = rows16 + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bb;
+        for (const BlockField& f : fields) {
+          if (f.half) {
+            std::memcpy(out + kQRowGroup * f.x + 2 * r, blk + f.x, 2);
+            continue;
+          }
+          for (int x = f.x; x < f.x + f.bytes; x += 4) std::memcpy(out + kQRowGroup * x + 4 * r, blk + x, 4);
+        }
+      }
+    }
+  }
+}
+
 bool has_qdot(QuantType type) {
   switch (type) {
+    case QuantType::kQ8_0_R16:
+    case QuantType::kQ4_0_R16:
+    case QuantType::kQ5_0_R16:
+    case QuantType::kQ4_K_R16:
+    case QuantType::kQ5_K_R16:
+    case QuantType::kQ6_K_R16:
     case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
     case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
     case QuantType::kI8_CH: case QuantType::kI4_G128:
@@ -174,6 +277,10 @@ bool has_qdot(QuantType type) {
 int64_t act_block(QuantType type) {
   switch (type) {
     case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K: return kActBlock256;
+    case QuantType::kQ4_K_R16:
+    case QuantType::kQ5_K_R16:
+    case QuantType::kQ6_K_R16:
+      return kActBlock256;
     default: return kActBlock32;
   }
 }

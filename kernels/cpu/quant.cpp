@@ -609,6 +609,12 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k) {
       return;
     case QuantType::kI8_CH: return cpu::dequant_i8_ch(s, dst, k);
     case QuantType::kI4_G128: return cpu::dequant_i4_g128(s, dst, k);
+    case QuantType::kQ8_0_R16:
+    case QuantType::kQ4_0_R16:
+    case QuantType::kQ5_0_R16:
+    case QuantType::kQ4_K_R16:
+    case QuantType::kQ5_K_R16:
+    case QuantType::kQ6_K_R16:  // rows are interleaved in groups of 16: only matmul reads them
     case QuantType::kCount: break;
   }
   TESSERA_CHECK(false, "dequantize_row: unsupported type {}", static_cast<int>(type));

@@ -147,6 +147,49 @@ TEST(FastMatmul, LargeRowsAndVocabularySlices) {
   }
 }
 
+// The 16-row interleaved layouts (Q8_0_R16 .. Q6_K_R16, made at load where AVX-512 runs): the
+// same bits as the file's layout for decode (1 token), small batches (2..16, fused) and prefill
+// tiles (> 16), several row groups, threads, and row ranges that start on a group and end
+// anywhere; the repack is a permutation of the bytes.
+TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
+  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the R16 layouts need AVX-512";
+  IsaGuard guard;
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
+  for (QuantType type : kBlockTypes) {
+    for (const int64_t rows : {16, 48, 80}) {
+      const int64_t k = quant_traits(type).block_elems == 256 ? 256 * 3 : 32 * 13;
+      const Matrix m = make_matrix(type, rows, k, static_cast<uint32_t>(rows));
+      ASSERT_FALSE(cpu::r16_of(type, rows + 1).has_value());
+      const QuantType r16 = cpu::r16_of(type, rows).value();
+      Matrix packed = m;
+      cpu::repack_r16(type, m.bytes.data(), rows, k, packed.bytes.data());
+      packed.view.data = packed.bytes.data();
+      packed.view.type = r16;
+      std::vector<uint8_t> a = m.bytes, b = packed.bytes;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      ASSERT_EQ(a, b) << quant_name(r16) << " is not a permutation";
+      for (const int64_t n_tokens : {1, 2, 5, 16, 17, 40}) {
+        const auto x = activations(n_tokens * k, static_cast<uint32_t>(7 * n_tokens));
+        const std::string what =
+            std::string(quant_name(r16)) + " rows " + std::to_string(rows) + " tokens " + std::to_string(n_tokens);
+        const auto want = run_matmul(m, x, n_tokens, &pool);
+        ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, &pool), want)) << what;
+        ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, nullptr), want)) << what << " one thread";
+        // Rows [16, rows - 3) into a strided output: starts on a group, ends inside one.
+        if (rows < 48) continue;
+        const int64_t begin = 16, end = rows - 3, stride = rows;
+        std::vector<float> part(static_cast<size_t>(n_tokens * stride), -7.0f);
+        matmul_rows(packed.view, begin, end, x.data(), n_tokens, part.data(), stride, &pool);
+        for (int64_t t = 0; t < n_tokens; ++t)
+          for (int64_t j = 0; j < end - begin; ++j)
+            ASSERT_EQ(part[static_cast<size_t>(t * stride + j)], want[static_cast<size_t>(t * rows + begin + j)])
+                << what << " t " << t << " row " << begin + j;
+      }
+    }
+  }
+}
+
 TEST(ActivationQuantization, FollowsTheDefinitionOnEveryIsa) {
   IsaGuard guard;
   for (int64_t block : {cpu::kActBlock32, cpu::kActBlock256}) {

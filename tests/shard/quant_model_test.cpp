@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/vec.h"
 #include "kernels/quant.h"
 #include "model/int4_checkpoint.h"
 #include "model/model_config.h"
@@ -324,6 +327,39 @@ TEST(LoadTimeQuant, LogitsStayCloseToTheFloatModel) {
 
 // Row-parallel O / down slices keep whole groups (and I8_CH's row scales); a split inside a
 // group is an error naming the tensor.
+// GGUF block matrices re-laid at load for the AVX-512 kernels (16-row groups; the default
+// there) give exactly the logits and tokens of the file's layout (TESSERA_CPU_REPACK=0), for a
+// prompt (prefill tiles) and decode: Q8_0, Q4_0 and a Q4_K_M mix (Q4_K, Q6_K).
+TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
+  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the 16-row layouts need AVX-512";
+  TempDir dir;
+  for (const QuantType type : {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K}) {
+    SyntheticModelSpec spec = small_spec();
+    spec.weight_type = type;
+    spec.gguf_mixed_q4_k_m = type == QuantType::kQ4_K;
+    const std::string path = dir.sub(std::string(quant_name(type)) + ".gguf");
+    ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok());
+    GenerateOptions go;
+    go.max_tokens = 10;
+    go.ignore_eos = true;
+    go.sampling.temperature = 0.0f;
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 37; ++i) prompt.push_back(1 + (i * 29) % 500);
+    std::optional<GenerateOutput> out[2];
+    for (const int repack : {1, 0}) {
+      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
+      auto m = LocalModel::load({.path = path, .threads = 2});
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      auto g = generate(**m, prompt, go);
+      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+      out[repack] = std::move(*g);
+    }
+    unsetenv("TESSERA_CPU_REPACK");
+    EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
+    EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
+  }
+}
+
 TEST(TpSlice, QuantizedRowParallelSlicesFollowGroups) {
   TempDir dir;
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("m")).is_ok());
