@@ -869,11 +869,9 @@ Status CudaForward::download_greedy(int64_t n_rows, int64_t n_real, int32_t* out
   return Status::ok();
 }
 
-Status CudaForward::download_sampled(int64_t n_rows, int64_t n_real, std::span<const TesseraCudaSampleRow> rows,
-                                     SampledToken* out) {
+Status CudaForward::download_sampled(int64_t n_real, std::span<const TesseraCudaSampleRow> rows, SampledToken* out) {
   // sampled_ = [ids (R) | logprobs (R) | top ids (R x MAX) | top logprobs (R x MAX)]; the first
   // n_real rows of each part come back (the top parts only when a row asked for them).
-  (void)n_rows;
   const int64_t R = options_.max_logit_rows, top = TESSERA_CUDA_MAX_TOP_LOGPROBS;
   bool tops = false;
   for (int64_t t = 0; t < n_real; ++t) tops = tops || rows[static_cast<size_t>(t)].n_logprobs > 0;
@@ -1087,7 +1085,7 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
         break;
       case Output::kSampled:
         TESSERA_RETURN_IF_ERROR(
-            download_sampled(count, count, out.rows.subspan(static_cast<size_t>(row0)), out.sampled->data() + row0));
+            download_sampled(count, out.rows.subspan(static_cast<size_t>(row0)), out.sampled->data() + row0));
         break;
       case Output::kLogits:
         TESSERA_RETURN_IF_ERROR(download_logits(count, count, out.logits->data() + row0 * config_.vocab));
@@ -1169,7 +1167,7 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const Step
       break;
     case Output::kSampled:
       out.sampled->resize(static_cast<size_t>(n_real));
-      TESSERA_RETURN_IF_ERROR(download_sampled(bucket, n_real, out.rows, out.sampled->data()));
+      TESSERA_RETURN_IF_ERROR(download_sampled(n_real, out.rows, out.sampled->data()));
       break;
     case Output::kLogits:
       out.logits->resize(static_cast<size_t>(n_real * config_.vocab));

@@ -206,9 +206,8 @@ class CudaForward {
   Status enqueue_lm_head(int64_t row0, int64_t count, Output kind);
   Status download_logits(int64_t n_rows, int64_t n_real, float* out);
   Status download_greedy(int64_t n_rows, int64_t n_real, int32_t* out);
-  // Sampled tokens of logit rows [row0, row0 + n_real) of a piece of n_rows rows.
-  Status download_sampled(int64_t n_rows, int64_t n_real, std::span<const TesseraCudaSampleRow> rows,
-                          SampledToken* out);
+  // The sampled tokens of a piece's first n_real logit rows (rows: their parameters).
+  Status download_sampled(int64_t n_real, std::span<const TesseraCudaSampleRow> rows, SampledToken* out);
   Status run_step(std::span<const SequenceInput> batch, const StepOut& out);
   Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out);
   int64_t graph_bucket(int64_t n_seqs) const;
