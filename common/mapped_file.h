@@ -32,6 +32,14 @@ class MappedFile {
   std::string path_;
 };
 
+// Drops this process's resident pages of [p, p + n) when the range lies inside a live
+// MappedFile (mapped read-only and never written, so a later access re-reads the pages from the
+// file): for tensors copied elsewhere at load (the CPU forward pass's re-laid matrices), whose
+// file pages would otherwise stay resident beside the copy. Pages shared with neighbouring
+// data are dropped too (they fault back in when read). Returns the bytes released, 0 when the
+// range is not inside a mapping. Thread-safe.
+size_t release_mapped_range(const void* p, size_t n);
+
 // Reads a whole (small) file into a string; errors name the path.
 Result<std::string> read_text_file(const std::string& path);
 

@@ -7,6 +7,7 @@
 #include "comm/device_comm.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/mapped_file.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
@@ -53,6 +54,8 @@ ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, c
       if (!r16 || w.data == nullptr) return;
       std::vector<uint8_t>& bytes = repacked_.emplace_back(w.nbytes());
       cpu::repack_r16(w.type, static_cast<const uint8_t*>(w.data), w.rows(), w.cols(), bytes.data());
+      // A matrix mapped from the file: its pages are not read again, drop them.
+      release_mapped_range(w.data, w.nbytes());
       w.data = bytes.data();
       w.type = *r16;
     };

@@ -8,7 +8,8 @@
 // Weights: the layer matrices and the LM head are used as bound, except GGUF Q8_0 / Q4_0
 // matrices of a multiple of 16 rows where the AVX-512 kernels are active: those are re-laid
 // once at construction into the 16-row interleaved layout (kernels/cpu/qgemm.h, repack_r16;
-// same bytes, same results, no per-block transposes in the kernels), held by the ForwardPass.
+// same bytes, same results, no per-block transposes in the kernels), held by the ForwardPass;
+// the file pages of a mapped original are dropped from memory after the copy.
 // TESSERA_CPU_REPACK=0 keeps the file's layout (A/B).
 //
 // Thread-safety: one thread calls run(); kernels use the injected ThreadPool.
