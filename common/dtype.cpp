@@ -30,6 +30,8 @@ constexpr std::array<QuantTraits, static_cast<size_t>(QuantType::kCount)> kTrait
     {QuantType::kQ4_K_R16, "Q4_K_R16", 256, 144, -1, false, 0},
     {QuantType::kQ5_K_R16, "Q5_K_R16", 256, 176, -1, false, 0},
     {QuantType::kQ6_K_R16, "Q6_K_R16", 256, 210, -1, false, 0},
+    {QuantType::kI8_CH_R16, "I8_CH_R16", 32, 32, -1, false, 4},
+    {QuantType::kI4_G128_R16, "I4_G128_R16", 128, 68, -1, false, 0},
 }};
 
 }  // namespace

@@ -43,6 +43,8 @@ enum class QuantType : uint8_t {
   kQ4_K_R16,
   kQ5_K_R16,
   kQ6_K_R16,
+  kI8_CH_R16,
+  kI4_G128_R16,
   kCount,
 };
 

@@ -46,23 +46,6 @@ ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, c
   TESSERA_CHECK(static_cast<int64_t>(weights.layers.size()) == config.n_layers, "{} layers bound, {} expected",
                 weights.layers.size(), config.n_layers);
   TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
-  layers_ = weights.layers;
-  lm_head_ = weights.lm_head;
-  if (cpu::active_isa() == cpu::Isa::kAvx512 && env_int("TESSERA_CPU_REPACK", 1) != 0) {
-    auto repack = [&](TensorView& w) {
-      const std::optional<QuantType> r16 = cpu::r16_of(w.type, w.rows());
-      if (!r16 || w.data == nullptr) return;
-      std::vector<uint8_t>& bytes = repacked_.emplace_back(w.nbytes());
-      cpu::repack_r16(w.type, static_cast<const uint8_t*>(w.data), w.rows(), w.cols(), bytes.data());
-      // A matrix mapped from the file: its pages are not read again, drop them.
-      release_mapped_range(w.data, w.nbytes());
-      w.data = bytes.data();
-      w.type = *r16;
-    };
-    for (LayerWeights& l : layers_)
-      for (TensorView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(*w);
-    repack(lm_head_);
-  }
 }
 
 Status ForwardPass::validate(std::span<const SequenceInput> batch) const {
@@ -120,7 +103,7 @@ void ForwardPass::embed(std::span<const SequenceInput> batch) {
 }
 
 void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batch, int64_t n) {
-  const LayerWeights& w = layers_[static_cast<size_t>(l)];
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
   const int64_t hd = config_.head_dim;
   const int64_t n_heads = layout_.n_heads;
   const int64_t n_kv = layout_.n_kv_heads;
@@ -166,14 +149,14 @@ Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
   const int64_t local = layout_.vocab_end - layout_.vocab_begin;
   logits.resize(static_cast<size_t>(n_out * vocab));
   if (layout_.tp_size == 1) {
-    matmul(lm_head_, proj_.data(), n_out, logits.data(), pool_);
+    matmul(weights_.lm_head, proj_.data(), n_out, logits.data(), pool_);
     return Status::ok();
   }
   // Each rank computes its vocabulary slice [n_out, per_rank] (padded), the slices are
   // gathered [rank][n_out][per_rank] and interleaved into [n_out][vocab].
   const int64_t per = layout_.vocab_per_rank;
   local_logits_.assign(static_cast<size_t>(n_out * per), 0.0f);
-  if (local > 0) matmul_rows(lm_head_, 0, local, proj_.data(), n_out, local_logits_.data(), per, pool_);
+  if (local > 0) matmul_rows(weights_.lm_head, 0, local, proj_.data(), n_out, local_logits_.data(), per, pool_);
   gathered_logits_.resize(static_cast<size_t>(n_out * per * layout_.tp_size));
   const auto t0 = std::chrono::steady_clock::now();
   TESSERA_RETURN_IF_ERROR(comm_->all_gather(local_logits_.data(), gathered_logits_.data(),
@@ -191,7 +174,7 @@ Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
 }
 
 void ForwardPass::mlp_block(int64_t l, int64_t n) {
-  const LayerWeights& w = layers_[static_cast<size_t>(l)];
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
   matmul(w.w_gate, h_.data(), n, gate_.data(), pool_);
   matmul(w.w_up, h_.data(), n, up_.data(), pool_);
   silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
@@ -220,16 +203,16 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
 
   const int64_t hidden = config_.hidden;
   const float eps = config_.rms_eps;
-  rms_norm(x_.data(), f32(layers_[0].attn_norm), h_.data(), n, hidden, eps);
+  rms_norm(x_.data(), f32(weights_.layers[0].attn_norm), h_.data(), n, hidden, eps);
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const LayerWeights& w = layers_[static_cast<size_t>(l)];
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     attention_block(l, batch, n);
     TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
     add_rms_norm(x_.data(), proj_.data(), f32(w.ffn_norm), h_.data(), n, hidden, eps);
     mlp_block(l, n);
     TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
     const TensorView& next_norm =
-        l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
+        l + 1 < config_.n_layers ? weights_.layers[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
     add_rms_norm(x_.data(), proj_.data(), f32(next_norm), h_.data(), n, hidden, eps);
   }
 
@@ -247,6 +230,48 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
     return Status::ok();
   }
   return gather_logits(n_out, logits);
+}
+
+int64_t relayout_for_cpu_kernels(ShardWeights& sw) {
+  if (cpu::active_isa() != cpu::Isa::kAvx512 || env_int("TESSERA_CPU_REPACK", 1) == 0) return 0;
+  ModelWeights& w = sw.weights;
+  // The buffers this ShardWeights owns (re-laid in place); anything else (a mapped file) is copied.
+  auto owned = [&](const TensorView& v) -> bool {
+    const auto* p = static_cast<const uint8_t*>(v.data);
+    auto inside = [&](const std::vector<uint8_t>& b) { return p >= b.data() && p + v.nbytes() <= b.data() + b.size(); };
+    for (const auto* list : {&sw.owned, &sw.full.owned_bytes, &w.owned_bytes})
+      for (const std::vector<uint8_t>& b : *list)
+        if (inside(b)) return true;
+    return false;
+  };
+  int64_t count = 0;
+  std::vector<uint8_t> group;
+  auto relayout = [&](TensorView& v, bool shared) {
+    const std::optional<QuantType> r16 = cpu::r16_of(v.type, v.rows());
+    if (!r16 || v.data == nullptr) return;
+    const size_t group_bytes = static_cast<size_t>(cpu::kQRowGroup) * v.row_stride_bytes();
+    if (!shared && owned(v)) {
+      auto* data = static_cast<uint8_t*>(const_cast<void*>(v.data));
+      for (int64_t g = 0; g < v.rows() / cpu::kQRowGroup; ++g) {
+        uint8_t* at = data + static_cast<size_t>(g) * group_bytes;
+        group.assign(at, at + group_bytes);
+        cpu::repack_r16(v.type, group.data(), cpu::kQRowGroup, v.cols(), at);
+      }
+    } else {
+      std::vector<uint8_t>& bytes = sw.owned.emplace_back(v.nbytes());
+      cpu::repack_r16(v.type, static_cast<const uint8_t*>(v.data), v.rows(), v.cols(), bytes.data());
+      // Mapped from the file and used by nothing else: its pages are not read again.
+      if (!shared) release_mapped_range(v.data, v.nbytes());
+      v.data = bytes.data();
+    }
+    v.type = *r16;
+    ++count;
+  };
+  for (LayerWeights& l : w.layers)
+    for (TensorView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) relayout(*m, false);
+  // A tied head shares the embedding's bytes, which the embedding lookup reads row by row.
+  relayout(w.lm_head, w.lm_head.data == w.embed.data);
+  return count;
 }
 
 }  // namespace tessera

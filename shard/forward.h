@@ -5,13 +5,6 @@
 // KV cache (each piece's keys/values are written to the cache before its attention runs, so a
 // piece may be a whole prompt, a prefill chunk, or one decode token).
 //
-// Weights: the layer matrices and the LM head are used as bound, except GGUF Q8_0 / Q4_0
-// matrices of a multiple of 16 rows where the AVX-512 kernels are active: those are re-laid
-// once at construction into the 16-row interleaved layout (kernels/cpu/qgemm.h, repack_r16;
-// same bytes, same results, no per-block transposes in the kernels), held by the ForwardPass;
-// the file pages of a mapped original are dropped from memory after the copy.
-// TESSERA_CPU_REPACK=0 keeps the file's layout (A/B).
-//
 // Thread-safety: one thread calls run(); kernels use the injected ThreadPool.
 #pragma once
 
@@ -39,6 +32,17 @@ struct SequenceInput {
   bool want_logits = true;               // logits of the last token of this piece
   bool all_logits = false;               // logits of every token of this piece (prompt logprobs)
 };
+
+// Re-lays this rank's block-quantized matrices (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K and
+// the load-time I8_CH / I4_G128; rows a multiple of 16) into the 16-row interleaved layouts of
+// the AVX-512 kernels (kernels/cpu/qgemm.h, repack_r16: same results, no per-block transposes),
+// where those kernels are active; a no-op elsewhere and with TESSERA_CPU_REPACK=0. Buffers the
+// ShardWeights owns are re-laid in place (sw.full's views of them are stale after); a matrix
+// mapped from the file is copied into sw.owned and its file pages are dropped from memory. A
+// tied LM head gets its own copy (the embedding lookup reads the original rows). For the CPU
+// backend only: call before building the ForwardPass over sw.weights. Returns how many
+// matrices were re-laid.
+int64_t relayout_for_cpu_kernels(ShardWeights& sw);
 
 class ForwardPass {
  public:
@@ -70,10 +74,6 @@ class ForwardPass {
   const ModelConfig& config_;
   const ShardLayout layout_;
   const ModelWeights& weights_;
-  // The matrices run() multiplies: weights_'s, or their 16-row interleaved copies.
-  std::vector<LayerWeights> layers_;
-  TensorView lm_head_;
-  std::vector<std::vector<uint8_t>> repacked_;
   DeviceComm* comm_;
   ThreadPool* pool_;
   KvCache* cache_;

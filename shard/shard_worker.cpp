@@ -282,6 +282,8 @@ class ShardWorker {
     KvCacheShape shape{c.n_layers, layout_.n_kv_heads, c.head_dim, cfg.block_size, cfg.num_blocks};
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     cache_ = std::make_unique<KvCache>(std::move(cache));
+    const int64_t relaid = relayout_for_cpu_kernels(weights_);
+    if (relaid > 0) TESSERA_LOG_DEBUG("{} matrices re-laid in 16-row groups for the AVX-512 kernels", relaid);
     forward_ = std::make_unique<ForwardPass>(c, layout_, weights_.weights, pool_.get(), cache_.get(), &comm_);
     num_blocks_ = cfg.num_blocks;
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", cfg.num_blocks, cfg.block_size);

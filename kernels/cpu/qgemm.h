@@ -98,8 +98,9 @@ constexpr int64_t kQRowGroup = 16;
 // whatever the ISA cap, so they are only made where AVX-512 is active.
 bool is_r16(QuantType type);
 QuantType r16_base(QuantType type);  // kQ4_0_R16 -> kQ4_0, ...; other types unchanged
-// The R16 type of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K matrix of `rows` rows; nullopt for
-// other types or rows % 16 != 0.
+// The R16 type of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K / I8_CH / I4_G128 matrix of `rows`
+// rows (I8_CH's row scale is one more dword field after the blocks); nullopt for other types or
+// rows % 16 != 0.
 std::optional<QuantType> r16_of(QuantType type, int64_t rows);
 // Re-lays `rows` rows (a multiple of 16) of k columns of such a matrix (row stride
 // row_bytes(type, k)) into dst (the same number of bytes).

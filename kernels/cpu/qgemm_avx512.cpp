@@ -342,9 +342,7 @@ TESSERA_AVX512 void build_int(QuantType type, const Rows& rows, int64_t b0, int6
   const size_t stride = tile_layout(type).block_stride();
   __m512 row_scale = _mm512_setzero_ps();
   if (type == QuantType::kI8_CH) {
-    alignas(64) float sc[kRows];
-    for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
-    row_scale = _mm512_load_ps(sc);
+    row_scale = _mm512_castsi512_ps(rows_dword(rows, rows.trailer));
   }
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     __m512i w[8];
@@ -662,9 +660,7 @@ TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, P
 
 // I8_CH: the Q8_0 scheme with one scale per row for every block.
 TESSERA_AVX512 __m512 gemv_i8_ch(const Rows& rows, int64_t nb, const Token1& x, Prefetch pf) {
-  alignas(64) float sc[kRows];
-  for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
-  const __m512 s = _mm512_load_ps(sc);
+  const __m512 s = _mm512_castsi512_ps(rows_dword(rows, rows.trailer));
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {

@@ -157,6 +157,9 @@ float row_dot_i4_g128(const uint8_t* row, const int8_t* xq, const float* xd, con
 int64_t kernel_block_elems(QuantType type) {
   switch (type) {
     case QuantType::kI8_CH: case QuantType::kI4_G128: return 32;
+    case QuantType::kI8_CH_R16:
+    case QuantType::kI4_G128_R16:
+      return 32;
     default: return quant_traits(type).block_elems;
   }
 }
@@ -183,6 +186,10 @@ std::vector<BlockField> r16_fields(QuantType base) {
       return {{0, 176, false}};
     case QuantType::kQ6_K:
       return {{0, 208, false}, {208, 2, true}};
+    case QuantType::kI8_CH:  // + the row's fp32 scale (a dword after the blocks)
+      return {{0, 32, false}};
+    case QuantType::kI4_G128:
+      return {{0, 68, false}};
     default:
       return {};
   }
@@ -205,6 +212,10 @@ QuantType r16_base(QuantType type) {
       return QuantType::kQ5_K;
     case QuantType::kQ6_K_R16:
       return QuantType::kQ6_K;
+    case QuantType::kI8_CH_R16:
+      return QuantType::kI8_CH;
+    case QuantType::kI4_G128_R16:
+      return QuantType::kI4_G128;
     default:
       return type;
   }
@@ -225,6 +236,10 @@ std::optional<QuantType> r16_of(QuantType type, int64_t rows) {
       return QuantType::kQ5_K_R16;
     case QuantType::kQ6_K:
       return QuantType::kQ6_K_R16;
+    case QuantType::kI8_CH:
+      return QuantType::kI8_CH_R16;
+    case QuantType::kI4_G128:
+      return QuantType::kI4_G128_R16;
     default:
       return std::nullopt;
   }
@@ -238,21 +253,27 @@ void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uin
   const auto bb = static_cast<size_t>(tr.block_bytes);
   const size_t rb = row_bytes(type, k);
   const int64_t nb = k / tr.block_elems;
+  // Row byte x (of a field: an fp16 value or a dword) of row r goes to 16 * x + 2r or + 4r of its
+  // group; the blocks follow each other in a row, and a row trailer (I8_CH's scale) is one more
+  // dword after them.
   for (int64_t g = 0; g < rows / kQRowGroup; ++g) {
     const uint8_t* rows16 = src + static_cast<size_t>(g * kQRowGroup) * rb;
     uint8_t* group = dst + static_cast<size_t>(g * kQRowGroup) * rb;
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* out = group + static_cast<size_t>(b) * kQRowGroup * bb;
-      for (int64_t r = 0; r < kQRowGroup; ++r) {
-        const uint8_t* blk = rows16 + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * bb;
+    for (int64_t r = 0; r < kQRowGroup; ++r) {
+      const uint8_t* row = rows16 + static_cast<size_t>(r) * rb;
+      for (int64_t b = 0; b < nb; ++b) {
         for (const BlockField& f : fields) {
+          const size_t x0 = static_cast<size_t>(b) * bb + static_cast<size_t>(f.x);
           if (f.half) {
-            std::memcpy(out + kQRowGroup * f.x + 2 * r, blk + f.x, 2);
+            std::memcpy(group + kQRowGroup * x0 + 2 * r, row + x0, 2);
             continue;
           }
-          for (int x = f.x; x < f.x + f.bytes; x += 4) std::memcpy(out + kQRowGroup * x + 4 * r, blk + x, 4);
+          for (size_t x = x0; x < x0 + static_cast<size_t>(f.bytes); x += 4)
+            std::memcpy(group + kQRowGroup * x + 4 * r, row + x, 4);
         }
       }
+      for (size_t x = static_cast<size_t>(nb) * bb; x < rb; x += 4)
+        std::memcpy(group + kQRowGroup * x + 4 * r, row + x, 4);
     }
   }
 }
@@ -265,6 +286,8 @@ bool has_qdot(QuantType type) {
     case QuantType::kQ4_K_R16:
     case QuantType::kQ5_K_R16:
     case QuantType::kQ6_K_R16:
+    case QuantType::kI8_CH_R16:
+    case QuantType::kI4_G128_R16:
     case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
     case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
     case QuantType::kI8_CH: case QuantType::kI4_G128:

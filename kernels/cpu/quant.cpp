@@ -614,7 +614,9 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k) {
     case QuantType::kQ5_0_R16:
     case QuantType::kQ4_K_R16:
     case QuantType::kQ5_K_R16:
-    case QuantType::kQ6_K_R16:  // rows are interleaved in groups of 16: only matmul reads them
+    case QuantType::kQ6_K_R16:
+    case QuantType::kI8_CH_R16:
+    case QuantType::kI4_G128_R16:  // rows are interleaved in groups of 16: only matmul reads them
     case QuantType::kCount: break;
   }
   TESSERA_CHECK(false, "dequantize_row: unsupported type {}", static_cast<int>(type));

@@ -147,7 +147,8 @@ TEST(FastMatmul, LargeRowsAndVocabularySlices) {
   }
 }
 
-// The 16-row interleaved layouts (Q8_0_R16 .. Q6_K_R16, made at load where AVX-512 runs): the
+// The 16-row interleaved layouts (Q8_0_R16 .. Q6_K_R16, I8_CH_R16, I4_G128_R16; made at load where
+// AVX-512 runs): the
 // same bits as the file's layout for decode (1 token), small batches (2..16, fused) and prefill
 // tiles (> 16), several row groups, threads, and row ranges that start on a group and end
 // anywhere; the repack is a permutation of the bytes.
@@ -155,9 +156,12 @@ TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
   if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the R16 layouts need AVX-512";
   IsaGuard guard;
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  for (QuantType type : kBlockTypes) {
+  std::vector<QuantType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
+  types.push_back(QuantType::kI8_CH);    // + a row trailer (the scale)
+  types.push_back(QuantType::kI4_G128);  // 128-element groups
+  for (QuantType type : types) {
     for (const int64_t rows : {16, 48, 80}) {
-      const int64_t k = quant_traits(type).block_elems == 256 ? 256 * 3 : 32 * 13;
+      const int64_t k = quant_traits(type).block_elems >= 128 ? 256 * 3 : 32 * 13;
       const Matrix m = make_matrix(type, rows, k, static_cast<uint32_t>(rows));
       ASSERT_FALSE(cpu::r16_of(type, rows + 1).has_value());
       const QuantType r16 = cpu::r16_of(type, rows).value();

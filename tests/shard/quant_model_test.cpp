@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/quant.h"
 #include "model/int4_checkpoint.h"
@@ -357,6 +358,32 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
     unsetenv("TESSERA_CPU_REPACK");
     EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
     EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
+  }
+  // The load-time formats (I8_CH with its row scale, I4_G128), re-laid in the buffers the load
+  // owns, the LM head quantized too.
+  ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("hf")).is_ok());
+  for (const WeightQuant q : {WeightQuant::kInt8, WeightQuant::kInt4}) {
+    GenerateOptions go;
+    go.max_tokens = 10;
+    go.ignore_eos = true;
+    go.sampling.temperature = 0.0f;
+    const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 11, 400, 3, 2, 8, 13, 21, 34, 55, 89, 144, 233};
+    std::optional<GenerateOutput> out[2];
+    for (const int repack : {1, 0}) {
+      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
+      auto m = LocalModel::load({.path = dir.sub("hf"), .threads = 2, .quant = q, .quantize_lm_head = true});
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      if (repack) {
+        EXPECT_TRUE(cpu::is_r16((*m)->weights().layers[0].wq.type)) << quant_name((*m)->weights().layers[0].wq.type);
+        EXPECT_TRUE(cpu::is_r16((*m)->weights().lm_head.type)) << quant_name((*m)->weights().lm_head.type);
+      }
+      auto g = generate(**m, prompt, go);
+      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+      out[repack] = std::move(*g);
+    }
+    unsetenv("TESSERA_CPU_REPACK");
+    EXPECT_EQ(out[1]->ids, out[0]->ids) << weight_quant_name(q);
+    EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << weight_quant_name(q);
   }
 }
 
