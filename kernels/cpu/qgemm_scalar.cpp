@@ -154,11 +154,11 @@ float row_dot_i4_g128(const uint8_t* row, const int8_t* xq, const float* xd, con
 
 }  // namespace
 
+// The R16 layouts (below) answer as their base formats.
 int64_t kernel_block_elems(QuantType type) {
-  switch (type) {
-    case QuantType::kI8_CH: case QuantType::kI4_G128: return 32;
-    case QuantType::kI8_CH_R16:
-    case QuantType::kI4_G128_R16:
+  switch (r16_base(type)) {
+    case QuantType::kI8_CH:
+    case QuantType::kI4_G128:
       return 32;
     default: return quant_traits(type).block_elems;
   }
@@ -279,15 +279,7 @@ void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uin
 }
 
 bool has_qdot(QuantType type) {
-  switch (type) {
-    case QuantType::kQ8_0_R16:
-    case QuantType::kQ4_0_R16:
-    case QuantType::kQ5_0_R16:
-    case QuantType::kQ4_K_R16:
-    case QuantType::kQ5_K_R16:
-    case QuantType::kQ6_K_R16:
-    case QuantType::kI8_CH_R16:
-    case QuantType::kI4_G128_R16:
+  switch (r16_base(type)) {
     case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
     case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
     case QuantType::kI8_CH: case QuantType::kI4_G128:
@@ -298,11 +290,10 @@ bool has_qdot(QuantType type) {
 }
 
 int64_t act_block(QuantType type) {
-  switch (type) {
-    case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K: return kActBlock256;
-    case QuantType::kQ4_K_R16:
-    case QuantType::kQ5_K_R16:
-    case QuantType::kQ6_K_R16:
+  switch (r16_base(type)) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
+    case QuantType::kQ6_K:
       return kActBlock256;
     default: return kActBlock32;
   }
