@@ -227,6 +227,9 @@ void Engine::drain_inbox() {
       if (s != seqs_.end()) finish_seq(*s->second, "abort");
     }
   }
+  // Arrivals and aborts change the queue while no step runs (a request held by max_wait_ms, an
+  // idle engine): /metrics must show them now, not after the next step.
+  if (!inbox.empty() || !cancels.empty()) update_gauges();
 }
 
 void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -399,7 +400,10 @@ def test_cuda_shard_prefix_cache(cuda_stories_server):
     prefix_cache_hits_and_outputs_unchanged(cuda_stories_server)
 
 
-def test_client_disconnect_aborts_and_frees(stories_server):
+def test_client_disconnect_mid_stream_frees_blocks(stories_server):
+    # stories260K writes 400 tokens in ~50 ms, so the stream may well end before the close reaches
+    # the server: either way the request ends (ok or aborted) and gives its blocks back.
+    before = {o: metric_or_zero(stories_server, "tessera_requests_total", f'{{outcome="{o}"}}') for o in ("ok", "aborted")}
     req = urllib.request.Request(stories_server.base + "/v1/completions",
                                  data=json.dumps({"prompt": "Once", "max_tokens": 400, "stream": True,
                                                   "ignore_eos": True}).encode(),
@@ -408,10 +412,48 @@ def test_client_disconnect_aborts_and_frees(stories_server):
     r.read(100)
     r.close()
     deadline = time.time() + 10
-    while stories_server.metric("tessera_kv_blocks", '{state="used"}') != 0 and time.time() < deadline:
-        time.sleep(0.1)
+    ended = lambda: sum(metric_or_zero(stories_server, "tessera_requests_total", f'{{outcome="{o}"}}') - before[o]
+                        for o in ("ok", "aborted"))
+    while (ended() < 1 or stories_server.metric("tessera_kv_blocks", '{state="used"}') != 0) and time.time() < deadline:
+        time.sleep(0.05)
+    assert ended() == 1
     assert stories_server.metric("tessera_kv_blocks", '{state="used"}') == 0
-    assert stories_server.metric("tessera_requests_total", '{outcome="aborted"}') >= 1
+
+
+def metric_or_zero(server, name, labels=""):
+    try:
+        return server.metric(name, labels)
+    except KeyError:
+        return 0.0
+
+
+def test_client_disconnect_while_queued_aborts():
+    """A client that leaves while its request waits is noticed at once (EPOLLRDHUP), not at the next
+    write: the request is aborted and leaves the queue. --max-wait-ms holds a lone request back for
+    a companion for a minute, so the close always comes first."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    s = Server(os.path.join(STORIES, "hf"), extra=["--max-batch", "4", "--max-wait-ms", "60000"])
+    try:
+        host, port = s.base[len("http://"):].split(":")
+        body = json.dumps({"prompt": "Once", "max_tokens": 16, "stream": True}).encode()
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.time() + 10
+        while s.metric("tessera_waiting") != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert s.metric("tessera_waiting") == 1
+        sock.close()
+        deadline = time.time() + 10
+        while metric_or_zero(s, "tessera_requests_total", '{outcome="aborted"}') < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric_or_zero(s, "tessera_requests_total", '{outcome="aborted"}') == 1
+        assert metric_or_zero(s, "tessera_requests_total", '{outcome="ok"}') == 0
+        assert s.metric("tessera_waiting") == 0
+        assert s.metric("tessera_kv_blocks", '{state="used"}') == 0
+    finally:
+        s.stop()
 
 
 # ---- a synthetic model with a chat template, at TP 1 and 2 ----
