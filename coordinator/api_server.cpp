@@ -47,6 +47,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     std::vector<int64_t> offsets;
     std::optional<std::string> finish;
     bool role_sent = false;
+    bool echo_first_sent = false;  // the echoed prompt's first token (logprob null) is in `logprobs`
+    int64_t echo_offset = 0;       // text offset of the next echoed prompt token
     int64_t prompt_tokens = 0, completion_tokens = 0;
   };
 
@@ -82,7 +84,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     }
     std::vector<TokenLogprob> lps;
     std::vector<int64_t> offsets;
-    if (!ev.prompt_logprobs.empty() && logprobs_) add_prompt_logprobs(ev, c, lps, offsets);
+    const bool echoed = static_cast<size_t>(ev.choice) < echo_prompts_.size() && !echo_prompts_[ev.choice].empty();
+    if (logprobs_ && echoed) add_prompt_logprobs(ev, c, lps, offsets);
     if (logprobs_) {
       int64_t off = static_cast<int64_t>(c.text.size());
       for (size_t i = 0; i < ev.token_logprobs.size(); ++i) {
@@ -115,19 +118,28 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
  private:
   std::string piece(int32_t id) const { return tok_.decode(std::span<const int32_t>(&id, 1)); }
 
+  // Only completions echo prompts. As in OpenAI's API, the prompt's first token is listed with a
+  // null logprob (nothing predicts it), so `tokens` lines up with the prompt; text offsets count
+  // from the start of the echoed text across events (a chunked prefill sends several).
   void add_prompt_logprobs(const JobEvent& ev, Choice& c, std::vector<TokenLogprob>& lps, std::vector<int64_t>& offsets) {
-    // Only completions echo prompts. The first prompt token has no logprob (null -> 0 here is
-    // avoided by skipping it: OpenAI reports null; we report the tokens we have).
-    (void)c;
-    int64_t off = 0;
+    auto add = [&](TokenLogprob t) {
+      offsets.push_back(c.echo_offset);
+      c.echo_offset += static_cast<int64_t>(t.token.size());
+      lps.push_back(std::move(t));
+    };
+    const auto choice = static_cast<size_t>(ev.choice);
+    if (!c.echo_first_sent && choice < echo_prompts_.size() && !echo_prompts_[choice].empty()) {
+      c.echo_first_sent = true;
+      TokenLogprob first;
+      first.token = piece(echo_prompts_[choice][0]);
+      add(std::move(first));
+    }
     for (const PromptLogprob& p : ev.prompt_logprobs) {
       TokenLogprob t;
       t.token = piece(p.token);
       t.logprob = p.logprob;
       for (const auto& [id, lp] : p.top_logprobs) t.top.emplace_back(piece(id), lp);
-      lps.push_back(std::move(t));
-      offsets.push_back(off);
-      off += static_cast<int64_t>(lps.back().token.size());
+      add(std::move(t));
     }
   }
 

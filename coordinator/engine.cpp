@@ -38,6 +38,8 @@ struct Engine::SeqState {
   int64_t generated = 0;
   bool scheduled_once = false;
   bool finished = false;
+  bool prompt_only = false;             // echo with max_tokens 0: run the prompt for its logprobs only
+  int64_t next_prompt_logprob_pos = 1;  // prompt logprobs already passed on end here (recomputes repeat them)
   WallClock::time_point last_token;
 };
 
@@ -140,6 +142,8 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     }
     if (job->job.want_logprobs) r.sampling.return_logprob = true;
     r.max_tokens = std::max<int64_t>(1, job->job.max_tokens);
+    // Prompt logprobs need every prompt position computed, not taken from the prefix cache.
+    r.reuse_cached_prefix = !job->job.want_prompt_logprobs;
     r.priority = std::min(job->job.priority, options_.scheduler.priority_classes - 1);
     r.arrival = job->arrival;
     job->seq_ids.push_back(s->seq_id);
@@ -147,8 +151,11 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     seqs_[s->seq_id] = std::move(s);
     metrics_.observe("tessera_prompt_length_tokens", static_cast<double>(js.prompt.size()));
     if (job->job.max_tokens == 0) {  // nothing to generate (echo-only requests)
-      finish_seq(ref, "length");
-      continue;
+      if (!job->job.want_prompt_logprobs || js.prompt.size() < 2) {
+        finish_seq(ref, "length");
+        continue;
+      }
+      ref.prompt_only = true;  // one step over the prompt for its logprobs; its token is dropped
     }
     Status st = scheduler_->add(std::move(r));
     if (!st.is_ok()) finish_seq(ref, "error", st.message());
@@ -240,6 +247,11 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
   for (auto& [seq_id, lps] : prompt_lps) {
     auto it = seqs_.find(seq_id);
     if (it == seqs_.end() || it->second->finished) continue;
+    // A sequence preempted in the middle of its prompt recomputes it: pass each position on once.
+    SeqState& s = *it->second;
+    std::erase_if(lps, [&](const PromptLogprob& p) { return p.position < s.next_prompt_logprob_pos; });
+    if (lps.empty()) continue;
+    s.next_prompt_logprob_pos = lps.back().position + 1;
     JobEvent ev;
     ev.choice = it->second->choice;
     ev.prompt_logprobs = std::move(lps);
@@ -249,6 +261,10 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
     auto it = seqs_.find(t.seq_id);
     if (it == seqs_.end() || it->second->finished) continue;
     SeqState& s = *it->second;
+    if (s.prompt_only) {
+      finish_seq(s, "length");
+      continue;
+    }
     const Job& job = s.job->job;
     ++s.generated;
     metrics_.add("tessera_generation_tokens_total");

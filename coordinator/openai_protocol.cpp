@@ -224,10 +224,10 @@ json completion_logprobs(const CompletionChoice& c) {
   for (size_t i = 0; i < c.logprobs.size(); ++i) {
     const TokenLogprob& t = c.logprobs[i];
     tokens.push_back(t.token);
-    lps.push_back(t.logprob);
+    lps.push_back(t.logprob ? json(*t.logprob) : json(nullptr));
     json top = json::object();
     for (const auto& [tok, lp] : t.top) top[tok] = lp;
-    tops.push_back(top);
+    tops.push_back(t.logprob ? top : json(nullptr));
     offs.push_back(i < c.text_offsets.size() ? c.text_offsets[i] : 0);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
@@ -245,7 +245,10 @@ json chat_logprobs(const ChatChoice& c) {
   for (const TokenLogprob& t : c.logprobs) {
     json top = json::array();
     for (const auto& [tok, lp] : t.top) top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes_of(tok)}});
-    content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+    content.push_back({{"token", t.token},
+                       {"logprob", t.logprob ? json(*t.logprob) : json(nullptr)},
+                       {"bytes", bytes_of(t.token)},
+                       {"top_logprobs", top}});
   }
   return {{"content", content}};
 }

@@ -63,7 +63,7 @@ std::string error_body(int http_status, std::string_view message, std::string_vi
 
 struct TokenLogprob {
   std::string token;                 // the token's text
-  float logprob = 0.0f;
+  std::optional<float> logprob;      // none (JSON null) for the first token of an echoed prompt
   std::vector<std::pair<std::string, float>> top;  // text, logprob
 };
 

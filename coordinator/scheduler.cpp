@@ -17,6 +17,7 @@ struct Scheduler::Sequence {
   SamplingParams sampling;
   int64_t max_tokens = 0;
   int32_t priority = 0;
+  bool reuse_cached_prefix = true;
   Clock::time_point arrival;
   int64_t ticket = 0;
   SequenceState state = SequenceState::kWaiting;
@@ -103,6 +104,7 @@ Status Scheduler::add(SchedulerRequest r) {
   s->sampling = r.sampling;
   s->max_tokens = r.max_tokens;
   s->priority = r.priority;
+  s->reuse_cached_prefix = r.reuse_cached_prefix;
   s->arrival = r.arrival.value_or(clock_.now());
   s->ticket = ++next_ticket_;
   waiting_.push_back(s.get());
@@ -178,11 +180,11 @@ const std::vector<BlockHash>& Scheduler::block_hashes(Sequence& s, int64_t n_blo
 }
 
 int64_t Scheduler::match_prefix(Sequence& s) {
-  if (!pool_.prefix_cache_enabled()) return 0;
+  s.blocks.clear();
+  if (!pool_.prefix_cache_enabled() || (!s.reuse_cached_prefix && s.generated() == 0)) return 0;
   const int64_t bs = pool_.block_size();
   const int64_t full = static_cast<int64_t>(s.tokens.size()) / bs;
   const auto& h = block_hashes(s, full);
-  s.blocks.clear();
   for (int64_t i = 0; i < full; ++i) {
     auto b = pool_.find_cached(h[i], i == 0 ? kRootBlockHash : h[i - 1],
                                std::span<const int32_t>(s.tokens).subspan(i * bs, bs));

@@ -89,6 +89,11 @@ struct SchedulerRequest {
   int64_t max_tokens = 16;        // most tokens the engine will let it generate, >= 1
   int32_t priority = 0;           // class in [0, priority_classes); 0 is served first
   std::optional<Clock::time_point> arrival;  // when the request arrived; default: now at add()
+  // False: the prompt is computed from position 0 even where the prefix cache holds it, because
+  // the caller needs every prompt position's logits (echo with logprobs). Its blocks still go to
+  // the cache for others. Once it has generated a token (a preempted sequence recomputing), the
+  // cache is used again.
+  bool reuse_cached_prefix = true;
 };
 
 enum class SequenceState { kWaiting, kRunning };

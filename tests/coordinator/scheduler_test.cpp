@@ -221,12 +221,14 @@ struct Harness {
         sched(cfg, pool, clock),
         shard(num_blocks, bs, cfg) {}
 
-  Status add(uint64_t id, std::vector<int32_t> prompt, int64_t out_len, int32_t priority = 0) {
+  Status add(uint64_t id, std::vector<int32_t> prompt, int64_t out_len, int32_t priority = 0,
+             bool reuse_cached_prefix = true) {
     SchedulerRequest r;
     r.seq_id = id;
     r.prompt = std::move(prompt);
     r.max_tokens = out_len;
     r.priority = priority;
+    r.reuse_cached_prefix = reuse_cached_prefix;
     out_len_[id] = out_len;
     return sched.add(std::move(r));
   }
@@ -658,6 +660,25 @@ TEST(SchedulerTest, SharedPrefixStartsAtTheCachedPosition) {
   ASSERT_TRUE(cold.add(2, with_tail(200, 5), 3).is_ok());
   cold.run();
   EXPECT_EQ(cold.outputs[2], h.outputs[2]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, PromptLogprobRequestsComputeTheWholePromptButStillFeedTheCache) {
+  Harness h(knobs(4, 256, 256), 32);
+  const std::vector<int32_t> prompt = prompt_of(7000, 40);  // two full blocks and a tail
+  ASSERT_TRUE(h.add(1, prompt, 3).is_ok());
+  h.run();
+  EXPECT_EQ(h.pool.num_cached(), 2);
+  // Wants every prompt position's logits: starts at 0 although two blocks are cached.
+  ASSERT_TRUE(h.add(2, prompt, 3, 0, /*reuse_cached_prefix=*/false).is_ok());
+  EXPECT_EQ(h.step(), "+2 2:0+40s");
+  EXPECT_EQ(h.sched.info(2)->cached_prompt_tokens, 0);
+  h.run();
+  EXPECT_EQ(h.outputs[2], h.outputs[1]);
+  // An ordinary request after it still hits the cache.
+  ASSERT_TRUE(h.add(3, prompt, 3).is_ok());
+  EXPECT_EQ(h.step(), "+3 3:32+8s");
+  h.run();
   EXPECT_EQ(h.pool.num_used(), 0);
 }
 

@@ -209,7 +209,46 @@ def test_logprobs(stories_server):
     echo = c.completions.create(model="test-model", prompt="Once upon a time", max_tokens=2, temperature=0,
                                 logprobs=1, echo=True)
     assert echo.choices[0].text.startswith("Once upon a time")
-    assert len(echo.choices[0].logprobs.tokens) >= 2 + 3  # prompt tokens after the first, then 2 new ones
+    elp = echo.choices[0].logprobs
+    assert len(elp.tokens) == echo.usage.prompt_tokens + 2
+    assert elp.token_logprobs[0] is None and elp.top_logprobs[0] is None  # nothing predicts the first token
+    assert all(isinstance(x, float) for x in elp.token_logprobs[1:])
+    assert elp.text_offset == sorted(elp.text_offset) and elp.text_offset[0] == 0
+
+
+def test_echo_logprobs_cover_a_cached_prompt(stories_server):
+    """Prompt logprobs need every prompt position computed: a prompt whose blocks are in the
+    prefix cache is recomputed for them, and max_tokens=0 returns the prompt's logprobs alone.
+    The prompt logprobs of a prompt + its greedy continuation equal the continuation's own
+    logprobs (prefill and decode agree)."""
+    c = stories_server.client
+    prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+    gen = c.completions.create(model="test-model", prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
+    n = gen.usage.prompt_tokens
+    assert n > 16  # longer than a KV block: the repeats below find it in the prefix cache
+    for max_tokens in (0, 3):
+        r = c.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=1,
+                                 echo=True)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text.startswith(prompt)
+        assert len(lp.tokens) == n + max_tokens, (max_tokens, len(lp.tokens), n)
+        assert lp.token_logprobs[0] is None
+        assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+        assert r.usage.completion_tokens == max_tokens
+        if max_tokens == 0:
+            assert r.choices[0].text == prompt and r.choices[0].finish_reason == "length"
+            prompt_lps = lp.token_logprobs
+        else:
+            assert lp.token_logprobs[:n] == pytest.approx(prompt_lps, abs=1e-4)
+    # Echo a reference prompt plus its greedy continuation (ids): the continuation's prompt
+    # logprobs are the ones the decode steps reported.
+    case = reference()["cases"][-1]
+    ids, greedy = case["prompt_ids"], case["greedy_ids"][:8]
+    dec = c.completions.create(model="test-model", prompt=ids, max_tokens=8, temperature=0, logprobs=0,
+                               extra_body={"ignore_eos": True})
+    full = c.completions.create(model="test-model", prompt=ids + greedy, max_tokens=0, logprobs=0, echo=True)
+    assert full.choices[0].logprobs.token_logprobs[len(ids):] == pytest.approx(
+        dec.choices[0].logprobs.token_logprobs, abs=2e-3)
 
 
 def test_stop_strings(stories_server):
