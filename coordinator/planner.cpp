@@ -603,6 +603,10 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
   }
   if (t.context > m.context_length)
     warn(false, fmt::format("decode context {} is longer than the context length {}", t.context, m.context_length));
+  if (in.kv_dtype != KvDtype::kF32)
+    warn(false, fmt::format("KV dtype {}: Tessera's KV caches (CPU and CUDA) store fp32 today, so a run holds "
+                            "{}x fewer tokens than this plan; plan with --kv-dtype fp32 for what runs now",
+                            kv_dtype_name(in.kv_dtype), 4 / kv_dtype_bytes(in.kv_dtype)));
 }
 
 }  // namespace

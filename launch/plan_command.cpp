@@ -115,7 +115,8 @@ Result<PlanInput> build_input(const PlanArgs& a, const PlanModel& model) {
     in.embeddings = in.weights;
   }
   TESSERA_ASSIGN_OR_RETURN(in.card, resolve_card(a));
-  const std::string kv = a.kv_dtype == "auto" ? (in.card.is_cpu ? "fp32" : "fp16") : a.kv_dtype;
+  // auto: what the runtime's caches store (fp32 on the CPU and on CUDA), so the plan is what runs.
+  const std::string kv = a.kv_dtype == "auto" ? "fp32" : a.kv_dtype;
   TESSERA_ASSIGN_OR_RETURN(in.kv_dtype, parse_kv_dtype(kv));
   in.tp = a.tp;
   in.use_slow_link = a.link == "pcie";
@@ -373,7 +374,9 @@ Runner add_plan_command(CLI::App& app) {
                  "weight precision: " + fmt::format("{}", fmt::join(precision_names(), ", ")) +
                      " (default: as stored in the model file)");
   app.add_option("--embed-precision", a->embed_precision, "embedding and LM head precision (default: as --precision)");
-  app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype: fp16, bf16, fp8, fp32 (auto: fp16 on GPUs, fp32 on the CPU)")
+  app.add_option("--kv-dtype", a->kv_dtype,
+                 "KV cache dtype: fp32, fp16, bf16, fp8 (auto: fp32, what the CPU and CUDA caches store today; "
+                 "the others plan ahead)")
       ->capture_default_str();
   app.add_option("--tp", a->tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--card", a->card,
