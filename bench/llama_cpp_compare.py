@@ -22,6 +22,8 @@ import datetime
 import json
 import os
 import platform
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -116,14 +118,22 @@ class Llama:
         return int(self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
 
     def greedy(self, prompt, n):
+        """n greedy tokens, with each one's log-probability and the gap between the top two logits."""
+        np = self.np
         self.clear()
         self.decode(prompt)
-        out = []
+        out, logprobs, gaps = [], [], []
         for _ in range(n):
-            t = self.argmax()
+            ptr = self.L.llama_get_logits_ith(self.ctx, -1)
+            logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+            t = int(logits.argmax())
+            top2 = np.partition(logits, -2)[-2:]
+            m = logits[t]
             out.append(t)
+            logprobs.append(float(-np.log(np.exp(logits - m).sum())))
+            gaps.append(float(top2.max() - top2.min()))
             self.decode([t])
-        return out
+        return out, logprobs, gaps
 
 
 def llama_worker(args):
@@ -153,7 +163,8 @@ def llama_worker(args):
                                 "gen_tok_s": args.gen / statistics.median(tg)})
     if args.greedy_tokens:
         m = Llama(args.model, args.threads[-1], n_ctx=len(args.greedy_prompt) + args.greedy_tokens + 16, f32_kv=True)
-        results["greedy"] = m.greedy(args.greedy_prompt, args.greedy_tokens)
+        results["greedy"], results["greedy_logprobs"], results["greedy_gaps"] = m.greedy(args.greedy_prompt,
+                                                                                          args.greedy_tokens)
     json.dump(results, sys.stdout)
 
 
@@ -203,14 +214,51 @@ def tessera_greedy(bin_dir, model, prompt, n, threads):
     return [int(t) for t in out[-1].split(",") if t]
 
 
+def tessera_prompt_logprobs(bin_dir, model, ids, threads):
+    """Log-probabilities of ids[1:] given their prefixes, from one `tessera serve` prefill (echo with
+    logprobs and max_tokens 0): Tessera's teacher-forced scores of a token sequence."""
+    import urllib.request
+    cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", "0", "--model-name", "m",
+           "--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        base, log = None, []
+        for line in proc.stdout:
+            log.append(line)
+            m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+            if m:
+                base = m.group(1)
+                break
+        if base is None:
+            raise RuntimeError("tessera serve did not start:\n" + "".join(log))
+        body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
+        req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            lps = json.loads(r.read())["choices"][0]["logprobs"]["token_logprobs"]
+        if len(lps) != len(ids):
+            raise RuntimeError(f"echo returned {len(lps)} logprobs for {len(ids)} tokens")
+        return lps[1:]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
 def greedy_compare(bin_dir, py, model, n, threads=2, prompt=(1, 450, 4086, 29871, 13, 3421, 338, 263)):
-    llama = run_llama(py, model, [threads], 1, 1, 1, list(prompt), n)["greedy"]
+    """Greedy tokens of both engines, and how far apart their scores are along llama.cpp's sequence:
+    Tessera's teacher-forced log-probability of each llama.cpp token against llama.cpp's own."""
+    r = run_llama(py, model, [threads], 1, 1, 1, list(prompt), n)
+    llama, llama_lps, gaps = r["greedy"], r["greedy_logprobs"], r["greedy_gaps"]
     mine = tessera_greedy(bin_dir, model, list(prompt), n, threads)
     same = 0
     while same < min(len(llama), len(mine)) and llama[same] == mine[same]:
         same += 1
+    forced = tessera_prompt_logprobs(bin_dir, model, list(prompt) + llama, threads)[len(prompt) - 1:]
+    diffs = [abs(a - b) for a, b in zip(forced, llama_lps)]
     return {"model": model, "tokens": n, "first_divergence": None if same == n else same,
-            "agree": sum(a == b for a, b in zip(llama, mine)), "tessera": mine, "llama_cpp": llama}
+            "agree": sum(a == b for a, b in zip(llama, mine)), "tessera": mine, "llama_cpp": llama,
+            "logprob_diff_median": statistics.median(diffs), "logprob_diff_max": max(diffs),
+            "min_top2_gap": min(gaps),
+            "gap_at_divergence": None if same == n else gaps[same]}
 
 
 # ----------------------------------------------------------------------------- report
@@ -269,11 +317,14 @@ def write_report(rows, greedy, args, load_end):
                          f"{fmt(100 * t['bandwidth_fraction'] if 'bandwidth_fraction' in t else None, 0)}% |")
     if greedy:
         lines.append("\nGreedy tokens, Tessera vs llama.cpp:\n")
-        lines.append("| model | tokens | identical | first divergence |")
-        lines.append("|---|---|---|---|")
+        lines.append("| model | tokens | identical | first divergence | llama.cpp top-2 gap there | "
+                     "teacher-forced |d logprob| median / max |")
+        lines.append("|---|---|---|---|---|---|")
         for g in greedy:
-            lines.append(f"| {os.path.basename(g['model'])} | {g['tokens']} | {g['agree']} | "
-                         f"{'none' if g['first_divergence'] is None else g['first_divergence']} |")
+            div = "none" if g["first_divergence"] is None else str(g["first_divergence"])
+            gap = "-" if g["gap_at_divergence"] is None else f"{g['gap_at_divergence']:.3g}"
+            lines.append(f"| {os.path.basename(g['model'])} | {g['tokens']} | {g['agree']} | {div} | {gap} | "
+                         f"{g['logprob_diff_median']:.1e} / {g['logprob_diff_max']:.1e} |")
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as f:
