@@ -46,6 +46,8 @@ ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, c
   TESSERA_CHECK(static_cast<int64_t>(weights.layers.size()) == config.n_layers, "{} layers bound, {} expected",
                 weights.layers.size(), config.n_layers);
   TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
+  // A tied embedding re-laid for the LM head's kernels is looked up through a row copy.
+  if (cpu::is_r16(weights.embed.type)) embed_row_.resize(row_bytes(cpu::r16_base(weights.embed.type), config.hidden));
 }
 
 Status ForwardPass::validate(std::span<const SequenceInput> batch) const {
@@ -95,8 +97,14 @@ void ForwardPass::embed(std::span<const SequenceInput> batch) {
   const int64_t hidden = config_.hidden;
   for (const SequenceInput& in : batch) {
     for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
-      dequantize_row(weights_.embed.type, weights_.embed.row_ptr(in.tokens[i]), &x_[static_cast<size_t>(t * hidden)],
-                     hidden);
+      float* x = &x_[static_cast<size_t>(t * hidden)];
+      if (embed_row_.empty()) {
+        dequantize_row(weights_.embed.type, weights_.embed.row_ptr(in.tokens[i]), x, hidden);
+      } else {
+        cpu::unpack_r16_row(weights_.embed.type, static_cast<const uint8_t*>(weights_.embed.data), in.tokens[i], hidden,
+                            embed_row_.data());
+        dequantize_row(cpu::r16_base(weights_.embed.type), embed_row_.data(), x, hidden);
+      }
       positions_[static_cast<size_t>(t)] = static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i));
     }
   }
@@ -269,8 +277,23 @@ int64_t relayout_for_cpu_kernels(ShardWeights& sw) {
   };
   for (LayerWeights& l : w.layers)
     for (TensorView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) relayout(*m, false);
-  // A tied head shares the embedding's bytes, which the embedding lookup reads row by row.
-  relayout(w.lm_head, w.lm_head.data == w.embed.data);
+  // A tied head shares the embedding's bytes (at TP > 1 it is the rank's slice of them). Where
+  // the slice starts and ends on 16-row groups, the whole embedding is re-laid once and the
+  // lookup reads its rows back out of the groups (ForwardPass::embed): one copy of the matrix,
+  // not two. Otherwise the head gets a re-laid copy of its own.
+  const auto* head = static_cast<const uint8_t*>(w.lm_head.data);
+  const auto* embed = static_cast<const uint8_t*>(w.embed.data);
+  const bool tied = head != nullptr && embed != nullptr && head >= embed && head < embed + w.embed.nbytes();
+  const size_t stride = w.embed.row_stride_bytes();
+  const int64_t first = tied ? static_cast<int64_t>(static_cast<size_t>(head - embed) / stride) : 0;
+  if (tied && w.lm_head.type == w.embed.type && first % cpu::kQRowGroup == 0 &&
+      w.lm_head.rows() % cpu::kQRowGroup == 0 && cpu::r16_of(w.embed.type, w.embed.rows())) {
+    relayout(w.embed, false);
+    w.lm_head.data = static_cast<const uint8_t*>(w.embed.data) + static_cast<size_t>(first) * stride;
+    w.lm_head.type = w.embed.type;
+  } else {
+    relayout(w.lm_head, tied);
+  }
   return count;
 }
 

@@ -82,6 +82,7 @@ class ForwardPass {
   int64_t capacity_tokens_ = 0;
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;
   std::vector<int32_t> positions_;
+  std::vector<uint8_t> embed_row_;  // one embedding row back in its file layout (16-row layouts)
   std::vector<float> local_logits_, gathered_logits_;
   std::vector<AttentionArgs> attention_args_;  // one per sequence of the step
 

@@ -105,6 +105,9 @@ std::optional<QuantType> r16_of(QuantType type, int64_t rows);
 // Re-lays `rows` rows (a multiple of 16) of k columns of such a matrix (row stride
 // row_bytes(type, k)) into dst (the same number of bytes).
 void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uint8_t* dst);
+// Row `row` of a matrix in a 16-row layout (`data`: the matrix's first byte; `type` the R16 or
+// base type) back in its base format's layout: row_bytes(type, k) bytes to dst.
+void unpack_r16_row(QuantType type, const uint8_t* data, int64_t row, int64_t k, uint8_t* dst);
 
 void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);

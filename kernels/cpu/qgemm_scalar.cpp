@@ -172,26 +172,31 @@ struct BlockField {
   int bytes;
   bool half;
 };
-std::vector<BlockField> r16_fields(QuantType base) {
+const std::vector<BlockField>& r16_fields(QuantType base) {
+  static const std::vector<BlockField> q8_0{{0, 2, true}, {2, 32, false}}, q4_0{{0, 2, true}, {2, 16, false}},
+      q5_0{{0, 2, true}, {2, 4, false}, {6, 16, false}}, q4_k{{0, 144, false}}, q5_k{{0, 176, false}},
+      q6_k{{0, 208, false}, {208, 2, true}},
+      i8_ch{{0, 32, false}},  // + the row's fp32 scale (a dword after the blocks)
+      i4_g128{{0, 68, false}}, none;
   switch (base) {
     case QuantType::kQ8_0:
-      return {{0, 2, true}, {2, 32, false}};
+      return q8_0;
     case QuantType::kQ4_0:
-      return {{0, 2, true}, {2, 16, false}};
+      return q4_0;
     case QuantType::kQ5_0:
-      return {{0, 2, true}, {2, 4, false}, {6, 16, false}};
+      return q5_0;
     case QuantType::kQ4_K:
-      return {{0, 144, false}};
+      return q4_k;
     case QuantType::kQ5_K:
-      return {{0, 176, false}};
+      return q5_k;
     case QuantType::kQ6_K:
-      return {{0, 208, false}, {208, 2, true}};
-    case QuantType::kI8_CH:  // + the row's fp32 scale (a dword after the blocks)
-      return {{0, 32, false}};
+      return q6_k;
+    case QuantType::kI8_CH:
+      return i8_ch;
     case QuantType::kI4_G128:
-      return {{0, 68, false}};
+      return i4_g128;
     default:
-      return {};
+      return none;
   }
 }
 }  // namespace
@@ -245,37 +250,53 @@ std::optional<QuantType> r16_of(QuantType type, int64_t rows) {
   }
 }
 
-void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uint8_t* dst) {
-  const std::vector<BlockField> fields = r16_fields(type);
-  TESSERA_CHECK(!fields.empty(), "repack_r16: {} has no 16-row layout", quant_name(type));
-  const QuantTraits& tr = quant_traits(type);
-  TESSERA_CHECK(rows % kQRowGroup == 0 && k % tr.block_elems == 0, "repack_r16: {} rows x {} cols", rows, k);
+namespace {
+// Calls piece(row_offset, group_offset, bytes) for every piece of row r of a 16-row group: row
+// byte x of a field (an fp16 value or a dword) sits at 16 * x + 2r or + 4r of the group; the
+// blocks follow each other in a row, and a row trailer (I8_CH's scale) is one more dword after
+// them.
+template <typename Piece>
+void for_each_r16_piece(QuantType type, int64_t k, int64_t r, Piece&& piece) {
+  const QuantType base = r16_base(type);
+  const std::vector<BlockField>& fields = r16_fields(base);
+  TESSERA_CHECK(!fields.empty(), "16-row layout: {} has none", quant_name(type));
+  const QuantTraits& tr = quant_traits(base);
+  TESSERA_CHECK(k % tr.block_elems == 0 && r >= 0 && r < kQRowGroup, "16-row layout: row {} of {} cols", r, k);
   const auto bb = static_cast<size_t>(tr.block_bytes);
-  const size_t rb = row_bytes(type, k);
+  const size_t rb = row_bytes(base, k);
   const int64_t nb = k / tr.block_elems;
-  // Row byte x (of a field: an fp16 value or a dword) of row r goes to 16 * x + 2r or + 4r of its
-  // group; the blocks follow each other in a row, and a row trailer (I8_CH's scale) is one more
-  // dword after them.
-  for (int64_t g = 0; g < rows / kQRowGroup; ++g) {
-    const uint8_t* rows16 = src + static_cast<size_t>(g * kQRowGroup) * rb;
-    uint8_t* group = dst + static_cast<size_t>(g * kQRowGroup) * rb;
-    for (int64_t r = 0; r < kQRowGroup; ++r) {
-      const uint8_t* row = rows16 + static_cast<size_t>(r) * rb;
-      for (int64_t b = 0; b < nb; ++b) {
-        for (const BlockField& f : fields) {
-          const size_t x0 = static_cast<size_t>(b) * bb + static_cast<size_t>(f.x);
-          if (f.half) {
-            std::memcpy(group + kQRowGroup * x0 + 2 * r, row + x0, 2);
-            continue;
-          }
-          for (size_t x = x0; x < x0 + static_cast<size_t>(f.bytes); x += 4)
-            std::memcpy(group + kQRowGroup * x + 4 * r, row + x, 4);
-        }
+  const auto lane = static_cast<size_t>(r);
+  constexpr auto kG = static_cast<size_t>(kQRowGroup);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (const BlockField& f : fields) {
+      const size_t x0 = static_cast<size_t>(b) * bb + static_cast<size_t>(f.x);
+      if (f.half) {
+        piece(x0, kG * x0 + 2 * lane, size_t{2});
+        continue;
       }
-      for (size_t x = static_cast<size_t>(nb) * bb; x < rb; x += 4)
-        std::memcpy(group + kQRowGroup * x + 4 * r, row + x, 4);
+      for (size_t x = x0; x < x0 + static_cast<size_t>(f.bytes); x += 4) piece(x, kG * x + 4 * lane, size_t{4});
     }
   }
+  for (size_t x = static_cast<size_t>(nb) * bb; x < rb; x += 4) piece(x, kG * x + 4 * lane, size_t{4});
+}
+}  // namespace
+
+void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uint8_t* dst) {
+  TESSERA_CHECK(rows % kQRowGroup == 0, "repack_r16: {} rows", rows);
+  const size_t rb = row_bytes(r16_base(type), k);
+  for (int64_t g = 0; g < rows / kQRowGroup; ++g) {
+    uint8_t* group = dst + static_cast<size_t>(g * kQRowGroup) * rb;
+    for (int64_t r = 0; r < kQRowGroup; ++r) {
+      const uint8_t* row = src + static_cast<size_t>(g * kQRowGroup + r) * rb;
+      for_each_r16_piece(type, k, r, [&](size_t at, size_t to, size_t n) { std::memcpy(group + to, row + at, n); });
+    }
+  }
+}
+
+void unpack_r16_row(QuantType type, const uint8_t* data, int64_t row, int64_t k, uint8_t* dst) {
+  const uint8_t* group = data + static_cast<size_t>(row - row % kQRowGroup) * row_bytes(r16_base(type), k);
+  for_each_r16_piece(type, k, row % kQRowGroup,
+                     [&](size_t at, size_t from, size_t n) { std::memcpy(dst + at, group + from, n); });
 }
 
 bool has_qdot(QuantType type) {

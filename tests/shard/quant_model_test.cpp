@@ -387,6 +387,54 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
   }
 }
 
+// A tied embedding in a block format is re-laid once for the LM head and looked up out of the
+// 16-row groups: one copy of the matrix (head and embedding share it), the file layout's tokens
+// and logits.
+TEST(CpuRepack, TiedEmbeddingIsReLaidOnceAndStillLooksUpRows) {
+  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the 16-row layouts need AVX-512";
+  TempDir dir;
+  for (const QuantType type : {QuantType::kQ8_0, QuantType::kQ4_K}) {
+    SyntheticModelSpec spec = small_spec();
+    spec.weight_type = type;
+    spec.tie_embeddings = true;
+    const std::string path = dir.sub(std::string(quant_name(type)) + "-tied.gguf");
+    ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok());
+    GenerateOptions go;
+    go.max_tokens = 12;
+    go.ignore_eos = true;
+    go.sampling.temperature = 0.0f;
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 21; ++i) prompt.push_back(1 + (i * 37) % 500);
+    std::optional<GenerateOutput> out[2];
+    for (const int repack : {1, 0}) {
+      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
+      auto m = LocalModel::load({.path = path, .threads = 2});
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      const ModelWeights& w = (*m)->weights();
+      ASSERT_EQ(w.lm_head.data, w.embed.data);
+      EXPECT_EQ(cpu::is_r16(w.embed.type), repack == 1) << quant_name(w.embed.type);
+      EXPECT_EQ(w.lm_head.type, w.embed.type);
+      auto g = generate(**m, prompt, go);
+      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+      out[repack] = std::move(*g);
+    }
+    unsetenv("TESSERA_CPU_REPACK");
+    EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
+    EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
+  }
+  // Every row comes back out of the groups as the file has it.
+  const int64_t rows = 48, k = 256;
+  std::vector<uint8_t> file(static_cast<size_t>(rows) * row_bytes(QuantType::kQ6_K, k)), laid(file.size()),
+      row(row_bytes(QuantType::kQ6_K, k));
+  for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 131 + i / 7);
+  cpu::repack_r16(QuantType::kQ6_K, file.data(), rows, k, laid.data());
+  ASSERT_NE(laid, file);
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::unpack_r16_row(QuantType::kQ6_K_R16, laid.data(), r, k, row.data());
+    ASSERT_TRUE(std::equal(row.begin(), row.end(), file.begin() + static_cast<std::ptrdiff_t>(r * row.size()))) << r;
+  }
+}
+
 TEST(TpSlice, QuantizedRowParallelSlicesFollowGroups) {
   TempDir dir;
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("m")).is_ok());
