@@ -26,6 +26,11 @@ void write_sampling(proto::SamplingParams::Builder b, const SamplingParams& s) {
   b.setHasSeed(s.has_seed);
   b.setNLogprobs(s.n_logprobs);
   b.setReturnLogprob(s.return_logprob);
+  auto bias = b.initLogitBias(static_cast<unsigned>(s.logit_bias.size()));
+  for (unsigned i = 0; i < s.logit_bias.size(); ++i) {
+    bias[i].setId(s.logit_bias[i].first);
+    bias[i].setBias(s.logit_bias[i].second);
+  }
 }
 
 SamplingParams read_sampling(proto::SamplingParams::Reader r) {
@@ -41,6 +46,7 @@ SamplingParams read_sampling(proto::SamplingParams::Reader r) {
   s.has_seed = r.getHasSeed();
   s.n_logprobs = r.getNLogprobs();
   s.return_logprob = r.getReturnLogprob();
+  for (auto b : r.getLogitBias()) s.logit_bias.emplace_back(b.getId(), b.getBias());
   return s;
 }
 

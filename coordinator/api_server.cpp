@@ -325,6 +325,17 @@ struct ApiServer::Impl {
     return true;
   }
 
+  bool valid_logit_bias(const GenerationParams& p, const std::shared_ptr<HttpResponder>& r) {
+    for (const auto& [id, bias] : p.sampling.logit_bias)
+      if (id >= tok->vocab_size()) {
+        error(r, 400,
+              fmt::format("logit_bias: token id {} is outside the vocabulary (0..{})", id, tok->vocab_size() - 1),
+              "logit_bias");
+        return false;
+      }
+    return true;
+  }
+
   void submit(Job job, const std::shared_ptr<HttpResponder>& r) {
     auto id = engine->submit(std::move(job));
     if (!id.is_ok()) {
@@ -341,7 +352,7 @@ struct ApiServer::Impl {
     auto parsed = parse_completion_request(req.body);
     if (!parsed.is_ok()) return error(r, 400, parsed.status().message());
     CompletionRequest& c = *parsed;
-    if (!check_model(c.params.model, r)) return;
+    if (!check_model(c.params.model, r) || !valid_logit_bias(c.params, r)) return;
     const bool logprobs = c.logprobs >= 0;
     auto builder = std::make_shared<ResponseBuilder>(r, *tok, false, c.params.stream, c.params.include_usage, logprobs,
                                                      std::max(0, c.logprobs), o.model_name,
@@ -382,7 +393,7 @@ struct ApiServer::Impl {
     auto parsed = parse_chat_request(req.body);
     if (!parsed.is_ok()) return error(r, 400, parsed.status().message());
     ChatRequest& c = *parsed;
-    if (!check_model(c.params.model, r)) return;
+    if (!check_model(c.params.model, r) || !valid_logit_bias(c.params, r)) return;
     if (!chat) return error(r, 400, "this model has no chat template; use /v1/completions");
     std::vector<ChatMessage> messages;
     for (const ChatMessageInput& m : c.messages) messages.push_back({m.role, m.content});

@@ -1,9 +1,10 @@
 #include "coordinator/openai_protocol.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 namespace tessera {
 namespace {
@@ -70,6 +71,31 @@ Result<std::vector<int32_t>> token_list(const json& j, const char* field) {
   return ids;
 }
 
+// "logit_bias": {"<token id>": bias in [-100, 100], ...}, at most 1024 entries; sorted by id.
+// The ids' range against the vocabulary is the server's check (it knows the tokenizer).
+Status parse_logit_bias(const json& j, std::vector<std::pair<int32_t, float>>& out) {
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_object()) return field_error("logit_bias", "must be an object mapping token ids to biases");
+  if (it->size() > 1024) return field_error("logit_bias", fmt::format("has {} entries; at most 1024", it->size()));
+  for (const auto& [key, value] : it->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id > INT32_MAX) return field_error("logit_bias", fmt::format("key '{}' is not a token id", key));
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100.0 ||
+        value.get<double>() > 100.0)
+      return field_error("logit_bias",
+                         fmt::format("the bias of token {} must be a number in [-100, 100], got {}", id, value.dump()));
+    out.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first)
+      return field_error("logit_bias", fmt::format("token {} is given twice", out[i].first));
+  return Status::ok();
+}
+
 Status parse_common(const json& j, GenerationParams& p) {
   TESSERA_RETURN_IF_ERROR(get_string(j, "model", p.model));
   TESSERA_RETURN_IF_ERROR(get_int(j, "max_tokens", p.max_tokens, 0, int64_t{1} << 40));
@@ -112,6 +138,7 @@ Status parse_common(const json& j, GenerationParams& p) {
     TESSERA_RETURN_IF_ERROR(get_bool(*it, "include_usage", p.include_usage));
   }
   TESSERA_RETURN_IF_ERROR(get_int(j, "priority", p.priority, 0, 7));
+  TESSERA_RETURN_IF_ERROR(parse_logit_bias(j, s.logit_bias));
   return Status::ok();
 }
 

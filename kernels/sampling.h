@@ -71,11 +71,15 @@ struct SamplingParams {
   bool has_seed = false;           // false: seed from a random source at construction
   int32_t n_logprobs = 0;          // top-n logprobs to return (0: none)
   bool return_logprob = false;     // fill SampledToken::logprob even when n_logprobs == 0
+  // Added to the logits (after the penalties, before everything else: logprobs are of the biased
+  // distribution); ids ascending, unique; ids at or past the vocabulary are ignored.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // InvalidArgument naming the field and value for parameters sample() cannot honour:
 // temperature < 0 or not finite, top_p outside (0, 1], min_p outside [0, 1],
-// repetition_penalty <= 0 or not finite, non-finite presence/frequency, n_logprobs < 0.
+// repetition_penalty <= 0 or not finite, non-finite presence/frequency, n_logprobs < 0,
+// logit_bias with a negative id, ids not ascending and unique, or a bias outside [-100, 100].
 // The API layer calls this; Sampler's constructor TESSERA_CHECKs it.
 Status validate_sampling_params(const SamplingParams& params);
 

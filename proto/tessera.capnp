@@ -18,6 +18,12 @@ struct SamplingParams {
   hasSeed @8 :Bool;
   nLogprobs @9 :Int32;
   returnLogprob @10 :Bool;
+  logitBias @11 :List(TokenBias);  # OpenAI's logit_bias: ids ascending
+}
+
+struct TokenBias {
+  id @0 :Int32;
+  bias @1 :Float32;
 }
 
 struct ShardHello {

@@ -403,7 +403,7 @@ class ShardWorker {
   }
 
   // True when every sequence that samples this step wants the plain argmax: temperature 0, no
-  // logprobs, no penalties, no banned tokens, no prompt logprobs (what Sampler would do with
+  // logprobs, no penalties or logit bias, no banned tokens, no prompt logprobs (what Sampler would do with
   // the logits is then exactly the device's greedy choice).
   bool plain_greedy(const StepPlan& plan) const {
     for (const ScheduledSequence& q : plan.scheduled) {
@@ -413,7 +413,7 @@ class ShardWorker {
       if (it == sequences_.end()) return false;
       const SamplingParams& p = it->second.sampler->params();
       if (p.temperature != 0.0f || p.n_logprobs != 0 || p.return_logprob || p.repetition_penalty != 1.0f ||
-          p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+          p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.logit_bias.empty())
         return false;
     }
     return true;
@@ -421,7 +421,8 @@ class ShardWorker {
 
   // Fills sample_rows_ / penalties_ with every sampling row of the step (batch order) for
   // CudaForward::run_sampled; false when the device cannot take the step (prompt logprobs need
-  // the logits, more top logprobs than the device returns, too many penalty entries).
+  // the logits, more top logprobs than the device returns, a logit_bias (the host adds it), too
+  // many penalty entries).
   bool device_sampling_rows(const StepPlan& plan) {
     sample_rows_.clear();
     penalties_.clear();
@@ -432,7 +433,7 @@ class ShardWorker {
       if (it == sequences_.end()) return false;
       const Sampler& sampler = *it->second.sampler;
       const SamplingParams& p = sampler.params();
-      if (p.n_logprobs > TESSERA_CUDA_MAX_TOP_LOGPROBS) return false;
+      if (p.n_logprobs > TESSERA_CUDA_MAX_TOP_LOGPROBS || !p.logit_bias.empty()) return false;
       sample_rows_.push_back(device_sample_row(sampler, q.banned_tokens, penalties_));
     }
     return cuda_->can_sample(sample_rows_, penalties_).is_ok();

@@ -147,6 +147,12 @@ Status validate_sampling_params(const SamplingParams& p) {
   if (!std::isfinite(p.frequency_penalty))
     return bad("frequency_penalty", p.frequency_penalty, "a finite value");
   if (p.n_logprobs < 0) return bad("n_logprobs", p.n_logprobs, "a value >= 0");
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto& [id, bias] = p.logit_bias[i];
+    if (id < 0 || (i > 0 && id <= p.logit_bias[i - 1].first))
+      return bad("logit_bias id", id, "ids >= 0, ascending and unique");
+    if (!(bias >= -100.0f && bias <= 100.0f)) return bad("logit_bias", bias, "a value in [-100, 100]");
+  }
   return Status::ok();
 }
 
@@ -195,6 +201,8 @@ void Sampler::apply_penalties(float* logits, int64_t vocab) const {
       logits[id] -= penalty;
     }
   }
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id < vocab) logits[id] += bias;
 }
 
 SampledToken Sampler::sample(float* logits, int64_t vocab) {

@@ -16,6 +16,7 @@ StepPlan sample_plan() {
   s.seed = 1234567890123ull;
   s.has_seed = true;
   s.n_logprobs = 3;
+  s.logit_bias = {{2, -100.0f}, {31999, 2.5f}};
   p.new_sequences.push_back({7, {1, 2, 3, 500}, s});
   p.scheduled.push_back({7, 0, 4, true, {0, 1}, false});
   p.scheduled.push_back({9, 17, 1, true, {}, true});
@@ -36,6 +37,8 @@ TEST(ControlCodecTest, StepPlanRoundTrips) {
   EXPECT_FLOAT_EQ(p.new_sequences[0].sampling.temperature, 0.7f);
   EXPECT_EQ(p.new_sequences[0].sampling.seed, 1234567890123ull);
   EXPECT_TRUE(p.new_sequences[0].sampling.has_seed);
+  EXPECT_EQ(p.new_sequences[0].sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{2, -100.0f}, {31999, 2.5f}}));
   ASSERT_EQ(p.scheduled.size(), 2u);
   EXPECT_EQ(p.scheduled[0].append_blocks, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(p.scheduled[1].start_pos, 17);

@@ -338,6 +338,10 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
         (json.dumps({"prompt": "x", "model": "no-such-model"}).encode(), 404, "model"),
         (json.dumps({"prompt": [1] * 600}).encode(), 400, "context"),
         (json.dumps({"prompt": [1, 99999]}).encode(), 400, "99999"),
+        (json.dumps({"prompt": "x", "logit_bias": {"99999": 5}}).encode(), 400, "99999"),
+        (json.dumps({"prompt": "x", "logit_bias": {"12": 150}}).encode(), 400, "logit_bias"),
+        (json.dumps({"prompt": "x", "logit_bias": {"twelve": 1}}).encode(), 400, "twelve"),
+        (json.dumps({"prompt": "x", "logit_bias": [1, 2]}).encode(), 400, "logit_bias"),
         (b"x" * (10 * 1024 * 1024), 413, None),
     ]
     for body, status, needle in cases:
@@ -429,6 +433,33 @@ def test_cuda_shard_logprobs_sampled_on_the_device(cuda_stories_server, stories_
     assert first.text == again.text  # seeded: the same draw every time
     assert first.logprobs.token_logprobs == again.logprobs.token_logprobs
     assert all(len(top) == 2 and lp <= 0 for lp, top in zip(first.logprobs.token_logprobs, first.logprobs.top_logprobs))
+
+
+def logit_bias_steers_the_choice(server):
+    """+100 forces a token at any temperature, -100 removes the greedy choice; the reference
+    prompt's greedy continuation is what the ids are checked against."""
+    c = server.client
+    case = reference()["cases"][-1]
+    ids, greedy = case["prompt_ids"], case["greedy_ids"]
+    detok = lambda toks: json.loads(server.post_raw("/detokenize", json.dumps({"tokens": toks}).encode())[1])["prompt"]
+    target = 100 if greedy[0] != 100 else 101
+    for temperature in (0, 1.0):
+        r = c.completions.create(model="test-model", prompt=ids, max_tokens=4, temperature=temperature, seed=3,
+                                 logit_bias={str(target): 100}, extra_body={"ignore_eos": True})
+        assert r.choices[0].text == detok([target] * 4), (temperature, r.choices[0].text)
+    banned = c.completions.create(model="test-model", prompt=ids, max_tokens=1, temperature=0,
+                                  logit_bias={str(greedy[0]): -100})
+    assert banned.choices[0].text != detok(greedy[:1])
+    plain = c.completions.create(model="test-model", prompt=ids, max_tokens=1, temperature=0)
+    assert plain.choices[0].text == detok(greedy[:1])  # the bias is per request
+
+
+def test_logit_bias(stories_server):
+    logit_bias_steers_the_choice(stories_server)
+
+
+def test_cuda_shard_logit_bias(cuda_stories_server):
+    logit_bias_steers_the_choice(cuda_stories_server)
 
 
 def test_cuda_shard_concurrent_streams_match_solo(cuda_stories_server):

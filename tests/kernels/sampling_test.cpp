@@ -315,6 +315,40 @@ TEST(SamplingPenalties, FlipTheGreedyChoice) {
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 0, 0, 1}));
 }
 
+TEST(SamplingLogitBias, AddedAfterThePenaltiesAndSeenByLogprobs) {
+  SamplingParams p = seeded(0);
+  p.temperature = 0.0f;
+  p.frequency_penalty = 1.0f;
+  p.n_logprobs = 2;
+  p.logit_bias = {{1, 0.5f}, {2, -100.0f}, {7, 100.0f}};  // 7 is past this vocabulary: ignored
+  Sampler sampler(p);
+  sampler.accept(1);
+  std::vector<float> logits = {1.0f, 1.2f, 3.0f};
+  const SampledToken t = sampler.sample(logits.data(), 3);
+  EXPECT_EQ(logits[0], 1.0f);
+  EXPECT_FLOAT_EQ(logits[1], 1.2f - 1.0f + 0.5f);
+  EXPECT_EQ(logits[2], 3.0f - 100.0f);
+  EXPECT_EQ(t.id, 0);
+  ASSERT_EQ(t.top_logprobs.size(), 2u);
+  EXPECT_EQ(t.top_logprobs[0].first, 0);
+  EXPECT_EQ(t.top_logprobs[1].first, 1);
+  // +100 makes a token all but certain at any temperature; -100 all but removes it.
+  SamplingParams hot = seeded(5);
+  hot.temperature = 1.5f;
+  hot.logit_bias = {{3, 100.0f}};
+  Sampler forced(hot);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> l = {2.0f, 1.0f, 0.5f, -1.0f};
+    EXPECT_EQ(forced.sample(l.data(), 4).id, 3);
+  }
+  hot.logit_bias = {{0, -100.0f}};
+  Sampler banned(hot);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> l = {5.0f, 1.0f, 0.5f, -1.0f};
+    EXPECT_NE(banned.sample(l.data(), 4).id, 0);
+  }
+}
+
 TEST(SamplingRng, SameSeedSameSequenceDifferentSeedsDiffer) {
   const std::vector<float> logits = random_logits(512, 11, 1.0f);
   auto run = [&](SamplingParams p) {
@@ -512,6 +546,13 @@ TEST(SamplingParamsValidation, RejectsBadValuesNamingTheField) {
   EXPECT_NE(message_for([](SamplingParams& p) { p.repetition_penalty = 0.0f; }).find("repetition_penalty"), std::string::npos);
   EXPECT_NE(message_for([](SamplingParams& p) { p.presence_penalty = INFINITY; }).find("presence_penalty"), std::string::npos);
   EXPECT_NE(message_for([](SamplingParams& p) { p.n_logprobs = -2; }).find("n_logprobs"), std::string::npos);
+  EXPECT_NE(message_for([](SamplingParams& p) { p.logit_bias = {{3, 101.0f}}; }).find("logit_bias"), std::string::npos);
+  EXPECT_NE(message_for([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }).find("logit_bias"), std::string::npos);
+  EXPECT_NE(message_for([](SamplingParams& p) {
+              p.logit_bias = {{4, 1.0f}, {3, 1.0f}};
+            }).find("ascending"),
+            std::string::npos);
+  EXPECT_NE(message_for([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }).find("logit_bias"), std::string::npos);
 }
 
 }  // namespace
