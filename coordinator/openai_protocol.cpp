@@ -139,6 +139,16 @@ Status parse_common(const json& j, GenerationParams& p) {
   }
   TESSERA_RETURN_IF_ERROR(get_int(j, "priority", p.priority, 0, 7));
   TESSERA_RETURN_IF_ERROR(parse_logit_bias(j, s.logit_bias));
+  if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
+    std::string type;
+    if (rf->is_object())
+      if (auto t = rf->find("type"); t != rf->end() && t->is_string()) type = t->get<std::string>();
+    if (type != "text")
+      return field_error("response_format",
+                         fmt::format("type '{}' is not supported: there is no constrained (JSON) decoding; only "
+                                     "{{\"type\": \"text\"}}",
+                                     type));
+  }
   return Status::ok();
 }
 
@@ -187,6 +197,13 @@ Result<CompletionRequest> parse_completion_request(std::string_view body) {
   }
   TESSERA_RETURN_IF_ERROR(get_bool(j, "echo", r.echo));
   if (r.params.max_tokens < 0) r.params.max_tokens = 16;  // the API's default
+  // Fields that would change the answer are refused, never ignored.
+  if (auto b = j.find("best_of"); b != j.end() && !b->is_null()) {
+    if (!b->is_number_integer() || b->get<int64_t>() != r.params.n)
+      return field_error("best_of", fmt::format("is supported only equal to n ({}); got {}", r.params.n, b->dump()));
+  }
+  if (auto s = j.find("suffix"); s != j.end() && !s->is_null() && !(s->is_string() && s->get<std::string>().empty()))
+    return field_error("suffix", "is not supported (no fill-in-the-middle)");
   return r;
 }
 
@@ -225,6 +242,14 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
   TESSERA_RETURN_IF_ERROR(get_bool(j, "logprobs", r.logprobs));
   TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", r.top_logprobs, 0, 20));
   if (r.top_logprobs > 0 && !r.logprobs) return field_error("top_logprobs", "needs 'logprobs': true");
+  // Fields that would change the answer are refused, never ignored.
+  if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
+    const auto choice = j.find("tool_choice");
+    if (choice == j.end() || !choice->is_string() || choice->get<std::string>() != "none")
+      return field_error("tools", "function calling is not supported (give no tools, or tool_choice \"none\")");
+  }
+  if (auto f = j.find("functions"); f != j.end() && !f->is_null() && !(f->is_array() && f->empty()))
+    return field_error("functions", "function calling is not supported");
   return r;
 }
 

@@ -342,6 +342,10 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
         (json.dumps({"prompt": "x", "logit_bias": {"12": 150}}).encode(), 400, "logit_bias"),
         (json.dumps({"prompt": "x", "logit_bias": {"twelve": 1}}).encode(), 400, "twelve"),
         (json.dumps({"prompt": "x", "logit_bias": [1, 2]}).encode(), 400, "logit_bias"),
+        (json.dumps({"prompt": "x", "best_of": 3}).encode(), 400, "best_of"),
+        (json.dumps({"prompt": "x", "suffix": "end"}).encode(), 400, "suffix"),
+        (json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), 400, "response_format"),
+        (json.dumps({"prompt": "x", "response_format": "json"}).encode(), 400, "response_format"),
         (b"x" * (10 * 1024 * 1024), 413, None),
     ]
     for body, status, needle in cases:
@@ -351,6 +355,13 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
         assert err["message"]
         if needle:
             assert needle in err["message"] or needle == err.get("param"), err
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    got, text = s.post_raw("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                                 "tools": tools}).encode())
+    assert got == 400 and "tools" in json.loads(text)["error"]["message"], text
+    ok = s.client.completions.create(model="test-model", prompt="x", max_tokens=2, best_of=1,
+                                     extra_body={"response_format": {"type": "text"}})
+    assert ok.choices[0].text is not None
     got, text = s.post_raw("/v1/chat/completions", json.dumps({"messages": "hi"}).encode())
     assert got == 400 and "messages" in json.loads(text)["error"]["message"]
     r = s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=3, temperature=0)
