@@ -10,22 +10,69 @@
 # Budget: under 8 minutes in all (each step has its own timeout).
 #
 # Usage: bench/gpu_check.sh            (BUILD_DIR=build-gpu-check by default)
+#        bench/gpu_check.sh --prebuilt DIR
+#   --prebuilt: run the programs bench/gpu_bundle.sh built elsewhere and gathered in DIR (the
+#   lent GPU machine has CUDA, PyTorch and CMake but not Tessera's Debian -dev dependencies, so
+#   it cannot build; carry DIR there). The gpu tests then run as one gtest program.
+#   GPU_CHECK_CUDA_LIBRARY overrides the backend library the programs load (a dry run of this
+#   script on a machine without a GPU: the CPU stand-in, with GPU_CHECK_GTEST_FILTER set to the
+#   tests it serves and GPU_CHECK_BENCH=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 BUILD_DIR=${BUILD_DIR:-build-gpu-check}
+PREBUILT=""
+if [ "${1:-}" = "--prebuilt" ]; then
+  PREBUILT=${2:-}
+  [ -n "$PREBUILT" ] || { echo "gpu_check: --prebuilt needs the folder bench/gpu_bundle.sh wrote" >&2; exit 1; }
+fi
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 step() { echo; echo "== $* ($(( $(date +%s) - START )) s)"; }
 die() { echo "gpu_check: $*" >&2; exit 1; }
 
-command -v nvcc >/dev/null || die "nvcc not found (install the CUDA toolkit or put it on PATH)"
+# Directories holding CUDA's runtime, cuBLAS(Lt) and NCCL: the toolkit's, then any NVIDIA wheels
+# of the Python that has PyTorch (the lent machine's NCCL comes only as a wheel).
+cuda_lib_dirs() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && echo "$d"
+  done
+  "${PYTHON:-python3}" - <<'PYEOF' 2>/dev/null
+import glob, os, site
+for sp in site.getsitepackages():
+    for d in sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib"))):
+        print(d)
+PYEOF
+}
+
+[ -n "$PREBUILT" ] || command -v nvcc >/dev/null || die "nvcc not found (install the CUDA toolkit or put it on PATH)"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: is the NVIDIA driver installed?"
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
 [[ "$CAP" =~ ^[0-9]+$ ]] || die "could not read the compute capability from nvidia-smi (got '$CAP')"
-echo "GPU: $GPU_NAME, compute capability $CAP; build dir $BUILD_DIR"
 
+if [ -n "$PREBUILT" ]; then
+  [ -f "$PREBUILT/MANIFEST" ] || die "$PREBUILT/MANIFEST not found: make the folder with bench/gpu_bundle.sh"
+  echo "GPU: $GPU_NAME, compute capability $CAP; prebuilt programs from $PREBUILT:"
+  sed 's/^/  /' "$PREBUILT/MANIFEST"
+  BIN=$(cd "$PREBUILT/bin" && pwd)
+  LIBDIR=$(cd "$PREBUILT/lib" && pwd)
+  export TESSERA_CUDA_LIBRARY=${GPU_CHECK_CUDA_LIBRARY:-$LIBDIR/libtessera_cuda.so}
+  export TESSERA_TESTDATA=$(cd "$PREBUILT/testdata" && pwd)
+  export LD_LIBRARY_PATH="$LIBDIR:$(cuda_lib_dirs | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  MISSING=$(for f in "$BIN"/* "$LIBDIR/libtessera_cuda.so" "$TESSERA_CUDA_LIBRARY"; do ldd "$f" | grep 'not found'; done | sort -u)
+  [ -z "$MISSING" ] || die "libraries not found (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):
+$MISSING"
+  ARCHS=$(sed -n 's/^cuda_archs: //p' "$PREBUILT/MANIFEST")
+  [[ ";$ARCHS;" == *";$CAP;"* ]] || echo "note: built for sm_$ARCHS, this GPU is sm_$CAP (the PTX is compiled at load)"
+  BUILD_DIR="$PREBUILT"
+else
+  echo "GPU: $GPU_NAME, compute capability $CAP; build dir $BUILD_DIR"
+  BIN="$BUILD_DIR/bin"
+fi
+
+if [ -z "$PREBUILT" ]; then
 step "configure for sm_$CAP only"
 mkdir -p "$BUILD_DIR"
 LOG_CFG="$BUILD_DIR/gpu_check.configure.log"; LOG_BUILD="$BUILD_DIR/gpu_check.build.log"
@@ -38,31 +85,52 @@ step "build tessera_cuda, tessera_gpu_tests, tessera-gpu-ops-bench, tessera-gpu-
 timeout 300 cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera_cuda tessera_gpu_tests tessera-gpu-ops-bench \
   tessera-gpu-forward-bench \
   >"$LOG_BUILD" 2>&1 || { tail -40 "$LOG_BUILD"; die "build failed (log: $LOG_BUILD)"; }
+fi
 
-step "ctest -L gpu"
-TESTS_OK=yes
-(cd "$BUILD_DIR" && timeout 150 ctest -L gpu -j 4 --output-on-failure) 2>&1 | tee "$BUILD_DIR/gpu_check.ctest.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || TESTS_OK=no
 # A skipped GPU test on a GPU machine means the device was not usable: not a pass (except the
 # two-rank NCCL test, which needs a second GPU, and the test for machines without a device).
-SKIPPED=$(grep '(Skipped)' "$BUILD_DIR/gpu_check.ctest.log" | grep -vcE 'TwoRanksOnTwoDevices|CreateWithoutDevice' || true)
-[ "$SKIPPED" -eq 0 ] || TESTS_OK="no ($SKIPPED skipped; see $BUILD_DIR/gpu_check.ctest.log)"
+TESTS_OK=yes
+TEST_LOG="$BUILD_DIR/gpu_check.tests.log"
+if [ -z "$PREBUILT" ]; then
+  step "ctest -L gpu"
+  (cd "$BUILD_DIR" && timeout 150 ctest -L gpu -j 4 --output-on-failure) 2>&1 | tee "$TEST_LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || TESTS_OK=no
+  SKIPPED=$(grep '(Skipped)' "$TEST_LOG" | grep -vcE 'TwoRanksOnTwoDevices|CreateWithoutDevice' || true)
+else
+  step "tessera_gpu_tests (the gpu-label tests, one program)"
+  timeout 150 "$BIN/tessera_gpu_tests" --gtest_filter="${GPU_CHECK_GTEST_FILTER:-*}" 2>&1 | tee "$TEST_LOG" |
+    grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' | grep -v '^\[       OK \]'
+  [ "${PIPESTATUS[0]}" -eq 0 ] || TESTS_OK=no
+  SKIPPED=$(grep -E '^\[  SKIPPED \] [A-Za-z_/]+\.' "$TEST_LOG" | awk '{print $4}' | sort -u |
+            grep -vcE 'TwoRanksOnTwoDevices|CreateWithoutDevice' || true)
+  echo "tests: $(grep -cE '^\[       OK \]' "$TEST_LOG") passed, $(grep -cE '^\[  FAILED  \] [A-Za-z_/]+\.[^ ]+ \(' "$TEST_LOG") failed," \
+    "$SKIPPED skipped (not counting the two-GPU / no-device tests); log: $TEST_LOG"
+fi
+[ "$SKIPPED" -eq 0 ] || TESTS_OK="no ($SKIPPED skipped; see $TEST_LOG)"
 
 step "tessera-gpu-ops-bench"
 mkdir -p bench/results
 SAFE_NAME=$(echo "$GPU_NAME" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
 RESULT=bench/results/gpu-check-${SAFE_NAME}-$(date -u +%Y%m%d-%H%M%S).md
-BENCH_OUT=$(timeout 120 "$BUILD_DIR/bin/tessera-gpu-ops-bench" 2>&1)
-BENCH_RC=$?
+if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then
+  BENCH_OUT="(benchmarks skipped: GPU_CHECK_BENCH=0)"; BENCH_RC=0
+else
+  BENCH_OUT=$(timeout 120 "$BIN/tessera-gpu-ops-bench" 2>&1)
+  BENCH_RC=$?
+fi
 
 # The forward pass gets what is left of the 8 minutes but 100 s for PyTorch (at most 200 s,
 # at least 60 s); the bench starts a further weight type only while its budget lasts.
 step "tessera-gpu-forward-bench"
 LEFT=$(( 370 - ($(date +%s) - START) ))
 FWD_TIMEOUT=$(( LEFT > 200 ? 200 : (LEFT < 60 ? 60 : LEFT) ))
-FWD_OUT=$(timeout "$FWD_TIMEOUT" "$BUILD_DIR/bin/tessera-gpu-forward-bench" --types f16,int4,int8 \
-  --batches 1,8,32,128 --steps 10 --context 128 --budget-s $(( FWD_TIMEOUT - 80 )) 2>&1)
-FWD_RC=$?
+if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then
+  FWD_OUT="(skipped)"; FWD_RC=0
+else
+  FWD_OUT=$(timeout "$FWD_TIMEOUT" "$BIN/tessera-gpu-forward-bench" --types f16,int4,int8 \
+    --batches 1,8,32,128 --steps 10 --context 128 --budget-s $(( FWD_TIMEOUT - 80 )) 2>&1)
+  FWD_RC=$?
+fi
 [ "$FWD_RC" -eq 124 ] && FWD_OUT="$FWD_OUT
 (timed out after $FWD_TIMEOUT s)"
 
@@ -70,10 +138,14 @@ step "PyTorch eager (bench/torch_eager_bench.py)"
 LEFT=$(( 470 - ($(date +%s) - START) ))
 TORCH_TIMEOUT=$(( LEFT > 100 ? 100 : (LEFT < 30 ? 30 : LEFT) ))
 PY=${PYTHON:-python3}
-TORCH_OUT=$(timeout "$TORCH_TIMEOUT" "$PY" bench/torch_eager_bench.py --batches 1,8,32,128 --steps 10 --context 128 \
-  --budget-s $(( TORCH_TIMEOUT - 45 )) 2>&1 | tail -12)
-[ "${PIPESTATUS[0]}" -eq 124 ] && TORCH_OUT="$TORCH_OUT
+if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then
+  TORCH_OUT="(skipped)"
+else
+  TORCH_OUT=$(timeout "$TORCH_TIMEOUT" "$PY" bench/torch_eager_bench.py --batches 1,8,32,128 --steps 10 --context 128 \
+    --budget-s $(( TORCH_TIMEOUT - 45 )) 2>&1 | tail -12)
+  [ "${PIPESTATUS[0]}" -eq 124 ] && TORCH_OUT="$TORCH_OUT
 (timed out after $TORCH_TIMEOUT s)"
+fi
 
 # The summary: per batch, Tessera F16 / INT4 decode step (graphs) against PyTorch eager, the
 # INT4 step against its bandwidth floor, and the host share of a graphed INT4 step.
@@ -97,8 +169,12 @@ SUMMARY=$(printf '%s\n@@TORCH@@\n%s\n' "$FWD_OUT" "$TORCH_OUT" | awk -F'|' '
   echo "# GPU check: $GPU_NAME"
   echo
   echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); host: $(hostname)"
-  echo "- command: bench/gpu_check.sh (BUILD_DIR=$BUILD_DIR, CMAKE_CUDA_ARCHITECTURES=$CAP)"
-  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nvcc --version | tail -1)"
+  if [ -n "$PREBUILT" ]; then
+    echo "- command: bench/gpu_check.sh --prebuilt $PREBUILT ($(sed -n 's/^commit: //p' "$PREBUILT/MANIFEST"), sm_$(sed -n 's/^cuda_archs: //p' "$PREBUILT/MANIFEST"))"
+  else
+    echo "- command: bench/gpu_check.sh (BUILD_DIR=$BUILD_DIR, CMAKE_CUDA_ARCHITECTURES=$CAP)"
+  fi
+  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nvcc --version 2>/dev/null | tail -1)"
   echo "- gpu tests passed: $TESTS_OK"
   echo
   echo "$BENCH_OUT"
@@ -115,6 +191,9 @@ SUMMARY=$(printf '%s\n@@TORCH@@\n%s\n' "$FWD_OUT" "$TORCH_OUT" | awk -F'|' '
   echo
   echo "$SUMMARY"
 } >"$RESULT"
+
+# On the device tool's machine, $OUT is the folder that comes back.
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$RESULT" "$TEST_LOG" "$OUT/" 2>/dev/null; fi
 
 step "results ($RESULT)"
 echo "$BENCH_OUT"
