@@ -207,7 +207,7 @@ Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context
       std::fill(kv.v, kv.v + n, 0.01f);
     }
     rank.pool = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = out.threads_per_rank});
-    relayout_for_cpu_kernels(rank.weights);
+    relayout_for_cpu_kernels(rank.weights, rank.pool.get());
     rank.forward = std::make_unique<ForwardPass>(c, rank.layout, rank.weights.weights, rank.pool.get(),
                                                  rank.cache.get(), comms[static_cast<size_t>(r)].get());
     if (r == 0) {

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "comm/device_comm.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "common/mapped_file.h"
+#include "common/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
@@ -240,7 +242,7 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
   return gather_logits(n_out, logits);
 }
 
-int64_t relayout_for_cpu_kernels(ShardWeights& sw) {
+int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {
   if (cpu::active_isa() != cpu::Isa::kAvx512 || env_int("TESSERA_CPU_REPACK", 1) == 0) return 0;
   ModelWeights& w = sw.weights;
   // The buffers this ShardWeights owns (re-laid in place); anything else (a mapped file) is copied.
@@ -253,21 +255,37 @@ int64_t relayout_for_cpu_kernels(ShardWeights& sw) {
     return false;
   };
   int64_t count = 0;
-  std::vector<uint8_t> group;
+  const int threads = pool != nullptr ? pool->size() : 1;
+  std::vector<std::vector<uint8_t>> scratch(static_cast<size_t>(threads));  // one group per thread
+  // fn(first group, end group, thread) over the matrix's 16-row groups, on the pool if any.
+  auto for_groups = [&](int64_t n_groups, const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (pool != nullptr && n_groups > 1)
+      pool->parallel_for(n_groups, 1, fn);
+    else
+      fn(0, n_groups, 0);
+  };
   auto relayout = [&](TensorView& v, bool shared) {
     const std::optional<QuantType> r16 = cpu::r16_of(v.type, v.rows());
     if (!r16 || v.data == nullptr) return;
     const size_t group_bytes = static_cast<size_t>(cpu::kQRowGroup) * v.row_stride_bytes();
+    const int64_t n_groups = v.rows() / cpu::kQRowGroup;
     if (!shared && owned(v)) {
       auto* data = static_cast<uint8_t*>(const_cast<void*>(v.data));
-      for (int64_t g = 0; g < v.rows() / cpu::kQRowGroup; ++g) {
-        uint8_t* at = data + static_cast<size_t>(g) * group_bytes;
-        group.assign(at, at + group_bytes);
-        cpu::repack_r16(v.type, group.data(), cpu::kQRowGroup, v.cols(), at);
-      }
+      for_groups(n_groups, [&](int64_t g0, int64_t g1, int t) {
+        std::vector<uint8_t>& group = scratch[static_cast<size_t>(t)];
+        for (int64_t g = g0; g < g1; ++g) {
+          uint8_t* at = data + static_cast<size_t>(g) * group_bytes;
+          group.assign(at, at + group_bytes);
+          cpu::repack_r16(v.type, group.data(), cpu::kQRowGroup, v.cols(), at);
+        }
+      });
     } else {
       std::vector<uint8_t>& bytes = sw.owned.emplace_back(v.nbytes());
-      cpu::repack_r16(v.type, static_cast<const uint8_t*>(v.data), v.rows(), v.cols(), bytes.data());
+      const auto* src = static_cast<const uint8_t*>(v.data);
+      for_groups(n_groups, [&](int64_t g0, int64_t g1, int) {
+        const size_t at = static_cast<size_t>(g0) * group_bytes;
+        cpu::repack_r16(v.type, src + at, (g1 - g0) * cpu::kQRowGroup, v.cols(), bytes.data() + at);
+      });
       // Mapped from the file and used by nothing else: its pages are not read again.
       if (!shared) release_mapped_range(v.data, v.nbytes());
       v.data = bytes.data();

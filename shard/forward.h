@@ -39,10 +39,11 @@ struct SequenceInput {
 // where those kernels are active; a no-op elsewhere and with TESSERA_CPU_REPACK=0. Buffers the
 // ShardWeights owns are re-laid in place (sw.full's views of them are stale after); a matrix
 // mapped from the file is copied into sw.owned and its file pages are dropped from memory. A
-// tied LM head gets its own copy (the embedding lookup reads the original rows). For the CPU
-// backend only: call before building the ForwardPass over sw.weights. Returns how many
-// matrices were re-laid.
-int64_t relayout_for_cpu_kernels(ShardWeights& sw);
+// tied embedding is re-laid once and shared with the head (ForwardPass::embed unpacks its rows)
+// where the head's rows start and end on 16-row groups; otherwise the head gets its own copy.
+// The groups are spread over `pool` when given. For the CPU backend only: call before building
+// the ForwardPass over sw.weights. Returns how many matrices were re-laid.
+int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool = nullptr);
 
 class ForwardPass {
  public:

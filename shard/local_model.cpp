@@ -30,7 +30,7 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   m->cache_ = std::make_unique<KvCache>(std::move(cache));
   m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.threads});
-  relayout_for_cpu_kernels(m->weights_);
+  relayout_for_cpu_kernels(m->weights_, m->pool_.get());
   m->forward_ = std::make_unique<ForwardPass>(m->store_->config(), m->layout_, m->weights_.weights, m->pool_.get(),
                                               m->cache_.get(), m->comm_.get());
   m->allocator_ = std::make_unique<SimpleBlockAllocator>(shape.num_blocks);

@@ -282,7 +282,7 @@ class ShardWorker {
     KvCacheShape shape{c.n_layers, layout_.n_kv_heads, c.head_dim, cfg.block_size, cfg.num_blocks};
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     cache_ = std::make_unique<KvCache>(std::move(cache));
-    const int64_t relaid = relayout_for_cpu_kernels(weights_);
+    const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_.get());
     if (relaid > 0) TESSERA_LOG_DEBUG("{} matrices re-laid in 16-row groups for the AVX-512 kernels", relaid);
     forward_ = std::make_unique<ForwardPass>(c, layout_, weights_.weights, pool_.get(), cache_.get(), &comm_);
     num_blocks_ = cfg.num_blocks;
