@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -326,8 +327,27 @@ TEST(LoadTimeQuant, LogitsStayCloseToTheFloatModel) {
   }
 }
 
-// Row-parallel O / down slices keep whole groups (and I8_CH's row scales); a split inside a
-// group is an error naming the tensor.
+// Greedy generation of `max_tokens` after `prompt` with the 16-row layouts
+// (TESSERA_CPU_REPACK=1, out[1]) and with the file's (out[0]); `inspect` sees each loaded model.
+void generate_with_both_layouts(const LocalModelOptions& options, const std::vector<int32_t>& prompt,
+                                std::optional<GenerateOutput> (&out)[2],
+                                const std::function<void(const LocalModel&, bool repacked)>& inspect = {}) {
+  GenerateOptions go;
+  go.max_tokens = 10;
+  go.ignore_eos = true;
+  go.sampling.temperature = 0.0f;
+  for (const int repack : {1, 0}) {
+    ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
+    auto m = LocalModel::load(options);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    if (inspect) inspect(**m, repack == 1);
+    auto g = generate(**m, prompt, go);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    out[repack] = std::move(*g);
+  }
+  unsetenv("TESSERA_CPU_REPACK");
+}
+
 // GGUF block matrices re-laid at load for the AVX-512 kernels (16-row groups; the default
 // there) give exactly the logits and tokens of the file's layout (TESSERA_CPU_REPACK=0), for a
 // prompt (prefill tiles) and decode: Q8_0, Q4_0 and a Q4_K_M mix (Q4_K, Q6_K).
@@ -340,22 +360,10 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
     spec.gguf_mixed_q4_k_m = type == QuantType::kQ4_K;
     const std::string path = dir.sub(std::string(quant_name(type)) + ".gguf");
     ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok());
-    GenerateOptions go;
-    go.max_tokens = 10;
-    go.ignore_eos = true;
-    go.sampling.temperature = 0.0f;
     std::vector<int32_t> prompt;
     for (int32_t i = 0; i < 37; ++i) prompt.push_back(1 + (i * 29) % 500);
     std::optional<GenerateOutput> out[2];
-    for (const int repack : {1, 0}) {
-      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
-      auto m = LocalModel::load({.path = path, .threads = 2});
-      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-      auto g = generate(**m, prompt, go);
-      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-      out[repack] = std::move(*g);
-    }
-    unsetenv("TESSERA_CPU_REPACK");
+    ASSERT_NO_FATAL_FAILURE(generate_with_both_layouts({.path = path, .threads = 2}, prompt, out));
     EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
     EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
   }
@@ -363,25 +371,15 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
   // owns, the LM head quantized too.
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("hf")).is_ok());
   for (const WeightQuant q : {WeightQuant::kInt8, WeightQuant::kInt4}) {
-    GenerateOptions go;
-    go.max_tokens = 10;
-    go.ignore_eos = true;
-    go.sampling.temperature = 0.0f;
     const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 11, 400, 3, 2, 8, 13, 21, 34, 55, 89, 144, 233};
     std::optional<GenerateOutput> out[2];
-    for (const int repack : {1, 0}) {
-      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
-      auto m = LocalModel::load({.path = dir.sub("hf"), .threads = 2, .quant = q, .quantize_lm_head = true});
-      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-      if (repack) {
-        EXPECT_TRUE(cpu::is_r16((*m)->weights().layers[0].wq.type)) << quant_name((*m)->weights().layers[0].wq.type);
-        EXPECT_TRUE(cpu::is_r16((*m)->weights().lm_head.type)) << quant_name((*m)->weights().lm_head.type);
-      }
-      auto g = generate(**m, prompt, go);
-      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-      out[repack] = std::move(*g);
-    }
-    unsetenv("TESSERA_CPU_REPACK");
+    ASSERT_NO_FATAL_FAILURE(generate_with_both_layouts(
+        {.path = dir.sub("hf"), .threads = 2, .quant = q, .quantize_lm_head = true}, prompt, out,
+        [](const LocalModel& m, bool repacked) {
+          if (!repacked) return;
+          EXPECT_TRUE(cpu::is_r16(m.weights().layers[0].wq.type)) << quant_name(m.weights().layers[0].wq.type);
+          EXPECT_TRUE(cpu::is_r16(m.weights().lm_head.type)) << quant_name(m.weights().lm_head.type);
+        }));
     EXPECT_EQ(out[1]->ids, out[0]->ids) << weight_quant_name(q);
     EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << weight_quant_name(q);
   }
@@ -399,26 +397,16 @@ TEST(CpuRepack, TiedEmbeddingIsReLaidOnceAndStillLooksUpRows) {
     spec.tie_embeddings = true;
     const std::string path = dir.sub(std::string(quant_name(type)) + "-tied.gguf");
     ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok());
-    GenerateOptions go;
-    go.max_tokens = 12;
-    go.ignore_eos = true;
-    go.sampling.temperature = 0.0f;
     std::vector<int32_t> prompt;
     for (int32_t i = 0; i < 21; ++i) prompt.push_back(1 + (i * 37) % 500);
     std::optional<GenerateOutput> out[2];
-    for (const int repack : {1, 0}) {
-      ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
-      auto m = LocalModel::load({.path = path, .threads = 2});
-      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-      const ModelWeights& w = (*m)->weights();
-      ASSERT_EQ(w.lm_head.data, w.embed.data);
-      EXPECT_EQ(cpu::is_r16(w.embed.type), repack == 1) << quant_name(w.embed.type);
-      EXPECT_EQ(w.lm_head.type, w.embed.type);
-      auto g = generate(**m, prompt, go);
-      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-      out[repack] = std::move(*g);
-    }
-    unsetenv("TESSERA_CPU_REPACK");
+    ASSERT_NO_FATAL_FAILURE(
+        generate_with_both_layouts({.path = path, .threads = 2}, prompt, out, [](const LocalModel& m, bool repacked) {
+          const ModelWeights& w = m.weights();
+          EXPECT_EQ(w.lm_head.data, w.embed.data);
+          EXPECT_EQ(cpu::is_r16(w.embed.type), repacked) << quant_name(w.embed.type);
+          EXPECT_EQ(w.lm_head.type, w.embed.type);
+        }));
     EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
     EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
   }
@@ -435,6 +423,8 @@ TEST(CpuRepack, TiedEmbeddingIsReLaidOnceAndStillLooksUpRows) {
   }
 }
 
+// Row-parallel O / down slices keep whole groups (and I8_CH's row scales); a split inside a
+// group is an error naming the tensor.
 TEST(TpSlice, QuantizedRowParallelSlicesFollowGroups) {
   TempDir dir;
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("m")).is_ok());
