@@ -1,10 +1,10 @@
 #include "coordinator/openai_protocol.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 namespace tessera {
 namespace {
