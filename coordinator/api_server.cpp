@@ -419,10 +419,21 @@ struct ApiServer::Impl {
     submit(std::move(job), r);
   }
 
+  // The "model" of a /tokenize or /detokenize body: absent or null is "", anything but a string a 400.
+  bool body_model_ok(const json& j, const std::shared_ptr<HttpResponder>& r) {
+    auto m = j.find("model");
+    if (m == j.end() || m->is_null()) return check_model("", r);
+    if (!m->is_string()) {
+      error(r, 400, "'model' must be a string", "model");
+      return false;
+    }
+    return check_model(m->get<std::string>(), r);
+  }
+
   void tokenize(const HttpRequest& req, const std::shared_ptr<HttpResponder>& r) {
     json j = json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return error(r, 400, "the request body must be a JSON object");
-    if (!check_model(j.value("model", ""), r)) return;
+    if (!body_model_ok(j, r)) return;
     bool add_special = true;
     if (j.contains("add_special_tokens")) {
       if (!j["add_special_tokens"].is_boolean()) return error(r, 400, "'add_special_tokens' must be a boolean");
@@ -439,7 +450,12 @@ struct ApiServer::Impl {
       std::vector<ChatMessage> messages;
       for (const auto& m : chat_req->messages) messages.push_back({m.role, m.content});
       ChatTemplateOptions opts;
-      opts.add_generation_prompt = j.value("add_generation_prompt", true);
+      opts.add_generation_prompt = true;
+      if (auto g = j.find("add_generation_prompt"); g != j.end() && !g->is_null()) {
+        if (!g->is_boolean())
+          return error(r, 400, "'add_generation_prompt' must be a boolean", "add_generation_prompt");
+        opts.add_generation_prompt = g->get<bool>();
+      }
       opts.bos_token = tok->bos_token();
       opts.eos_token = tok->eos_token();
       auto text = chat->render(messages, opts);
@@ -454,7 +470,7 @@ struct ApiServer::Impl {
   void detokenize(const HttpRequest& req, const std::shared_ptr<HttpResponder>& r) {
     json j = json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return error(r, 400, "the request body must be a JSON object");
-    if (!check_model(j.value("model", ""), r)) return;
+    if (!body_model_ok(j, r)) return;
     if (!j.contains("tokens") || !j["tokens"].is_array()) return error(r, 400, "'tokens' (a list of ids) is required", "tokens");
     std::vector<int32_t> ids;
     for (const json& x : j["tokens"]) {

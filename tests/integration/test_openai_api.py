@@ -6,6 +6,7 @@ server is a real process tree (coordinator + shards; mpirun for TP 2) on loopbac
 import concurrent.futures
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -362,6 +363,12 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
     ok = s.client.completions.create(model="test-model", prompt="x", max_tokens=2, best_of=1,
                                      extra_body={"response_format": {"type": "text"}})
     assert ok.choices[0].text is not None
+    for path, body, needle in [("/tokenize", {"prompt": "x", "model": ["a"]}, "model"),
+                               ("/detokenize", {"tokens": [1], "model": 5}, "model"),
+                               ("/tokenize", {"messages": [{"role": "user", "content": "hi"}],
+                                              "add_generation_prompt": "yes"}, "add_generation_prompt")]:
+        got, text = s.post_raw(path, json.dumps(body).encode())
+        assert got == 400 and needle in json.loads(text)["error"]["message"], (path, got, text)
     got, text = s.post_raw("/v1/chat/completions", json.dumps({"messages": "hi"}).encode())
     assert got == 400 and "messages" in json.loads(text)["error"]["message"]
     r = s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=3, temperature=0)
@@ -479,6 +486,35 @@ def test_cuda_shard_concurrent_streams_match_solo(cuda_stories_server):
 
 def test_cuda_shard_prefix_cache(cuda_stories_server):
     prefix_cache_hits_and_outputs_unchanged(cuda_stories_server)
+
+
+def test_fuzzed_requests_get_an_answer_and_never_a_500(stories_server):
+    """Valid requests with 1-4 fields replaced by values of the wrong type or range, on every
+    POST endpoint (fixed seed): each gets a 200 or a 4xx with a JSON error, and the server keeps
+    serving."""
+    s = stories_server
+    rng = random.Random(20261130)
+    values = [None, True, False, 0, 1, -1, 2**31, 2**63, -2**63, 1.5, -0.0, 1e308, "", "x", [], [1], [[1, 2], [3]],
+              {}, {"a": 1}, [-1], [2**40], ["a", "b"], [None], {"1": 5}, {"1": "x"}]
+    fields = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
+              "logprobs", "top_logprobs", "echo", "stream_options", "logit_bias", "presence_penalty",
+              "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens", "priority", "model", "best_of",
+              "suffix", "response_format", "tools", "max_completion_tokens", "tool_choice", "tokens",
+              "add_special_tokens", "add_generation_prompt"]
+    for _ in range(300):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+        body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "Once"}
+        body["max_tokens"] = 4
+        for _ in range(rng.randint(1, 4)):
+            body[rng.choice(fields)] = rng.choice(values)
+        for key, cap in (("max_tokens", 8), ("n", 2), ("min_tokens", 8)):  # keep each request short
+            if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > cap:
+                body[key] = cap
+        got, text = s.post_raw(path, json.dumps(body).encode())
+        assert got in (200, 400, 404), (path, body, got, text)
+        reply = json.loads(text)
+        assert got == 200 or reply["error"]["message"], (path, body, text)
+    assert s.get("/health")[0] == 200
 
 
 def test_client_disconnect_mid_stream_frees_blocks(stories_server):
