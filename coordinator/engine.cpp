@@ -48,6 +48,8 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_counter("tessera_prompt_tokens_total", "Prompt tokens of admitted sequences");
   m.declare_counter("tessera_generation_tokens_total", "Generated tokens");
   m.declare_counter("tessera_preemptions_total", "Sequences preempted (recomputed later) because KV blocks ran out");
+  m.declare_counter("tessera_prefix_waits_total",
+                    "Admissions put off a step while another sequence computed the same prompt blocks");
   m.declare_counter("tessera_steps_total", "Steps run on the shards");
   m.declare_gauge("tessera_running", "Sequences holding KV blocks");
   m.declare_gauge("tessera_waiting", "Sequences waiting to be scheduled");
@@ -317,6 +319,7 @@ void Engine::update_gauges() {
   metrics_.set("tessera_batch_size", static_cast<double>(st.last_batch_size));
   metrics_.set("tessera_step_tokens", static_cast<double>(st.last_step_tokens));
   metrics_.set("tessera_preemptions_total", static_cast<double>(st.preemptions));
+  metrics_.set("tessera_prefix_waits_total", static_cast<double>(st.prefix_waits));
   metrics_.set("tessera_kv_usage", st.kv.usage);
   metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.used_blocks), "state=\"used\"");
   metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.free_blocks), "state=\"free\"");

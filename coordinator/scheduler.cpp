@@ -194,6 +194,35 @@ int64_t Scheduler::match_prefix(Sequence& s) {
   return static_cast<int64_t>(s.blocks.size());
 }
 
+// True when a running sequence is still computing full prompt blocks that `s` would find in the
+// prefix cache once they are done: the other choices of an n > 1 request, or requests with the
+// same system prompt admitted together. `s` then waits (a step per prefill piece of the other)
+// instead of computing the same blocks again; it is admitted with the cache hit after.
+bool Scheduler::prefix_in_flight(Sequence& s) {
+  if (!pool_.prefix_cache_enabled() || (!s.reuse_cached_prefix && s.generated() == 0)) return false;
+  const int64_t bs = pool_.block_size();
+  const int64_t full = static_cast<int64_t>(s.tokens.size()) / bs;
+  if (full == 0) return false;
+  const std::vector<BlockHash>& mine = block_hashes(s, full);
+  for (Sequence* r : running_) {
+    const int64_t r_full = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) / bs, full);
+    if (r == &s || r_full == 0 || r->num_computed >= r_full * bs) continue;
+    const std::vector<BlockHash>& theirs = block_hashes(*r, r_full);
+    int64_t shared = 0;
+    while (shared < r_full && theirs[static_cast<size_t>(shared)] == mine[static_cast<size_t>(shared)]) ++shared;
+    // The next block `r` computes must be one the cache lacks (a sequence recomputing a cached
+    // last token into a copy makes nothing new).
+    const int64_t next = r->num_computed / bs;
+    if (next >= shared) continue;
+    const auto i = static_cast<size_t>(next);
+    if (!pool_.find_cached(
+            mine[i], i == 0 ? kRootBlockHash : mine[i - 1],
+            std::span<const int32_t>(s.tokens).subspan(i * static_cast<size_t>(bs), static_cast<size_t>(bs))))
+      return true;
+  }
+  return false;
+}
+
 void Scheduler::register_computed_blocks(Sequence& s) {
   const int64_t bs = pool_.block_size();
   const int64_t full = std::min<int64_t>(s.num_computed / bs, static_cast<int64_t>(s.blocks.size()));
@@ -442,6 +471,10 @@ std::optional<StepPlan> Scheduler::schedule() {
       if (!s->sent && *hold) {
         for (const Sequence* w : waiting_) stats_.held += !w->sent;
         break;
+      }
+      if (prefix_in_flight(*s)) {  // not a lack of room: the ones behind it may still go
+        ++stats_.prefix_waits;
+        continue;
       }
       if (!admit(b, *s)) break;
     }

@@ -124,6 +124,7 @@ struct SchedulerStats {
   int64_t prefill_tokens = 0;    // prompt tokens computed for the first time (total)
   int64_t decode_tokens = 0;     // one-token decode pieces (total)
   int64_t recompute_tokens = 0;  // tokens computed again after a preemption (total)
+  int64_t prefix_waits = 0;      // admissions put off a step for a prefix another sequence is computing (total)
   BlockPoolStats kv;
 };
 
@@ -199,6 +200,7 @@ class Scheduler {
   bool admit(StepBuilder& b, Sequence& s);
   bool preempt_lower_classes(StepBuilder& b, const Sequence& s, int64_t needed, const std::vector<int32_t>& keep);
   int64_t match_prefix(Sequence& s);
+  bool prefix_in_flight(Sequence& s);
   const std::vector<BlockHash>& block_hashes(Sequence& s, int64_t n_blocks);
   void register_computed_blocks(Sequence& s);
   void release_blocks(Sequence& s);

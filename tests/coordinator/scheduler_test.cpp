@@ -682,6 +682,41 @@ TEST(SchedulerTest, PromptLogprobRequestsComputeTheWholePromptButStillFeedTheCac
   EXPECT_EQ(h.pool.num_used(), 0);
 }
 
+// Sequences that share full prompt blocks and arrive together (the choices of an n > 1 request,
+// a common system prompt): the first computes the blocks, the others wait a step for them in the
+// prefix cache instead of computing them too; a sequence with another prompt is not held up.
+TEST(SchedulerTest, SharedPrefixIsComputedOnceForSequencesArrivingTogether) {
+  Harness h(knobs(8, 512, 512), 64);
+  const std::vector<int32_t> prompt = prompt_of(7000, 40);  // two full blocks and a tail
+  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(h.add(id, prompt, 3).is_ok());
+  ASSERT_TRUE(h.add(4, 20, 3).is_ok());
+  EXPECT_EQ(h.step(), "+1 +4 1:0+40s 4:0+20s");
+  EXPECT_EQ(h.sched.stats().prefix_waits, 2);
+  const std::string second = h.step();
+  EXPECT_NE(second.find("2:32+8s"), std::string::npos) << second;
+  EXPECT_NE(second.find("3:32+8s"), std::string::npos) << second;
+  EXPECT_EQ(h.sched.info(2)->cached_prompt_tokens, 32);
+  h.run();
+  EXPECT_EQ(h.outputs[2], h.outputs[1]);
+  EXPECT_EQ(h.outputs[3], h.outputs[1]);
+  EXPECT_EQ(h.pool.num_used(), 0);
+  // A prompt of whole blocks: the waiting ones recompute its last token into copies of the cached
+  // last block, which makes nothing new for the others: they all go in the same step.
+  Harness whole(knobs(8, 512, 512), 64);
+  for (uint64_t id : {1, 2, 3, 4}) ASSERT_TRUE(whole.add(id, prompt_of(9000, 32), 3).is_ok());
+  EXPECT_EQ(whole.step(), "+1 1:0+32s");
+  const std::string copies = whole.step();
+  for (const char* piece : {"2:31+1s", "3:31+1s", "4:31+1s"})
+    EXPECT_NE(copies.find(piece), std::string::npos) << copies;
+  EXPECT_EQ(whole.sched.stats().prefix_waits, 3);
+  whole.run();
+  EXPECT_EQ(whole.pool.num_used(), 0);
+  // Without the prefix cache nothing waits.
+  Harness cold(knobs(8, 512, 512), 64, 16, /*cache=*/false);
+  for (uint64_t id : {1, 2}) ASSERT_TRUE(cold.add(id, prompt, 3).is_ok());
+  EXPECT_EQ(cold.step(), "+1 +2 1:0+40s 2:0+40s");
+}
+
 TEST(SchedulerTest, FullyCachedPromptRecomputesTheLastTokenIntoACopy) {
   Harness h(knobs(4, 256, 256), 16);
   ASSERT_TRUE(h.add(1, prompt_of(5000, 32), 2).is_ok());

@@ -517,6 +517,21 @@ def test_fuzzed_requests_get_an_answer_and_never_a_500(stories_server):
     assert s.get("/health")[0] == 200
 
 
+def test_choices_of_one_prompt_share_its_prefill(stories_server):
+    """n choices of a 200-token prompt: one computes the prompt's full blocks, the others wait a
+    step and take them from the prefix cache (tessera_prefix_waits_total); each choice still
+    samples on its own (seeded: the same as asking again)."""
+    s = stories_server
+    prompt = [(i * 37) % 500 + 5 for i in range(200)]
+    waits = s.metric("tessera_prefix_waits_total")
+    kwargs = dict(model="test-model", prompt=prompt, max_tokens=6, n=4, temperature=1.0, seed=11)
+    r = s.client.completions.create(**kwargs)
+    assert len(r.choices) == 4 and r.usage.prompt_tokens == 200
+    assert s.metric("tessera_prefix_waits_total") >= waits + 3
+    again = s.client.completions.create(**kwargs)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+
+
 def test_client_disconnect_mid_stream_frees_blocks(stories_server):
     # stories260K writes 400 tokens in ~50 ms, so the stream may well end before the close reaches
     # the server: either way the request ends (ok or aborted) and gives its blocks back.
