@@ -208,6 +208,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
   bool quant_lm_head = false;
   app.add_flag("--quant-lm-head", quant_lm_head, "with --quant: quantize the LM head too");
+  std::string kv_dtype = "fp32";
+  app.add_option("--kv-dtype", kv_dtype, "KV cache elements: fp32 or fp16")->check(CLI::IsMember({"fp32", "fp16"}));
   CLI11_PARSE(app, argc, argv);
   if (isa_s == "scalar") cpu::set_max_isa(cpu::Isa::kScalar);
   if (isa_s == "avx2") cpu::set_max_isa(cpu::Isa::kAvx2);
@@ -221,6 +223,7 @@ int run(int argc, char** argv) {
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
   out["quant"] = quant;
+  out["kv_dtype"] = kv_dtype;
   std::printf("model %s  isa %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()));
   for (int nt : threads) {
     LocalModelOptions opts;
@@ -228,6 +231,7 @@ int run(int argc, char** argv) {
     opts.threads = nt;
     opts.quant = parse_weight_quant(quant).value();  // validated by the IsMember check
     opts.quantize_lm_head = quant_lm_head;
+    opts.kv_f16 = kv_dtype == "fp16";
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).

@@ -1,8 +1,10 @@
 // Paged KV cache layout and attention over it (DESIGN §3).
 //
 // One layer's cache is two arrays, K and V, each [num_blocks][block_size][n_kv_heads][head_dim]
-// fp32. A sequence's token at position p lives in block block_table[p / block_size], slot
-// p % block_size. Block ids are the coordinator's global ids; each shard stores its own heads.
+// of fp32 (k, v) or fp16 (k16, v16: half the memory; written rounded to nearest even, widened
+// exactly when read, attention in fp32 either way). A sequence's token at position p lives in
+// block block_table[p / block_size], slot p % block_size. Block ids are the coordinator's global
+// ids; each shard stores its own heads.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +15,14 @@ namespace tessera {
 class ThreadPool;
 
 struct PagedKvLayer {
-  float* k = nullptr;
+  float* k = nullptr;  // fp32 cache (null for an fp16 one)
   float* v = nullptr;
   int64_t num_blocks = 0;
   int64_t block_size = 0;   // tokens per block
   int64_t n_kv_heads = 0;   // heads stored on this shard
   int64_t head_dim = 0;
+  uint16_t* k16 = nullptr;  // fp16 cache (null for an fp32 one)
+  uint16_t* v16 = nullptr;
 };
 
 // Writes k, v ([n_tokens, n_kv_heads, head_dim]) of tokens at positions start_pos .. start_pos +

@@ -43,6 +43,7 @@ struct GenerateArgs {
   std::vector<std::string> shard_args;
   std::string quant = "none";
   bool quant_lm_head = false;
+  std::string kv_dtype = "fp32";
 };
 
 // Streams text pieces to stdout as tokens arrive.
@@ -122,6 +123,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.threads = a.threads;
   spec.hosts = a.hosts;
   spec.extra_shard_args = a.shard_args;
+  if (a.kv_dtype != "fp32") spec.extra_shard_args.insert(spec.extra_shard_args.begin(), {"--kv-dtype", a.kv_dtype});
   spec.quant = a.quant;
   spec.quant_lm_head = a.quant_lm_head;
   spec.max_step_tokens = chunk;
@@ -214,6 +216,7 @@ int run_generate(const GenerateArgs& a) {
   mo.block_size = a.block_size;
   mo.quant = parse_weight_quant(a.quant).value();  // validated by the IsMember check
   mo.quantize_lm_head = a.quant_lm_head;
+  mo.kv_f16 = a.kv_dtype == "fp16";
   auto model = LocalModel::load(mo);
   if (!model.is_ok()) return fail(model.status().to_string());
 
@@ -256,6 +259,9 @@ Runner add_generate_command(CLI::App& app) {
                  "128) or int4-sym")
       ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
   app.add_flag("--quant-lm-head", a->quant_lm_head, "with --quant: quantize the LM head too");
+  app.add_option("--kv-dtype", a->kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU)")
+      ->check(CLI::IsMember({"fp32", "fp16"}))
+      ->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
   app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")

@@ -196,6 +196,7 @@ Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context
     shape.head_dim = c.head_dim;
     shape.block_size = in.block_size;
     shape.num_blocks = blocks_per_seq * a.batch;
+    shape.f16 = in.kv_dtype == KvDtype::kF16;
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     rank.cache = std::make_unique<KvCache>(std::move(cache));
     // Real pages with non-zero values: untouched anonymous pages would all read the one zero
@@ -203,8 +204,13 @@ Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context
     for (int64_t l = 0; l < c.n_layers; ++l) {
       PagedKvLayer kv = rank.cache->layer(l);
       const auto n = static_cast<size_t>(kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim);
-      std::fill(kv.k, kv.k + n, 0.01f);
-      std::fill(kv.v, kv.v + n, 0.01f);
+      if (shape.f16) {
+        std::fill(kv.k16, kv.k16 + n, f32_to_fp16(0.01f));
+        std::fill(kv.v16, kv.v16 + n, f32_to_fp16(0.01f));
+      } else {
+        std::fill(kv.k, kv.k + n, 0.01f);
+        std::fill(kv.v, kv.v + n, 0.01f);
+      }
     }
     rank.pool = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = out.threads_per_rank});
     relayout_for_cpu_kernels(rank.weights, rank.pool.get());
@@ -325,6 +331,9 @@ int run_plan(const PlanArgs& a) {
     if (!model->has_weights) return fail("--measure needs a model file with weights (an HF directory or a .gguf)");
     if (!a.precision.empty() && a.precision != "stored")
       return fail("--measure runs the weights as stored: leave --precision out");
+    if (a.kv_dtype != "auto" && a.kv_dtype != "fp32" && a.kv_dtype != "f32" && a.kv_dtype != "fp16" &&
+        a.kv_dtype != "f16")
+      return fail("--measure runs the KV cache the CPU backend stores: --kv-dtype fp32 or fp16, not " + a.kv_dtype);
   }
   auto in = build_input(a, *model);
   if (!in.is_ok()) return fail(in.status().to_string());
@@ -375,8 +384,8 @@ Runner add_plan_command(CLI::App& app) {
                      " (default: as stored in the model file)");
   app.add_option("--embed-precision", a->embed_precision, "embedding and LM head precision (default: as --precision)");
   app.add_option("--kv-dtype", a->kv_dtype,
-                 "KV cache dtype: fp32, fp16, bf16, fp8 (auto: fp32, what the CPU and CUDA caches store today; "
-                 "the others plan ahead)")
+                 "KV cache dtype: fp32, fp16, bf16, fp8 (auto: fp32; the CPU backend also stores fp16, "
+                 "`--kv-dtype fp16`; the others plan ahead)")
       ->capture_default_str();
   app.add_option("--tp", a->tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--card", a->card,

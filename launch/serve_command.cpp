@@ -19,6 +19,7 @@ namespace {
 struct QuantArgs {
   std::string quant = "none";
   bool lm_head = false;
+  std::string kv_dtype = "fp32";
 };
 
 std::shared_ptr<QuantArgs> add_quant_option(CLI::App& app) {
@@ -27,12 +28,16 @@ std::shared_ptr<QuantArgs> add_quant_option(CLI::App& app) {
                  "int4-sym")
       ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
   app.add_flag("--quant-lm-head", q->lm_head, "with --quant: the shards quantize the LM head too");
+  app.add_option("--kv-dtype", q->kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU shards)")
+      ->check(CLI::IsMember({"fp32", "fp16"}))
+      ->capture_default_str();
   return q;
 }
 
 void pass_quant(const QuantArgs& q, ServerOptions& o) {
   if (q.quant != "none") o.extra_shard_args.insert(o.extra_shard_args.end(), {"--quant", q.quant});
   if (q.lm_head) o.extra_shard_args.push_back("--quant-lm-head");
+  if (q.kv_dtype != "fp32") o.extra_shard_args.insert(o.extra_shard_args.end(), {"--kv-dtype", q.kv_dtype});
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 namespace tessera {
 
 size_t KvCache::bytes_per_block(const KvCacheShape& s) {
-  return 2 * static_cast<size_t>(s.n_layers * s.block_size * s.n_kv_heads * s.head_dim) * sizeof(float);
+  return 2 * static_cast<size_t>(s.n_layers * s.block_size * s.n_kv_heads * s.head_dim) *
+         (s.f16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 Result<KvCache> KvCache::create(const KvCacheShape& shape) {
@@ -27,7 +28,7 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
     return Status::resource_exhausted(fmt::format("KV cache of {} blocks ({} MiB) does not fit in memory",
                                                   shape.num_blocks, cache.bytes_ >> 20));
   }
-  cache.storage_ = static_cast<float*>(p);
+  cache.storage_ = p;
   return cache;
 }
 
@@ -53,8 +54,13 @@ PagedKvLayer KvCache::layer(int64_t l) {
   const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.block_size *
                                                shape_.n_kv_heads * shape_.head_dim);
   PagedKvLayer kv;
-  kv.k = storage_ + static_cast<size_t>(2 * l) * per_array;
-  kv.v = kv.k + per_array;
+  if (shape_.f16) {
+    kv.k16 = static_cast<uint16_t*>(storage_) + static_cast<size_t>(2 * l) * per_array;
+    kv.v16 = kv.k16 + per_array;
+  } else {
+    kv.k = static_cast<float*>(storage_) + static_cast<size_t>(2 * l) * per_array;
+    kv.v = kv.k + per_array;
+  }
   kv.num_blocks = shape_.num_blocks;
   kv.block_size = shape_.block_size;
   kv.n_kv_heads = shape_.n_kv_heads;

@@ -1,5 +1,6 @@
 // A shard's KV storage: for every layer, K and V arrays of
-// [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3). Block ids are assigned by the
+// [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3), or fp16 (half the memory;
+// KvCacheShape::f16, `--kv-dtype fp16`). Block ids are assigned by the
 // coordinator's BlockPool (or, in single-process tools, by a SimpleBlockAllocator); this class
 // only owns the memory, allocated once at start-up.
 #pragma once
@@ -18,11 +19,12 @@ struct KvCacheShape {
   int64_t head_dim = 0;
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
+  bool f16 = false;  // fp16 elements instead of fp32
 };
 
 class KvCache {
  public:
-  // Allocates 2 * n_layers * num_blocks * block_size * n_kv_heads * head_dim floats.
+  // Allocates 2 * n_layers * num_blocks * block_size * n_kv_heads * head_dim elements.
   // The memory is mapped anonymously: pages are zero and cost nothing until first written.
   static Result<KvCache> create(const KvCacheShape& shape);
   KvCache() = default;
@@ -36,7 +38,7 @@ class KvCache {
 
  private:
   KvCacheShape shape_;
-  float* storage_ = nullptr;
+  void* storage_ = nullptr;
   size_t bytes_ = 0;
 };
 

@@ -27,6 +27,7 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   shape.head_dim = c.head_dim;
   shape.block_size = options.block_size;
   shape.num_blocks = (kv_tokens + options.block_size - 1) / options.block_size;
+  shape.f16 = options.kv_f16;
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   m->cache_ = std::make_unique<KvCache>(std::move(cache));
   m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.threads});

@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4 (groups of 128) or int4-sym")
       ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
   app.add_flag("--quant-lm-head", o.quantize_lm_head, "with --quant: quantize the LM head too");
+  std::string kv_dtype = "fp32";
+  app.add_option("--kv-dtype", kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU backend)")
+      ->check(CLI::IsMember({"fp32", "fp16"}));
   app.add_option("--max-step-tokens", o.max_step_tokens,
                  "CUDA: tokens of the largest step the workspace holds (the coordinator's max_step_tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
   o.weight_quant = parse_weight_quant(quant).value();  // validated by the IsMember check
+  o.kv_f16 = kv_dtype == "fp16";
   o.bind = !no_bind;
   o.cuda_graphs = !no_graphs;
   o.device_sampling = !no_device_sampling;

@@ -161,6 +161,10 @@ class ShardWorker {
   // Uploads this rank's weights to its GPU (local rank modulo the devices of this host), with
   // an NCCL communicator over the MPI world at TP > 1. The KV pool waits for configure().
   Status load_cuda() {
+    if (o_.kv_f16)
+      return Status::unimplemented(
+          "--kv-dtype fp16: the CUDA backend's KV cache is fp32 only (fp16 runs on the CPU "
+          "backend)");
     TESSERA_ASSIGN_OR_RETURN(const CudaApi* api, load_cuda_api_with_device());
     const int devices = api->device_count();
     const int local_rank =
@@ -197,7 +201,8 @@ class ShardWorker {
     h.rank = comm_.rank();
     h.world_size = comm_.size();
     h.tp_size = layout_.tp_size;
-    h.kv_bytes_per_token = 2ull * static_cast<uint64_t>(c.n_layers * layout_.n_kv_heads * c.head_dim) * sizeof(float);
+    h.kv_bytes_per_token = 2ull * static_cast<uint64_t>(c.n_layers * layout_.n_kv_heads * c.head_dim) *
+                           (o_.kv_f16 ? sizeof(uint16_t) : sizeof(float));
     h.weight_bytes = weights_.bytes;
     if (cuda_) {
       h.device = cuda_->device_name();
@@ -279,7 +284,7 @@ class ShardWorker {
       return Status::ok();
     }
     const ModelConfig& c = store_->config();
-    KvCacheShape shape{c.n_layers, layout_.n_kv_heads, c.head_dim, cfg.block_size, cfg.num_blocks};
+    KvCacheShape shape{c.n_layers, layout_.n_kv_heads, c.head_dim, cfg.block_size, cfg.num_blocks, o_.kv_f16};
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     cache_ = std::make_unique<KvCache>(std::move(cache));
     const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_.get());
@@ -335,10 +340,16 @@ class ShardWorker {
     if (cuda_) return cuda_->copy_block(src, dst);
     const auto& shape = cache_->shape();
     const size_t per_block = static_cast<size_t>(shape.block_size * shape.n_kv_heads * shape.head_dim);
+    const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
     for (int64_t l = 0; l < shape.n_layers; ++l) {
       PagedKvLayer kv = cache_->layer(l);
-      std::copy_n(kv.k + per_block * static_cast<size_t>(src), per_block, kv.k + per_block * static_cast<size_t>(dst));
-      std::copy_n(kv.v + per_block * static_cast<size_t>(src), per_block, kv.v + per_block * static_cast<size_t>(dst));
+      if (shape.f16) {
+        std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
+        std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
+      } else {
+        std::copy_n(kv.k + from, per_block, kv.k + to);
+        std::copy_n(kv.v + from, per_block, kv.v + to);
+      }
     }
     return Status::ok();
   }

@@ -19,6 +19,8 @@
 //   m = max_j s_j;  e_j = exp_poly(s_j - m)  (a fixed polynomial, below, not libm)
 //   sum = 16-lane sum of e_j over j (lane j % 16, same reduction tree);  inv = 1 / sum
 //   out_i = fma(e_j * inv, v_j,i, out_i) for j in increasing order, out_i starting at +0.
+// The cache holds fp32 or fp16 rows (PagedKvLayer::k16 / v16): fp16 is widened exactly as it is
+// loaded, so an fp16 cache gives the results of an fp32 cache holding the same rounded values.
 #include "kernels/paged_attention.h"
 
 #include <algorithm>
@@ -27,10 +29,12 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "common/check.h"
+#include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/exp_poly.h"
 #include "kernels/cpu/vec.h"
@@ -38,8 +42,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TESSERA_ATT_X86 1
-#define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TESSERA_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 
 namespace tessera {
@@ -47,6 +49,42 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int kMaxGroup = 64;  // query heads per KV head handled in one item
+
+// Cache elements: float (fp32 cache) or uint16_t (fp16 cache), widened to fp32 when loaded.
+inline float widen(float x) { return x; }
+inline float widen(uint16_t h) { return fp16_to_f32(h); }
+
+template <typename T>
+const T* cache_keys(const PagedKvLayer& kv) {
+  if constexpr (std::is_same_v<T, float>)
+    return kv.k;
+  else
+    return kv.k16;
+}
+template <typename T>
+const T* cache_values(const PagedKvLayer& kv) {
+  if constexpr (std::is_same_v<T, float>)
+    return kv.v;
+  else
+    return kv.v16;
+}
+
+#ifdef TESSERA_ATT_X86
+#define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+TESSERA_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TESSERA_AVX512 inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+TESSERA_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TESSERA_AVX2 inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
 
 // exp(x) for x <= 0 (kernels/cpu/exp_poly.h); inputs below -87 are clamped (e^-87 ~ 1.6e-38,
 // which is negligible next to the largest term, 1).
@@ -64,16 +102,19 @@ inline float reduce16(const float* s) {
 // hardware prefetchers do not follow them: prefetch the row kPrefetchAhead keys ahead.
 constexpr int64_t kPrefetchAhead = 8;
 
-inline void prefetch_row(const float* row, int64_t hd) {
-  for (int64_t i = 0; i < hd; i += 16) __builtin_prefetch(row + i, 0, 3);
+template <typename T>
+inline void prefetch_row(const T* row, int64_t hd) {
+  const auto* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t i = 0; i < hd * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(bytes + i, 0, 3);
 }
 
 // ---- the three phases of one item, per ISA. Keys are visited block by block: `keys` lists
 // the first float of each visible key's head row, in order.
 
+template <typename T>
 struct Item {
-  const float* const* keys;    // [n] pointers to k rows of this KV head
-  const float* const* values;  // [n] pointers to v rows
+  const T* const* keys;    // [n] pointers to k rows of this KV head
+  const T* const* values;  // [n] pointers to v rows
   int64_t n;
   int64_t hd;
   int64_t group;
@@ -84,14 +125,15 @@ struct Item {
   bool prefetch;               // keys are cold (decode); in prefill they stay in cache
 };
 
-void scores_scalar(const Item& it) {
+template <typename T>
+void scores_scalar(const Item<T>& it) {
   for (int64_t j = 0; j < it.n; ++j) {
     for (int64_t g = 0; g < it.group; ++g) {
       float s[kLanes] = {};
       const float* q = it.q + g * it.hd;
       const int64_t pad = (it.hd + kLanes - 1) / kLanes * kLanes;
       for (int64_t i = 0; i < pad; ++i) {
-        const float a = i < it.hd ? q[i] : 0.0f, b = i < it.hd ? it.keys[j][i] : 0.0f;
+        const float a = i < it.hd ? q[i] : 0.0f, b = i < it.hd ? widen(it.keys[j][i]) : 0.0f;
         s[i % kLanes] = std::fma(a, b, s[i % kLanes]);
       }
       it.scores[g * it.n + j] = reduce16(s) * it.scale;
@@ -113,13 +155,14 @@ float softmax_scalar(float* s, int64_t n) {
   return 1.0f / reduce16(lanes);
 }
 
-void values_scalar(const Item& it, const float* inv) {
+template <typename T>
+void values_scalar(const Item<T>& it, const float* inv) {
   for (int64_t g = 0; g < it.group; ++g) std::memset(it.out + g * it.hd, 0, static_cast<size_t>(it.hd) * 4);
   for (int64_t j = 0; j < it.n; ++j)
     for (int64_t g = 0; g < it.group; ++g) {
       const float p = it.scores[g * it.n + j] * inv[g];
       float* o = it.out + g * it.hd;
-      for (int64_t i = 0; i < it.hd; ++i) o[i] = std::fma(p, it.values[j][i], o[i]);
+      for (int64_t i = 0; i < it.hd; ++i) o[i] = std::fma(p, widen(it.values[j][i]), o[i]);
     }
 }
 
@@ -161,8 +204,8 @@ TESSERA_AVX512 inline __m512 reduce16x16_avx512(const __m512* acc) {
 }
 
 // Scores of one query head against 16 keys at a time; kNc = head_dim / 16 (0: any head_dim).
-template <int kNc>
-TESSERA_AVX512 void scores_head_avx512(const Item& it, int64_t g) {
+template <int kNc, typename T>
+TESSERA_AVX512 void scores_head_avx512(const Item<T>& it, int64_t g) {
   const int64_t nc = kNc > 0 ? kNc : (it.hd + kLanes - 1) / kLanes;
   const int64_t full = it.hd / kLanes;
   const auto tail = static_cast<__mmask16>((1u << (it.hd % kLanes)) - 1u);
@@ -175,14 +218,13 @@ TESSERA_AVX512 void scores_head_avx512(const Item& it, int64_t g) {
     for (int64_t jj = 0; jj < kLanes; ++jj) {
       acc[jj] = _mm512_setzero_ps();
       if (jj >= nk) continue;
-      const float* k = it.keys[j0 + jj];
+      const T* k = it.keys[j0 + jj];
       if (it.prefetch && g == 0 && j0 + jj + kPrefetchAhead < it.n) prefetch_row(it.keys[j0 + jj + kPrefetchAhead], it.hd);
       for (int64_t c = 0; c < nc; ++c) {
         if (kNc > 0 || c < full) {
-          acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(k + 16 * c), acc[jj]);
+          acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load16(k + 16 * c), acc[jj]);
         } else {
-          acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * c), _mm512_maskz_loadu_ps(tail, k + 16 * c),
-                                    acc[jj]);
+          acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * c), load16z(tail, k + 16 * c), acc[jj]);
         }
       }
     }
@@ -191,7 +233,8 @@ TESSERA_AVX512 void scores_head_avx512(const Item& it, int64_t g) {
   }
 }
 
-TESSERA_AVX512 void scores_avx512(const Item& it) {
+template <typename T>
+TESSERA_AVX512 void scores_avx512(const Item<T>& it) {
   for (int64_t g = 0; g < it.group; ++g) {
     switch (it.hd) {
       case 64: scores_head_avx512<4>(it, g); break;
@@ -223,22 +266,23 @@ TESSERA_AVX512 float softmax_avx512(float* s, int64_t n) {
 }
 
 // One query head's output kept in registers over all its keys (kNc = head_dim / 16).
-template <int kNc>
-TESSERA_AVX512 void values_head_avx512(const Item& it, int64_t g, float inv) {
+template <int kNc, typename T>
+TESSERA_AVX512 void values_head_avx512(const Item<T>& it, int64_t g, float inv) {
   __m512 o[kNc];
   for (auto& v : o) v = _mm512_setzero_ps();
   const float* sc = it.scores + g * it.n;
   for (int64_t j = 0; j < it.n; ++j) {
-    const float* v = it.values[j];
+    const T* v = it.values[j];
     if (it.prefetch && g == 0 && j + kPrefetchAhead < it.n) prefetch_row(it.values[j + kPrefetchAhead], it.hd);
     const __m512 p = _mm512_set1_ps(sc[j] * inv);
-    for (int c = 0; c < kNc; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), o[c]);
+    for (int c = 0; c < kNc; ++c) o[c] = _mm512_fmadd_ps(p, load16(v + 16 * c), o[c]);
   }
   float* out = it.out + g * it.hd;
   for (int c = 0; c < kNc; ++c) _mm512_storeu_ps(out + 16 * c, o[c]);
 }
 
-TESSERA_AVX512 void values_avx512(const Item& it, const float* inv) {
+template <typename T>
+TESSERA_AVX512 void values_avx512(const Item<T>& it, const float* inv) {
   if (it.hd == 64 || it.hd == 128) {
     for (int64_t g = 0; g < it.group; ++g) {
       if (it.hd == 64) values_head_avx512<4>(it, g, inv[g]);
@@ -250,16 +294,16 @@ TESSERA_AVX512 void values_avx512(const Item& it, const float* inv) {
   const auto tail = static_cast<__mmask16>((1u << (it.hd - full)) - 1u);
   for (int64_t g = 0; g < it.group; ++g) std::memset(it.out + g * it.hd, 0, static_cast<size_t>(it.hd) * 4);
   for (int64_t j = 0; j < it.n; ++j) {
-    const float* v = it.values[j];
+    const T* v = it.values[j];
     if (it.prefetch && j + kPrefetchAhead < it.n) prefetch_row(it.values[j + kPrefetchAhead], it.hd);
     for (int64_t g = 0; g < it.group; ++g) {
       const __m512 p = _mm512_set1_ps(it.scores[g * it.n + j] * inv[g]);
       float* o = it.out + g * it.hd;
       for (int64_t i = 0; i < full; i += kLanes)
-        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(p, _mm512_loadu_ps(v + i), _mm512_loadu_ps(o + i)));
+        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(p, load16(v + i), _mm512_loadu_ps(o + i)));
       if (full < it.hd)
         _mm512_mask_storeu_ps(o + full, tail,
-                              _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(tail, v + full), _mm512_maskz_loadu_ps(tail, o + full)));
+                              _mm512_fmadd_ps(p, load16z(tail, v + full), _mm512_maskz_loadu_ps(tail, o + full)));
     }
   }
 }
@@ -276,21 +320,22 @@ TESSERA_AVX2 inline __m256 exp_poly_avx2(__m256 x) {
   return cpu::exp_poly_clamped_avx2(_mm256_max_ps(x, _mm256_set1_ps(cpu::kExpPolyLo)));
 }
 
-TESSERA_AVX2 void scores_avx2(const Item& it) {
+template <typename T>
+TESSERA_AVX2 void scores_avx2(const Item<T>& it) {
   const int64_t full = it.hd / kLanes * kLanes;
   alignas(32) float kt[kLanes], qt[kLanes];
   for (int64_t j = 0; j < it.n; ++j) {
-    const float* k = it.keys[j];
+    const T* k = it.keys[j];
     for (int64_t g = 0; g < it.group; ++g) {
       const float* q = it.q + g * it.hd;
       __m256 lo = _mm256_setzero_ps(), hi = lo;
       for (int64_t i = 0; i < full; i += kLanes) {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), hi);
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), hi);
       }
       if (full < it.hd) {
         for (int i = 0; i < kLanes; ++i) {
-          kt[i] = full + i < it.hd ? k[full + i] : 0.0f;
+          kt[i] = full + i < it.hd ? widen(k[full + i]) : 0.0f;
           qt[i] = full + i < it.hd ? q[full + i] : 0.0f;
         }
         lo = _mm256_fmadd_ps(_mm256_load_ps(qt), _mm256_load_ps(kt), lo);
@@ -330,18 +375,19 @@ TESSERA_AVX2 float softmax_avx2(float* s, int64_t n) {
   return 1.0f / reduce16_avx2(lo, hi);
 }
 
-TESSERA_AVX2 void values_avx2(const Item& it, const float* inv) {
+template <typename T>
+TESSERA_AVX2 void values_avx2(const Item<T>& it, const float* inv) {
   const int64_t full = it.hd / 8 * 8;
   for (int64_t g = 0; g < it.group; ++g) std::memset(it.out + g * it.hd, 0, static_cast<size_t>(it.hd) * 4);
   for (int64_t j = 0; j < it.n; ++j) {
-    const float* v = it.values[j];
+    const T* v = it.values[j];
     for (int64_t g = 0; g < it.group; ++g) {
       const float p = it.scores[g * it.n + j] * inv[g];
       const __m256 pv = _mm256_set1_ps(p);
       float* o = it.out + g * it.hd;
       for (int64_t i = 0; i < full; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
-      for (int64_t i = full; i < it.hd; ++i) o[i] = std::fma(p, v[i], o[i]);
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, load8(v + i), _mm256_loadu_ps(o + i)));
+      for (int64_t i = full; i < it.hd; ++i) o[i] = std::fma(p, widen(v[i]), o[i]);
     }
   }
 }
@@ -458,8 +504,8 @@ struct TileValues {
 
 // Rows r0 .. r0 + kRows - 1 over keys j0 .. j1 - 1, whose value rows start at v, `stride`
 // floats apart (one cache block). kCheck: skip keys outside a row's span.
-template <int kNc, int kRows, bool kCheck>
-TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t j0, int64_t j1, const float* v,
+template <int kNc, int kRows, bool kCheck, typename T>
+TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t j0, int64_t j1, const T* v,
                                        int64_t stride) {
   const auto tail = static_cast<__mmask16>(t.hd % 16 == 0 ? 0xffffu : (1u << (t.hd % 16)) - 1u);
   float* o = t.o + r0 * t.hdp;
@@ -472,8 +518,7 @@ TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t 
   for (int64_t j = j0; j < j1; ++j, v += stride) {
     __m512 vv[kNc];
 #pragma GCC unroll 16
-    for (int c = 0; c < kNc; ++c)
-      vv[c] = c + 1 < kNc ? _mm512_loadu_ps(v + 16 * c) : _mm512_maskz_loadu_ps(tail, v + 16 * c);
+    for (int c = 0; c < kNc; ++c) vv[c] = c + 1 < kNc ? load16(v + 16 * c) : load16z(tail, v + 16 * c);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       if (kCheck && (j < t.first[r0 + r] || j > t.last[r0 + r])) continue;
@@ -491,40 +536,44 @@ TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t 
 // Rows per pass over the values: accumulators and one value row fit the 32 registers.
 constexpr int values_rows_per_pass(int nc) { return std::min(8, (28 - nc) / nc); }
 
-using ValuesRowsFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const float*, int64_t);
+template <typename T>
+using ValuesRowsFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const T*, int64_t);
 
-template <int kNc, bool kCheck, int... kR>
-constexpr std::array<ValuesRowsFn, sizeof...(kR)> values_rows_table(std::integer_sequence<int, kR...>) {
-  return {&values_rows_avx512<kNc, kR + 1, kCheck>...};
+template <int kNc, bool kCheck, typename T, int... kR>
+constexpr std::array<ValuesRowsFn<T>, sizeof...(kR)> values_rows_table(std::integer_sequence<int, kR...>) {
+  return {&values_rows_avx512<kNc, kR + 1, kCheck, T>...};
 }
 
-template <int kNc, bool kCheck>
-TESSERA_AVX512 void values_run_avx512(const TileValues& t, int64_t rows, int64_t j0, int64_t j1, const float* v,
+template <int kNc, bool kCheck, typename T>
+TESSERA_AVX512 void values_run_avx512(const TileValues& t, int64_t rows, int64_t j0, int64_t j1, const T* v,
                                       int64_t stride) {
   constexpr int kRb = values_rows_per_pass(kNc);
-  static constexpr auto kTable = values_rows_table<kNc, kCheck>(std::make_integer_sequence<int, kRb>());
+  static constexpr auto kTable = values_rows_table<kNc, kCheck, T>(std::make_integer_sequence<int, kRb>());
   int64_t r = 0;
   for (; r + kRb <= rows; r += kRb) values_rows_avx512<kNc, kRb, kCheck>(t, r, j0, j1, v, stride);
   if (r < rows) kTable[static_cast<size_t>(rows - r - 1)](t, r, j0, j1, v, stride);
 }
 
 using ScoresTileFn = void (*)(const TileScores&);
-using ValuesRunFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const float*, int64_t);
+template <typename T>
+using ValuesRunFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, const T*, int64_t);
 
 template <int kNc>
 constexpr ScoresTileFn kScoresTile = &scores_tile_avx512<kNc>;
 constexpr ScoresTileFn kScoresTiles[8] = {kScoresTile<1>, kScoresTile<2>, kScoresTile<3>, kScoresTile<4>,
                                           kScoresTile<5>, kScoresTile<6>, kScoresTile<7>, kScoresTile<8>};
-constexpr ValuesRunFn kValuesRuns[2][8] = {
-    {&values_run_avx512<1, false>, &values_run_avx512<2, false>, &values_run_avx512<3, false>,
-     &values_run_avx512<4, false>, &values_run_avx512<5, false>, &values_run_avx512<6, false>,
-     &values_run_avx512<7, false>, &values_run_avx512<8, false>},
-    {&values_run_avx512<1, true>, &values_run_avx512<2, true>, &values_run_avx512<3, true>,
-     &values_run_avx512<4, true>, &values_run_avx512<5, true>, &values_run_avx512<6, true>,
-     &values_run_avx512<7, true>, &values_run_avx512<8, true>}};
+template <typename T>
+constexpr ValuesRunFn<T> kValuesRuns[2][8] = {
+    {&values_run_avx512<1, false, T>, &values_run_avx512<2, false, T>, &values_run_avx512<3, false, T>,
+     &values_run_avx512<4, false, T>, &values_run_avx512<5, false, T>, &values_run_avx512<6, false, T>,
+     &values_run_avx512<7, false, T>, &values_run_avx512<8, false, T>},
+    {&values_run_avx512<1, true, T>, &values_run_avx512<2, true, T>, &values_run_avx512<3, true, T>,
+     &values_run_avx512<4, true, T>, &values_run_avx512<5, true, T>, &values_run_avx512<6, true, T>,
+     &values_run_avx512<7, true, T>, &values_run_avx512<8, true, T>}};
 #endif  // TESSERA_ATT_X86
 
-void run_item(const Item& it) {
+template <typename T>
+void run_item(const Item<T>& it) {
   float inv[kMaxGroup];
   switch (cpu::active_isa()) {
 #ifdef TESSERA_ATT_X86
@@ -562,17 +611,32 @@ inline int64_t slot_offset(const PagedKvLayer& kv, const int32_t* block_table, i
 // tables and the cache may change between calls.
 struct Scratch {
   uint64_t call = 0;
-  const float* k = nullptr;
+  const void* k = nullptr;
   int64_t kvh = -1;
   int64_t first = -1;
   int64_t filled = 0;
   std::vector<float> scores;
-  std::vector<const float*> keys, values;
+  std::vector<const float*> keys, values;         // fp32 cache
+  std::vector<const uint16_t*> keys16, values16;  // fp16 cache
+  template <typename T>
+  std::vector<const T*>& key_rows() {
+    if constexpr (std::is_same_v<T, float>)
+      return keys;
+    else
+      return keys16;
+  }
+  template <typename T>
+  std::vector<const T*>& value_rows() {
+    if constexpr (std::is_same_v<T, float>)
+      return values;
+    else
+      return values16;
+  }
   // Prefill tiles: transposed keys of one KV head, blocks of 16 positions from kt_lo to kt_hi
   // (multiples of 16); positions outside [kt_real_lo, the call's written end) hold zeros.
   // Sized like one head's keys of the longest span seen (512 tokens x 64 dims: 128 KiB).
   uint64_t kt_call = 0;
-  const float* kt_k = nullptr;
+  const void* kt_k = nullptr;
   int64_t kt_kvh = -1, kt_lo = 0, kt_hi = 0, kt_real_lo = 0;
   std::vector<float> kt, tile_q, tile_scores, tile_out;
   std::vector<int64_t> tile_first, tile_last;
@@ -583,6 +647,7 @@ Scratch& scratch() {
   return s;
 }
 
+template <typename T>
 void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_t kvh, uint64_t call) {
   const int64_t hd = kv.head_dim;
   const int64_t group = args.n_heads / kv.n_kv_heads;
@@ -590,14 +655,18 @@ void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_
   const int64_t first = args.sliding_window > 0 ? std::max<int64_t>(0, pos - args.sliding_window + 1) : 0;
   const int64_t n = pos - first + 1;
   Scratch& s = scratch();
-  if (static_cast<int64_t>(s.keys.size()) < n) {
-    s.keys.resize(static_cast<size_t>(n));
-    s.values.resize(static_cast<size_t>(n));
+  std::vector<const T*>& keys = s.key_rows<T>();
+  std::vector<const T*>& values = s.value_rows<T>();
+  if (static_cast<int64_t>(keys.size()) < n) {
+    keys.resize(static_cast<size_t>(n));
+    values.resize(static_cast<size_t>(n));
   }
   if (static_cast<int64_t>(s.scores.size()) < n * group) s.scores.resize(static_cast<size_t>(n * group));
-  if (s.call != call || s.k != kv.k || s.kvh != kvh || s.first != first) {
+  const T* kc = cache_keys<T>(kv);
+  const T* vc = cache_values<T>(kv);
+  if (s.call != call || s.k != kc || s.kvh != kvh || s.first != first) {
     s.call = call;
-    s.k = kv.k;
+    s.k = kc;
     s.kvh = kvh;
     s.first = first;
     s.filled = 0;
@@ -609,17 +678,24 @@ void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_
     const int64_t in_block = std::min(n - j, kv.block_size - p0 % kv.block_size);
     const int64_t off = slot_offset(kv, args.block_table, p0) + kvh * hd;
     for (int64_t i = 0; i < in_block; ++i, ++j) {
-      s.keys[static_cast<size_t>(j)] = kv.k + off + i * row;
-      s.values[static_cast<size_t>(j)] = kv.v + off + i * row;
+      keys[static_cast<size_t>(j)] = kc + off + i * row;
+      values[static_cast<size_t>(j)] = vc + off + i * row;
     }
   }
   s.filled = std::max(s.filled, n);
   const int64_t h0 = kvh * group;
-  Item it{s.keys.data(), s.values.data(), n, hd, group, args.q + (t * args.n_heads + h0) * hd,
-          args.out + (t * args.n_heads + h0) * hd, args.scale, s.scores.data(), args.n_tokens == 1};
+  Item<T> it{keys.data(),
+             values.data(),
+             n,
+             hd,
+             group,
+             args.q + (t * args.n_heads + h0) * hd,
+             args.out + (t * args.n_heads + h0) * hd,
+             args.scale,
+             s.scores.data(),
+             args.n_tokens == 1};
   run_item(it);
 }
-
 
 // ---- prefill tiles
 
@@ -644,9 +720,10 @@ inline int64_t span_first(const AttentionArgs& args, int64_t pos) {
 
 #ifdef TESSERA_ATT_X86
 // dst[j][i] = rows[i][j] for 16 rows of 16 floats (zero for a null row or j >= n).
-TESSERA_AVX512 void transpose16_avx512(const float* const* rows, __mmask16 n, float* dst) {
+template <typename T>
+TESSERA_AVX512 void transpose16_avx512(const T* const* rows, __mmask16 n, float* dst) {
   __m512 r[16], t[16], u[16];
-  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? _mm512_maskz_loadu_ps(n, rows[i]) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? load16z(n, rows[i]) : _mm512_setzero_ps();
   // t[2i], t[2i+1]: rows 2i, 2i+1 interleaved (elements 0, 1 and 2, 3 of each 128-bit lane).
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -675,30 +752,32 @@ TESSERA_AVX512 void transpose16_avx512(const float* const* rows, __mmask16 n, fl
 
 // Transposed keys of KV head kvh for one block of 16 positions p0 .. p0 + 15 into dst
 // [hdp][16]; positions outside [real_lo, real_hi) and dims past head_dim are zero.
-void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int64_t kvh, int64_t p0,
-                         int64_t real_lo, int64_t real_hi, int64_t hdp, float* dst) {
+template <typename T>
+void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int64_t kvh, int64_t p0, int64_t real_lo,
+                         int64_t real_hi, int64_t hdp, float* dst) {
   const int64_t hd = kv.head_dim;
-  const float* rows[16];
+  const T* rows[16];
   for (int64_t i = 0; i < 16; ++i) {
     const int64_t p = p0 + i;
-    rows[i] = p < real_lo || p >= real_hi ? nullptr : kv.k + slot_offset(kv, block_table, p) + kvh * hd;
+    rows[i] = p < real_lo || p >= real_hi ? nullptr : cache_keys<T>(kv) + slot_offset(kv, block_table, p) + kvh * hd;
   }
   for (int64_t c = 0; c < hdp; c += 16) {
     const int64_t n = std::min<int64_t>(16, hd - c);
-    const float* chunk[16];
+    const T* chunk[16];
     for (int i = 0; i < 16; ++i) chunk[i] = rows[i] != nullptr ? rows[i] + c : nullptr;
     transpose16_avx512(chunk, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
   }
 }
 
 // Makes s.kt cover positions [lo, hi) (multiples of 16) with real keys from real_lo on.
-void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, int64_t kvh, uint64_t call,
-                            int64_t lo, int64_t hi, int64_t real_lo, Scratch& s) {
+template <typename T>
+void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, int64_t kvh, uint64_t call, int64_t lo,
+                            int64_t hi, int64_t real_lo, Scratch& s) {
   const int64_t hdp = (kv.head_dim + 15) / 16 * 16;
   const int64_t end = args.start_pos + args.n_tokens;  // positions below are written
-  if (s.kt_call != call || s.kt_k != kv.k || s.kt_kvh != kvh || lo < s.kt_lo || real_lo < s.kt_real_lo) {
+  if (s.kt_call != call || s.kt_k != cache_keys<T>(kv) || s.kt_kvh != kvh || lo < s.kt_lo || real_lo < s.kt_real_lo) {
     s.kt_call = call;
-    s.kt_k = kv.k;
+    s.kt_k = cache_keys<T>(kv);
     s.kt_kvh = kvh;
     s.kt_lo = s.kt_hi = lo;
     s.kt_real_lo = real_lo;
@@ -707,11 +786,13 @@ void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, i
   const auto need = static_cast<size_t>((hi - s.kt_lo) * hdp);
   if (s.kt.size() < need) s.kt.resize(std::max(need, 2 * s.kt.size()));
   for (int64_t p0 = s.kt_hi; p0 < hi; p0 += 16)
-    transpose_key_block(kv, args.block_table, kvh, p0, s.kt_real_lo, end, hdp, &s.kt[static_cast<size_t>((p0 - s.kt_lo) * hdp)]);
+    transpose_key_block<T>(kv, args.block_table, kvh, p0, s.kt_real_lo, end, hdp,
+                           &s.kt[static_cast<size_t>((p0 - s.kt_lo) * hdp)]);
   s.kt_hi = hi;
 }
 
 // Query tokens t0 .. t0 + n - 1 of KV head kvh: rows r = t * group + g.
+template <typename T>
 void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, int64_t n, int64_t kvh, uint64_t call) {
   const int64_t hd = kv.head_dim, nc = (hd + 15) / 16, hdp = 16 * nc;
   const int64_t group = args.n_heads / kv.n_kv_heads, rows = n * group;
@@ -719,7 +800,7 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   const int64_t lo = span_first(args, pos0);          // union of the rows' spans: lo .. pos1
   const int64_t base = lo / 16 * 16, blocks = (pos1 - base) / 16 + 1, ld = 16 * blocks;
   Scratch& s = scratch();
-  ensure_transposed_keys(kv, args, kvh, call, base, base + ld, lo, s);
+  ensure_transposed_keys<T>(kv, args, kvh, call, base, base + ld, lo, s);
   auto grow = [](auto& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
   };
@@ -756,8 +837,8 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   auto values = [&](int64_t j0, int64_t j1, bool check) {
     for (int64_t j = j0; j < j1;) {
       const int64_t run = std::min(j1 - j, kv.block_size - j % kv.block_size);
-      const float* v = kv.v + slot_offset(kv, args.block_table, j) + kvh * hd;
-      kValuesRuns[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
+      const T* v = cache_values<T>(kv) + slot_offset(kv, args.block_table, j) + kvh * hd;
+      kValuesRuns<T>[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
       j += run;
     }
   };
@@ -775,6 +856,7 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   }
 }
 #else
+template <typename T>
 void attend_tile(const PagedKvLayer&, const AttentionArgs&, int64_t, int64_t, int64_t, uint64_t) {
   TESSERA_CHECK(false, "paged_attention: prefill tiles need x86");
 }
@@ -790,14 +872,23 @@ void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_
   const size_t bytes = static_cast<size_t>(row) * sizeof(float);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t off = slot_offset(kv, block_table, start_pos + t);
-    std::memcpy(kv.k + off, k + t * row, bytes);
-    std::memcpy(kv.v + off, v + t * row, bytes);
+    if (kv.k16 != nullptr) {  // rounded to nearest even, as f32_to_fp16
+      for (int64_t i = 0; i < row; ++i) {
+        kv.k16[off + i] = f32_to_fp16(k[t * row + i]);
+        kv.v16[off + i] = f32_to_fp16(v[t * row + i]);
+      }
+    } else {
+      std::memcpy(kv.k + off, k + t * row, bytes);
+      std::memcpy(kv.v + off, v + t * row, bytes);
+    }
   }
 }
 
 namespace {
 
 void check_args(const PagedKvLayer& kv, const AttentionArgs& args) {
+  TESSERA_CHECK((kv.k != nullptr && kv.v != nullptr) != (kv.k16 != nullptr && kv.v16 != nullptr),
+                "paged_attention: the layer needs either fp32 or fp16 K and V arrays");
   TESSERA_CHECK(kv.block_size > 0 && kv.n_kv_heads > 0 && kv.head_dim > 0,
                 "paged_attention: block_size {} n_kv_heads {} head_dim {}", kv.block_size,
                 kv.n_kv_heads, kv.head_dim);
@@ -840,10 +931,17 @@ void run_sequence_items(const PagedKvLayer& kv, const AttentionArgs& args, const
   for (int64_t i = b; i < e; ++i) {
     const int64_t kvh = i / p.units, r = i % p.units;
     const int64_t u = r % 2 == 0 ? r / 2 : p.units - 1 - r / 2;
-    if (p.tile > 0) {
-      attend_tile(kv, args, u * p.tile, std::min(p.tile, args.n_tokens - u * p.tile), kvh, p.call);
+    const int64_t t0 = u * p.tile, nt = std::min(p.tile, args.n_tokens - t0);
+    if (kv.k16 != nullptr) {
+      if (p.tile > 0)
+        attend_tile<uint16_t>(kv, args, t0, nt, kvh, p.call);
+      else
+        attend<uint16_t>(kv, args, u, kvh, p.call);
     } else {
-      attend(kv, args, u, kvh, p.call);
+      if (p.tile > 0)
+        attend_tile<float>(kv, args, t0, nt, kvh, p.call);
+      else
+        attend<float>(kv, args, u, kvh, p.call);
     }
   }
 }

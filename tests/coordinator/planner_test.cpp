@@ -71,25 +71,30 @@ bool has_warning(const Plan& p, std::string_view needle, bool fatal) {
   return false;
 }
 
-// Warnings other than the notice that the runtime stores fp32 KV (the plans here are fp16 KV).
+// Warnings other than the notice that the runtime stores fp32 KV (the GPU plans here are fp16 KV).
 std::vector<std::string> real_warnings(const Plan& p) {
   std::vector<std::string> out;
   for (const PlanWarning& w : p.warnings)
-    if (w.message.find("store fp32 today") == std::string::npos) out.push_back(w.message);
+    if (w.message.find("today, so a run holds") == std::string::npos) out.push_back(w.message);
   return out;
 }
 
 TEST(PlannerTest, KvDtypeOtherThanTheRuntimesIsFlagged) {
   PlanInput in = input(llama2_7b(), "F16", "A100-80GB");
   in.kv_dtype = KvDtype::kF16;
-  EXPECT_TRUE(has_warning(plan_of(in),
-                          "KV dtype fp16: Tessera's KV caches (CPU and CUDA) store fp32 today, so a run "
-                          "holds 2x fewer tokens",
-                          false));
+  EXPECT_TRUE(has_warning(
+      plan_of(in), "KV dtype fp16: Tessera's CUDA KV cache stores fp32 today, so a run holds 2x fewer tokens", false));
   in.kv_dtype = KvDtype::kFp8;
   EXPECT_TRUE(has_warning(plan_of(in), "4x fewer tokens", false));
   in.kv_dtype = KvDtype::kF32;
   EXPECT_TRUE(plan_of(in).warnings.empty());
+  // The CPU backend stores fp16 too.
+  PlanInput cpu = input(llama2_7b(), "F16", "A100-80GB");
+  cpu.card.is_cpu = true;  // as cpu_card() makes it from the probe
+  cpu.kv_dtype = KvDtype::kF16;
+  EXPECT_FALSE(has_warning(plan_of(cpu), "today, so a run holds", false));
+  cpu.kv_dtype = KvDtype::kFp8;
+  EXPECT_TRUE(has_warning(plan_of(cpu), "CPU KV cache stores fp32 or fp16 today, so a run holds 2x fewer", false));
 }
 
 TEST(PlannerTest, PrecisionBitsIncludeScales) {

@@ -532,6 +532,26 @@ def test_choices_of_one_prompt_share_its_prefill(stories_server):
     assert [c.text for c in again.choices] == [c.text for c in r.choices]
 
 
+def test_fp16_kv_cache_at_tp2_keeps_the_reference_and_doubles_the_blocks():
+    """`--kv-dtype fp16` reaches both shards (TP 2): the same memory cap holds twice the KV
+    blocks, and the reference prompt still gives its greedy continuation."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    case = reference()["cases"][-1]
+    blocks = {}
+    for kv in ("fp32", "fp16"):
+        s = Server(os.path.join(STORIES, "hf"), tp=2, extra=["--kv-dtype", kv, "--max-kv-gb", "0.01"])
+        try:
+            r = s.client.completions.create(model="test-model", prompt=case["prompt_ids"], max_tokens=64,
+                                            temperature=0, extra_body={"ignore_eos": True})
+            blocks[kv] = sum(s.metric("tessera_kv_blocks", f'{{state="{st}"}}') for st in ("free", "used", "cached"))
+            expected = s.post_raw("/detokenize", json.dumps({"tokens": case["greedy_ids"]}).encode())[1]
+            assert r.choices[0].text == json.loads(expected)["prompt"], kv
+        finally:
+            s.stop()
+    assert abs(blocks["fp16"] - 2 * blocks["fp32"]) <= 4, blocks  # the same bytes, whole blocks each
+
+
 def test_client_disconnect_mid_stream_frees_blocks(stories_server):
     # stories260K writes 400 tokens in ~50 ms, so the stream may well end before the close reaches
     # the server: either way the request ends (ok or aborted) and gives its blocks back.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
@@ -271,18 +272,36 @@ TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
     PagedKvLayer kv{k.data(), v.data(), blocks, c.block_size, c.n_kv, c.hd};
     const auto kk = gaussian(total * row, 1), vv = gaussian(total * row, 2);
     kv_write(kv, table.data(), 0, total, kk.data(), vv.data());
+    // An fp16 cache of the same keys and values, and an fp32 cache holding them rounded to fp16:
+    // the fp16 one must give the rounded fp32 one's results, bit for bit.
+    std::vector<uint16_t> k16(k.size()), v16(k.size());
+    PagedKvLayer kv16{nullptr, nullptr, blocks, c.block_size, c.n_kv, c.hd, k16.data(), v16.data()};
+    kv_write(kv16, table.data(), 0, total, kk.data(), vv.data());
+    std::vector<float> kr(k.size()), vr(k.size()), kkr(kk), vvr(vv);
+    for (float& x : kkr) x = fp16_to_f32(f32_to_fp16(x));
+    for (float& x : vvr) x = fp16_to_f32(f32_to_fp16(x));
+    PagedKvLayer rounded{kr.data(), vr.data(), blocks, c.block_size, c.n_kv, c.hd};
+    kv_write(rounded, table.data(), 0, total, kkr.data(), vvr.data());
     const auto q = gaussian(c.n_tokens * c.n_heads * c.hd, 3);
-    std::vector<float> canonical;
+    std::vector<float> canonical, canonical16;
     for (cpu::Isa isa : supported_isas()) {
       cpu::set_max_isa(isa);
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-        std::vector<float> out(q.size(), NAN);
+        std::vector<float> out(q.size(), NAN), out16(q.size(), NAN);
         AttentionArgs args{q.data(), out.data(), c.n_tokens, c.start, c.n_heads,
                            1.0f / std::sqrt(static_cast<float>(c.hd)), c.window, table.data()};
         paged_attention(kv, args, p);
         if (canonical.empty()) canonical = out;
         ASSERT_TRUE(same_bits(out, canonical))
             << "hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " isa " << cpu::isa_name(isa);
+        if (canonical16.empty()) {
+          paged_attention(rounded, args, p);
+          canonical16 = out;
+        }
+        args.out = out16.data();
+        paged_attention(kv16, args, p);
+        ASSERT_TRUE(same_bits(out16, canonical16))
+            << "fp16 cache: hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " isa " << cpu::isa_name(isa);
       }
     }
   }

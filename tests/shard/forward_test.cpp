@@ -49,6 +49,30 @@ TEST_P(StoriesForwardTest, GreedyIdsAndLogitsMatchReference) {
   }
 }
 
+// An fp16 KV cache (half the memory): the reference greedy ids still, and prompt logits within
+// the fp16 rounding of K and V; chunked prefill and decode read it the same way.
+TEST_P(StoriesForwardTest, Fp16KvCacheKeepsTheReferenceIds) {
+  auto model = LocalModel::load({.path = model_path(), .threads = 2, .kv_f16 = true});
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  for (const RefCase& c : load_cases()) {
+    for (const int64_t chunk : {0, 5}) {
+      GenerateOptions go;
+      go.max_tokens = static_cast<int64_t>(c.greedy.size());
+      go.sampling.temperature = 0.0f;
+      go.ignore_eos = true;
+      go.prefill_chunk = chunk;
+      auto out = generate(**model, c.prompt, go);
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      EXPECT_EQ(out->ids, c.greedy) << c.name << " chunk " << chunk;
+      float max_err = 0;
+      for (size_t i = 0; i < c.logits.size(); ++i)
+        max_err = std::max(max_err, std::abs(out->prompt_last_logits[i] - c.logits[i]));
+      EXPECT_LT(max_err, 5e-2f) << c.name;
+      EXPECT_GT(max_err, 0.0f) << c.name << ": the fp16 cache should round something";
+    }
+  }
+}
+
 TEST_P(StoriesForwardTest, ChunkedPrefillAndBlockSizesAgree) {
   const RefCase c = load_cases().back();  // the longest prompts are last
   for (int64_t block_size : {1, 5, 16, 64}) {
