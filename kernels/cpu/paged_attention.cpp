@@ -54,19 +54,14 @@ constexpr int kMaxGroup = 64;  // query heads per KV head handled in one item
 inline float widen(float x) { return x; }
 inline float widen(uint16_t h) { return fp16_to_f32(h); }
 
+// The cache's K array (values = false) or V array, as elements of type T.
 template <typename T>
-const T* cache_keys(const PagedKvLayer& kv) {
-  if constexpr (std::is_same_v<T, float>)
-    return kv.k;
-  else
-    return kv.k16;
-}
-template <typename T>
-const T* cache_values(const PagedKvLayer& kv) {
-  if constexpr (std::is_same_v<T, float>)
-    return kv.v;
-  else
-    return kv.v16;
+const T* cache_array(const PagedKvLayer& kv, bool values) {
+  if constexpr (std::is_same_v<T, float>) {
+    return values ? kv.v : kv.k;
+  } else {
+    return values ? kv.v16 : kv.k16;
+  }
 }
 
 #ifdef TESSERA_ATT_X86
@@ -618,19 +613,14 @@ struct Scratch {
   std::vector<float> scores;
   std::vector<const float*> keys, values;         // fp32 cache
   std::vector<const uint16_t*> keys16, values16;  // fp16 cache
+  // The key rows (values = false) or value rows of a cache of element type T.
   template <typename T>
-  std::vector<const T*>& key_rows() {
-    if constexpr (std::is_same_v<T, float>)
-      return keys;
-    else
-      return keys16;
-  }
-  template <typename T>
-  std::vector<const T*>& value_rows() {
-    if constexpr (std::is_same_v<T, float>)
-      return values;
-    else
-      return values16;
+  std::vector<const T*>& rows(bool values_wanted) {
+    if constexpr (std::is_same_v<T, float>) {
+      return values_wanted ? values : keys;
+    } else {
+      return values_wanted ? values16 : keys16;
+    }
   }
   // Prefill tiles: transposed keys of one KV head, blocks of 16 positions from kt_lo to kt_hi
   // (multiples of 16); positions outside [kt_real_lo, the call's written end) hold zeros.
@@ -655,15 +645,15 @@ void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_
   const int64_t first = args.sliding_window > 0 ? std::max<int64_t>(0, pos - args.sliding_window + 1) : 0;
   const int64_t n = pos - first + 1;
   Scratch& s = scratch();
-  std::vector<const T*>& keys = s.key_rows<T>();
-  std::vector<const T*>& values = s.value_rows<T>();
+  std::vector<const T*>& keys = s.rows<T>(false);
+  std::vector<const T*>& values = s.rows<T>(true);
   if (static_cast<int64_t>(keys.size()) < n) {
     keys.resize(static_cast<size_t>(n));
     values.resize(static_cast<size_t>(n));
   }
   if (static_cast<int64_t>(s.scores.size()) < n * group) s.scores.resize(static_cast<size_t>(n * group));
-  const T* kc = cache_keys<T>(kv);
-  const T* vc = cache_values<T>(kv);
+  const T* kc = cache_array<T>(kv, false);
+  const T* vc = cache_array<T>(kv, true);
   if (s.call != call || s.k != kc || s.kvh != kvh || s.first != first) {
     s.call = call;
     s.k = kc;
@@ -759,7 +749,8 @@ void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int
   const T* rows[16];
   for (int64_t i = 0; i < 16; ++i) {
     const int64_t p = p0 + i;
-    rows[i] = p < real_lo || p >= real_hi ? nullptr : cache_keys<T>(kv) + slot_offset(kv, block_table, p) + kvh * hd;
+    rows[i] =
+        p < real_lo || p >= real_hi ? nullptr : cache_array<T>(kv, false) + slot_offset(kv, block_table, p) + kvh * hd;
   }
   for (int64_t c = 0; c < hdp; c += 16) {
     const int64_t n = std::min<int64_t>(16, hd - c);
@@ -775,9 +766,10 @@ void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, i
                             int64_t hi, int64_t real_lo, Scratch& s) {
   const int64_t hdp = (kv.head_dim + 15) / 16 * 16;
   const int64_t end = args.start_pos + args.n_tokens;  // positions below are written
-  if (s.kt_call != call || s.kt_k != cache_keys<T>(kv) || s.kt_kvh != kvh || lo < s.kt_lo || real_lo < s.kt_real_lo) {
+  if (s.kt_call != call || s.kt_k != cache_array<T>(kv, false) || s.kt_kvh != kvh || lo < s.kt_lo ||
+      real_lo < s.kt_real_lo) {
     s.kt_call = call;
-    s.kt_k = cache_keys<T>(kv);
+    s.kt_k = cache_array<T>(kv, false);
     s.kt_kvh = kvh;
     s.kt_lo = s.kt_hi = lo;
     s.kt_real_lo = real_lo;
@@ -837,7 +829,7 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   auto values = [&](int64_t j0, int64_t j1, bool check) {
     for (int64_t j = j0; j < j1;) {
       const int64_t run = std::min(j1 - j, kv.block_size - j % kv.block_size);
-      const T* v = cache_values<T>(kv) + slot_offset(kv, args.block_table, j) + kvh * hd;
+      const T* v = cache_array<T>(kv, true) + slot_offset(kv, args.block_table, j) + kvh * hd;
       kValuesRuns<T>[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
       j += run;
     }
