@@ -10,12 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/sampling.h"
+#include "shard/cuda_forward.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tessera {
@@ -43,10 +43,16 @@ struct Expected {
   double u = 0.0;
 };
 
-Expected cpu_sample(const Case& c) {
+// A sampler in the case's state: its prompt seen, its output accepted.
+Sampler case_sampler(const Case& c) {
   Sampler sampler(c.params);
   sampler.add_prompt_tokens(c.prompt);
   for (int32_t id : c.output) sampler.accept(id);
+  return sampler;
+}
+
+Expected cpu_sample(const Case& c) {
+  Sampler sampler = case_sampler(c);
   Expected e;
   e.u = sampling_uniform(sampler.seed(), static_cast<uint64_t>(sampler.num_output_tokens()));
   e.logits = c.logits;
@@ -55,35 +61,18 @@ Expected cpu_sample(const Case& c) {
   return e;
 }
 
-TesseraCudaSampleRow device_row(const SamplingParams& p, double u) {
-  TesseraCudaSampleRow row{};
-  row.u = u;
-  row.temperature = p.temperature;
-  row.top_p = p.top_p;
-  row.min_p = p.min_p;
-  row.top_k = p.top_k;
-  row.repetition_penalty = p.repetition_penalty;
-  row.presence_penalty = p.presence_penalty;
-  row.frequency_penalty = p.frequency_penalty;
-  row.n_logprobs = p.n_logprobs;
-  row.want_logprob = p.return_logprob ? 1 : 0;
-  return row;
+// The case's row and penalty entries as the shard builds them (device_sample_row): the same
+// uniform, penalties and bans the CPU sampler applies.
+TesseraCudaSampleRow device_row(const Case& c, std::vector<TesseraCudaPenalty>& penalties) {
+  return device_sample_row(case_sampler(c), c.banned, penalties);
 }
 
-// Penalty entries of a case: one per distinct id of the prompt, the output and the banned list.
-std::vector<TesseraCudaPenalty> penalty_entries(const Case& c) {
-  std::map<int32_t, TesseraCudaPenalty> by_id;
-  auto entry = [&](int32_t id) -> TesseraCudaPenalty& {
-    TesseraCudaPenalty& p = by_id[id];
-    p.id = id;
-    return p;
-  };
-  for (int32_t id : c.prompt) entry(id).in_prompt = 1;
-  for (int32_t id : c.output) ++entry(id).out_count;
-  for (int32_t id : c.banned) entry(id).banned = 1;
-  std::vector<TesseraCudaPenalty> out;
-  for (const auto& [id, p] : by_id) out.push_back(p);
-  return out;
+// A row of `p` that draws the uniform u, without penalty entries.
+TesseraCudaSampleRow device_row(const SamplingParams& p, double u) {
+  std::vector<TesseraCudaPenalty> none;
+  TesseraCudaSampleRow row = device_sample_row(Sampler(p), {}, none);
+  row.u = u;
+  return row;
 }
 
 uint32_t bits(float v) {
@@ -115,11 +104,7 @@ class CudaSampling : public gpu_test::GpuTest {
       ASSERT_EQ(static_cast<int64_t>(c.logits.size()), vocab) << c.what;
       want.push_back(cpu_sample(c));
       logits.insert(logits.end(), c.logits.begin(), c.logits.end());
-      TesseraCudaSampleRow row = device_row(c.params, want.back().u);
-      row.penalty_begin = static_cast<int32_t>(penalties.size());
-      for (const TesseraCudaPenalty& p : penalty_entries(c)) penalties.push_back(p);
-      row.penalty_end = static_cast<int32_t>(penalties.size());
-      rows.push_back(row);
+      rows.push_back(device_row(c, penalties));
     }
     if (penalties.empty()) penalties.push_back(TesseraCudaPenalty{-1, 0, 0, 0});  // a valid pointer
     float* d_logits = to_device(logits);
