@@ -110,6 +110,20 @@ class CudaForwardTest : public ::testing::TestWithParam<std::string> {
     if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
   }
   std::string model_path() const { return stories_dir() + "/" + GetParam(); }
+
+  // Two copies of the model (block size 8): models[0] for run()'s logits, models[1] for the
+  // device path under test; tables[k][i] holds the i-th reference prompt plus 12 tokens.
+  void load_two(std::unique_ptr<GpuModel> (&models)[2], std::vector<std::vector<int32_t>> (&tables)[2],
+                const std::vector<RefCase>& cases, size_t n_seqs) {
+    for (int k = 0; k < 2; ++k) {
+      auto m = load_gpu_model(model_path(), 8);
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      models[k] = std::move(*m);
+      tables[k].resize(n_seqs);
+      for (size_t i = 0; i < n_seqs; ++i)
+        ASSERT_TRUE(models[k]->allocator->ensure(tables[k][i], static_cast<int64_t>(cases[i].prompt.size()) + 12, 8));
+    }
+  }
 };
 
 TEST_P(CudaForwardTest, GreedyIdsMatchReferenceAndLogitsMatchCpu) {
@@ -295,19 +309,12 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
 // run_greedy (the argmax on the device, only ids back) picks the argmax of run()'s logits, for a
 // batched prefill and for graphed decode steps of several bucket sizes.
 TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
-  auto a = load_gpu_model(model_path(), 8);
-  auto b = load_gpu_model(model_path(), 8);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
-  GpuModel* m[2] = {a->get(), b->get()};
-  const int64_t vocab = m[0]->config().vocab;
   const std::vector<RefCase> cases = load_cases();
   const size_t n_seqs = std::min<size_t>(3, cases.size());
+  std::unique_ptr<GpuModel> m[2];
   std::vector<std::vector<int32_t>> tables[2];
-  for (int k = 0; k < 2; ++k) {
-    tables[k].resize(n_seqs);
-    for (size_t i = 0; i < n_seqs; ++i)
-      ASSERT_TRUE(m[k]->allocator->ensure(tables[k][i], static_cast<int64_t>(cases[i].prompt.size()) + 12, 8));
-  }
+  ASSERT_NO_FATAL_FAILURE(load_two(m, tables, cases, n_seqs));
+  const int64_t vocab = m[0]->config().vocab;
   std::vector<float> logits;
   std::vector<int32_t> ids, next(n_seqs);
   std::vector<int64_t> pos(n_seqs);
@@ -337,13 +344,12 @@ TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
 // logprobs on the device) gives what the host Sampler gives on run()'s logits, for a batched
 // prefill (eager) and graphed decode steps, with a greedy-with-logprobs row in the batch.
 TEST_P(CudaForwardTest, SampledOnTheDeviceMatchesTheHostSampler) {
-  auto a = load_gpu_model(model_path(), 8);
-  auto b = load_gpu_model(model_path(), 8);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
-  GpuModel* m[2] = {a->get(), b->get()};
-  const int64_t vocab = m[0]->config().vocab;
   const std::vector<RefCase> cases = load_cases();
   const size_t n_seqs = std::min<size_t>(3, cases.size());
+  std::unique_ptr<GpuModel> m[2];
+  std::vector<std::vector<int32_t>> tables[2];
+  ASSERT_NO_FATAL_FAILURE(load_two(m, tables, cases, n_seqs));
+  const int64_t vocab = m[0]->config().vocab;
   std::vector<SamplingParams> params(3);
   params[0] = {.temperature = 0.8f, .top_k = 20, .seed = 3, .has_seed = true, .n_logprobs = 3, .return_logprob = true};
   // Sequence 1's logprobs come from its penalised logits with its bans (the host's most likely
@@ -361,17 +367,11 @@ TEST_P(CudaForwardTest, SampledOnTheDeviceMatchesTheHostSampler) {
   params[2] = {.temperature = 0.0f, .n_logprobs = 2};
   std::vector<int32_t> banned[3] = {{}, {5, 17, 400}, {}};
   std::vector<std::unique_ptr<Sampler>> host, device;
-  std::vector<std::vector<int32_t>> tables[2];
   for (size_t i = 0; i < n_seqs; ++i) {
     host.push_back(std::make_unique<Sampler>(params[i]));
     device.push_back(std::make_unique<Sampler>(params[i]));
     host[i]->add_prompt_tokens(cases[i].prompt);
     device[i]->add_prompt_tokens(cases[i].prompt);
-  }
-  for (int k = 0; k < 2; ++k) {
-    tables[k].resize(n_seqs);
-    for (size_t i = 0; i < n_seqs; ++i)
-      ASSERT_TRUE(m[k]->allocator->ensure(tables[k][i], static_cast<int64_t>(cases[i].prompt.size()) + 12, 8));
   }
   std::vector<float> logits;
   std::vector<SampledToken> sampled;
