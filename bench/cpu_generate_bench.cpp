@@ -23,7 +23,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/vec.h"
-#include "shard/local_model.h"
+#include "local/local_model.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -119,7 +119,7 @@ struct Runner {
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % vocab);
     std::vector<int32_t> table;
-    TESSERA_CHECK(model.allocator().ensure(table, n, model.block_size()), "KV blocks for {} tokens", n);
+    TESSERA_CHECK(model.ensure_blocks(table, n), "KV blocks for {} tokens", n);
     SequenceInput in;
     in.tokens = ids;
     in.block_table = table;
@@ -127,7 +127,7 @@ struct Runner {
     const Status s = model.forward().run(std::span<const SequenceInput>(&in, 1), logits);
     const double dt = seconds_since(t0);
     TESSERA_CHECK(s.is_ok(), "prefill: {}", s.to_string());
-    model.allocator().release(table);
+    model.release_blocks(table);
     return dt;
   }
 
@@ -137,7 +137,7 @@ struct Runner {
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
     std::vector<int32_t> cur(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) {
-      TESSERA_CHECK(model.allocator().ensure(tables[static_cast<size_t>(b)], n, model.block_size()),
+      TESSERA_CHECK(model.ensure_blocks(tables[static_cast<size_t>(b)], n),
                     "KV blocks for {} sequences of {} tokens", batch, n);
       cur[static_cast<size_t>(b)] = static_cast<int32_t>((b * 104729 + 1) % vocab);
     }
@@ -155,7 +155,7 @@ struct Runner {
       for (int64_t b = 0; b < batch; ++b) cur[static_cast<size_t>(b)] = argmax(&logits[static_cast<size_t>(b * vocab)], vocab);
     }
     const double dt = seconds_since(t0);
-    for (auto& t : tables) model.allocator().release(t);
+    for (auto& t : tables) model.release_blocks(t);
     return dt;
   }
 };

@@ -24,7 +24,7 @@ Result<BlockPool> BlockPool::create(const BlockPoolOptions& o) {
   // Nodes include two sentinels and ids are int32 on the wire.
   if (o.num_blocks > std::numeric_limits<int32_t>::max() - 2)
     return Status::invalid_argument(fmt::format("KV block pool: num_blocks {} is too large", o.num_blocks));
-  if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize)
+  if (!validate_block_size(o.block_size).is_ok())
     return Status::invalid_argument(fmt::format("KV block pool: block_size is {}; it must be in {}..{}", o.block_size,
                                                 kMinBlockSize, kMaxBlockSize));
   BlockPool p;

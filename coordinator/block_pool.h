@@ -31,14 +31,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "common/status.h"
 
 namespace tessera {
 
 using BlockHash = uint64_t;
 inline constexpr BlockHash kRootBlockHash = 0x7e55e7a0b10c0001ULL;
-inline constexpr int32_t kMinBlockSize = 16;
-inline constexpr int32_t kMaxBlockSize = 1024;
 
 struct BlockPoolOptions {
   int64_t num_blocks = 0;           // > 0

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -28,12 +29,14 @@ struct Engine::JobState {
 };
 
 struct Engine::SeqState {
-  SeqState(const Tokenizer& t, std::vector<std::string> stops) : decoder(t, /*skip_special=*/true), stop(std::move(stops)) {}
+  SeqState(const Tokenizer* t, std::vector<std::string> stops) : stop(std::move(stops)) {
+    if (t != nullptr) decoder.emplace(*t, /*skip_special=*/true);
+  }
   uint64_t seq_id = 0;
   std::shared_ptr<JobState> job;
   int32_t choice = 0;
   int64_t prompt_len = 0;
-  IncrementalDecoder decoder;
+  std::optional<IncrementalDecoder> decoder;  // none without a tokenizer: no text
   StopChecker stop;
   int64_t generated = 0;
   bool scheduled_once = false;
@@ -71,9 +74,10 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_histogram("tessera_output_length_tokens", "Output length", token_buckets());
 }
 
-Engine::Engine(const EngineOptions& options, ShardGroup& shards, BlockPool& pool, const Tokenizer& tokenizer,
+Engine::Engine(const EngineOptions& options, StepExecutor& shards, BlockPool& pool, const Tokenizer* tokenizer,
                MetricsRegistry& metrics)
-    : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics) {
+    : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics),
+      next_seq_id_(options.first_seq_id) {
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_);
   metrics_.set("tessera_healthy", 1);
   metrics_.set("tessera_kv_block_size", pool_.block_size());
@@ -96,6 +100,8 @@ std::string Engine::failure() const {
 
 Result<uint64_t> Engine::submit(Job job) {
   if (!healthy_) return Status::unavailable("the engine is unhealthy: " + failure());
+  if (tokenizer_ == nullptr && !job.stop.empty())
+    return Status::invalid_argument("stop strings need a tokenizer, and this model has none");
   const auto n = static_cast<int64_t>(job.sequences.size());
   if (queued_.load() + n > options_.max_queued_sequences)
     return Status::resource_exhausted(
@@ -170,7 +176,7 @@ void Engine::finish_seq(SeqState& s, const std::string& reason, const std::strin
   JobEvent ev;
   ev.choice = s.choice;
   if (reason != "error" && reason != "abort") {
-    ev.text = s.stop.push(s.decoder.flush());
+    if (s.decoder) ev.text = s.stop.push(s.decoder->flush());
     ev.text += s.stop.flush();
   }
   ev.finish_reason = reason;
@@ -289,7 +295,7 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
     if (eos && !job.ignore_eos && can_stop) {
       reason = "stop";
     } else {
-      ev.text = s.stop.push(s.decoder.push(t.token));
+      if (s.decoder) ev.text = s.stop.push(s.decoder->push(t.token));
       if (s.stop.stopped() && can_stop) reason = "stop";
     }
     if (!reason && (s.generated >= job.max_tokens ||
@@ -353,14 +359,8 @@ void Engine::step() {
     const std::vector<uint64_t> ids = scheduler_->on_step_failed();
     const std::string error = result.status().message();
     if (!shards_.healthy()) {
-      healthy_ = false;
-      metrics_.set("tessera_healthy", 0);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        failure_ = error;
-      }
       TESSERA_LOG_ERROR("shards failed: {}", error);
-      fail_all(error);
+      mark_unhealthy(error);
       return;
     }
     for (uint64_t id : ids) {
@@ -375,6 +375,16 @@ void Engine::step() {
   update_gauges();
 }
 
+void Engine::mark_unhealthy(const std::string& error) {
+  healthy_ = false;
+  metrics_.set("tessera_healthy", 0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = error;
+  }
+  fail_all(error);
+}
+
 void Engine::run() {
   set_log_role("coordinator");
   while (!stop_) {
@@ -387,15 +397,7 @@ void Engine::run() {
     // Idle (or everything held by max_wait_ms): keep the shards alive and wait for arrivals.
     if (healthy_) {
       Status alive = shards_.keep_alive();
-      if (!alive.is_ok()) {
-        healthy_ = false;
-        metrics_.set("tessera_healthy", 0);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          failure_ = alive.message();
-        }
-        fail_all(alive.message());
-      }
+      if (!alive.is_ok()) mark_unhealthy(alive.message());
     }
     auto wait = std::chrono::milliseconds(20);
     if (auto next = scheduler_->time_until_next_decision())
@@ -404,6 +406,36 @@ void Engine::run() {
     cv_.wait_for(lock, wait, [this] { return stop_.load() || !inbox_.empty() || !cancels_.empty(); });
   }
   fail_all("the server is shutting down");
+}
+
+void Engine::run_until_idle() {
+  for (;;) {
+    drain_inbox();
+    if (jobs_.empty()) return;
+    if (!healthy_) {
+      fail_all(failure());
+      continue;
+    }
+    if (scheduler_->has_work()) {
+      const uint64_t before = shards_.steps_run();
+      step();
+      if (shards_.steps_run() != before) continue;
+    }
+    // No step ran: a request held by max_wait_ms waits for its decision; anything else can
+    // never be placed (nothing else runs here to free blocks).
+    const auto next = scheduler_->time_until_next_decision();
+    if (!next) {
+      fail_all("the scheduler cannot place the waiting requests (not enough KV blocks?)");
+      continue;
+    }
+    Status alive = shards_.keep_alive();
+    if (!alive.is_ok()) {
+      mark_unhealthy(alive.message());
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(*next) +
+                                std::chrono::microseconds(100));
+  }
 }
 
 }  // namespace tessera

@@ -1,8 +1,11 @@
-// The engine thread (DESIGN §1): the one owner of the Scheduler, the BlockPool and the shard
-// group. HTTP threads hand it jobs and cancellations through a queue (submit / cancel, both
-// thread-safe); it runs steps, turns sampled tokens into text (incremental detokenization, stop
-// strings, EOS, length), and reports each job's progress through the job's event callback,
-// which runs on the engine thread and must not block (it formats and writes to a stream).
+// The engine (DESIGN §1): the one decode loop. It owns the Scheduler and the BlockPool, drives
+// one StepExecutor (shard processes, or a shard in this process), turns sampled tokens into text
+// (incremental detokenization, stop strings, EOS, length), and reports each job's progress
+// through the job's event callback. `tessera serve` runs it on its own engine thread (start():
+// HTTP threads hand it jobs and cancellations through a queue, submit / cancel, both
+// thread-safe; callbacks run on the engine thread and must not block); `tessera generate`,
+// tests and benchmarks run it on their own thread (run_until_idle()). Speculative decoding and
+// every other decode strategy change this loop, and only this one.
 #pragma once
 
 #include <atomic>
@@ -22,7 +25,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
-#include "coordinator/shard_group.h"
+#include "comm/step_executor.h"
 #include "model/tokenizer.h"
 
 namespace tessera {
@@ -66,16 +69,24 @@ struct EngineOptions {
   std::vector<int32_t> eos_ids;
   int64_t max_positions = 0;
   int64_t max_queued_sequences = 4096;  // beyond: submit() says busy (429)
+  // The first sequence id this engine hands out (ids are the shards' keys: an engine that
+  // follows another on the same shards starts past the ids the first one used).
+  uint64_t first_seq_id = 1;
 };
 
 class Engine {
  public:
-  // Everything passed must outlive the engine. start() launches the engine thread.
-  Engine(const EngineOptions& options, ShardGroup& shards, BlockPool& pool, const Tokenizer& tokenizer,
+  // Everything passed must outlive the engine. `tokenizer` may be null: events then carry
+  // tokens and no text, and stop strings are refused. start() launches the engine thread.
+  Engine(const EngineOptions& options, StepExecutor& executor, BlockPool& pool, const Tokenizer* tokenizer,
          MetricsRegistry& metrics);
   ~Engine();
   void start();
   void stop();
+  // Without an engine thread: runs the loop on the calling thread until every job submitted so
+  // far has finished (or the executor failed: those jobs finish with an error). Callbacks run
+  // on this thread. Not together with start().
+  void run_until_idle();
 
   // Thread-safe. Returns the job id, or ResourceExhausted when the queue is full and
   // Unavailable when the shards are unhealthy.
@@ -100,10 +111,12 @@ class Engine {
   void fail_all(const std::string& error);
   void update_gauges();
 
+  void mark_unhealthy(const std::string& error);
+
   EngineOptions options_;
-  ShardGroup& shards_;
+  StepExecutor& shards_;
   BlockPool& pool_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   MetricsRegistry& metrics_;
   SteadyClock clock_;
   std::unique_ptr<Scheduler> scheduler_;

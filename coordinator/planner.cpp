@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/dtype.h"
+#include "common/kv_config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/weight_store.h"
@@ -438,9 +439,7 @@ Status validate_input(const PlanInput& in) {
         fmt::format("{} KV heads can be neither split nor replicated over TP {}", c.n_kv_heads, in.tp));
   if (!(in.headroom >= 0 && in.headroom < 1))
     return Status::invalid_argument(fmt::format("headroom must be in [0, 1), got {}", in.headroom));
-  if (in.block_size < 16 || in.block_size > 1024)
-    return Status::invalid_argument(
-        fmt::format("block size must be in 16..1024 tokens (DESIGN §3), got {}", in.block_size));
+  TESSERA_RETURN_IF_ERROR(validate_block_size(in.block_size).with_context("DESIGN §3"));
   if (in.batch < 1) return Status::invalid_argument(fmt::format("batch must be >= 1, got {}", in.batch));
   if (in.max_batch < 1 || in.max_step_tokens < 1)
     return Status::invalid_argument("max_batch and max_step_tokens must be >= 1");

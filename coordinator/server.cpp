@@ -153,7 +153,7 @@ int run_server(const ServerOptions& o) {
   if (eo.eos_ids.empty()) eo.eos_ids = (*tokenizer)->eos_ids();
   eo.max_positions = config.max_positions;
   eo.max_queued_sequences = o.max_queued_sequences;
-  Engine engine(eo, **group, *pool, **tokenizer, metrics);
+  Engine engine(eo, **group, *pool, tokenizer->get(), metrics);
   TESSERA_LOG_INFO("{}", format_scheduler_config(o.scheduler));
 
   ApiServerOptions ao;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "common/kv_config.h"
 #include "common/logging.h"
 
 namespace tessera {
@@ -57,8 +58,7 @@ Status ShardGroup::fail(Status s) {
 }
 
 Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const ShardGroupOptions& o) {
-  if (o.block_size < 1 || o.block_size > 1024)
-    return Status::invalid_argument(fmt::format("block size must be in 1..1024, got {}", o.block_size));
+  TESSERA_RETURN_IF_ERROR(validate_block_size(o.block_size));
   if (o.headroom < 0.0 || o.headroom >= 1.0)
     return Status::invalid_argument(fmt::format("headroom must be in [0, 1), got {}", o.headroom));
   MemoryPlan p;

@@ -18,6 +18,7 @@
 
 #include "comm/control_channel.h"
 #include "comm/control_messages.h"
+#include "comm/step_executor.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -51,9 +52,9 @@ struct MemoryPlan {
   std::string limited_by;                // "memory", "max_kv_bytes", "max_blocks"
 };
 
-class ShardGroup {
+class ShardGroup : public StepExecutor {
  public:
-  ~ShardGroup();
+  ~ShardGroup() override;
   static Result<std::unique_ptr<ShardGroup>> create(const ShardGroupOptions& options);
 
   const std::string& endpoint() const;
@@ -67,12 +68,12 @@ class ShardGroup {
   // Numbers the plan (step ids are consecutive from 1), sends it to every rank and waits for
   // every rank's result. Returns rank 0's result (the sampled tokens); the first rank error
   // becomes the returned Status.
-  Result<StepResult> run_step(StepPlan plan);
-  uint64_t steps_run() const { return next_step_; }
+  Result<StepResult> run_step(StepPlan plan) override;
+  uint64_t steps_run() const override { return next_step_; }
   // Call while idle: sends heartbeats when due and checks the shards' liveness.
-  Status keep_alive();
+  Status keep_alive() override;
   void shutdown(const std::string& reason);
-  bool healthy() const { return healthy_; }
+  bool healthy() const override { return healthy_; }
   const std::string& failure() const { return failure_; }
 
  private:

@@ -1,4 +1,6 @@
-// `tessera generate`: one prompt, streamed output. At TP = 1 it runs the model in this process.
+// `tessera generate`: one prompt, streamed output, through the engine (coordinator/engine.h):
+// without --tp over a shard in this process (local/local_model.h), with --tp over shard
+// processes (coordinator/shard_group.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,10 +12,11 @@
 #include "common/logging.h"
 #include "launch/commands.h"
 #include "model/tokenizer.h"
-#include "coordinator/batch_engine.h"
+#include "coordinator/block_pool.h"
+#include "coordinator/engine.h"
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
-#include "shard/local_model.h"
+#include "local/local_model.h"
 
 namespace tessera::cli {
 namespace {
@@ -107,8 +110,8 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   // One request needs at most its prompt plus its new tokens, within the context.
   const int64_t tokens = std::min<int64_t>(config.max_positions, static_cast<int64_t>(prompt.size()) + a.max_tokens);
   go.max_blocks = (tokens + a.block_size - 1) / a.block_size + 1;
-  // One request: prompt pieces of prefill_chunk tokens (the batch engine's default when 0).
-  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : BatchEngineOptions{}.prefill_chunk;
+  // One request: prompt pieces of prefill_chunk tokens (512 when 0).
+  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : 512;
   go.step_tokens = chunk;
   go.step_seqs = 1;
   auto group = ShardGroup::create(go);
@@ -140,27 +143,50 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
     return fail(started.to_string());
   }
 
-  BatchRequest req;
-  req.prompt = prompt;
-  req.max_tokens = a.max_tokens;
-  req.sampling = sampling_of(a);
-  req.ignore_eos = a.ignore_eos;
-  BatchEngineOptions eo;
+  auto blocks = BlockPool::create({(*group)->plan().num_blocks, static_cast<int32_t>(a.block_size), true});
+  if (!blocks.is_ok()) {
+    shards.terminate();
+    return fail(blocks.status().to_string());
+  }
+  MetricsRegistry metrics;
+  declare_engine_metrics(metrics);
+  EngineOptions eo;
+  eo.scheduler.profile = "generate";
+  eo.scheduler.max_batch = 1;
+  eo.scheduler.max_wait_ms = 0.0;
+  eo.scheduler.prefill_chunk = static_cast<int32_t>(chunk);
+  eo.scheduler.max_step_tokens = static_cast<int32_t>(chunk);
+  eo.scheduler.priority_classes = 1;
   eo.eos_ids = config.eos_ids;
   eo.max_positions = config.max_positions;
-  if (a.prefill_chunk > 0) eo.prefill_chunk = a.prefill_chunk;
+  Engine engine(eo, **group, *blocks, nullptr, metrics);
   TextStreamer streamer(tokenizer);
-  auto out = run_batch(**group, {req}, eo, [&](size_t, const StepToken& t) { streamer.push(t.token); });
-  if (!out.is_ok()) {
+  std::vector<int32_t> ids;
+  std::string error;
+  Job job;
+  job.sequences.push_back(JobSequence{prompt, 0});
+  job.sampling = sampling_of(a);
+  job.max_tokens = a.max_tokens;
+  job.ignore_eos = a.ignore_eos;
+  job.on_event = [&](const JobEvent& ev) {
+    for (int32_t id : ev.tokens) {
+      ids.push_back(id);
+      streamer.push(id);
+    }
+    if (ev.finish_reason && (*ev.finish_reason == "error" || *ev.finish_reason == "abort")) error = ev.error;
+  };
+  Status submitted = engine.submit(std::move(job)).status();
+  if (submitted.is_ok()) engine.run_until_idle();
+  if (!submitted.is_ok() || !error.empty()) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     shards.terminate();
-    return fail(out.status().to_string());
+    return fail(!submitted.is_ok() ? submitted.to_string() : error);
   }
   streamer.finish();
   (*group)->shutdown("generation finished");
   if (!shards.wait_for(std::chrono::milliseconds(5000))) shards.terminate();
-  if (a.print_ids) print_ids(out->front().ids);
+  if (a.print_ids) print_ids(ids);
   return 0;
 }
 

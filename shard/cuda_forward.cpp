@@ -34,6 +34,7 @@ struct CudaForward::Matrix {
 struct CudaForward::Layer {
   float* attn_norm = nullptr;
   float* ffn_norm = nullptr;
+  float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   float *bq = nullptr, *bk = nullptr, *bv = nullptr;
   float *q_norm = nullptr, *k_norm = nullptr;
   Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
@@ -81,6 +82,12 @@ CudaForward::~CudaForward() {
 Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& config, const ShardLayout& layout,
                                                          const ModelWeights& weights, DeviceComm* comm,
                                                          const CudaForwardOptions& options) {
+  return create(config, layout, weights, comm, options, describe_architecture(config, weights));
+}
+
+Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& config, const ShardLayout& layout,
+                                                         const ModelWeights& weights, DeviceComm* comm,
+                                                         const CudaForwardOptions& options, ArchSpec arch) {
   if (options.block_size <= 0 || options.max_tokens_per_step <= 0 || options.max_seqs_per_step <= 0 ||
       options.max_logit_rows <= 0 || options.kv_headroom < 0.0 || options.kv_headroom >= 1.0)
     return Status::invalid_argument(fmt::format(
@@ -96,12 +103,16 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
     return Status::invalid_argument(
         fmt::format("CudaForward: {} layers bound, the config has {}", weights.layers.size(), config.n_layers));
   std::unique_ptr<CudaForward> f(new CudaForward(config, layout, comm, options));
+  f->decoder_ = std::make_unique<Decoder>(
+      std::move(arch), DecoderDims{config.hidden, config.head_dim, layout.n_heads, layout.n_kv_heads, layout.ffn});
   TESSERA_RETURN_IF_ERROR(f->init(weights));
   return f;
 }
 
 Status CudaForward::init(const ModelWeights& weights) {
   TESSERA_ASSIGN_OR_RETURN(api_, load_cuda_api_with_device());
+  TESSERA_RETURN_IF_ERROR(decoder_->spec().validate(config_, &weights));
+  TESSERA_RETURN_IF_ERROR(decoder_->check_backend(*this, weights));
   TESSERA_CUDA_TRY(api_->set_device(options_.device), fmt::format("select CUDA device {}", options_.device));
   {
     char name[256] = {};
@@ -295,10 +306,7 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
   const int64_t hd = config_.head_dim, hidden = config_.hidden;
   embed_ = std::make_unique<Matrix>();
   TESSERA_RETURN_IF_ERROR(upload_matrix(weights.embed, "model.embed_tokens.weight", embed_.get(), false));
-  if (embed_->kind != Matrix::Kind::kF16) {
-    // The embedding kernel reads f16 / f32 tables: dequantize an INT8 / INT4 table to f16.
-    return Status::unimplemented("CudaForward: a quantized (I8_CH / I4_G128) embedding table is not supported");
-  }
+  TESSERA_CHECK(embed_->kind == Matrix::Kind::kF16, "supports(kEmbed) let a quantized embedding through");
   const bool tied = weights.lm_head.data == weights.embed.data && weights.lm_head.type == weights.embed.type &&
                     weights.lm_head.rows() == weights.embed.rows();
   if (tied) {
@@ -320,6 +328,8 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
     TESSERA_RETURN_IF_ERROR(upload_vector(w.attn_norm, hidden, p + ".input_layernorm.weight", &d.attn_norm));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.ffn_norm, hidden, p + ".post_attention_layernorm.weight", &d.ffn_norm));
     if (!d.attn_norm || !d.ffn_norm) return Status::invalid_argument("CudaForward: " + p + " lacks a norm weight");
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.post_attn_norm, hidden, p + ".post_attention_norm.weight", &d.post_attn_norm));
+    TESSERA_RETURN_IF_ERROR(upload_vector(w.post_ffn_norm, hidden, p + ".post_feedforward_norm.weight", &d.post_ffn_norm));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.bq, q_dim, p + ".self_attn.q_proj.bias", &d.bq));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.bk, kv_dim, p + ".self_attn.k_proj.bias", &d.bk));
     TESSERA_RETURN_IF_ERROR(upload_vector(w.bv, kv_dim, p + ".self_attn.v_proj.bias", &d.bv));
@@ -342,12 +352,13 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
       step_weight_bytes_ += s.m->bytes;
     }
   }
-  const std::vector<float> inv_freq = rope_inv_freq(config_);
-  void* p = nullptr;
-  TESSERA_ASSIGN_OR_RETURN(p, device_alloc(static_cast<int64_t>(inv_freq.size()) * 4, "RoPE frequencies"));
-  TESSERA_CUDA_TRY(api_->device_memcpy(p, inv_freq.data(), static_cast<int64_t>(inv_freq.size()) * 4),
-                   "upload RoPE frequencies");
-  inv_freq_ = static_cast<float*>(p);
+  for (const std::vector<float>& table : decoder_->spec().rope_inv_freq) {
+    void* p = nullptr;
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(static_cast<int64_t>(table.size()) * 4, "RoPE frequencies"));
+    TESSERA_CUDA_TRY(api_->device_memcpy(p, table.data(), static_cast<int64_t>(table.size()) * 4),
+                     "upload RoPE frequencies");
+    inv_freq_.push_back(static_cast<float*>(p));
+  }
   return Status::ok();
 }
 
@@ -635,7 +646,8 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
   return Status::internal("CudaForward: unknown matrix kind");
 }
 
-Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
+Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int64_t n) {
+  const bool all_decode = all_decode_;
   const MetaLayout& meta = meta_at_;
   float* k_cache = kv_pool_ + (2 * l) * layer_kv_floats_;
   float* v_cache = kv_pool_ + (2 * l + 1) * layer_kv_floats_;
@@ -647,7 +659,7 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
   rope.v = v_;
   rope.positions = meta_ + meta.positions;
   rope.slots = slots_;
-  rope.inv_freq = inv_freq_;
+  rope.inv_freq = inv_freq_[static_cast<size_t>(spec.rope_table)];
   rope.k_cache = k_cache;
   rope.v_cache = v_cache;
   rope.n_tokens = n;
@@ -659,7 +671,6 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
   TESSERA_CUDA_LAUNCH(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
   ++last_step_.launches;  // the attention kernel below
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (all_decode) {  // one token per sequence: row s of q is sequence s
     TesseraCudaDecodeAttentionArgs a{};
     a.q = q_;
@@ -675,7 +686,7 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
     a.block_size = options_.block_size;
     a.max_blocks_per_seq = table_stride_;
     a.scale = scale;
-    a.sliding_window = config_.sliding_window;
+    a.sliding_window = spec.sliding_window;
     // Few (sequence, head) blocks for the device: split every sequence's keys over several
     // blocks (flash-decoding), so a long context at a small batch still fills the GPU.
     if (decode_splits_ > 1 && n_seqs_ * layout_.n_heads < kSplitBelowBlocks) {
@@ -705,7 +716,7 @@ Status CudaForward::attention(int64_t l, int64_t n, bool all_decode) {
   a.block_size = options_.block_size;
   a.max_blocks_per_seq = table_stride_;
   a.scale = scale;
-  a.sliding_window = config_.sliding_window;
+  a.sliding_window = spec.sliding_window;
   return api_->check(api_->paged_prefill_attention_f32(&a, stream_), "paged prefill attention");
 }
 
@@ -740,50 +751,152 @@ Status CudaForward::download_logits(int64_t n_rows, int64_t n_real, float* out) 
 }
 
 Status CudaForward::enqueue_forward(int64_t n, bool all_decode) {
-  const MetaLayout& meta = meta_at_;
-  const int64_t hidden = config_.hidden, hd = config_.head_dim;
-  const int64_t q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd, ffn = layout_.ffn;
-  const float eps = config_.rms_eps;
-  auto all_reduce = [&](float* data) -> Status {
-    if (layout_.tp_size == 1) return Status::ok();
-    ++last_step_.launches;
-    return comm_->all_reduce_sum(data, n * hidden);
-  };
-  TESSERA_CUDA_LAUNCH(api_->embedding(embed_->w, TESSERA_CUDA_F16, config_.vocab, hidden, meta_ + meta.tokens, n, x_,
-                                      TESSERA_CUDA_F32, stream_),
-                      "embedding");
-  TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(x_, layers_[0].attn_norm, h_, n, hidden, eps, stream_), "RMSNorm");
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const Layer& w = layers_[static_cast<size_t>(l)];
-    // Attention block.
-    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.wq, act16_, q_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.wk, act16_, k_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.wv, act16_, v_, n));
-    if (w.bq) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(q_, w.bq, n, q_dim, stream_), "q bias");
-    if (w.bk) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(k_, w.bk, n, kv_dim, stream_), "k bias");
-    if (w.bv) TESSERA_CUDA_LAUNCH(api_->add_bias_f32(v_, w.bv, n, kv_dim, stream_), "v bias");
-    if (w.q_norm)
-      TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(q_, w.q_norm, q_, n * layout_.n_heads, hd, eps, stream_), "q norm");
-    if (w.k_norm)
-      TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(k_, w.k_norm, k_, n * layout_.n_kv_heads, hd, eps, stream_), "k norm");
-    TESSERA_RETURN_IF_ERROR(attention(l, n, all_decode));
-    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(attn_, act16_, n * q_dim, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.wo, act16_, proj_, n));
-    TESSERA_RETURN_IF_ERROR(all_reduce(proj_));
-    TESSERA_CUDA_LAUNCH(api_->add_rms_norm_f32(x_, proj_, w.ffn_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
-    // MLP block.
-    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(h_, act16_, n * hidden, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_gate, act16_, gate_, n));
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_up, act16_, up_, n));
-    TESSERA_CUDA_LAUNCH(api_->silu_mul_f32(gate_, up_, gate_, n, ffn, stream_), "SiLU * up");
-    TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(gate_, act16_, n * ffn, stream_), "f32 -> f16");
-    TESSERA_RETURN_IF_ERROR(gemm(w.w_down, act16_, proj_, n));
-    TESSERA_RETURN_IF_ERROR(all_reduce(proj_));
-    const float* next_norm = l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm : final_norm_;
-    TESSERA_CUDA_LAUNCH(api_->add_rms_norm_f32(x_, proj_, next_norm, h_, n, hidden, eps, stream_), "add + RMSNorm");
+  all_decode_ = all_decode;
+  return decoder_->forward(*this, n);
+}
+
+// ---- the decoder's ops ----
+
+float* CudaForward::act(Act a) const {
+  switch (a) {
+    case Act::kResidual: return x_;
+    case Act::kNormed: return h_;
+    case Act::kQ: return q_;
+    case Act::kK: return k_;
+    case Act::kV: return v_;
+    case Act::kAttn: return attn_;
+    case Act::kProj: return proj_;
+    case Act::kGate: return gate_;
+    case Act::kUp: return up_;
   }
+  TESSERA_CHECK(false, "unknown activation {}", static_cast<int>(a));
+  return nullptr;
+}
+
+int64_t CudaForward::act_width(Act a) const {
+  const int64_t hd = config_.head_dim;
+  switch (a) {
+    case Act::kResidual:
+    case Act::kNormed:
+    case Act::kProj: return config_.hidden;
+    case Act::kQ:
+    case Act::kAttn: return layout_.n_heads * hd;
+    case Act::kK:
+    case Act::kV: return layout_.n_kv_heads * hd;
+    case Act::kGate:
+    case Act::kUp: return layout_.ffn;
+  }
+  return 0;
+}
+
+const CudaForward::Matrix& CudaForward::matrix(WeightRef r) const {
+  if (r.layer == WeightRef::kModel) {
+    if (r.tensor == Tensor::kEmbed) return *embed_;
+    if (r.tensor == Tensor::kLmHead) return *lm_head_;
+    TESSERA_CHECK(false, "{} is not a model matrix", tensor_role_name(r.tensor));
+  }
+  const Layer& w = layers_[static_cast<size_t>(r.layer)];
+  switch (r.tensor) {
+    case Tensor::kWq: return w.wq;
+    case Tensor::kWk: return w.wk;
+    case Tensor::kWv: return w.wv;
+    case Tensor::kWo: return w.wo;
+    case Tensor::kWGate: return w.w_gate;
+    case Tensor::kWUp: return w.w_up;
+    case Tensor::kWDown: return w.w_down;
+    default: break;
+  }
+  TESSERA_CHECK(false, "{} is not a layer matrix", tensor_role_name(r.tensor));
+  return *embed_;
+}
+
+const float* CudaForward::vector(WeightRef r) const {
+  if (r.layer == WeightRef::kModel) {
+    TESSERA_CHECK(r.tensor == Tensor::kFinalNorm, "{} is not a model vector", tensor_role_name(r.tensor));
+    return final_norm_;
+  }
+  const Layer& w = layers_[static_cast<size_t>(r.layer)];
+  switch (r.tensor) {
+    case Tensor::kAttnNorm: return w.attn_norm;
+    case Tensor::kBq: return w.bq;
+    case Tensor::kBk: return w.bk;
+    case Tensor::kBv: return w.bv;
+    case Tensor::kQNorm: return w.q_norm;
+    case Tensor::kKNorm: return w.k_norm;
+    case Tensor::kPostAttnNorm: return w.post_attn_norm;
+    case Tensor::kFfnNorm: return w.ffn_norm;
+    case Tensor::kPostFfnNorm: return w.post_ffn_norm;
+    default: break;
+  }
+  TESSERA_CHECK(false, "{} is not a layer vector", tensor_role_name(r.tensor));
+  return nullptr;
+}
+
+bool CudaForward::supports(DecoderOp op, QuantType type) const {
+  // The embedding kernel reads f16 tables: F32 / BF16 / GGUF-block tables are expanded to f16 at
+  // upload, the load-time INT8 / INT4 formats are not.
+  if (op == DecoderOp::kEmbed) return type != QuantType::kI8_CH && type != QuantType::kI4_G128;
+  return true;
+}
+
+Status CudaForward::embed(int64_t n) {
+  TESSERA_CUDA_LAUNCH(api_->embedding(embed_->w, TESSERA_CUDA_F16, config_.vocab, config_.hidden, meta_ + meta_at_.tokens,
+                                      n, x_, TESSERA_CUDA_F32, stream_),
+                      "embedding");
   return Status::ok();
+}
+
+Status CudaForward::scale(Act a, int64_t count, float s) {
+  return Status::unimplemented("TEMP scale");  // TEMP until the op list lands
+}
+
+Status CudaForward::rms_norm(Act in, WeightRef w, Act out, int64_t rows, int64_t dim) {
+  const float* weight = vector(w);
+  if (weight == nullptr)
+    return Status::invalid_argument(fmt::format("CudaForward: layer {} has no {}", w.layer, tensor_role_name(w.tensor)));
+  TESSERA_CUDA_LAUNCH(api_->rms_norm_f32(act(in), weight, act(out), rows, dim, decoder_->spec().rms_eps, stream_),
+                      w.tensor == Tensor::kQNorm ? "q norm" : w.tensor == Tensor::kKNorm ? "k norm" : "RMSNorm");
+  return Status::ok();
+}
+
+Status CudaForward::add_rms_norm(Act delta, WeightRef w, int64_t n) {
+  TESSERA_CUDA_LAUNCH(
+      api_->add_rms_norm_f32(x_, act(delta), vector(w), h_, n, config_.hidden, decoder_->spec().rms_eps, stream_),
+      "add + RMSNorm");
+  return Status::ok();
+}
+
+Status CudaForward::project(Act in, std::span<const Projection> outs, int64_t n) {
+  // One f16 copy of the input for every GEMM that reads it.
+  TESSERA_CUDA_LAUNCH(api_->convert_f32_to_f16(act(in), act16_, n * act_width(in), stream_), "f32 -> f16");
+  for (const Projection& p : outs) TESSERA_RETURN_IF_ERROR(gemm(matrix(p.weight), act16_, act(p.out), n));
+  return Status::ok();
+}
+
+Status CudaForward::add_bias(Act a, WeightRef bias, int64_t n, int64_t dim) {
+  const float* b = vector(bias);
+  if (b == nullptr)
+    return Status::invalid_argument(fmt::format("CudaForward: layer {} has no {}", bias.layer, tensor_role_name(bias.tensor)));
+  TESSERA_CUDA_LAUNCH(api_->add_bias_f32(act(a), b, n, dim, stream_),
+                      bias.tensor == Tensor::kBq ? "q bias" : bias.tensor == Tensor::kBk ? "k bias" : "v bias");
+  return Status::ok();
+}
+
+Status CudaForward::gated_activation(GluActivation a, int64_t n) {
+  switch (a) {
+    case GluActivation::kSilu:
+      TESSERA_CUDA_LAUNCH(api_->silu_mul_f32(gate_, up_, gate_, n, layout_.ffn, stream_), "SiLU * up");
+      return Status::ok();
+    case GluActivation::kGeluTanh:
+      return Status::unimplemented("TEMP gelu");  // TEMP until the op list lands
+  }
+  return Status::internal("unknown activation");
+}
+
+Status CudaForward::all_reduce(Act a, int64_t count) {
+  if (layout_.tp_size == 1) return Status::ok();
+  ++last_step_.launches;
+  return comm_->all_reduce_sum(act(a), count);
 }
 
 Status CudaForward::enqueue_lm_head(int64_t row0, int64_t count, Output kind) {

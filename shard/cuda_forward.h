@@ -1,7 +1,8 @@
-// The decoder forward pass on one CUDA device for one shard: the GPU twin of ForwardPass
-// (shard/forward.h), same math (GQA, rotate-half RoPE, RMSNorm / fused residual + RMSNorm,
-// optional Qwen biases and q/k norms, tied embeddings, vocabulary-parallel LM head + all-gather)
-// and the same SequenceInput batches.
+// The decoder forward pass on one CUDA device for one shard: the CUDA backend of the decoder
+// (decoder/decoder.h walks the layers; this class holds the device buffers, the uploaded
+// weights, the KV pool and the CUDA graphs, and runs each op as a kernel or GEMM). Same math as
+// ForwardPass (shard/forward.h) and the same SequenceInput batches; the vocabulary-parallel LM
+// head + all-gather and the device-side greedy / sampling outputs are its own.
 //
 // No CUDA is linked here: every device call goes through the dlopen-ed backend table
 // (kernels/cuda/cuda_loader.h), so this file builds on machines without CUDA and create()
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "decoder/decoder.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/sampling.h"
 #include "model/model_config.h"
@@ -97,7 +99,7 @@ struct CudaStepStats {
 TesseraCudaSampleRow device_sample_row(const Sampler& sampler, std::span<const int32_t> banned,
                                        std::vector<TesseraCudaPenalty>& penalties);
 
-class CudaForward {
+class CudaForward : private DecoderBackend {
  public:
   // Uploads `weights` (this rank's slice as laid out by `layout`), allocates the workspace and
   // the KV pool. `comm` may be null at TP 1; at TP > 1 it must be an NcclComm of layout.tp_size
@@ -108,6 +110,12 @@ class CudaForward {
   static Result<std::unique_ptr<CudaForward>> create(const ModelConfig& config, const ShardLayout& layout,
                                                      const ModelWeights& weights, DeviceComm* comm,
                                                      const CudaForwardOptions& options);
+  // The same with the layers described by `arch` (the other overload describes them with
+  // describe_architecture(config, weights)). Unimplemented when the decoder needs an op this
+  // backend lacks (Decoder::check_backend).
+  static Result<std::unique_ptr<CudaForward>> create(const ModelConfig& config, const ShardLayout& layout,
+                                                     const ModelWeights& weights, DeviceComm* comm,
+                                                     const CudaForwardOptions& options, ArchSpec arch);
   ~CudaForward();
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;
@@ -190,6 +198,7 @@ class CudaForward {
   Status validate(std::span<const SequenceInput> batch) const;
   // Enqueues embedding .. LM head (and the TP all-gather) for the metadata already on the
   // device: n token rows, n_out logit rows.
+  // (The layer sequence is the decoder's: Decoder::forward calls the DecoderBackend ops below.)
   Status enqueue_forward(int64_t n, bool all_decode);
   // What a step returns: logits, greedy ids, or tokens sampled on the device.
   enum class Output { kLogits = 0, kGreedy = 1, kSampled = 2 };
@@ -212,7 +221,24 @@ class CudaForward {
   Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out);
   int64_t graph_bucket(int64_t n_seqs) const;
   Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
-  Status attention(int64_t layer, int64_t n_tokens, bool all_decode);
+  float* act(Act a) const;
+  int64_t act_width(Act a) const;
+  const Matrix& matrix(WeightRef w) const;
+  const float* vector(WeightRef w) const;
+
+  // DecoderBackend: the ops of the layer graph, enqueued on the forward stream for the step
+  // whose metadata is on the device (all_decode_: one token per sequence).
+  std::string_view backend_name() const override { return "CUDA"; }
+  bool supports(DecoderOp op, QuantType weight_type) const override;
+  Status embed(int64_t n_tokens) override;
+  Status scale(Act a, int64_t count, float s) override;
+  Status rms_norm(Act in, WeightRef w, Act out, int64_t rows, int64_t dim) override;
+  Status add_rms_norm(Act delta, WeightRef w, int64_t n_tokens) override;
+  Status project(Act in, std::span<const Projection> outs, int64_t n_tokens) override;
+  Status add_bias(Act a, WeightRef bias, int64_t n_tokens, int64_t dim) override;
+  Status attention(int64_t layer, const LayerSpec& spec, float scale, int64_t n_tokens) override;
+  Status gated_activation(GluActivation act, int64_t n_tokens) override;
+  Status all_reduce(Act a, int64_t count) override;
 
   const ModelConfig& config_;
   const ShardLayout layout_;
@@ -230,7 +256,9 @@ class CudaForward {
   const Matrix* lm_head_ = nullptr;
   float* final_norm_ = nullptr;
   std::vector<Layer> layers_;
-  float* inv_freq_ = nullptr;
+  std::unique_ptr<Decoder> decoder_;
+  std::vector<float*> inv_freq_;  // the ArchSpec's RoPE tables on the device
+  bool all_decode_ = false;       // the step being enqueued decodes one token per sequence
   int64_t weight_bytes_ = 0, workspace_bytes_ = 0, kv_bytes_ = 0, step_weight_bytes_ = 0;
 
   // workspace (device)

@@ -31,23 +31,33 @@ void add_bias(float* y, const TensorView& bias, int64_t n_tokens, int64_t dim) {
 
 const float* f32(const TensorView& v) { return static_cast<const float*>(v.data); }
 
+DecoderDims decoder_dims(const ModelConfig& c, const ShardLayout& layout) {
+  return DecoderDims{c.hidden, c.head_dim, layout.n_heads, layout.n_kv_heads, layout.ffn};
+}
+
 }  // namespace
 
 ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
                          ThreadPool* pool, KvCache* cache, DeviceComm* comm)
+    : ForwardPass(config, layout, weights, pool, cache, comm, describe_architecture(config, weights)) {}
+
+ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
+                         ThreadPool* pool, KvCache* cache, DeviceComm* comm, ArchSpec arch)
     : config_(config),
       layout_(layout),
       weights_(weights),
       comm_(comm),
       pool_(pool),
       cache_(cache),
-      inv_freq_(rope_inv_freq(config)) {
+      decoder_(std::move(arch), decoder_dims(config, layout)) {
   TESSERA_CHECK(comm != nullptr && comm->size() == layout.tp_size, "communicator does not match the layout");
   TESSERA_CHECK(cache->shape().n_kv_heads == layout.n_kv_heads, "cache holds {} KV heads, layout {}",
                 cache->shape().n_kv_heads, layout.n_kv_heads);
   TESSERA_CHECK(static_cast<int64_t>(weights.layers.size()) == config.n_layers, "{} layers bound, {} expected",
                 weights.layers.size(), config.n_layers);
   TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
+  const Status arch_ok = decoder_.spec().validate(config, &weights);
+  TESSERA_CHECK(arch_ok.is_ok(), "{}", arch_ok.to_string());
   // A tied embedding re-laid for the LM head's kernels is looked up through a row copy.
   if (cpu::is_r16(weights.embed.type)) embed_row_.resize(row_bytes(cpu::r16_base(weights.embed.type), config.hidden));
 }
@@ -94,10 +104,64 @@ void ForwardPass::ensure_workspace(int64_t n) {
   capacity_tokens_ = n;
 }
 
-void ForwardPass::embed(std::span<const SequenceInput> batch) {
+float* ForwardPass::act(Act a) {
+  switch (a) {
+    case Act::kResidual: return x_.data();
+    case Act::kNormed: return h_.data();
+    case Act::kQ: return q_.data();
+    case Act::kK: return k_.data();
+    case Act::kV: return v_.data();
+    case Act::kAttn: return attn_.data();
+    case Act::kProj: return proj_.data();
+    case Act::kGate: return gate_.data();
+    case Act::kUp: return up_.data();
+  }
+  TESSERA_CHECK(false, "unknown activation {}", static_cast<int>(a));
+  return nullptr;
+}
+
+const TensorView& ForwardPass::weight(WeightRef r) const {
+  if (r.layer == WeightRef::kModel) {
+    switch (r.tensor) {
+      case Tensor::kEmbed: return weights_.embed;
+      case Tensor::kFinalNorm: return weights_.final_norm;
+      case Tensor::kLmHead: return weights_.lm_head;
+      default: break;
+    }
+    TESSERA_CHECK(false, "{} is not a model tensor", tensor_role_name(r.tensor));
+  }
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(r.layer)];
+  switch (r.tensor) {
+    case Tensor::kAttnNorm: return w.attn_norm;
+    case Tensor::kWq: return w.wq;
+    case Tensor::kWk: return w.wk;
+    case Tensor::kWv: return w.wv;
+    case Tensor::kBq: return w.bq;
+    case Tensor::kBk: return w.bk;
+    case Tensor::kBv: return w.bv;
+    case Tensor::kQNorm: return w.q_norm;
+    case Tensor::kKNorm: return w.k_norm;
+    case Tensor::kWo: return w.wo;
+    case Tensor::kPostAttnNorm: return w.post_attn_norm;
+    case Tensor::kFfnNorm: return w.ffn_norm;
+    case Tensor::kWGate: return w.w_gate;
+    case Tensor::kWUp: return w.w_up;
+    case Tensor::kWDown: return w.w_down;
+    case Tensor::kPostFfnNorm: return w.post_ffn_norm;
+    default: break;
+  }
+  TESSERA_CHECK(false, "{} is not a layer tensor", tensor_role_name(r.tensor));
+  return weights_.embed;
+}
+
+bool ForwardPass::supports(DecoderOp, QuantType) const {
+  return true;  // the reference backend: every op, every stored type
+}
+
+Status ForwardPass::embed(int64_t) {
   int64_t t = 0;
   const int64_t hidden = config_.hidden;
-  for (const SequenceInput& in : batch) {
+  for (const SequenceInput& in : batch_) {
     for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
       float* x = &x_[static_cast<size_t>(t * hidden)];
       if (embed_row_.empty()) {
@@ -110,30 +174,50 @@ void ForwardPass::embed(std::span<const SequenceInput> batch) {
       positions_[static_cast<size_t>(t)] = static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i));
     }
   }
+  return Status::ok();
 }
 
-void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batch, int64_t n) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+Status ForwardPass::scale(Act a, int64_t count, float s) {
+  float* x = act(a);
+  for (int64_t i = 0; i < count; ++i) x[i] *= s;
+  return Status::ok();
+}
+
+Status ForwardPass::rms_norm(Act in, WeightRef w, Act out, int64_t rows, int64_t dim) {
+  tessera::rms_norm(act(in), f32(weight(w)), act(out), rows, dim, decoder_.spec().rms_eps);
+  return Status::ok();
+}
+
+Status ForwardPass::add_rms_norm(Act delta, WeightRef w, int64_t n) {
+  tessera::add_rms_norm(x_.data(), act(delta), f32(weight(w)), h_.data(), n, config_.hidden, decoder_.spec().rms_eps);
+  return Status::ok();
+}
+
+Status ForwardPass::project(Act in, std::span<const Projection> outs, int64_t n) {
+  for (const Projection& p : outs) matmul(weight(p.weight), act(in), n, act(p.out), pool_);
+  return Status::ok();
+}
+
+Status ForwardPass::add_bias(Act a, WeightRef bias, int64_t n, int64_t dim) {
+  tessera::add_bias(act(a), weight(bias), n, dim);
+  return Status::ok();
+}
+
+Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int64_t n) {
+  (void)n;
   const int64_t hd = config_.head_dim;
   const int64_t n_heads = layout_.n_heads;
   const int64_t n_kv = layout_.n_kv_heads;
   const int64_t q_dim = n_heads * hd;
   const int64_t kv_dim = n_kv * hd;
-  matmul(w.wq, h_.data(), n, q_.data(), pool_);
-  matmul(w.wk, h_.data(), n, k_.data(), pool_);
-  matmul(w.wv, h_.data(), n, v_.data(), pool_);
-  add_bias(q_.data(), w.bq, n, q_dim);
-  add_bias(k_.data(), w.bk, n, kv_dim);
-  add_bias(v_.data(), w.bv, n, kv_dim);
-  if (w.q_norm.data) rms_norm(q_.data(), f32(w.q_norm), q_.data(), n * n_heads, hd, config_.rms_eps);
-  if (w.k_norm.data) rms_norm(k_.data(), f32(w.k_norm), k_.data(), n * n_kv, hd, config_.rms_eps);
-  rope_apply(q_.data(), positions_.data(), n, n_heads, hd, inv_freq_.data());
-  rope_apply(k_.data(), positions_.data(), n, n_kv, hd, inv_freq_.data());
+  const float* inv_freq = decoder_.spec().rope_inv_freq[static_cast<size_t>(spec.rope_table)].data();
+  rope_apply(q_.data(), positions_.data(), n, n_heads, hd, inv_freq);
+  rope_apply(k_.data(), positions_.data(), n, n_kv, hd, inv_freq);
 
   PagedKvLayer kv = cache_->layer(l);
   int64_t t = 0;
   attention_args_.clear();
-  for (const SequenceInput& in : batch) {
+  for (const SequenceInput& in : batch_) {
     const auto len = static_cast<int64_t>(in.tokens.size());
     kv_write(kv, in.block_table.data(), in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
              &v_[static_cast<size_t>(t * kv_dim)]);
@@ -143,16 +227,29 @@ void ForwardPass::attention_block(int64_t l, std::span<const SequenceInput> batc
     args.n_tokens = len;
     args.start_pos = in.start_pos;
     args.n_heads = n_heads;
-    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    args.sliding_window = config_.sliding_window;
+    args.scale = scale;
+    args.sliding_window = spec.sliding_window;
     args.block_table = in.block_table.data();
     attention_args_.push_back(args);
     t += len;
   }
   // All sequences in one pass over the pool (every kv_write above is done first).
   paged_attention_batch(kv, attention_args_, pool_);
-  matmul(w.wo, attn_.data(), n, proj_.data(), pool_);
+  return Status::ok();
 }
+
+Status ForwardPass::gated_activation(GluActivation a, int64_t n) {
+  switch (a) {
+    case GluActivation::kSilu:
+      silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
+      return Status::ok();
+    case GluActivation::kGeluTanh:
+      return Status::unimplemented("TEMP gelu");  // TEMP until the op list lands
+  }
+  return Status::internal("unknown activation");
+}
+
+Status ForwardPass::all_reduce(Act a, int64_t count) { return sum_over_ranks(act(a), count); }
 
 Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
   const int64_t vocab = config_.vocab;
@@ -183,15 +280,7 @@ Status ForwardPass::gather_logits(int64_t n_out, std::vector<float>& logits) {
   return Status::ok();
 }
 
-void ForwardPass::mlp_block(int64_t l, int64_t n) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  matmul(w.w_gate, h_.data(), n, gate_.data(), pool_);
-  matmul(w.w_up, h_.data(), n, up_.data(), pool_);
-  silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
-  matmul(w.w_down, gate_.data(), n, proj_.data(), pool_);
-}
-
-Status ForwardPass::all_reduce(float* data, int64_t count) {
+Status ForwardPass::sum_over_ranks(float* data, int64_t count) {
   if (layout_.tp_size == 1) return Status::ok();
   const auto t0 = std::chrono::steady_clock::now();
   Status s = comm_->all_reduce_sum(data, count);
@@ -209,24 +298,13 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
     n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
   }
   ensure_workspace(n);
-  embed(batch);
-
-  const int64_t hidden = config_.hidden;
-  const float eps = config_.rms_eps;
-  rms_norm(x_.data(), f32(weights_.layers[0].attn_norm), h_.data(), n, hidden, eps);
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    attention_block(l, batch, n);
-    TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
-    add_rms_norm(x_.data(), proj_.data(), f32(w.ffn_norm), h_.data(), n, hidden, eps);
-    mlp_block(l, n);
-    TESSERA_RETURN_IF_ERROR(all_reduce(proj_.data(), n * hidden));
-    const TensorView& next_norm =
-        l + 1 < config_.n_layers ? weights_.layers[static_cast<size_t>(l + 1)].attn_norm : weights_.final_norm;
-    add_rms_norm(x_.data(), proj_.data(), f32(next_norm), h_.data(), n, hidden, eps);
-  }
+  batch_ = batch;
+  const Status s = decoder_.forward(*this, n);
+  batch_ = {};
+  TESSERA_RETURN_IF_ERROR(s);
 
   // Gather the last hidden state of every piece that wants logits, then the LM head.
+  const int64_t hidden = config_.hidden;
   int64_t t = 0, row = 0;
   for (const SequenceInput& in : batch) {
     const auto len = static_cast<int64_t>(in.tokens.size());

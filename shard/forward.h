@@ -1,4 +1,6 @@
-// The decoder forward pass on CPU (DESIGN §1 "One step", step 3) for one shard.
+// The decoder forward pass on CPU (DESIGN §1 "One step", step 3) for one shard: the CPU backend
+// of the decoder (decoder/decoder.h walks the layers; this class holds the activations, runs
+// the ops with the CPU kernels, writes the KV cache and computes the LM head).
 //
 // A step runs a batch of sequence pieces at once: all their tokens are stacked into one
 // [T, hidden] activation matrix for the GEMMs, and attention runs per sequence over the paged
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "decoder/decoder.h"
 #include "kernels/paged_attention.h"
 #include "model/model_config.h"
 #include "model/weight_store.h"
@@ -45,13 +48,16 @@ struct SequenceInput {
 // the ForwardPass over sw.weights. Returns how many matrices were re-laid.
 int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool = nullptr);
 
-class ForwardPass {
+class ForwardPass : private DecoderBackend {
  public:
   // Everything passed in must outlive the ForwardPass. `weights` is this rank's slice as laid
   // out by `layout`; `comm` joins the ranks of the TP group (all-reduce after the O and down
-  // projections, all-gather of the vocabulary-parallel logits).
+  // projections, all-gather of the vocabulary-parallel logits). `arch` describes the layers
+  // (default: describe_architecture(config, weights)); it must validate against the weights.
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
               ThreadPool* pool, KvCache* cache, DeviceComm* comm);
+  ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
+              ThreadPool* pool, KvCache* cache, DeviceComm* comm, ArchSpec arch);
 
   // Runs every piece; writes fp32 logits (the full vocabulary, identical on every rank) to
   // `logits` (resized): in batch order, one row per token of a piece with all_logits, else one
@@ -61,16 +67,28 @@ class ForwardPass {
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
   const ModelConfig& config() const { return config_; }
+  const Decoder& decoder() const { return decoder_; }
 
  private:
   Status validate(std::span<const SequenceInput> batch) const;
   void ensure_workspace(int64_t n_tokens);
-  void embed(std::span<const SequenceInput> batch);
-  void attention_block(int64_t layer, std::span<const SequenceInput> batch, int64_t n_tokens);
-  void mlp_block(int64_t layer, int64_t n_tokens);
-
   Status gather_logits(int64_t n_out, std::vector<float>& logits);
-  Status all_reduce(float* data, int64_t count);
+  Status sum_over_ranks(float* data, int64_t count);
+  float* act(Act a);
+  const TensorView& weight(WeightRef w) const;
+
+  // DecoderBackend: the ops of the layer graph on this step's batch_.
+  std::string_view backend_name() const override { return "CPU"; }
+  bool supports(DecoderOp op, QuantType weight_type) const override;
+  Status embed(int64_t n_tokens) override;
+  Status scale(Act a, int64_t count, float s) override;
+  Status rms_norm(Act in, WeightRef w, Act out, int64_t rows, int64_t dim) override;
+  Status add_rms_norm(Act delta, WeightRef w, int64_t n_tokens) override;
+  Status project(Act in, std::span<const Projection> outs, int64_t n_tokens) override;
+  Status add_bias(Act a, WeightRef bias, int64_t n_tokens, int64_t dim) override;
+  Status attention(int64_t layer, const LayerSpec& spec, float scale, int64_t n_tokens) override;
+  Status gated_activation(GluActivation act, int64_t n_tokens) override;
+  Status all_reduce(Act a, int64_t count) override;
 
   const ModelConfig& config_;
   const ShardLayout layout_;
@@ -78,7 +96,8 @@ class ForwardPass {
   DeviceComm* comm_;
   ThreadPool* pool_;
   KvCache* cache_;
-  std::vector<float> inv_freq_;
+  Decoder decoder_;
+  std::span<const SequenceInput> batch_;  // the step run() is computing
   // Workspace, grown to the largest step seen and reused (no allocation per decode step).
   int64_t capacity_tokens_ = 0;
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;

@@ -68,23 +68,4 @@ PagedKvLayer KvCache::layer(int64_t l) {
   return kv;
 }
 
-SimpleBlockAllocator::SimpleBlockAllocator(int64_t num_blocks) {
-  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
-}
-
-bool SimpleBlockAllocator::ensure(std::vector<int32_t>& table, int64_t n_tokens, int64_t block_size) {
-  const int64_t need = (n_tokens + block_size - 1) / block_size;
-  while (static_cast<int64_t>(table.size()) < need) {
-    if (free_.empty()) return false;
-    table.push_back(free_.back());
-    free_.pop_back();
-  }
-  return true;
-}
-
-void SimpleBlockAllocator::release(std::vector<int32_t>& table) {
-  for (auto it = table.rbegin(); it != table.rend(); ++it) free_.push_back(*it);
-  table.clear();
-}
-
 }  // namespace tessera

@@ -1,7 +1,7 @@
 // A shard's KV storage: for every layer, K and V arrays of
 // [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3), or fp16 (half the memory;
 // KvCacheShape::f16, `--kv-dtype fp16`). Block ids are assigned by the
-// coordinator's BlockPool (or, in single-process tools, by a SimpleBlockAllocator); this class
+// coordinator's BlockPool; this class
 // only owns the memory, allocated once at start-up.
 #pragma once
 
@@ -40,19 +40,6 @@ class KvCache {
   KvCacheShape shape_;
   void* storage_ = nullptr;
   size_t bytes_ = 0;
-};
-
-// Hands out block ids for one process that has no coordinator (`tessera generate`, tests).
-class SimpleBlockAllocator {
- public:
-  explicit SimpleBlockAllocator(int64_t num_blocks);
-  // Grows `table` so it covers positions [0, n_tokens); false when blocks ran out.
-  bool ensure(std::vector<int32_t>& table, int64_t n_tokens, int64_t block_size);
-  void release(std::vector<int32_t>& table);
-  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
-
- private:
-  std::vector<int32_t> free_;
 };
 
 }  // namespace tessera

@@ -16,7 +16,8 @@
 #include "common/env.h"
 #include "kernels/cuda/cuda_loader.h"
 #include "model/synthetic_model.h"
-#include "shard/local_model.h"
+#include "local/local_model.h"
+#include "tests/shard/test_block_allocator.h"
 #include "tests/shard/stories_reference.h"
 
 namespace tessera {
@@ -44,7 +45,7 @@ struct GpuModel {
   ShardLayout layout;
   ShardWeights weights;
   std::unique_ptr<CudaForward> forward;
-  std::unique_ptr<SimpleBlockAllocator> allocator;
+  std::unique_ptr<test::TestBlockAllocator> allocator;
   const ModelConfig& config() const { return store->config(); }
 };
 
@@ -65,7 +66,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& path, int64_
   o.max_kv_blocks = 4096 / block_size + 64;  // a small pool: tests may run side by side
   if (edit) edit(o);
   TESSERA_ASSIGN_OR_RETURN(m->forward, CudaForward::create(m->config(), m->layout, m->weights.weights, nullptr, o));
-  if (!o.defer_kv_pool) m->allocator = std::make_unique<SimpleBlockAllocator>(m->forward->num_kv_blocks());
+  if (!o.defer_kv_pool) m->allocator = std::make_unique<test::TestBlockAllocator>(m->forward->num_kv_blocks());
   return m;
 }
 

@@ -21,7 +21,7 @@
 #include "model/safetensors_writer.h"
 #include "model/synthetic_model.h"
 #include "model/weight_store.h"
-#include "shard/local_model.h"
+#include "local/local_model.h"
 #include "shard/tp_slice.h"
 
 namespace tessera {

@@ -1,0 +1,168 @@
+#include "local/local_model.h"
+
+#include <algorithm>
+
+#include "common/kv_config.h"
+#include "common/logging.h"
+#include "coordinator/engine.h"
+
+namespace tessera {
+
+Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& options) {
+  TESSERA_RETURN_IF_ERROR(validate_block_size(options.block_size));
+  std::unique_ptr<LocalModel> m(new LocalModel());
+  TESSERA_ASSIGN_OR_RETURN(m->store_, WeightStore::open(options.path));
+  const ModelConfig& c = m->store_->config();
+  WeightLoadOptions wo;
+  wo.quant = options.quant;
+  wo.quantize_lm_head = options.quantize_lm_head;
+  wo.threads = options.threads;
+  TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*m->store_, wo));
+  TESSERA_ASSIGN_OR_RETURN(m->layout_, plan_shard_layout(c, TpConfig{}));
+  TESSERA_ASSIGN_OR_RETURN(ShardWeights weights, slice_model_weights(std::move(full), c, m->layout_));
+  m->comm_ = make_single_rank_comm();
+  m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.threads});
+  CpuBackendOptions bo;
+  bo.kv_f16 = options.kv_f16;
+  m->backend_ = std::make_unique<CpuBackend>(c, m->layout_, std::move(weights), m->pool_.get(), m->comm_.get(), bo);
+  m->executor_ = std::make_unique<ShardExecutor>(*m->backend_, c, ShardExecutorOptions{});
+  const int64_t kv_tokens = options.kv_tokens > 0 ? options.kv_tokens : c.max_positions;
+  const int64_t num_blocks = (kv_tokens + options.block_size - 1) / options.block_size;
+  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks));
+  m->steps_ = std::make_unique<InProcessShard>(*m->executor_);
+  // One request at a time from scratch: no prefix cache between calls.
+  TESSERA_ASSIGN_OR_RETURN(BlockPool blocks,
+                           BlockPool::create({num_blocks, static_cast<int32_t>(options.block_size), false}));
+  m->blocks_ = std::make_unique<BlockPool>(std::move(blocks));
+  declare_engine_metrics(m->metrics_);
+  TESSERA_LOG_DEBUG("loaded {}: {} layers, hidden {}, vocab {}, {} KV blocks of {} tokens", options.path, c.n_layers,
+                    c.hidden, c.vocab, num_blocks, options.block_size);
+  return m;
+}
+
+bool LocalModel::ensure_blocks(std::vector<int32_t>& table, int64_t n_tokens) {
+  const int64_t need = (n_tokens + block_size() - 1) / block_size();
+  while (static_cast<int64_t>(table.size()) < need) {
+    std::optional<int32_t> b = blocks_->allocate();
+    if (!b) return false;
+    table.push_back(*b);
+  }
+  return true;
+}
+
+void LocalModel::release_blocks(std::vector<int32_t>& table) {
+  for (int32_t b : table) blocks_->release(b);
+  table.clear();
+}
+
+namespace {
+
+// The logits at the last prompt position from one forward pass (max_tokens 0: nothing to
+// generate, so the engine runs no step).
+Result<std::vector<float>> prompt_logits(LocalModel& m, const std::vector<int32_t>& prompt, int64_t chunk) {
+  std::vector<int32_t> table;
+  if (!m.ensure_blocks(table, static_cast<int64_t>(prompt.size()))) {
+    m.release_blocks(table);
+    return Status::resource_exhausted(fmt::format("not enough KV blocks for {} tokens", prompt.size()));
+  }
+  std::vector<float> logits;
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t step = chunk > 0 ? chunk : n;
+  Status s;
+  for (int64_t start = 0; start < n && s.is_ok(); start += step) {
+    const int64_t len = std::min(step, n - start);
+    SequenceInput in;
+    in.tokens = std::span<const int32_t>(prompt.data() + start, static_cast<size_t>(len));
+    in.start_pos = start;
+    in.block_table = table;
+    in.want_logits = start + len == n;
+    s = m.forward().run(std::span<const SequenceInput>(&in, 1), logits);
+  }
+  m.release_blocks(table);
+  TESSERA_RETURN_IF_ERROR(s);
+  return logits;
+}
+
+}  // namespace
+
+Result<GenerateOutput> generate(LocalModel& model, const std::vector<int32_t>& prompt,
+                                const GenerateOptions& options,
+                                const std::function<void(const SampledToken&)>& on_token) {
+  if (prompt.empty()) return Status::invalid_argument("the prompt is empty");
+  if (options.max_tokens < 0) return Status::invalid_argument("max_tokens must be >= 0");
+  const ModelConfig& c = model.config();
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  if (n_prompt >= c.max_positions)
+    return Status::invalid_argument(
+        fmt::format("the prompt has {} tokens; the context length is {}", prompt.size(), c.max_positions));
+  for (int32_t id : prompt)
+    if (id < 0 || id >= c.vocab)
+      return Status::out_of_range(fmt::format("token id {} is out of range: the vocabulary has {} tokens (0..{})", id,
+                                              c.vocab, c.vocab - 1));
+  TESSERA_RETURN_IF_ERROR(validate_sampling_params(options.sampling));
+  const int64_t limit = std::min(n_prompt + options.max_tokens, c.max_positions);
+  if ((limit + model.block_size() - 1) / model.block_size() > model.blocks().num_free())
+    return Status::resource_exhausted(fmt::format("not enough KV blocks for {} tokens", limit));
+
+  GenerateOutput out;
+  if (options.max_tokens == 0) {
+    TESSERA_ASSIGN_OR_RETURN(out.prompt_last_logits, prompt_logits(model, prompt, options.prefill_chunk));
+    return out;
+  }
+
+  // One sequence, admitted at once, prefilled in pieces of prefill_chunk (the whole prompt by
+  // default), then one decode token per step.
+  EngineOptions eo;
+  eo.scheduler.profile = "generate";
+  eo.scheduler.max_batch = 1;
+  eo.scheduler.max_wait_ms = 0.0;
+  eo.scheduler.prefill_chunk = static_cast<int32_t>(options.prefill_chunk > 0 ? options.prefill_chunk : n_prompt);
+  eo.scheduler.max_step_tokens = eo.scheduler.prefill_chunk;
+  eo.scheduler.priority_classes = 1;
+  eo.eos_ids = c.eos_ids;
+  eo.max_positions = c.max_positions;
+  eo.first_seq_id = model.next_seq_id_;
+  const uint64_t seq_id = model.next_seq_id_++;
+  Engine engine(eo, model.steps(), model.blocks(), nullptr, model.metrics());
+
+  // The logits of the sequence's first sampled row: those at the last prompt position.
+  model.executor().set_row_observer([&](uint64_t, std::span<const float> row) {
+    if (out.prompt_last_logits.empty()) out.prompt_last_logits.assign(row.begin(), row.end());
+  });
+  std::string error;
+  bool done = false;
+  Job job;
+  job.sequences.push_back(JobSequence{prompt, 0});
+  job.sampling = options.sampling;
+  job.max_tokens = options.max_tokens;
+  job.ignore_eos = options.ignore_eos;
+  job.want_logprobs = options.sampling.return_logprob || options.sampling.n_logprobs > 0;
+  job.on_event = [&](const JobEvent& ev) {
+    for (size_t i = 0; i < ev.tokens.size(); ++i) {
+      out.ids.push_back(ev.tokens[i]);
+      if (on_token) {
+        SampledToken t;
+        t.id = ev.tokens[i];
+        if (i < ev.token_logprobs.size()) t.logprob = ev.token_logprobs[i].second;
+        if (i < ev.top_logprobs.size()) t.top_logprobs = ev.top_logprobs[i];
+        on_token(t);
+      }
+    }
+    if (!ev.finish_reason) return;
+    done = true;
+    if (*ev.finish_reason == "error" || *ev.finish_reason == "abort") error = ev.error.empty() ? *ev.finish_reason : ev.error;
+    const bool eos = !out.ids.empty() && std::find(c.eos_ids.begin(), c.eos_ids.end(), out.ids.back()) != c.eos_ids.end();
+    out.stopped_at_eos = *ev.finish_reason == "stop" && eos && !options.ignore_eos;
+  };
+  Result<uint64_t> submitted = engine.submit(std::move(job));
+  if (submitted.is_ok()) engine.run_until_idle();
+  model.executor().set_row_observer({});
+  // The engine is gone before a next step could tell the shard the sequence finished.
+  model.executor().drop(seq_id);
+  TESSERA_RETURN_IF_ERROR(submitted.status());
+  if (!error.empty()) return Status::internal(error);
+  if (!done) return Status::internal("the engine stopped before the request finished");
+  return out;
+}
+
+}  // namespace tessera

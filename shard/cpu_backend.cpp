@@ -1,0 +1,82 @@
+#include "shard/cpu_backend.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "common/logging.h"
+#include "topology/topology.h"
+
+namespace tessera {
+namespace {
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const ModelConfig& config, const ShardLayout& layout, ShardWeights weights, ThreadPool* pool,
+                       DeviceComm* comm, CpuBackendOptions options)
+    : config_(config), layout_(layout), weights_(std::move(weights)), pool_(pool), comm_(comm),
+      options_(std::move(options)) {}
+
+uint64_t CpuBackend::kv_bytes_per_token() const {
+  return 2ull * static_cast<uint64_t>(config_.n_layers * layout_.n_kv_heads * config_.head_dim) *
+         (options_.kv_f16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+Result<BackendMemory> CpuBackend::memory() const {
+  BackendMemory m;
+  m.device = fmt::format("cpu ({} threads{})", pool_->size(),
+                         options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus));
+  m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
+  m.kv_bytes_per_token = kv_bytes_per_token();
+  m.weight_bytes = weights_.bytes;
+  return m;
+}
+
+Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
+  if (cache_) return Status::invalid_argument("the KV cache is configured already");
+  KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_f16};
+  TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
+  cache_ = std::make_unique<KvCache>(std::move(cache));
+  const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_);
+  if (relaid > 0) TESSERA_LOG_DEBUG("{} matrices re-laid in 16-row groups for the AVX-512 kernels", relaid);
+  ArchSpec arch = options_.arch ? *options_.arch : describe_architecture(config_, weights_.weights);
+  TESSERA_RETURN_IF_ERROR(arch.validate(config_, &weights_.weights));
+  forward_ = std::make_unique<ForwardPass>(config_, layout_, weights_.weights, pool_, cache_.get(), comm_,
+                                           std::move(arch));
+  TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", num_blocks, block_size);
+  return Status::ok();
+}
+
+Status CpuBackend::copy_block(int32_t src, int32_t dst) {
+  if (!cache_) return Status::invalid_argument("block copy before the KV cache exists");
+  const auto& shape = cache_->shape();
+  const size_t per_block = static_cast<size_t>(shape.block_size * shape.n_kv_heads * shape.head_dim);
+  const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
+  for (int64_t l = 0; l < shape.n_layers; ++l) {
+    PagedKvLayer kv = cache_->layer(l);
+    if (shape.f16) {
+      std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
+      std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
+    } else {
+      std::copy_n(kv.k + from, per_block, kv.k + to);
+      std::copy_n(kv.v + from, per_block, kv.v + to);
+    }
+  }
+  return Status::ok();
+}
+
+Status CpuBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  if (!forward_) return Status::invalid_argument("a step before the KV cache exists");
+  return forward_->run(batch, logits);
+}
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+// The CPU backend of a shard (shard/shard_backend.h): the KV cache in host memory, the CPU
+// forward pass (shard/forward.h), logits sampled on the host.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/device_comm.h"
+#include "common/thread_pool.h"
+#include "decoder/arch.h"
+#include "shard/forward.h"
+#include "shard/kv_cache.h"
+#include "shard/shard_backend.h"
+#include "shard/tp_slice.h"
+
+namespace tessera {
+
+struct CpuBackendOptions {
+  bool kv_f16 = false;          // an fp16 KV cache (half the memory)
+  int local_ranks = 1;          // ranks sharing this host's memory (each reports its share)
+  std::vector<int> bound_cpus;  // the cores this rank is bound to (for the device name)
+  // The layers' description; default: describe_architecture(config, weights).
+  std::optional<ArchSpec> arch;
+};
+
+class CpuBackend : public ShardBackend {
+ public:
+  // `config`, `pool` and `comm` must outlive the backend; it owns `weights` (re-laid
+  // for the AVX-512 kernels by configure_kv, see relayout_for_cpu_kernels).
+  CpuBackend(const ModelConfig& config, const ShardLayout& layout, ShardWeights weights, ThreadPool* pool,
+             DeviceComm* comm, CpuBackendOptions options);
+
+  Result<BackendMemory> memory() const override;
+  Status configure_kv(int64_t block_size, int64_t num_blocks) override;
+  Status copy_block(int32_t src, int32_t dst) override;
+  Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
+  uint64_t comm_micros() const override { return forward_ ? forward_->comm_micros : 0; }
+
+  // After configure_kv: the forward pass (direct runs for tests and benchmarks) and its cache.
+  ForwardPass& forward() { return *forward_; }
+  KvCache& cache() { return *cache_; }
+  // The weights the forward pass uses (after --quant conversion; re-laid once configured).
+  const ModelWeights& weights() const { return weights_.weights; }
+  uint64_t kv_bytes_per_token() const;
+
+ private:
+  const ModelConfig& config_;
+  const ShardLayout layout_;
+  ShardWeights weights_;
+  ThreadPool* pool_;
+  DeviceComm* comm_;
+  CpuBackendOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<ForwardPass> forward_;
+};
+
+}  // namespace tessera

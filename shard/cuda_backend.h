@@ -1,0 +1,56 @@
+// The CUDA backend of a shard (shard/shard_backend.h): this rank's weights uploaded to its GPU
+// (CudaForward), an NCCL communicator over the TP group at TP > 1, the KV pool allocated when
+// the coordinator has sized it, and greedy / sampled outputs taken on the device.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "comm/device_comm.h"
+#include "comm/nccl_comm.h"
+#include "decoder/arch.h"
+#include "shard/cuda_forward.h"
+#include "shard/shard_backend.h"
+#include "shard/tp_slice.h"
+
+namespace tessera {
+
+struct CudaBackendOptions {
+  int local_rank = 0;              // this rank on its host: device local_rank % devices
+  int64_t max_step_tokens = 8192;  // the workspace holds steps of at most this many tokens
+  int64_t max_step_seqs = 256;     // ... and sequences
+  bool cuda_graphs = true;         // decode steps as CUDA graph replays
+  bool kv_f16 = false;             // refused: the CUDA KV cache is fp32
+  std::optional<ArchSpec> arch;    // default: describe_architecture(config, weights)
+};
+
+class CudaBackend : public ShardBackend {
+ public:
+  // Uploads `weights` (released when this returns: the device holds them) over `comm`'s group.
+  // Unavailable without a CUDA library or device.
+  static Result<std::unique_ptr<CudaBackend>> create(const ModelConfig& config, const ShardLayout& layout,
+                                                     ShardWeights weights, DeviceComm& comm,
+                                                     const CudaBackendOptions& options);
+
+  Result<BackendMemory> memory() const override;
+  Status configure_kv(int64_t block_size, int64_t num_blocks) override;
+  Status copy_block(int32_t src, int32_t dst) override;
+  Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
+  bool greedy_on_device() const override { return true; }
+  Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) override;
+  bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) override;
+  Status run_sampled(std::span<const SequenceInput> batch, std::vector<SampledToken>& out) override;
+
+  CudaForward& forward() { return *forward_; }
+
+ private:
+  CudaBackend() = default;
+  CudaBackendOptions options_;
+  std::unique_ptr<NcclComm> nccl_;  // TP > 1
+  std::unique_ptr<CudaForward> forward_;
+  // device sampling: the prepared step's rows and penalty entries
+  std::vector<TesseraCudaSampleRow> sample_rows_;
+  std::vector<TesseraCudaPenalty> penalties_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,69 @@
+// What a shard's step executor (shard/shard_executor.h) needs from the device it runs on: the
+// memory it reports in its hello, the KV pool the coordinator sizes, block copies, and the
+// forward pass with the outputs the device can produce. Two implementations: the CPU backend
+// (shard/cpu_backend.h: the KV cache in host memory and ForwardPass) and the CUDA backend
+// (shard/cuda_backend.h: CudaForward on one GPU). The executor never asks which one it has; it
+// asks what the backend can do (greedy_on_device, prepare_device_sampling).
+//
+// Thread-safety: one thread (the shard's worker loop, or the engine thread of an in-process
+// shard) calls every method.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/sampling.h"
+#include "shard/forward.h"
+
+namespace tessera {
+
+// The figures a shard reports in its hello.
+struct BackendMemory {
+  std::string device;                 // "cpu (2 threads, cpus 0-1)", "cuda:0 (NVIDIA H200, sm_90)"
+  uint64_t memory_available_bytes = 0;  // what a KV pool may take before the coordinator's headroom
+  uint64_t kv_bytes_per_token = 0;    // every layer, K and V, this rank's KV heads, in the KV dtype
+  uint64_t weight_bytes = 0;          // this rank's weights where they are computed from
+  int64_t max_step_tokens = 0;        // the largest step its workspace holds (0: no limit)
+  int64_t max_step_seqs = 0;
+};
+
+// One row the device may sample itself: the sequence's host sampler state (parameters, seeded
+// position, token counts) and the ids banned at this step.
+struct DeviceSampleRequest {
+  const Sampler* sampler = nullptr;
+  std::span<const int32_t> banned;
+};
+
+class ShardBackend {
+ public:
+  virtual ~ShardBackend() = default;
+
+  virtual Result<BackendMemory> memory() const = 0;
+  // Allocates the KV pool the coordinator planned (once). The weights may be re-laid for the
+  // device's kernels here (the CPU backend does), so the executor calls it before any step.
+  virtual Status configure_kv(int64_t block_size, int64_t num_blocks) = 0;
+  // Copy-on-write of a shared block: every layer's K and V of block src into dst.
+  virtual Status copy_block(int32_t src, int32_t dst) = 0;
+
+  // ForwardPass::run's contract: fp32 logits of the full vocabulary, one row per token of an
+  // all_logits piece and one per want_logits piece, in batch order.
+  virtual Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) = 0;
+
+  // True when run_greedy() takes the argmax on the device (no logits cross to the host).
+  virtual bool greedy_on_device() const { return false; }
+  // Each logit row's greedy token (ties to the lowest id), rows in run()'s order.
+  virtual Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids);
+  // True when the device can sample every row of the coming step itself with these samplers
+  // (one per sequence that wants a token, batch order); it keeps what run_sampled() needs.
+  virtual bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) { return false; }
+  // The tokens the device drew for the rows of the last successful prepare_device_sampling().
+  virtual Status run_sampled(std::span<const SequenceInput> batch, std::vector<SampledToken>& out);
+
+  // Microseconds spent in collectives outside the device's stream (CPU ranks), accumulated.
+  virtual uint64_t comm_micros() const { return 0; }
+};
+
+}  // namespace tessera

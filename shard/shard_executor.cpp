@@ -1,0 +1,225 @@
+#include "shard/shard_executor.h"
+
+#include <chrono>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace tessera {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t micros_since(Clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+}
+
+}  // namespace
+
+ShardExecutor::ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options)
+    : backend_(backend), config_(config), options_(options) {}
+
+Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks) {
+  if (num_blocks_ > 0) return Status::invalid_argument("configured twice");
+  TESSERA_RETURN_IF_ERROR(backend_.configure_kv(block_size, num_blocks));
+  num_blocks_ = num_blocks;
+  return Status::ok();
+}
+
+void ShardExecutor::drop(uint64_t id) { sequences_.erase(id); }
+
+Status ShardExecutor::prepare(const StepPlan& plan) {
+  if (num_blocks_ == 0) return Status::invalid_argument("step before configure");
+  if (plan.step_id != last_step_ + 1)
+    return Status::invalid_argument(fmt::format("step {} arrived after step {}", plan.step_id, last_step_.load()));
+  for (uint64_t id : plan.finished) drop(id);
+  for (const NewSequence& n : plan.new_sequences) {
+    TESSERA_RETURN_IF_ERROR(validate_sampling_params(n.sampling).with_context(fmt::format("sequence {}", n.seq_id)));
+    if (sequences_.count(n.seq_id)) return Status::invalid_argument(fmt::format("sequence {} already exists", n.seq_id));
+    const int64_t vocab = config_.vocab;
+    for (int32_t id : n.prompt_ids)
+      if (id < 0 || id >= vocab)
+        return Status::out_of_range(
+            fmt::format("sequence {}: token id {} is outside the vocabulary (0..{})", n.seq_id, id, vocab - 1));
+    SequenceState st;
+    st.tokens = n.prompt_ids;
+    st.n_prompt = n.prompt_ids.size();
+    st.sampler = std::make_unique<Sampler>(n.sampling);
+    st.sampler->add_prompt_tokens(n.prompt_ids);
+    sequences_.emplace(n.seq_id, std::move(st));
+  }
+  for (const BlockCopy& bc : plan.block_copies) {
+    if (bc.src < 0 || bc.dst < 0 || bc.src >= num_blocks_ || bc.dst >= num_blocks_)
+      return Status::out_of_range(fmt::format("block copy {} -> {} outside the cache", bc.src, bc.dst));
+  }
+  for (const ScheduledSequence& s : plan.scheduled) {
+    auto it = sequences_.find(s.seq_id);
+    if (it == sequences_.end()) return Status::not_found(fmt::format("unknown sequence {}", s.seq_id));
+    const auto n_tokens = static_cast<int64_t>(it->second.tokens.size());
+    if (s.num_tokens <= 0 || s.start_pos < 0 || s.start_pos + s.num_tokens > n_tokens)
+      return Status::invalid_argument(fmt::format("sequence {}: positions [{}, {}) but it has {} tokens", s.seq_id,
+                                                  s.start_pos, s.start_pos + s.num_tokens, n_tokens));
+  }
+  return Status::ok();
+}
+
+StepResult ShardExecutor::execute(const StepPlan& plan) {
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.step_id = plan.step_id;
+  r.rank = options_.rank;
+  Status s = prepare(plan);
+  if (s.is_ok()) {
+    for (const BlockCopy& bc : plan.block_copies) {
+      if (s.is_ok()) s = backend_.copy_block(bc.src, bc.dst);
+    }
+    batch_.clear();
+    for (const ScheduledSequence& q : plan.scheduled) {
+      SequenceState& st = sequences_.at(q.seq_id);
+      if (q.reset_blocks) st.block_table.clear();
+      st.block_table.insert(st.block_table.end(), q.append_blocks.begin(), q.append_blocks.end());
+      SequenceInput in;
+      in.tokens = std::span<const int32_t>(st.tokens.data() + q.start_pos, static_cast<size_t>(q.num_tokens));
+      in.start_pos = q.start_pos;
+      in.block_table = st.block_table;
+      in.want_logits = q.sample;
+      in.all_logits = q.prompt_logprobs;
+      batch_.push_back(in);
+    }
+    // Steps whose every sampled row is plain greedy take the argmax on the device when the
+    // backend can; other steps sample on the device when they can: either way no logits cross
+    // to the host. Otherwise the host samples the logits.
+    const bool greedy = backend_.greedy_on_device() && plain_greedy(plan);
+    const bool on_device = !greedy && options_.device_sampling && device_sampling_rows(plan);
+    const uint64_t comm_before = backend_.comm_micros();
+    if (s.is_ok() && !batch_.empty()) {
+      if (greedy)
+        s = backend_.run_greedy(batch_, greedy_ids_);
+      else if (on_device)
+        s = backend_.run_sampled(batch_, sampled_);
+      else
+        s = backend_.run(batch_, logits_);
+    }
+    r.comm_micros = backend_.comm_micros() - comm_before;
+    if (s.is_ok()) {
+      if (greedy)
+        take_greedy(plan, r);
+      else if (on_device)
+        take_sampled(plan, r);
+      else
+        sample(plan, r);
+    }
+  }
+  if (!s.is_ok()) r.error = fmt::format("rank {}: step {}: {}", options_.rank, plan.step_id, s.to_string());
+  last_step_ = plan.step_id;
+  r.compute_micros = micros_since(t0);
+  return r;
+}
+
+// True when every sequence that samples this step wants the plain argmax: temperature 0, no
+// logprobs, no penalties or logit bias, no banned tokens, no prompt logprobs (what Sampler would
+// do with the logits is then exactly the device's greedy choice).
+bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (q.prompt_logprobs || !q.banned_tokens.empty()) return false;
+    if (!q.sample) continue;
+    auto it = sequences_.find(q.seq_id);
+    if (it == sequences_.end()) return false;
+    const SamplingParams& p = it->second.sampler->params();
+    if (p.temperature != 0.0f || p.n_logprobs != 0 || p.return_logprob || p.repetition_penalty != 1.0f ||
+        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.logit_bias.empty())
+      return false;
+  }
+  return true;
+}
+
+// Asks the backend to sample every row of the step (batch order) on the device; false when a
+// row needs the logits on the host (prompt logprobs) or the backend cannot take the rows.
+bool ShardExecutor::device_sampling_rows(const StepPlan& plan) {
+  sample_requests_.clear();
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (q.prompt_logprobs) return false;
+    if (!q.sample) continue;
+    auto it = sequences_.find(q.seq_id);
+    if (it == sequences_.end()) return false;
+    sample_requests_.push_back(DeviceSampleRequest{it->second.sampler.get(), q.banned_tokens});
+  }
+  return backend_.prepare_device_sampling(sample_requests_);
+}
+
+// The tokens of a device-sampled step, one per sampling sequence in batch order: what sample()
+// does with the host's Sampler, the draw made on the device.
+void ShardExecutor::take_sampled(const StepPlan& plan, StepResult& r) {
+  size_t row = 0;
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (!q.sample) continue;
+    SequenceState& st = sequences_.at(q.seq_id);
+    SampledToken& tok = sampled_[row++];
+    st.sampler->accept(tok.id);
+    if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
+    if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
+  }
+}
+
+// The tokens of a plain_greedy step: one id per sampling sequence, in batch order.
+void ShardExecutor::take_greedy(const StepPlan& plan, StepResult& r) {
+  size_t row = 0;
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (!q.sample) continue;
+    SequenceState& st = sequences_.at(q.seq_id);
+    const int32_t id = greedy_ids_[row++];
+    st.sampler->accept(id);  // as sample() does: the sampler's history stays complete
+    if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(id);
+    if (options_.rank == 0) r.tokens.push_back({q.seq_id, id, 0.0f, {}});
+  }
+}
+
+// Every rank samples from the same gathered logits with the same seeded state, so every rank
+// appends the same token; rank 0 reports it.
+void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
+  const int64_t vocab = config_.vocab;
+  int64_t row = 0;
+  for (const ScheduledSequence& q : plan.scheduled) {
+    SequenceState& st = sequences_.at(q.seq_id);
+    if (q.prompt_logprobs) {
+      // Row i predicts the token at start_pos + i + 1; report those inside the prompt.
+      const auto n_prompt = static_cast<int64_t>(st.n_prompt);
+      for (int64_t i = 0; i < q.num_tokens; ++i) {
+        const int64_t pos = q.start_pos + i + 1;
+        if (options_.rank == 0 && pos < n_prompt) {
+          const int32_t token = st.tokens[static_cast<size_t>(pos)];
+          SampledToken lp = token_logprobs(&logits_[static_cast<size_t>((row + i) * vocab)], vocab, token,
+                                           st.sampler->params().n_logprobs);
+          r.prompt_logprobs.push_back({q.seq_id, pos, token, lp.logprob, std::move(lp.top_logprobs)});
+        }
+      }
+      row += q.num_tokens - 1;  // the last row is the sampling row below
+      if (!q.sample) {
+        ++row;
+        continue;
+      }
+    } else if (!q.sample) {
+      continue;
+    }
+    float* logits = &logits_[static_cast<size_t>(row * vocab)];
+    if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
+    for (const int32_t id : q.banned_tokens) {
+      if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+    }
+    SampledToken tok = st.sampler->sample(logits, vocab);
+    ++row;
+    // Recompute after preemption re-samples only when the plan covers every known token.
+    if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
+    if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
+  }
+}
+
+Status ShardBackend::run_greedy(std::span<const SequenceInput>, std::vector<int32_t>&) {
+  return Status::unimplemented("this backend takes no greedy argmax on the device");
+}
+
+Status ShardBackend::run_sampled(std::span<const SequenceInput>, std::vector<SampledToken>&) {
+  return Status::unimplemented("this backend does not sample on the device");
+}
+
+}  // namespace tessera

@@ -1,0 +1,90 @@
+// Executes StepPlans on one shard (DESIGN §1 "One step", steps 2-4 on the shard's side): the
+// per-sequence state a shard keeps between steps (tokens, block table, sampler), the plan's
+// bookkeeping (new sequences, finished ones, block copies), the forward pass on the backend and
+// the choice of each sampled token. Every rank of a TP group runs the same plan on the same
+// state, so every rank appends the same tokens; rank 0 reports them.
+//
+// It is the whole shard minus the transport: the shard process's worker loop
+// (shard/shard_worker.h) feeds it plans from the control channel, and an in-process shard
+// (local/in_process_shard.h) feeds it the engine's plans directly.
+//
+// Thread-safety: one thread calls everything except last_step(), which any thread may read.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/control_messages.h"
+#include "common/status.h"
+#include "kernels/sampling.h"
+#include "model/model_config.h"
+#include "shard/shard_backend.h"
+
+namespace tessera {
+
+struct ShardExecutorOptions {
+  int rank = 0;                 // this shard's rank in the TP group (rank 0 reports tokens)
+  // Let the backend sample on the device when it can (only ids and logprobs cross to the host);
+  // off: every non-greedy step samples the downloaded logits on the host.
+  bool device_sampling = true;
+};
+
+class ShardExecutor {
+ public:
+  // `backend` and `config` must outlive the executor.
+  ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options);
+
+  // The KV pool of the coordinator's plan; before any step, once.
+  Status configure(int64_t block_size, int64_t num_blocks);
+  bool configured() const { return num_blocks_ > 0; }
+
+  // Runs one plan (step ids consecutive from 1). Any error is in StepResult::error (naming the
+  // rank and the step) and leaves the computation undone: every rank checks the same plan the
+  // same way before any collective, so all reject it together.
+  StepResult execute(const StepPlan& plan);
+  // Forgets a sequence (aborted by the coordinator).
+  void drop(uint64_t seq_id);
+  uint64_t last_step() const { return last_step_.load(); }
+
+  // In-process callers only: sees every logits row the host samples from, before the draw
+  // (sequence id, its fp32 row of the full vocabulary). E.g. `generate` keeps the logits at
+  // the last prompt position.
+  using RowObserver = std::function<void(uint64_t seq_id, std::span<const float> logits)>;
+  void set_row_observer(RowObserver observer) { observer_ = std::move(observer); }
+
+ private:
+  struct SequenceState {
+    std::vector<int32_t> tokens;  // prompt, then every sampled token
+    size_t n_prompt = 0;
+    std::vector<int32_t> block_table;
+    std::unique_ptr<Sampler> sampler;
+  };
+
+  Status prepare(const StepPlan& plan);
+  bool plain_greedy(const StepPlan& plan) const;
+  bool device_sampling_rows(const StepPlan& plan);
+  void take_greedy(const StepPlan& plan, StepResult& r);
+  void take_sampled(const StepPlan& plan, StepResult& r);
+  void sample(const StepPlan& plan, StepResult& r);
+
+  ShardBackend& backend_;
+  const ModelConfig& config_;
+  ShardExecutorOptions options_;
+  int64_t num_blocks_ = 0;
+  std::map<uint64_t, SequenceState> sequences_;
+  std::atomic<uint64_t> last_step_{0};
+  RowObserver observer_;
+  // Reused every step.
+  std::vector<SequenceInput> batch_;
+  std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;
+  std::vector<DeviceSampleRequest> sample_requests_;
+  std::vector<SampledToken> sampled_;
+};
+
+}  // namespace tessera
