@@ -77,7 +77,10 @@ struct LayerWeights {
   TensorView wq, wk, wv, wo;      // [n_heads*hd, hidden], [n_kv*hd, hidden] x2, [hidden, n_heads*hd]
   TensorView bq, bk, bv;          // F32 biases (Qwen2) or data == nullptr
   TensorView q_norm, k_norm;      // [head_dim] F32 (Qwen3) or data == nullptr
-  TensorView ffn_norm;            // [hidden] F32
+  TensorView ffn_norm;            // [hidden] F32 (the pre-FFN norm)
+  // [hidden] F32 norms of the attention and MLP outputs before each residual add (Gemma 2 / 3:
+  // ArchSpec::post_norms), or data == nullptr.
+  TensorView post_attn_norm, post_ffn_norm;
   TensorView w_gate, w_up;        // [ffn, hidden]
   TensorView w_down;              // [hidden, ffn]
 };
