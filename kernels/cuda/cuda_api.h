@@ -291,6 +291,12 @@ enum {
   OP(int, tessera_cuda_silu_mul_f32, silu_mul_f32,                                                                   \
      (const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim, void* stream),                  \
      (gate, up, out, n_tokens, dim, stream))                                                                         \
+  /* activation.cu. out = gelu_tanh(gate) * up (GeGLU, Gemma's MLP), fp32 [n_tokens, dim]; out                       \
+     may alias gate or up. gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))),                   \
+     as kernels/activation.h's gelu_tanh_mul (within fp32 rounding: tanhf on the device). */                         \
+  OP(int, tessera_cuda_gelu_tanh_mul_f32, gelu_tanh_mul_f32,                                                         \
+     (const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim, void* stream),                  \
+     (gate, up, out, n_tokens, dim, stream))                                                                         \
                                                                                                                      \
   /* sampling.cu. ids[r] = argmax of logits[r, 0 .. vocab), ties to the lowest id, NaN counts as                     \
      -inf (all -inf or NaN: 0), as kernels/sampling.h's greedy path. fp32 [n_rows, vocab]. */                        \
@@ -449,6 +455,9 @@ enum {
   OP(int, tessera_cuda_gather_rows_f32, gather_rows_f32,                                                             \
      (const float* src, const int32_t* rows, float* dst, int64_t n_rows, int64_t dim, void* stream),                 \
      (src, rows, dst, n_rows, dim, stream))                                                                          \
+  /* elementwise.cu. x[i] *= s, i < n (fp32, in place), as kernels/elementwise.h's scale_f32                         \
+     (one IEEE multiply: the same bits). */                                                                          \
+  OP(int, tessera_cuda_scale_f32, scale_f32, (float* x, float s, int64_t n, void* stream), (x, s, n, stream))
 
 // The declarations of every entry point. (Two macros, no `...`: .cu files are C++17, where a
 // variadic macro needs at least one variadic argument.)

@@ -957,6 +957,19 @@ int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, in
   for (int64_t i = 0; i < n * dim; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   return 0;
 }
+// kernels/activation.h's gelu_tanh_mul step by step (this file is built with -ffp-contract=off, as
+// the CPU kernels are): the same bits as the CPU.
+int tessera_cuda_gelu_tanh_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim,
+                                   void* stream) {
+  if (n < 0 || dim < 0) return fail("tessera_cuda_gelu_tanh_mul_f32: negative size");
+  for (int64_t i = 0; i < n * dim; ++i) {
+    const float x = gate[i];
+    const float c = x * x * x;
+    const float t = std::tanh(0.7978845608f * (x + 0.044715f * c));
+    out[i] = 0.5f * x * (1.0f + t) * up[i];
+  }
+  return 0;
+}
 int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t id_offset, int32_t* ids,
                                   float* values, void* stream) {
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -1115,6 +1128,11 @@ int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row_bytes, uin
 }
 int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  return 0;
+}
+int tessera_cuda_scale_f32(float* x, float s, int64_t n, void* stream) {
+  if (n < 0) return fail("tessera_cuda_scale_f32: n must be >= 0");
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
   return 0;
 }
 int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t dim, void* stream) {
