@@ -3,6 +3,7 @@
 // where a last-bit difference could move a rounding boundary).
 //   silu(g) = g * (1 / (1 + e)), e = exp_poly(-g); out = silu(g) * up
 // exp_poly(x): x clamped to [-87, 88], then the polynomial of kernels/cpu/exp_poly.h.
+// GeGLU (gelu_tanh_mul) is a scalar loop over std::tanh.
 #include "kernels/activation.h"
 
 #include <algorithm>
@@ -71,6 +72,19 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n_tokens, 
   }
 #endif
   for (int64_t i = 0; i < n; ++i) out[i] = silu_mul1(gate[i], up[i]);
+}
+
+// GeGLU: one scalar loop over libm's tanhf on every ISA (no SIMD path yet), in the order the header
+// states.
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim) {
+  constexpr float kSqrt2OverPi = 0.7978845608f;
+  const int64_t n = n_tokens * dim;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float c = x * x * x;
+    const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * c));
+    out[i] = 0.5f * x * (1.0f + t) * up[i];
+  }
 }
 
 }  // namespace tessera

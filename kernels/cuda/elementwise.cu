@@ -1,5 +1,5 @@
 // Small element-wise / row ops of the forward pass: residual add, bias add, row gather, the
-// reorder of a vocabulary-parallel LM head's gathered logits.
+// reorder of a vocabulary-parallel LM head's gathered logits, scaling by a scalar.
 // Launch: 1-D grids of 256-thread blocks with a grid-stride loop (at most 65535 * 4 blocks),
 // so any element count works.
 #include <cuda_runtime.h>
@@ -55,6 +55,12 @@ __global__ void unshard_logits_kernel(const float* __restrict__ gathered, int64_
   }
 }
 
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
 }  // namespace
 }  // namespace tessera::cuda
 
@@ -98,4 +104,12 @@ extern "C" int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_
   unshard_logits_kernel<<<blocks_for(n_rows * vocab), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       gathered, n_rows, vocab, per_rank, out);
   return check_launch("unshard_logits_kernel launch");
+}
+
+extern "C" int tessera_cuda_scale_f32(float* x, float s, int64_t n, void* stream) {
+  using namespace tessera::cuda;
+  if (n < 0) return record_message("tessera_cuda_scale_f32: n must be >= 0");
+  if (n == 0) return 0;
+  scale_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, n);
+  return check_launch("scale_kernel launch");
 }

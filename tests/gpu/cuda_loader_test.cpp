@@ -1,10 +1,27 @@
 // The loader's failure paths run everywhere; the device probe only where a library is built.
+// Every entry point of cuda_api.h's list must be in the fake backend and in the library this
+// tree built (the two libraries are named by the build: TESSERA_FAKE_CUDA_LIBRARY and, with
+// nvcc, TESSERA_BUILT_CUDA_LIBRARY).
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_loader.h"
 
 namespace tessera {
 namespace {
+
+// The symbols of the entry points whose CudaApi field is null.
+std::vector<std::string> null_fields(const CudaApi& api) {
+  std::vector<std::string> missing;
+#define TESSERA_CHECK_FIELD(ret, symbol, field, params, ...) \
+  if (api.field == nullptr) missing.push_back(#symbol);
+  TESSERA_CUDA_ENTRY_POINTS(TESSERA_CHECK_FIELD, TESSERA_CHECK_FIELD)
+#undef TESSERA_CHECK_FIELD
+  return missing;
+}
 
 TEST(CudaLoader, MissingLibraryNamesThePath) {
   Result<CudaApi> api = open_cuda_api("/nonexistent/dir/libtessera_cuda.so");
@@ -12,6 +29,27 @@ TEST(CudaLoader, MissingLibraryNamesThePath) {
   EXPECT_EQ(api.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(api.status().message().find("/nonexistent/dir/libtessera_cuda.so"), std::string::npos)
       << api.status().message();
+}
+
+TEST(CudaLoader, FakeBackendHasEveryEntryPoint) {
+  Result<CudaApi> api = open_cuda_api(TESSERA_FAKE_CUDA_LIBRARY);
+  ASSERT_TRUE(api.is_ok()) << api.status().message();
+  EXPECT_EQ(null_fields(*api), std::vector<std::string>{});
+}
+
+TEST(CudaLoader, BuiltLibraryHasEveryEntryPoint) {
+#ifndef TESSERA_BUILT_CUDA_LIBRARY
+  GTEST_SKIP() << "this build has no CUDA library (no nvcc)";
+#else
+  const std::string path = TESSERA_BUILT_CUDA_LIBRARY;
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is a dependency of this test binary";
+  Result<CudaApi> api = open_cuda_api(path);
+  // Not loadable at all (no CUDA runtime on this machine) says nothing about its symbols.
+  if (!api.is_ok() && api.status().message().find("not loadable") != std::string::npos)
+    GTEST_SKIP() << api.status().message();
+  ASSERT_TRUE(api.is_ok()) << api.status().message();
+  EXPECT_EQ(null_fields(*api), std::vector<std::string>{});
+#endif
 }
 
 TEST(CudaLoader, DeviceCountNeverFails) {

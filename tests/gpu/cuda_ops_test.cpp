@@ -1,15 +1,19 @@
 // Element-wise and row-wise CUDA ops against the CPU reference kernels (kernels/*.h) over
 // grids of shapes that include odd sizes: RMSNorm, add + RMSNorm, embedding (f32 / f16 tables
-// and outputs), f32 <-> f16 conversion, SiLU·mul, greedy argmax, F16 GEMM (cuBLAS).
+// and outputs), f32 <-> f16 conversion, SiLU·mul, GELU(tanh)·mul, scale, greedy argmax, F16 GEMM
+// (cuBLAS).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/tensor.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "kernels/sampling.h"
@@ -127,6 +131,87 @@ TEST_F(CudaOps, SiluMul) {
     expect_close(to_host(d_gate, n * dim), want, 1e-6f, 1e-5f,
                  "silu_mul n=" + std::to_string(n) + " dim=" + std::to_string(dim));
   }
+}
+
+// gelu_tanh_mul on the device against the CPU: tanhf's few-ulp error is an absolute error of
+// (1 + t), which 0.5 * |gate| * |up| scales (it dominates where t is near -1), plus a few ulp of
+// the result.
+void expect_gelu_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& gate,
+                       const std::vector<float>& up, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-6f * std::fabs(gate[i] * up[i]) + 2e-6f * std::fabs(want[i]) + 1e-30f)
+        << what << " element " << i << " gate " << gate[i] << " up " << up[i];
+}
+
+TEST_F(CudaOps, GeluTanhMul) {
+  const int64_t shapes[][2] = {{1, 1}, {3, 17}, {8, 1000}, {2, 70001}};
+  for (const auto& s : shapes) {
+    const int64_t n = s[0], dim = s[1];
+    std::vector<float> gate = gaussian(n * dim, 11, 4.0f);
+    const std::vector<float> up = gaussian(n * dim, 12);
+    const float extremes[] = {30.0f, -30.0f, 1e30f, -1e30f, 0.0f, -0.0f};
+    for (size_t i = 0; i < std::size(extremes) && i < gate.size(); ++i) gate[i] = extremes[i];
+    std::vector<float> want(gate.size());
+    gelu_tanh_mul(gate.data(), up.data(), want.data(), n, dim);
+    const float* d_gate = to_device(gate);
+    float* d_up = to_device(up);
+    ASSERT_EQ(api_->gelu_tanh_mul_f32(d_gate, d_up, d_up, n, dim, nullptr), 0) << api_->last_error();  // out = up
+    expect_gelu_close(to_host(d_up, n * dim), want, gate, up,
+                      "gelu_tanh_mul n=" + std::to_string(n) + " dim=" + std::to_string(dim));
+  }
+  EXPECT_EQ(api_->gelu_tanh_mul_f32(nullptr, nullptr, nullptr, 0, 5, nullptr), 0) << api_->last_error();
+  EXPECT_NE(api_->gelu_tanh_mul_f32(nullptr, nullptr, nullptr, -1, 5, nullptr), 0) << "negative size accepted";
+}
+
+// One fp32 multiply per element: the same bits as the CPU.
+TEST_F(CudaOps, ScaleMatchesCpuBitForBit) {
+  for (int64_t n : {1, 255, 256, 100003}) {
+    for (float s : {0.125f, -3.7f, 45.254833f}) {
+      const std::vector<float> x = gaussian(n, 13, 10.0f);
+      std::vector<float> want = x;
+      scale_f32(want.data(), s, n);
+      float* d_x = to_device(x);
+      ASSERT_EQ(api_->scale_f32(d_x, s, n, nullptr), 0) << api_->last_error();
+      EXPECT_EQ(to_host(d_x, n), want) << "scale n=" << n << " s=" << s;
+    }
+  }
+  EXPECT_EQ(api_->scale_f32(nullptr, 2.0f, 0, nullptr), 0) << api_->last_error();
+  EXPECT_NE(api_->scale_f32(nullptr, 2.0f, -1, nullptr), 0) << "negative size accepted";
+}
+
+// Both ops captured into a CUDA graph: nothing runs during the capture, and every replay reads
+// the buffers as they are then.
+TEST_F(CudaOps, GeluTanhMulAndScaleReplayFromAGraph) {
+  const int64_t n = 5, dim = 301, count = n * dim;
+  const float s = 0.5f;
+  float* d_gate = alloc<float>(count);
+  float* d_up = alloc<float>(count);
+  const std::vector<float> sentinel(static_cast<size_t>(count), 7.0f);
+  float* d_out = to_device(sentinel);
+  void* stream = nullptr;
+  ASSERT_EQ(api_->stream_create(&stream), 0) << api_->last_error();
+  void* graph = nullptr;
+  ASSERT_EQ(api_->graph_begin_capture(stream), 0) << api_->last_error();
+  ASSERT_EQ(api_->gelu_tanh_mul_f32(d_gate, d_up, d_out, n, dim, stream), 0) << api_->last_error();
+  ASSERT_EQ(api_->scale_f32(d_out, s, count, stream), 0) << api_->last_error();
+  ASSERT_EQ(api_->graph_end_capture(stream, &graph), 0) << api_->last_error();
+  EXPECT_EQ(to_host(d_out, count), sentinel) << "an op ran during the capture";
+  for (uint32_t replay = 0; replay < 2; ++replay) {
+    const std::vector<float> gate = gaussian(count, 20 + replay, 3.0f), up = gaussian(count, 30 + replay);
+    ASSERT_EQ(api_->device_memcpy(d_gate, gate.data(), count * static_cast<int64_t>(sizeof(float))), 0);
+    ASSERT_EQ(api_->device_memcpy(d_up, up.data(), count * static_cast<int64_t>(sizeof(float))), 0);
+    ASSERT_EQ(api_->graph_launch(graph, stream), 0) << api_->last_error();
+    ASSERT_EQ(api_->stream_synchronize(stream), 0) << api_->last_error();
+    std::vector<float> want(static_cast<size_t>(count));
+    gelu_tanh_mul(gate.data(), up.data(), want.data(), n, dim);
+    scale_f32(want.data(), s, count);  // exact (a power of two), so the gelu bound still holds
+    std::vector<float> scaled_up = up;
+    scale_f32(scaled_up.data(), s, count);
+    expect_gelu_close(to_host(d_out, count), want, gate, scaled_up, "replay " + std::to_string(replay));
+  }
+  EXPECT_EQ(api_->graph_destroy(graph), 0);
+  EXPECT_EQ(api_->stream_destroy(stream), 0);
 }
 
 TEST_F(CudaOps, ArgmaxMatchesGreedySampler) {

@@ -8,6 +8,10 @@
 // decomposition step by step; the other ops are plain references (the sampler: the kernel's
 // orders and fixed-point sums as a sequential algorithm). NCCL runs between processes through
 // shared memory (below).
+// The entry points follow cuda_api.h's list: its CALL entries are defined by hand (extern "C"
+// below); each OP entry is an implementation fake_op::<symbol> with the entry's signature, and
+// the exported symbol, generated from the list at the end of this file, checks the call
+// (CallCheck), then records it while a graph is being captured or runs it (run_or_record).
 // It says nothing about the real kernels' speed or synchronization: the `gpu` tests on a
 // device do.
 #include <fcntl.h>
@@ -24,8 +28,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "common/dtype.h"
@@ -39,9 +46,10 @@ using tessera::fp16_to_f32;
 
 const char* g_last_error = "";
 
-// CUDA graph capture: while a stream is being captured, the ops below are recorded (with copies
-// of their arguments, as a kernel launch copies its parameters) instead of run; a graph replays
-// them in order. Copies and synchronizations during a capture fail, as they do on a device.
+// CUDA graph capture: while a stream is being captured, the ops (the list's OP entries) are
+// recorded (with copies of their arguments, as a kernel launch copies its parameters) instead of
+// run; a graph replays them in order. Copies and synchronizations during a capture fail, as they
+// do on a device.
 using Graph = std::vector<std::function<int()>>;
 thread_local Graph* g_capture = nullptr;
 
@@ -53,6 +61,43 @@ int record(std::function<int()> op) {
 int fail(const char* message) {
   g_last_error = message;
   return -1;
+}
+
+// What a recorded call keeps of one argument: its value (scalars, device pointers, the stream),
+// or for an op's argument struct (`const TesseraCuda...Args*`, host memory read during the call,
+// cuda_api.h) a copy of the struct, so the caller may reuse its struct once the call returns.
+template <class T>
+struct KeptArg {
+  explicit KeptArg(T v) : value(v) {}
+  T get() const { return value; }
+  T value;
+};
+template <class T>
+  requires std::is_class_v<T>
+struct KeptArg<const T*> {
+  explicit KeptArg(const T* p) : value(p ? std::optional<T>(*p) : std::nullopt) {}
+  const T* get() const { return value ? &*value : nullptr; }
+  std::optional<T> value;
+};
+
+// The checks an entry point makes on the host when it is called, before anything is enqueued, so
+// they fail the call itself, also during a capture (the real library's do). None by default; an
+// op with such checks specializes CallCheck (at the end of this file) with
+// `static constexpr auto run = <a function of the op's parameters returning 0 or fail(...)>`.
+template <auto Op>
+struct CallCheck {
+  static int run(auto...) { return 0; }
+};
+
+// An exported op: its call checks, then a record of the call (arguments kept as above) while the
+// calling thread captures a graph, else the op itself. The replay runs Op on the kept arguments.
+template <auto Op, class... A>
+int run_or_record(A... args) {
+  if (int rc = CallCheck<Op>::run(args...); rc != 0) return rc;
+  if (!g_capture) return Op(args...);
+  return record([kept = std::tuple<KeptArg<A>...>(KeptArg<A>(args)...)] {
+    return std::apply([](const KeptArg<A>&... k) { return Op(k.get()...); }, kept);
+  });
 }
 
 // Softmax-weighted sum over the keys [first, last] of one (sequence, query head).
@@ -687,8 +732,16 @@ int tessera_nccl_comm_destroy(void* comm) {
   delete c;
   return 0;
 }
+int tessera_cuda_blas_create(void** handle) { return tessera_cuda_stream_create(handle); }
+int tessera_cuda_blas_destroy(void*) { return 0; }
+
+}  // extern "C"
+
+// ---- the ops (OP entries of the list): implementations, exported at the end of this file ----
+namespace {
+namespace fake_op {
+
 int tessera_nccl_all_reduce_sum_f32(void* comm, const float* send, float* recv, int64_t count, void* stream) {
-  if (g_capture) return record([=] { return tessera_nccl_all_reduce_sum_f32(comm, send, recv, count, stream); });
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (int rc = fake_check_size(count * 4); rc != 0) return rc;
   std::memcpy(c->slot(c->rank), send, static_cast<size_t>(count) * 4);
@@ -701,7 +754,6 @@ int tessera_nccl_all_reduce_sum_f32(void* comm, const float* send, float* recv, 
   return fake_barrier(c);
 }
 int tessera_nccl_all_gather(void* comm, const void* send, void* recv, int64_t bytes, void* stream) {
-  if (g_capture) return record([=] { return tessera_nccl_all_gather(comm, send, recv, bytes, stream); });
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (int rc = fake_check_size(bytes); rc != 0) return rc;
   std::memcpy(c->slot(c->rank), send, static_cast<size_t>(bytes));
@@ -711,7 +763,6 @@ int tessera_nccl_all_gather(void* comm, const void* send, void* recv, int64_t by
   return fake_barrier(c);
 }
 int tessera_nccl_broadcast(void* comm, void* data, int64_t bytes, int root, void* stream) {
-  if (g_capture) return record([=] { return tessera_nccl_broadcast(comm, data, bytes, root, stream); });
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (int rc = fake_check_size(bytes); rc != 0) return rc;
   if (root < 0 || root >= c->nranks) return fail("fake NCCL: broadcast root out of range");
@@ -723,7 +774,6 @@ int tessera_nccl_broadcast(void* comm, void* data, int64_t bytes, int root, void
 
 int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps,
                               void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_rms_norm_f32(x, w, y, n, dim, eps, stream); });
   for (int64_t r = 0; r < n; ++r) {
     float sum = 0.0f;
     for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i] * x[r * dim + i];
@@ -734,16 +784,11 @@ int tessera_cuda_rms_norm_f32(const float* x, const float* w, float* y, int64_t 
 }
 int tessera_cuda_add_rms_norm_f32(float* residual, const float* delta, const float* w, float* y, int64_t n, int64_t dim,
                                   float eps, void* stream) {
-  if (g_capture)
-    return record([=] { return tessera_cuda_add_rms_norm_f32(residual, delta, w, y, n, dim, eps, stream); });
   for (int64_t i = 0; i < n * dim; ++i) residual[i] += delta[i];
   return tessera_cuda_rms_norm_f32(residual, w, y, n, dim, eps, stream);
 }
 int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, int64_t dim, const int32_t* ids,
                            int64_t n, void* out, int out_dtype, void* stream) {
-  if (g_capture)
-    return record(
-        [=] { return tessera_cuda_embedding(table, table_dtype, vocab, dim, ids, n, out, out_dtype, stream); });
   if ((table_dtype != TESSERA_CUDA_F32 && table_dtype != TESSERA_CUDA_F16) ||
       (out_dtype != TESSERA_CUDA_F32 && out_dtype != TESSERA_CUDA_F16))
     return fail("fake backend: embedding dtype must be TESSERA_CUDA_F32 or TESSERA_CUDA_F16");
@@ -759,17 +804,14 @@ int tessera_cuda_embedding(const void* table, int table_dtype, int64_t vocab, in
   return 0;
 }
 int tessera_cuda_convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_convert_f32_to_f16(src, dst, n, stream); });
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
   return 0;
 }
 int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_convert_f16_to_f32(src, dst, n, stream); });
   for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
   return 0;
 }
 int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void* stream) {
-  if (g_capture) return record([c = *a, stream] { return tessera_cuda_rope_kv_write_f32(&c, stream); });
   const int64_t hd = a->head_dim, half = hd / 2, row = a->n_kv_heads * hd;
   auto rotate = [&](const float* src, float* dst, int64_t i, float pos) {
     const float angle = pos * a->inv_freq[i], c = std::cos(angle), s = std::sin(angle);
@@ -790,7 +832,6 @@ int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void* stream)
   return 0;
 }
 int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void* stream) {
-  if (g_capture) return record([c = *a, stream] { return tessera_cuda_paged_decode_attention_f32(&c, stream); });
   const int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
   if (a->n_splits > 1 && (a->split_keys <= 0 || !a->partial)) return fail("fake backend: bad split arguments");
   for (int64_t s = 0; s < a->n_seqs; ++s)
@@ -849,7 +890,6 @@ int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs
 
 // prefill_attention.cu step by step: blocks (h, tile, s), 4 warps x 4 queries, 16-key tiles.
 int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionArgs* args, void* stream) {
-  if (g_capture) return record([c = *args, stream] { return tessera_cuda_paged_prefill_attention_f32(&c, stream); });
   if (!args) return fail("null args");
   const TesseraCudaPrefillAttentionArgs& a = *args;
   if (a.head_dim <= 0 || a.head_dim > 256 || a.n_kv_heads <= 0 || a.n_heads <= 0 || a.n_heads % a.n_kv_heads != 0 ||
@@ -914,14 +954,24 @@ int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionAr
 }
 
 int tessera_cuda_silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_silu_mul_f32(gate, up, out, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  return 0;
+}
+// kernels/activation.h's gelu_tanh_mul step by step (this file is built with -ffp-contract=off, as
+// the CPU kernels are): the same bits as the CPU.
+int tessera_cuda_gelu_tanh_mul_f32(const float* gate, const float* up, float* out, int64_t n, int64_t dim,
+                                   void* stream) {
+  if (n < 0 || dim < 0) return fail("tessera_cuda_gelu_tanh_mul_f32: negative size");
+  for (int64_t i = 0; i < n * dim; ++i) {
+    const float x = gate[i];
+    const float c = x * x * x;
+    const float t = std::tanh(0.7978845608f * (x + 0.044715f * c));
+    out[i] = 0.5f * x * (1.0f + t) * up[i];
+  }
   return 0;
 }
 int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t id_offset, int32_t* ids,
                                   float* values, void* stream) {
-  if (g_capture)
-    return record([=] { return tessera_cuda_argmax_value_f32(logits, n_rows, vocab, id_offset, ids, values, stream); });
   for (int64_t r = 0; r < n_rows; ++r) {
     float best = -INFINITY;
     int64_t at = -1;
@@ -940,11 +990,8 @@ int tessera_cuda_argmax_value_f32(const float* logits, int64_t n_rows, int64_t v
 int tessera_cuda_argmax_f32(const float* logits, int64_t n_rows, int64_t vocab, int32_t* ids, void* stream) {
   return tessera_cuda_argmax_value_f32(logits, n_rows, vocab, 0, ids, nullptr, stream);
 }
-int tessera_cuda_blas_create(void** handle) { return tessera_cuda_stream_create(handle); }
-int tessera_cuda_blas_destroy(void*) { return 0; }
 int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t cols,
                           int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gemm_f16(handle, w, x, y, rows, cols, n, stream); });
   std::vector<float> xf(static_cast<size_t>(cols));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = 0; c < cols; ++c) xf[static_cast<size_t>(c)] = fp16_to_f32(x[t * cols + c]);
@@ -960,7 +1007,6 @@ int tessera_cuda_gemm_f16(void* handle, const uint16_t* w, const uint16_t* x, fl
 // quant_gemm.cu's chunk (256 columns) / lane decomposition, one lane sum per lane.
 int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
                             int64_t cols, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gemm_w8a16(w, scales, x, y, rows, cols, n, stream); });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < rows; ++r) {
       float lanes[32] = {};
@@ -978,7 +1024,6 @@ int tessera_cuda_gemm_w8a16(const int8_t* w, const float* scales, const uint16_t
 }
 int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x, float* y,
                             int64_t rows, int64_t cols, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gemm_w4a16(w, scales, zeros, x, y, rows, cols, n, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
   for (int64_t t = 0; t < n; ++t)
@@ -1004,7 +1049,6 @@ int tessera_cuda_gemm_w4a16(const uint8_t* w, const uint16_t* scales, const uint
 // quant_gemm_tc.cu's decomposition, emulated (tc_gemm above).
 int tessera_cuda_gemm_w8a16_tc(const int8_t* w, const float* scales, const uint16_t* x, float* y, int64_t rows,
                                int64_t cols, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gemm_w8a16_tc(w, scales, x, y, rows, cols, n, stream); });
   if (int rc = tc_check(w, x, rows, cols, n, 16, "tessera_cuda_gemm_w8a16_tc: bad sizes")) return rc;
   if (rows == 0 || n == 0) return 0;
   tc_gemm(TcW8{w, scales, rows, cols}, x, y, n);
@@ -1012,8 +1056,6 @@ int tessera_cuda_gemm_w8a16_tc(const int8_t* w, const float* scales, const uint1
 }
 int tessera_cuda_gemm_w4a16_tc(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, const uint16_t* x,
                                float* y, int64_t rows, int64_t cols, int64_t n, void* stream) {
-  if (g_capture)
-    return record([=] { return tessera_cuda_gemm_w4a16_tc(w, scales, zeros, x, y, rows, cols, n, stream); });
   if (int rc = tc_check(w, x, rows, cols, n, 128, "tessera_cuda_gemm_w4a16_tc: bad sizes")) return rc;
   if (rows == 0 || n == 0) return 0;
   tc_gemm(TcW4{w, scales, zeros, rows, cols}, x, y, n);
@@ -1021,14 +1063,11 @@ int tessera_cuda_gemm_w4a16_tc(const uint8_t* w, const uint16_t* scales, const u
 }
 int tessera_cuda_dequantize_w8a16(const int8_t* w, const float* scales, uint16_t* out, int64_t rows, int64_t cols,
                                   void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_dequantize_w8a16(w, scales, out, rows, cols, stream); });
   for (int64_t i = 0; i < rows * cols; ++i) out[i] = f32_to_fp16(static_cast<float>(w[i]) * scales[i / cols]);
   return 0;
 }
 int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, const uint8_t* zeros, uint16_t* out,
                                   int64_t rows, int64_t cols, void* stream) {
-  if (g_capture)
-    return record([=] { return tessera_cuda_dequantize_w4a16(w, scales, zeros, out, rows, cols, stream); });
   if (cols % 128 != 0) return fail("cols must be a multiple of 128");
   const int64_t groups = cols / 128;
   for (int64_t i = 0; i < rows * cols; ++i) {
@@ -1043,7 +1082,6 @@ int tessera_cuda_dequantize_w4a16(const uint8_t* w, const uint16_t* scales, cons
 // gguf_gemm.cu's decomposition (gguf_decode_piece above).
 int tessera_cuda_gemm_gguf(int type, const void* w, int64_t row_bytes, const uint16_t* x, float* y, int64_t rows,
                            int64_t cols, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gemm_gguf(type, w, row_bytes, x, y, rows, cols, n, stream); });
   if (int rc = gguf_check("tessera_cuda_gemm_gguf", type, w, row_bytes, rows, cols)) return rc;
   if (n < 0) return fail("tessera_cuda_gemm_gguf: n_tokens must be >= 0");
   const auto* wb = static_cast<const uint8_t*>(w);
@@ -1073,7 +1111,6 @@ int tessera_cuda_gemm_gguf(int type, const void* w, int64_t row_bytes, const uin
 }
 int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row_bytes, uint16_t* out, int64_t rows, int64_t cols,
                                  void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_dequantize_gguf(type, w, row_bytes, out, rows, cols, stream); });
   if (int rc = gguf_check("tessera_cuda_dequantize_gguf", type, w, row_bytes, rows, cols)) return rc;
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t n_blocks = cols / gguf_format(type).elems, pieces = (cols + kGgufPiece - 1) / kGgufPiece;
@@ -1090,47 +1127,54 @@ int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row_bytes, uin
   return 0;
 }
 int tessera_cuda_add_f32(float* y, const float* x, int64_t n, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_add_f32(y, x, n, stream); });
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   return 0;
 }
+int tessera_cuda_scale_f32(float* x, float s, int64_t n, void* stream) {
+  if (n < 0) return fail("tessera_cuda_scale_f32: n must be >= 0");
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  return 0;
+}
 int tessera_cuda_add_bias_f32(float* y, const float* bias, int64_t n, int64_t dim, void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_add_bias_f32(y, bias, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) y[i] += bias[i % dim];
   return 0;
 }
 int tessera_cuda_gather_rows_f32(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t dim,
                                  void* stream) {
-  if (g_capture) return record([=] { return tessera_cuda_gather_rows_f32(src, rows, dst, n, dim, stream); });
   for (int64_t i = 0; i < n * dim; ++i) dst[i] = src[static_cast<int64_t>(rows[i / dim]) * dim + i % dim];
   return 0;
 }
 
-int tessera_cuda_sample_f32(const TesseraCudaSampleArgs* args, void* stream) {
-  // Arguments are checked when the call is made (as the real entry point does on the host), also
-  // during a capture.
+// Its arguments are checked when the call is made (CallCheck below), as the real entry point does
+// on the host, also during a capture.
+int check_sample_args(const TesseraCudaSampleArgs* args, void*) {
   if (!args) return fail("tessera_cuda_sample_f32: args is null");
-  const TesseraCudaSampleArgs a = *args;
+  const TesseraCudaSampleArgs& a = *args;
   if (a.n_rows < 0 || a.n_rows > 0x7fffffff) return fail("tessera_cuda_sample_f32: need 0 <= n_rows < 2^31");
   if (a.vocab < 1 || a.vocab > (int64_t{1} << 20)) return fail("tessera_cuda_sample_f32: need 1 <= vocab <= 2^20");
   if (a.n_rows == 0) return 0;
   if (!a.logits || !a.scratch || !a.rows || !a.ids || !a.logprobs || !a.top_ids || !a.top_logprobs)
     return fail(
         "tessera_cuda_sample_f32: logits, scratch, rows, ids, logprobs, top_ids and top_logprobs must not be null");
-  if (g_capture) return record([a, stream] { return tessera_cuda_sample_f32(&a, stream); });
-  for (int64_t r = 0; r < a.n_rows; ++r) sample_row(a, r);
   return 0;
 }
-int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_rows, int64_t vocab, int64_t per_rank, int64_t tp,
-                                    float* out, void* stream) {
+int tessera_cuda_sample_f32(const TesseraCudaSampleArgs* args, void*) {
+  for (int64_t r = 0; r < args->n_rows; ++r) sample_row(*args, r);
+  return 0;
+}
+// Checked when the call is made, like sample_f32.
+int check_unshard_logits_args(const float* gathered, int64_t n_rows, int64_t vocab, int64_t per_rank, int64_t tp,
+                              float* out, void*) {
   if (n_rows < 0 || vocab <= 0 || per_rank <= 0 || tp <= 0 || per_rank < (vocab + tp - 1) / tp)
     return fail(
         "tessera_cuda_unshard_logits_f32: need n_rows >= 0, vocab > 0, tp > 0 and per_rank > 0 with per_rank * tp >= "
         "vocab");
   if (n_rows == 0) return 0;
   if (!gathered || !out) return fail("tessera_cuda_unshard_logits_f32: gathered and out must not be null");
-  if (g_capture)
-    return record([=] { return tessera_cuda_unshard_logits_f32(gathered, n_rows, vocab, per_rank, tp, out, stream); });
+  return 0;
+}
+int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_rows, int64_t vocab, int64_t per_rank, int64_t tp,
+                                    float* out, void*) {
   for (int64_t t = 0; t < n_rows; ++t)
     for (int64_t c = 0; c < vocab; ++c) {
       const int64_t r = c / per_rank, i = c % per_rank;
@@ -1140,4 +1184,25 @@ int tessera_cuda_unshard_logits_f32(const float* gathered, int64_t n_rows, int64
   return 0;
 }
 
+}  // namespace fake_op
+
+template <>
+struct CallCheck<&fake_op::tessera_cuda_sample_f32> {
+  static constexpr auto run = &fake_op::check_sample_args;
+};
+template <>
+struct CallCheck<&fake_op::tessera_cuda_unshard_logits_f32> {
+  static constexpr auto run = &fake_op::check_unshard_logits_args;
+};
+
+}  // namespace
+
+// The exported op symbols, one per OP entry of the list (the CALL entries are defined above).
+#define TESSERA_FAKE_CALL(ret, symbol, field, params)
+#define TESSERA_FAKE_OP(ret, symbol, field, params, args) \
+  ret symbol params { return run_or_record<&fake_op::symbol> args; }
+extern "C" {
+TESSERA_CUDA_ENTRY_POINTS(TESSERA_FAKE_CALL, TESSERA_FAKE_OP)
 }  // extern "C"
+#undef TESSERA_FAKE_CALL
+#undef TESSERA_FAKE_OP

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -257,6 +261,55 @@ TEST(SiluMul, MatchesReference) {
   }
   silu_mul(gate.data(), up.data(), gate.data(), n_tokens, dim);  // out aliases gate
   EXPECT_EQ(gate, out);
+}
+
+// Against the formula in double. The fp32 steps round the cube and the tanh argument (which
+// moves t by at most ~3e-7 where (1 - t^2) is largest) and tanh itself; near t = -1 that is an
+// absolute error of (1 + t), scaled by 0.5 * |gate| * |up|, else a few ulp of the result.
+TEST(GeluTanhMul, MatchesReference) {
+  const double sqrt_2_over_pi = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t dim : {1, 7, 64, 1000}) {
+    const int64_t n_tokens = 3;
+    auto gate = gaussian(n_tokens * dim, static_cast<uint32_t>(dim) + 40, 4.0f);
+    const float extremes[] = {100.0f, -100.0f, 1e30f, -1e30f, 0.0f, -0.0f, 1e-20f, 8.0f, -8.0f};
+    for (size_t i = 0; i < std::size(extremes) && i < gate.size(); ++i) gate[i] = extremes[i];
+    const auto up = gaussian(n_tokens * dim, static_cast<uint32_t>(dim) + 41);
+    std::vector<float> out(gate.size());
+    gelu_tanh_mul(gate.data(), up.data(), out.data(), n_tokens, dim);
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const double g = gate[i], u = up[i];
+      const double want = 0.5 * g * (1.0 + std::tanh(sqrt_2_over_pi * (g + 0.044715 * g * g * g))) * u;
+      ASSERT_NEAR(out[i], want, 3e-7 * std::fabs(g * u) + 1e-6 * std::fabs(want) + 1e-30)
+          << "dim " << dim << " element " << i << " gate " << g;
+    }
+    // out aliasing gate or up gives the same bits.
+    std::vector<float> in_gate = gate, in_up = up;
+    gelu_tanh_mul(in_gate.data(), up.data(), in_gate.data(), n_tokens, dim);
+    gelu_tanh_mul(gate.data(), in_up.data(), in_up.data(), n_tokens, dim);
+    EXPECT_TRUE(test::same_bits(in_gate, out)) << dim;
+    EXPECT_TRUE(test::same_bits(in_up, out)) << dim;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN(), one = 1.0f;
+  float out = 0.0f;
+  gelu_tanh_mul(&nan, &one, &out, 1, 1);
+  EXPECT_TRUE(std::isnan(out));
+}
+
+// One fp32 multiply: the product of two floats is exact in double, so rounding it to float is
+// the correctly rounded fp32 product, bit for bit.
+TEST(ScaleF32, IsOneRoundedMultiply) {
+  for (int64_t n : {0, 1, 17, 4096}) {
+    for (float s : {0.0f, -1.0f, 0.3f, 45.254833f, 1e30f}) {
+      const auto x = gaussian(std::max<int64_t>(n, 1), static_cast<uint32_t>(n) + 50, 10.0f);
+      std::vector<float> y = x;
+      scale_f32(y.data(), s, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = static_cast<float>(static_cast<double>(x[i]) * static_cast<double>(s));
+        ASSERT_EQ(std::memcmp(&y[i], &want, sizeof(float)), 0) << "n " << n << " s " << s << " element " << i;
+      }
+      for (size_t i = static_cast<size_t>(n); i < y.size(); ++i) EXPECT_EQ(y[i], x[i]) << "wrote past n";
+    }
+  }
 }
 
 std::vector<float> llama_inv_freq(int64_t head_dim, float theta) {
