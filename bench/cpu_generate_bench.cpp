@@ -23,6 +23,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/vec.h"
+#include "cli/flags.h"
 #include "local/local_model.h"
 
 #if defined(__x86_64__)
@@ -203,13 +204,10 @@ int run(int argc, char** argv) {
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the bandwidth measurement");
   app.add_flag("--no-prompt", no_prompt, "skip the prefill figure");
   app.add_option("--json", json_path, "also write the results as JSON here");
-  std::string quant = "none";
-  app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4, int4-sym")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
-  bool quant_lm_head = false;
-  app.add_flag("--quant-lm-head", quant_lm_head, "with --quant: quantize the LM head too");
-  std::string kv_dtype = "fp32";
-  app.add_option("--kv-dtype", kv_dtype, "KV cache elements: fp32 or fp16")->check(CLI::IsMember({"fp32", "fp16"}));
+  cli::QuantFlags quant;
+  cli::add_quant_flags(app, quant);
+  cli::KvDtypeFlag kv_dtype;
+  cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
   CLI11_PARSE(app, argc, argv);
   if (isa_s == "scalar") cpu::set_max_isa(cpu::Isa::kScalar);
   if (isa_s == "avx2") cpu::set_max_isa(cpu::Isa::kAvx2);
@@ -222,16 +220,16 @@ int run(int argc, char** argv) {
   out["isa"] = cpu::isa_name(cpu::active_isa());
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
-  out["quant"] = quant;
-  out["kv_dtype"] = kv_dtype;
+  out["quant"] = std::string(weight_quant_name(quant.quant));
+  out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
   std::printf("model %s  isa %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()));
   for (int nt : threads) {
     LocalModelOptions opts;
     opts.path = model_path;
     opts.threads = nt;
-    opts.quant = parse_weight_quant(quant).value();  // validated by the IsMember check
-    opts.quantize_lm_head = quant_lm_head;
-    opts.kv_f16 = kv_dtype == "fp16";
+    opts.quant = quant.quant;
+    opts.quantize_lm_head = quant.lm_head;
+    opts.kv_dtype = kv_dtype.runtime();
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).

@@ -63,6 +63,19 @@ std::vector<T> read_list(ListReader r) {
   return v;
 }
 
+static_assert(static_cast<int>(proto::KvDtype::FP32) == static_cast<int>(KvDtype::kF32) &&
+                  static_cast<int>(proto::KvDtype::FP16) == static_cast<int>(KvDtype::kF16) &&
+                  static_cast<int>(proto::KvDtype::BF16) == static_cast<int>(KvDtype::kBF16) &&
+                  static_cast<int>(proto::KvDtype::FP8) == static_cast<int>(KvDtype::kFp8),
+              "proto/tessera.capnp's KvDtype must list common/kv_config.h's in order");
+
+// An enum value a newer peer may send that this build does not know is a malformed message.
+KvDtype read_kv_dtype(proto::KvDtype d) {
+  const auto v = static_cast<int>(d);
+  if (v < 0 || v > static_cast<int>(KvDtype::kFp8)) throw std::runtime_error("unknown KV dtype " + std::to_string(v));
+  return static_cast<KvDtype>(v);
+}
+
 struct Writer {
   proto::Envelope::Builder env;
 
@@ -80,11 +93,13 @@ struct Writer {
     b.setWeightBytes(h.weight_bytes);
     b.setMaxStepTokens(h.max_step_tokens);
     b.setMaxStepSeqs(h.max_step_seqs);
+    b.setKvDtype(static_cast<proto::KvDtype>(h.kv_dtype));
   }
   void operator()(const ConfigureMsg& c) {
     auto b = env.initConfigure();
     b.setNumBlocks(c.num_blocks);
     b.setBlockSize(c.block_size);
+    b.setKvDtype(static_cast<proto::KvDtype>(c.kv_dtype));
   }
   void operator()(const StepPlan& p) {
     auto b = env.initStep();
@@ -176,11 +191,12 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       h.weight_bytes = r.getWeightBytes();
       h.max_step_tokens = r.getMaxStepTokens();
       h.max_step_seqs = r.getMaxStepSeqs();
+      h.kv_dtype = read_kv_dtype(r.getKvDtype());
       return h;
     }
     case proto::Envelope::CONFIGURE: {
       auto r = env.getConfigure();
-      return ConfigureMsg{r.getNumBlocks(), r.getBlockSize()};
+      return ConfigureMsg{r.getNumBlocks(), r.getBlockSize(), read_kv_dtype(r.getKvDtype())};
     }
     case proto::Envelope::STEP: {
       auto r = env.getStep();

@@ -7,11 +7,12 @@
 #include <variant>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "kernels/sampling.h"
 
 namespace tessera {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 1;  // fields added since (kvDtype) default to what older peers meant
 
 struct ShardHello {
   int32_t rank = 0;
@@ -26,11 +27,13 @@ struct ShardHello {
   uint64_t weight_bytes = 0;
   int64_t max_step_tokens = 0;  // a GPU shard's workspace limits (0: none, the CPU backend)
   int64_t max_step_seqs = 0;
+  KvDtype kv_dtype = KvDtype::kF32;  // its KV cache's elements (kv_bytes_per_token is in them)
 };
 
 struct ConfigureMsg {
   int64_t num_blocks = 0;
   int32_t block_size = 16;
+  KvDtype kv_dtype = KvDtype::kF32;  // the coordinator planned with it; the shard must store it
 };
 
 struct NewSequence {

@@ -2,7 +2,49 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <string>
+
 namespace tessera {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+Result<KvDtype> parse_kv_dtype(std::string_view name) {
+  const std::string key = lower(name);
+  if (key == "fp32" || key == "f32") return KvDtype::kF32;
+  if (key == "fp16" || key == "f16") return KvDtype::kF16;
+  if (key == "bf16") return KvDtype::kBF16;
+  if (key == "fp8" || key == "f8" || key == "e4m3" || key == "fp8_e4m3") return KvDtype::kFp8;
+  return Status::not_found(fmt::format("unknown KV dtype '{}': choose fp16, bf16, fp8 or fp32", name));
+}
+
+int kv_dtype_bytes(KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32: return 4;
+    case KvDtype::kF16: return 2;
+    case KvDtype::kBF16: return 2;
+    case KvDtype::kFp8: return 1;
+  }
+  return 2;
+}
+
+std::string_view kv_dtype_name(KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32: return "fp32";
+    case KvDtype::kF16: return "fp16";
+    case KvDtype::kBF16: return "bf16";
+    case KvDtype::kFp8: return "fp8";
+  }
+  return "?";
+}
+
 
 Status validate_block_size(int64_t block_size) {
   if (block_size >= kMinBlockSize && block_size <= kMaxBlockSize) return Status::ok();

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "common/status.h"
 #include "coordinator/hardware.h"
 #include "model/model_config.h"
@@ -62,10 +63,6 @@ std::vector<std::string> precision_names();
 // Makes a precision whose bits per weight equal bytes * 8 / elements (the stored model's mix).
 PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t elements);
 
-enum class KvDtype { kF32, kF16, kBF16, kFp8 };
-Result<KvDtype> parse_kv_dtype(std::string_view name);  // fp32|f32, fp16|f16, bf16, fp8|f8|e4m3
-int kv_dtype_bytes(KvDtype t);
-std::string_view kv_dtype_name(KvDtype t);
 
 // Well-known configs: llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b.
 Result<ModelConfig> model_preset(std::string_view name);

@@ -42,6 +42,9 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.bind = o.bind;
   spec.force_mpirun = o.force_mpirun;
   spec.extra_shard_args = o.extra_shard_args;
+  spec.quant = o.quant;
+  spec.quant_lm_head = o.quant_lm_head;
+  spec.kv_dtype = o.kv_dtype;
   // A GPU shard sizes its workspace for the scheduler's largest step.
   spec.max_step_tokens = o.scheduler.max_step_tokens;
   spec.max_step_seqs = o.scheduler.max_batch;
@@ -100,6 +103,7 @@ int run_server(const ServerOptions& o) {
                     ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl"
                     : "tcp://0.0.0.0:0";
   go.block_size = o.block_size;
+  go.kv_dtype = o.kv_dtype;
   go.headroom = o.headroom;
   go.max_kv_bytes = o.max_kv_bytes;
   go.cpu_max_kv_bytes = uint64_t{2} << 30;  // CPU shards: 2 GiB of KV unless --max-kv-bytes says otherwise

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "coordinator/scheduler_config.h"
+#include "model/weight_store.h"
 
 namespace tessera {
 
@@ -21,7 +23,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                   // 0: ephemeral
   SchedulerConfig scheduler;
-  int32_t block_size = 16;
+  int64_t block_size = 16;
+  KvDtype kv_dtype = KvDtype::kF32;  // the coordinator plans it; the shards must store it
+  WeightQuant quant = WeightQuant::kNone;  // for the shards it starts: --quant at load
+  bool quant_lm_head = false;
   double headroom = 0.10;
   uint64_t max_kv_bytes = 0;         // per shard; 0: 2 GiB for CPU shards, none for CUDA
   int64_t max_queued_sequences = 4096;

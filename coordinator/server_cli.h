@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/flags.h"
 #include "common/status.h"
 #include "coordinator/server.h"
 
@@ -20,6 +21,7 @@ struct ServerCli {
   std::string scheduler_file;
   std::map<std::string, std::string> knobs;  // knob name -> value given on the command line
   double max_kv_gb = 0;
+  cli::KvDtypeFlag kv_dtype;
 
   void add_to(CLI::App& app, bool spawns_shards) {
     ServerOptions& o = options;
@@ -29,7 +31,8 @@ struct ServerCli {
     app.add_option("--tp", o.tp, "tensor-parallel shards")->capture_default_str()->check(CLI::Range(1, 512));
     app.add_option("--host", o.host, "HTTP address to listen on")->capture_default_str();
     app.add_option("--port", o.port, "HTTP port (0: ephemeral)")->capture_default_str();
-    app.add_option("--block-size", o.block_size, "KV cache tokens per block (16..1024)")->capture_default_str();
+    cli::add_block_size_flag(app, o.block_size);
+    cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
     app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
     app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
     app.add_option("--max-queued", o.max_queued_sequences, "queued sequences before 429")->capture_default_str();
@@ -57,6 +60,7 @@ struct ServerCli {
     for (const auto& [name, value] : knobs)
       if (!value.empty()) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, name, value));
     TESSERA_RETURN_IF_ERROR(validate_scheduler_config(o.scheduler));
+    o.kv_dtype = kv_dtype.runtime();
     if (max_kv_gb > 0) o.max_kv_bytes = static_cast<uint64_t>(max_kv_gb * (1ull << 30));
     return Status::ok();
   }

@@ -148,6 +148,12 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
                                                        h.model_fingerprint, expected)));
   }
   for (const ShardHello& h : hellos_) {
+    // The plan is in the coordinator's KV dtype: every shard must store exactly that.
+    if (h.kv_dtype != o_.kv_dtype)
+      return fail(Status::invalid_argument(fmt::format(
+          "shard rank {} ({}) stores its KV cache as {}, but the coordinator plans {}: start both with the same "
+          "--kv-dtype",
+          h.rank, h.device, kv_dtype_name(h.kv_dtype), kv_dtype_name(o_.kv_dtype))));
     if (h.max_step_tokens > 0 && o_.step_tokens > h.max_step_tokens)
       return fail(Status::invalid_argument(fmt::format(
           "shard rank {} ({}) holds steps of at most {} tokens, but the scheduler's max_step_tokens is {}: start the "
@@ -164,7 +170,7 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
                    plan_.num_blocks, plan_.block_size, static_cast<double>(plan_.planned_kv_bytes) / (1 << 20),
                    plan_.limited_by, o_.headroom * 100);
   for (int r = 0; r < o_.world_size; ++r) {
-    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size)});
+    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size), o_.kv_dtype});
     if (!s.is_ok()) return fail(s);
   }
   last_sent_ = Clock::now();

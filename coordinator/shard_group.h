@@ -33,6 +33,7 @@ struct ShardGroupOptions {
   std::chrono::milliseconds heartbeat_interval{250};
   // Memory plan.
   int64_t block_size = 16;
+  KvDtype kv_dtype = KvDtype::kF32;  // every shard's hello must say it stores this
   double headroom = 0.10;           // fraction of each shard's available memory never planned
   uint64_t max_kv_bytes = 0;        // cap per shard (0: none)
   uint64_t cpu_max_kv_bytes = 0;    // cap when max_kv_bytes is 0 and a shard runs on the CPU (0: none)

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "common/status.h"
+#include "model/weight_store.h"
 
 namespace tessera {
 
@@ -24,8 +26,9 @@ struct ShardLaunchSpec {
   std::string hostfile;
   std::string bind = "auto";              // auto: shards bind themselves (hwloc); none; core (mpirun binds)
   bool force_mpirun = false;              // use mpirun even for TP = 1
-  std::string quant;                      // --quant for the shards (empty or "none": not passed)
-  bool quant_lm_head = false;             // --quant-lm-head for the shards
+  WeightQuant quant = WeightQuant::kNone;  // --quant for the shards (kNone: not passed)
+  bool quant_lm_head = false;              // --quant-lm-head for the shards
+  KvDtype kv_dtype = KvDtype::kF32;        // --kv-dtype for the shards (fp32: not passed)
   int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
   int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
   std::vector<std::string> extra_shard_args;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/flags.h"
 #include "common/logging.h"
 #include "launch/commands.h"
 #include "model/tokenizer.h"
@@ -44,9 +45,8 @@ struct GenerateArgs {
   int64_t max_kv_mb = 1024;
   std::vector<std::string> hosts;
   std::vector<std::string> shard_args;
-  std::string quant = "none";
-  bool quant_lm_head = false;
-  std::string kv_dtype = "fp32";
+  QuantFlags quant;
+  KvDtypeFlag kv_dtype;
 };
 
 // Streams text pieces to stdout as tokens arrive.
@@ -105,6 +105,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   go.world_size = a.tp;
   go.endpoint = a.hosts.empty() ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl" : "tcp://0.0.0.0:0";
   go.block_size = a.block_size;
+  go.kv_dtype = a.kv_dtype.runtime();
   go.heartbeat_timeout = std::chrono::milliseconds(a.heartbeat_timeout_ms);
   go.max_kv_bytes = static_cast<uint64_t>(a.max_kv_mb) << 20;
   // One request needs at most its prompt plus its new tokens, within the context.
@@ -126,9 +127,9 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.threads = a.threads;
   spec.hosts = a.hosts;
   spec.extra_shard_args = a.shard_args;
-  if (a.kv_dtype != "fp32") spec.extra_shard_args.insert(spec.extra_shard_args.begin(), {"--kv-dtype", a.kv_dtype});
-  spec.quant = a.quant;
-  spec.quant_lm_head = a.quant_lm_head;
+  spec.kv_dtype = a.kv_dtype.runtime();
+  spec.quant = a.quant.quant;
+  spec.quant_lm_head = a.quant.lm_head;
   spec.max_step_tokens = chunk;
   spec.max_step_seqs = 1;
   auto child = ChildProcess::spawn(build_shard_command(spec));
@@ -240,9 +241,9 @@ int run_generate(const GenerateArgs& a) {
   mo.path = a.model;
   mo.threads = a.threads;
   mo.block_size = a.block_size;
-  mo.quant = parse_weight_quant(a.quant).value();  // validated by the IsMember check
-  mo.quantize_lm_head = a.quant_lm_head;
-  mo.kv_f16 = a.kv_dtype == "fp16";
+  mo.quant = a.quant.quant;
+  mo.quantize_lm_head = a.quant.lm_head;
+  mo.kv_dtype = a.kv_dtype.runtime();
   auto model = LocalModel::load(mo);
   if (!model.is_ok()) return fail(model.status().to_string());
 
@@ -280,14 +281,9 @@ Runner add_generate_command(CLI::App& app) {
   app.add_flag("--print-ids", a->print_ids, "print the generated ids, comma-separated, on the last line");
   app.add_flag("--ignore-eos", a->ignore_eos, "do not stop at end-of-sequence tokens");
   app.add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  app.add_option("--block-size", a->block_size, "KV cache tokens per block")->capture_default_str();
-  app.add_option("--quant", a->quant, "quantize float weights at load: none, int8, int4 (asymmetric, groups of "
-                 "128) or int4-sym")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
-  app.add_flag("--quant-lm-head", a->quant_lm_head, "with --quant: quantize the LM head too");
-  app.add_option("--kv-dtype", a->kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU)")
-      ->check(CLI::IsMember({"fp32", "fp16"}))
-      ->capture_default_str();
+  add_block_size_flag(app, a->block_size);
+  add_quant_flags(app, a->quant);
+  add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
   app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")

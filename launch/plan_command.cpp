@@ -25,6 +25,7 @@
 #include "coordinator/hardware.h"
 #include "coordinator/planner.h"
 #include "coordinator/scheduler_config.h"
+#include "cli/flags.h"
 #include "launch/commands.h"
 #include "model/weight_store.h"
 #include "shard/forward.h"
@@ -38,7 +39,7 @@ struct PlanArgs {
   std::string model;
   std::string precision;        // empty: as stored in the model file
   std::string embed_precision;  // empty: as --precision
-  std::string kv_dtype = "auto";
+  KvDtypeFlag kv_dtype;  // auto unless given
   int tp = 1;
   std::string card = "A100-80GB";
   std::string link = "nvlink";
@@ -116,8 +117,7 @@ Result<PlanInput> build_input(const PlanArgs& a, const PlanModel& model) {
   }
   TESSERA_ASSIGN_OR_RETURN(in.card, resolve_card(a));
   // auto: what the runtime's caches store (fp32 on the CPU and on CUDA), so the plan is what runs.
-  const std::string kv = a.kv_dtype == "auto" ? "fp32" : a.kv_dtype;
-  TESSERA_ASSIGN_OR_RETURN(in.kv_dtype, parse_kv_dtype(kv));
+  in.kv_dtype = a.kv_dtype.value.value_or(KvDtype::kF32);  // auto: what every card stores
   in.tp = a.tp;
   in.use_slow_link = a.link == "pcie";
   in.headroom = a.headroom;
@@ -196,7 +196,7 @@ Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context
     shape.head_dim = c.head_dim;
     shape.block_size = in.block_size;
     shape.num_blocks = blocks_per_seq * a.batch;
-    shape.f16 = in.kv_dtype == KvDtype::kF16;
+    shape.dtype = in.kv_dtype;
     TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
     rank.cache = std::make_unique<KvCache>(std::move(cache));
     // Real pages with non-zero values: untouched anonymous pages would all read the one zero
@@ -204,7 +204,7 @@ Result<Measured> measure(const PlanArgs& a, const PlanInput& in, int64_t context
     for (int64_t l = 0; l < c.n_layers; ++l) {
       PagedKvLayer kv = rank.cache->layer(l);
       const auto n = static_cast<size_t>(kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim);
-      if (shape.f16) {
+      if (shape.f16()) {
         std::fill(kv.k16, kv.k16 + n, f32_to_fp16(0.01f));
         std::fill(kv.v16, kv.v16 + n, f32_to_fp16(0.01f));
       } else {
@@ -331,9 +331,9 @@ int run_plan(const PlanArgs& a) {
     if (!model->has_weights) return fail("--measure needs a model file with weights (an HF directory or a .gguf)");
     if (!a.precision.empty() && a.precision != "stored")
       return fail("--measure runs the weights as stored: leave --precision out");
-    if (a.kv_dtype != "auto" && a.kv_dtype != "fp32" && a.kv_dtype != "f32" && a.kv_dtype != "fp16" &&
-        a.kv_dtype != "f16")
-      return fail("--measure runs the KV cache the CPU backend stores: --kv-dtype fp32 or fp16, not " + a.kv_dtype);
+    if (a.kv_dtype.value && *a.kv_dtype.value != KvDtype::kF32 && *a.kv_dtype.value != KvDtype::kF16)
+      return fail("--measure runs the KV cache the CPU backend stores: --kv-dtype fp32 or fp16, not " +
+                  std::string(kv_dtype_name(*a.kv_dtype.value)));
   }
   auto in = build_input(a, *model);
   if (!in.is_ok()) return fail(in.status().to_string());
@@ -383,10 +383,7 @@ Runner add_plan_command(CLI::App& app) {
                  "weight precision: " + fmt::format("{}", fmt::join(precision_names(), ", ")) +
                      " (default: as stored in the model file)");
   app.add_option("--embed-precision", a->embed_precision, "embedding and LM head precision (default: as --precision)");
-  app.add_option("--kv-dtype", a->kv_dtype,
-                 "KV cache dtype: fp32, fp16, bf16, fp8 (auto: fp32; the CPU backend also stores fp16, "
-                 "`--kv-dtype fp16`; the others plan ahead)")
-      ->capture_default_str();
+  add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kPlan);
   app.add_option("--tp", a->tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--card", a->card,
                  "card: " + fmt::format("{}", fmt::join(card_preset_names(), ", ")) + ", or cpu (measured now)")
@@ -394,7 +391,7 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--link", a->link, "link between TP ranks: nvlink or pcie")
       ->check(CLI::IsMember({"nvlink", "pcie"}))->capture_default_str();
   app.add_option("--headroom", a->headroom, "fraction of memory never planned for")->capture_default_str();
-  app.add_option("--block-size", a->block_size, "KV block size in tokens (16..1024)")->capture_default_str();
+  add_block_size_flag(app, a->block_size);
   app.add_option("--context-length", a->context_length, "the longest sequence to plan for (default: the model's)");
   app.add_option("--lengths", a->lengths, "request length distribution: fixed:N, uniform:LO:HI, geometric:MEAN");
   app.add_option("--mean-prompt", a->mean_prompt, "mean prompt tokens (with --mean-output: geometric lengths)");

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli/flags.h"
 #include "coordinator/server_cli.h"
 #include "launch/commands.h"
 
@@ -16,28 +17,15 @@ namespace {
 
 // --quant / --quant-lm-head for the shards this command starts (they quantize at load; see
 // tessera-shard --quant).
-struct QuantArgs {
-  std::string quant = "none";
-  bool lm_head = false;
-  std::string kv_dtype = "fp32";
-};
-
-std::shared_ptr<QuantArgs> add_quant_option(CLI::App& app) {
-  auto q = std::make_shared<QuantArgs>();
-  app.add_option("--quant", q->quant, "shards quantize float weights at load: none, int8, int4 (groups of 128) or "
-                 "int4-sym")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))->capture_default_str();
-  app.add_flag("--quant-lm-head", q->lm_head, "with --quant: the shards quantize the LM head too");
-  app.add_option("--kv-dtype", q->kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU shards)")
-      ->check(CLI::IsMember({"fp32", "fp16"}))
-      ->capture_default_str();
+std::shared_ptr<QuantFlags> add_shard_quant_flags(CLI::App& app) {
+  auto q = std::make_shared<QuantFlags>();
+  add_quant_flags(app, *q, "shards ");
   return q;
 }
 
-void pass_quant(const QuantArgs& q, ServerOptions& o) {
-  if (q.quant != "none") o.extra_shard_args.insert(o.extra_shard_args.end(), {"--quant", q.quant});
-  if (q.lm_head) o.extra_shard_args.push_back("--quant-lm-head");
-  if (q.kv_dtype != "fp32") o.extra_shard_args.insert(o.extra_shard_args.end(), {"--kv-dtype", q.kv_dtype});
+void pass_quant(const QuantFlags& q, ServerOptions& o) {
+  o.quant = q.quant;
+  o.quant_lm_head = q.lm_head;
 }
 
 }  // namespace
@@ -45,7 +33,7 @@ void pass_quant(const QuantArgs& q, ServerOptions& o) {
 Runner add_serve_command(CLI::App& app) {
   auto cli = std::make_shared<ServerCli>();
   cli->add_to(app, /*spawns_shards=*/true);
-  auto quant = add_quant_option(app);
+  auto quant = add_shard_quant_flags(app);
   return [cli, quant] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
@@ -62,7 +50,7 @@ Runner add_launch_command(CLI::App& app) {
       ->delimiter(',');
   app.add_option("--hostfile", cli->options.hostfile, "an Open MPI hostfile for the shards");
   app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
-  auto quant = add_quant_option(app);
+  auto quant = add_shard_quant_flags(app);
   return [cli, dry_run, quant] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());

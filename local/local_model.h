@@ -32,7 +32,7 @@ struct LocalModelOptions {
   int64_t kv_tokens = 0;     // KV capacity in tokens; 0: the model's context length
   WeightQuant quant = WeightQuant::kNone;  // RTN of float linear weights at load (--quant)
   bool quantize_lm_head = false;           // with quant: the LM head too
-  bool kv_f16 = false;                     // an fp16 KV cache (half the memory)
+  KvDtype kv_dtype = KvDtype::kF32;        // fp16: half the memory
 };
 
 struct GenerateOptions {

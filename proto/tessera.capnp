@@ -39,11 +39,21 @@ struct ShardHello {
   weightBytes @9 :UInt64;
   maxStepTokens @10 :Int64;        # largest step the shard's workspace holds (0: no limit)
   maxStepSeqs @11 :Int64;          # most sequences in one step (0: no limit)
+  kvDtype @12 :KvDtype;            # the elements its KV cache stores (the coordinator checks it)
+}
+
+# common/kv_config.h's KvDtype, same order.
+enum KvDtype {
+  fp32 @0;
+  fp16 @1;
+  bf16 @2;
+  fp8 @3;
 }
 
 struct Configure {
   numBlocks @0 :Int64;
   blockSize @1 :Int32;
+  kvDtype @2 :KvDtype;             # what the coordinator planned with; the shard checks it
 }
 
 struct NewSequence {

@@ -28,7 +28,7 @@ CpuBackend::CpuBackend(const ModelConfig& config, const ShardLayout& layout, Sha
 
 uint64_t CpuBackend::kv_bytes_per_token() const {
   return 2ull * static_cast<uint64_t>(config_.n_layers * layout_.n_kv_heads * config_.head_dim) *
-         (options_.kv_f16 ? sizeof(uint16_t) : sizeof(float));
+         static_cast<uint64_t>(kv_dtype_bytes(options_.kv_dtype));
 }
 
 Result<BackendMemory> CpuBackend::memory() const {
@@ -36,6 +36,7 @@ Result<BackendMemory> CpuBackend::memory() const {
   m.device = fmt::format("cpu ({} threads{})", pool_->size(),
                          options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus));
   m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
+  m.kv_dtype = options_.kv_dtype;
   m.kv_bytes_per_token = kv_bytes_per_token();
   m.weight_bytes = weights_.bytes;
   return m;
@@ -43,7 +44,7 @@ Result<BackendMemory> CpuBackend::memory() const {
 
 Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
   if (cache_) return Status::invalid_argument("the KV cache is configured already");
-  KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_f16};
+  KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_dtype};
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   cache_ = std::make_unique<KvCache>(std::move(cache));
   const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_);
@@ -63,7 +64,7 @@ Status CpuBackend::copy_block(int32_t src, int32_t dst) {
   const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
   for (int64_t l = 0; l < shape.n_layers; ++l) {
     PagedKvLayer kv = cache_->layer(l);
-    if (shape.f16) {
+    if (shape.f16()) {
       std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
       std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
     } else {

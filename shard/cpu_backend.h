@@ -17,7 +17,7 @@
 namespace tessera {
 
 struct CpuBackendOptions {
-  bool kv_f16 = false;          // an fp16 KV cache (half the memory)
+  KvDtype kv_dtype = KvDtype::kF32;  // fp16: half the memory
   int local_ranks = 1;          // ranks sharing this host's memory (each reports its share)
   std::vector<int> bound_cpus;  // the cores this rank is bound to (for the device name)
   // The layers' description; default: describe_architecture(config, weights).

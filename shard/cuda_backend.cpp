@@ -10,10 +10,10 @@ namespace tessera {
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& config, const ShardLayout& layout,
                                                          ShardWeights weights, DeviceComm& comm,
                                                          const CudaBackendOptions& options) {
-  if (options.kv_f16)
-    return Status::unimplemented(
-        "--kv-dtype fp16: the CUDA backend's KV cache is fp32 only (fp16 runs on the CPU "
-        "backend)");
+  if (options.kv_dtype != KvDtype::kF32)
+    return Status::unimplemented(fmt::format(
+        "--kv-dtype {}: the CUDA backend's KV cache is fp32 only (fp16 runs on the CPU backend)",
+        kv_dtype_name(options.kv_dtype)));
   TESSERA_ASSIGN_OR_RETURN(const CudaApi* api, load_cuda_api_with_device());
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->options_ = options;
@@ -45,6 +45,7 @@ Result<BackendMemory> CudaBackend::memory() const {
   m.device = forward_->device_name();
   TESSERA_ASSIGN_OR_RETURN(const int64_t free_bytes, forward_->free_device_bytes());
   m.memory_available_bytes = static_cast<uint64_t>(free_bytes);
+  m.kv_dtype = KvDtype::kF32;
   m.kv_bytes_per_token = static_cast<uint64_t>(forward_->kv_bytes_per_token());
   m.weight_bytes = static_cast<uint64_t>(forward_->weight_bytes());
   m.max_step_tokens = options_.max_step_tokens;

@@ -20,7 +20,7 @@ struct CudaBackendOptions {
   int64_t max_step_tokens = 8192;  // the workspace holds steps of at most this many tokens
   int64_t max_step_seqs = 256;     // ... and sequences
   bool cuda_graphs = true;         // decode steps as CUDA graph replays
-  bool kv_f16 = false;             // refused: the CUDA KV cache is fp32
+  KvDtype kv_dtype = KvDtype::kF32;  // the CUDA KV cache is fp32: others are refused
   std::optional<ArchSpec> arch;    // default: describe_architecture(config, weights)
 };
 

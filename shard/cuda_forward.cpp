@@ -847,7 +847,8 @@ Status CudaForward::embed(int64_t n) {
 }
 
 Status CudaForward::scale(Act a, int64_t count, float s) {
-  return Status::unimplemented("TEMP scale");  // TEMP until the op list lands
+  TESSERA_CUDA_LAUNCH(api_->scale_f32(act(a), s, count, stream_), "scale");
+  return Status::ok();
 }
 
 Status CudaForward::rms_norm(Act in, WeightRef w, Act out, int64_t rows, int64_t dim) {
@@ -888,7 +889,8 @@ Status CudaForward::gated_activation(GluActivation a, int64_t n) {
       TESSERA_CUDA_LAUNCH(api_->silu_mul_f32(gate_, up_, gate_, n, layout_.ffn, stream_), "SiLU * up");
       return Status::ok();
     case GluActivation::kGeluTanh:
-      return Status::unimplemented("TEMP gelu");  // TEMP until the op list lands
+      TESSERA_CUDA_LAUNCH(api_->gelu_tanh_mul_f32(gate_, up_, gate_, n, layout_.ffn, stream_), "GELU * up");
+      return Status::ok();
   }
   return Status::internal("unknown activation");
 }

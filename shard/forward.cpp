@@ -11,6 +11,7 @@
 #include "common/mapped_file.h"
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
@@ -178,8 +179,7 @@ Status ForwardPass::embed(int64_t) {
 }
 
 Status ForwardPass::scale(Act a, int64_t count, float s) {
-  float* x = act(a);
-  for (int64_t i = 0; i < count; ++i) x[i] *= s;
+  scale_f32(act(a), s, count);
   return Status::ok();
 }
 
@@ -244,7 +244,8 @@ Status ForwardPass::gated_activation(GluActivation a, int64_t n) {
       silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
       return Status::ok();
     case GluActivation::kGeluTanh:
-      return Status::unimplemented("TEMP gelu");  // TEMP until the op list lands
+      gelu_tanh_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
+      return Status::ok();
   }
   return Status::internal("unknown activation");
 }

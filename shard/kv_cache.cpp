@@ -10,7 +10,7 @@ namespace tessera {
 
 size_t KvCache::bytes_per_block(const KvCacheShape& s) {
   return 2 * static_cast<size_t>(s.n_layers * s.block_size * s.n_kv_heads * s.head_dim) *
-         (s.f16 ? sizeof(uint16_t) : sizeof(float));
+         static_cast<size_t>(kv_dtype_bytes(s.dtype));
 }
 
 Result<KvCache> KvCache::create(const KvCacheShape& shape) {
@@ -20,6 +20,9 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
         "KV cache shape must be positive: layers {}, kv heads {}, head dim {}, block size {}, blocks {}",
         shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks));
   }
+  if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16)
+    return Status::unimplemented(
+        fmt::format("--kv-dtype {}: the CPU KV cache stores fp32 or fp16", kv_dtype_name(shape.dtype)));
   KvCache cache;
   cache.shape_ = shape;
   cache.bytes_ = bytes_per_block(shape) * static_cast<size_t>(shape.num_blocks);
@@ -54,7 +57,7 @@ PagedKvLayer KvCache::layer(int64_t l) {
   const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.block_size *
                                                shape_.n_kv_heads * shape_.head_dim);
   PagedKvLayer kv;
-  if (shape_.f16) {
+  if (shape_.f16()) {
     kv.k16 = static_cast<uint16_t*>(storage_) + static_cast<size_t>(2 * l) * per_array;
     kv.v16 = kv.k16 + per_array;
   } else {

@@ -1,6 +1,6 @@
 // A shard's KV storage: for every layer, K and V arrays of
 // [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3), or fp16 (half the memory;
-// KvCacheShape::f16, `--kv-dtype fp16`). Block ids are assigned by the
+// KvCacheShape::dtype, `--kv-dtype fp16`). Block ids are assigned by the
 // coordinator's BlockPool; this class
 // only owns the memory, allocated once at start-up.
 #pragma once
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "common/status.h"
 #include "kernels/paged_attention.h"
 
@@ -19,7 +20,8 @@ struct KvCacheShape {
   int64_t head_dim = 0;
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
-  bool f16 = false;  // fp16 elements instead of fp32
+  KvDtype dtype = KvDtype::kF32;  // fp32 or fp16 elements (create() refuses the others)
+  bool f16() const { return dtype == KvDtype::kF16; }
 };
 
 class KvCache {

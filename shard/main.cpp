@@ -2,6 +2,7 @@
 // collectives; started alone it is rank 0 of 1.
 #include <CLI/CLI.hpp>
 
+#include "cli/flags.h"
 #include "comm/mpi_comm.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -27,13 +28,10 @@ int main(int argc, char** argv) {
                  "exit when the coordinator is silent this long");
   app.add_option("--protocol-version", o.protocol_version, "testing only: speak another protocol version")
       ->group("");
-  std::string quant = "none";
-  app.add_option("--quant", quant, "quantize float weights at load: none, int8, int4 (groups of 128) or int4-sym")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}));
-  app.add_flag("--quant-lm-head", o.quantize_lm_head, "with --quant: quantize the LM head too");
-  std::string kv_dtype = "fp32";
-  app.add_option("--kv-dtype", kv_dtype, "KV cache elements: fp32, or fp16 (half the memory; CPU backend)")
-      ->check(CLI::IsMember({"fp32", "fp16"}));
+  cli::QuantFlags quant;
+  cli::add_quant_flags(app, quant);
+  cli::KvDtypeFlag kv_dtype;
+  cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
   app.add_option("--max-step-tokens", o.max_step_tokens,
                  "CUDA: tokens of the largest step the workspace holds (the coordinator's max_step_tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -51,8 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);
   o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
-  o.weight_quant = parse_weight_quant(quant).value();  // validated by the IsMember check
-  o.kv_f16 = kv_dtype == "fp16";
+  o.weight_quant = quant.quant;
+  o.quantize_lm_head = quant.lm_head;
+  o.kv_dtype = kv_dtype.runtime();
   o.bind = !no_bind;
   o.cuda_graphs = !no_graphs;
   o.device_sampling = !no_device_sampling;

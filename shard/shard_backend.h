@@ -24,7 +24,8 @@ namespace tessera {
 struct BackendMemory {
   std::string device;                 // "cpu (2 threads, cpus 0-1)", "cuda:0 (NVIDIA H200, sm_90)"
   uint64_t memory_available_bytes = 0;  // what a KV pool may take before the coordinator's headroom
-  uint64_t kv_bytes_per_token = 0;    // every layer, K and V, this rank's KV heads, in the KV dtype
+  KvDtype kv_dtype = KvDtype::kF32;    // what its KV cache stores
+  uint64_t kv_bytes_per_token = 0;    // every layer, K and V, this rank's KV heads, in kv_dtype
   uint64_t weight_bytes = 0;          // this rank's weights where they are computed from
   int64_t max_step_tokens = 0;        // the largest step its workspace holds (0: no limit)
   int64_t max_step_seqs = 0;

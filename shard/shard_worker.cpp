@@ -133,7 +133,7 @@ class ShardWorker {
       TESSERA_RETURN_IF_ERROR(load_cuda(std::move(weights)));
     } else {
       CpuBackendOptions co;
-      co.kv_f16 = o_.kv_f16;
+      co.kv_dtype = o_.kv_dtype;
       co.local_ranks = o_.local_ranks;
       co.bound_cpus = bound_cpus_;
       backend_ = std::make_unique<CpuBackend>(c, layout_, std::move(weights), pool_.get(), &comm_, co);
@@ -152,7 +152,7 @@ class ShardWorker {
     co.max_step_tokens = o_.max_step_tokens;
     co.max_step_seqs = o_.max_step_seqs;
     co.cuda_graphs = o_.cuda_graphs;
-    co.kv_f16 = o_.kv_f16;
+    co.kv_dtype = o_.kv_dtype;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda,
                              CudaBackend::create(store_->config(), layout_, std::move(weights), comm_, co));
     const CudaForward& f = cuda->forward();
@@ -174,6 +174,7 @@ class ShardWorker {
     h.tp_size = layout_.tp_size;
     h.device = m.device;
     h.memory_available_bytes = m.memory_available_bytes;
+    h.kv_dtype = m.kv_dtype;
     h.kv_bytes_per_token = m.kv_bytes_per_token;
     h.weight_bytes = m.weight_bytes;
     if (m.max_step_tokens > 0) h.max_step_tokens = m.max_step_tokens;
@@ -214,7 +215,10 @@ class ShardWorker {
       }
       ControlMessage& msg = *rm.message;
       if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
-        Status s = executor_->configure(cfg->block_size, cfg->num_blocks);
+        Status s = cfg->kv_dtype == o_.kv_dtype
+                       ? executor_->configure(cfg->block_size, cfg->num_blocks)
+                       : Status::invalid_argument(fmt::format("the coordinator planned a {} KV cache, this shard stores {}",
+                                                              kv_dtype_name(cfg->kv_dtype), kv_dtype_name(o_.kv_dtype)));
         if (!s.is_ok()) {
           TESSERA_LOG_ERROR("{}", s.to_string());
           (void)send(RefusedMsg{s.message()});

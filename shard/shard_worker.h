@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/device_comm.h"
+#include "common/kv_config.h"
 #include "model/weight_store.h"
 #include "topology/topology.h"
 
@@ -27,7 +28,7 @@ struct ShardOptions {
   std::chrono::milliseconds debug_step_delay{0};  // tests only: sleep before each step (failure tests)
   WeightQuant weight_quant = WeightQuant::kNone;  // --quant: RTN of float weights at load
   bool quantize_lm_head = false;                  // --quant-lm-head: the LM head too
-  bool kv_f16 = false;                            // --kv-dtype fp16: an fp16 KV cache (CPU backend)
+  KvDtype kv_dtype = KvDtype::kF32;               // --kv-dtype: the KV cache elements (fp16: CPU backend)
   // The CUDA backend's workspace holds steps of at most this many tokens / sequences (the
   // coordinator passes its scheduler's max_step_tokens / max_batch); decode steps run as CUDA
   // graph replays unless cuda_graphs is off.

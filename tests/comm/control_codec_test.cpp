@@ -74,6 +74,22 @@ TEST(ControlCodecTest, OtherMessagesRoundTrip) {
   EXPECT_EQ(rr.error, "boom");
 }
 
+TEST(ControlCodecTest, KvDtypeTravelsInHelloAndConfigure) {
+  ShardHello h;
+  h.kv_dtype = KvDtype::kF16;
+  std::string bytes = encode_message(h);
+  auto d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_dtype, KvDtype::kF16);
+  bytes = encode_message(ConfigureMsg{100, 32, KvDtype::kFp8});
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).kv_dtype, KvDtype::kFp8);
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).block_size, 32);
+  // A peer that sends no dtype (an older build) means fp32.
+  EXPECT_EQ(ConfigureMsg{}.kv_dtype, KvDtype::kF32);
+}
+
 TEST(ControlCodecTest, UnalignedBytesAreRead) {
   const std::string bytes = encode_message(sample_plan());
   std::string shifted = "x" + bytes;  // data() + 1 is not 8-byte aligned

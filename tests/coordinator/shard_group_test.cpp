@@ -77,6 +77,32 @@ TEST(ShardGroupTest, ModelMismatchNamesTheRankAndBothModels) {
       << s.message();
 }
 
+// The coordinator plans in its KV dtype, so a shard storing another is refused, naming both;
+// the configure message carries the dtype the plan used.
+TEST(ShardGroupTest, KvDtypeMismatchIsRefusedAndTheConfigureCarriesTheDtype) {
+  ShardGroupOptions o;
+  o.kv_dtype = KvDtype::kF16;
+  ShardHello h0 = hello(0, 2), h1 = hello(1, 2);
+  h0.kv_dtype = KvDtype::kF16;  // rank 1 still says fp32
+  Status s = start_with({h0, h1}, 2, o);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("shard rank 1 (cpu) stores its KV cache as fp32, but the coordinator plans fp16"),
+            std::string::npos)
+      << s.message();
+
+  o.world_size = 1;
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ShardHello h = hello(0, 1);
+  h.kv_dtype = KvDtype::kF16;
+  ASSERT_TRUE(a.client->send(h).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  auto m = a.client->receive(milliseconds(2000));
+  ASSERT_TRUE(m.is_ok() && m->has_value());
+  EXPECT_EQ(std::get<ConfigureMsg>(*(*m)->message).kv_dtype, KvDtype::kF16);
+}
+
 TEST(ShardGroupTest, RankClaimMismatch) {
   ShardHello h = hello(0, 2);
   h.rank = 1;  // connects as shard-0 but says rank 1

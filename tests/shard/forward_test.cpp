@@ -53,7 +53,7 @@ TEST_P(StoriesForwardTest, GreedyIdsAndLogitsMatchReference) {
 // An fp16 KV cache (half the memory): the reference greedy ids still, and prompt logits within
 // the fp16 rounding of K and V; chunked prefill and decode read it the same way.
 TEST_P(StoriesForwardTest, Fp16KvCacheKeepsTheReferenceIds) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 2, .kv_f16 = true});
+  auto model = LocalModel::load({.path = model_path(), .threads = 2, .kv_dtype = KvDtype::kF16});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
     for (const int64_t chunk : {0, 5}) {

@@ -1,0 +1,55 @@
+#include "cli/flags.h"
+
+#include <fmt/format.h>
+
+namespace tessera::cli {
+
+CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use) {
+  const bool plan = use == KvDtypeUse::kPlan;
+  if (plan) flag.value.reset();  // auto unless given
+  auto* f = &flag;
+  CLI::Option* o = app.add_option_function<std::string>(
+      "--kv-dtype",
+      [f](const std::string& s) {
+        if (s == "auto") {
+          f->value.reset();
+          return;
+        }
+        f->value = parse_kv_dtype(s).value();  // the check below admitted only known names
+      },
+      plan ? "KV cache elements to plan: auto (what the runtime stores on the card: fp32; fp16 for CPU "
+             "cards with `--kv-dtype fp16`), fp32, fp16, bf16 or fp8 (the others plan ahead)"
+           : "KV cache elements: fp32, or fp16 (half the memory; CPU backend)");
+  if (plan)
+    o->check(CLI::IsMember({"auto", "fp32", "f32", "fp16", "f16", "bf16", "fp8", "f8", "e4m3", "fp8_e4m3"}));
+  else
+    o->check(CLI::IsMember({"fp32", "fp16"}));
+  o->default_str(plan ? "auto" : "fp32");
+  return o;
+}
+
+CLI::Option* add_block_size_flag(CLI::App& app, int64_t& block_size) {
+  return app
+      .add_option("--block-size", block_size,
+                  fmt::format("KV cache tokens per block ({}..{})", kMinBlockSize, kMaxBlockSize))
+      ->check(CLI::Range(static_cast<int64_t>(kMinBlockSize), static_cast<int64_t>(kMaxBlockSize)))
+      ->capture_default_str();
+}
+
+void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
+  auto* f = &flags;
+  app.add_option_function<std::string>(
+         "--quant", [f](const std::string& s) { f->quant = parse_weight_quant(s).value(); },
+         who + "quantize float weights at load: none, int8, int4 (asymmetric, groups of 128) or int4-sym")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))
+      ->default_str("none");
+  app.add_flag("--quant-lm-head", flags.lm_head, "with --quant: " + who + "quantize the LM head too");
+}
+
+void append_shard_args(const KvDtypeFlag& kv, const QuantFlags& quant, std::vector<std::string>& args) {
+  if (quant.quant != WeightQuant::kNone) args.insert(args.end(), {"--quant", std::string(weight_quant_name(quant.quant))});
+  if (quant.lm_head) args.push_back("--quant-lm-head");
+  if (kv.runtime() != KvDtype::kF32) args.insert(args.end(), {"--kv-dtype", std::string(kv_dtype_name(kv.runtime()))});
+}
+
+}  // namespace tessera::cli

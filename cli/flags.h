@@ -1,0 +1,44 @@
+// The command-line flags that several executables share, each defined once here: the KV cache's
+// element type and block size, and load-time weight quantization. `tessera serve / launch /
+// generate / plan`, `tessera-coordinator`, `tessera-shard` and `tessera-bench-cpu` register
+// them with these functions, so a flag's name, choices, help and parsing cannot drift apart
+// between commands. Values are typed from the moment they are parsed.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+
+#include "common/kv_config.h"
+#include "model/weight_store.h"
+
+namespace tessera::cli {
+
+// --kv-dtype. Runtime commands take what the backends store (fp32, fp16; default fp32);
+// `tessera plan` also takes bf16 and fp8 (planned ahead of the runtime) and "auto" (nullopt:
+// what the runtime stores on the planned card).
+enum class KvDtypeUse { kRuntime, kPlan };
+struct KvDtypeFlag {
+  std::optional<KvDtype> value = KvDtype::kF32;  // nullopt: auto (kPlan only)
+  KvDtype runtime() const { return value.value_or(KvDtype::kF32); }
+};
+CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use);
+
+// --block-size: tokens per KV block, common/kv_config.h's range; the value keeps its default
+// when absent.
+CLI::Option* add_block_size_flag(CLI::App& app, int64_t& block_size);
+
+// --quant / --quant-lm-head: round-to-nearest quantization of float weights at load.
+// `who` starts the help text ("" for this process, "shards " for the shards a command starts).
+struct QuantFlags {
+  WeightQuant quant = WeightQuant::kNone;
+  bool lm_head = false;
+};
+void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who = "");
+
+// The same values as shard command-line arguments ("--kv-dtype fp16", "--quant int8", ...),
+// only those that differ from the defaults.
+void append_shard_args(const KvDtypeFlag& kv, const QuantFlags& quant, std::vector<std::string>& args);
+
+}  // namespace tessera::cli
