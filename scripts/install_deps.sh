@@ -11,6 +11,7 @@ PACKAGES=(
   libhwloc-dev
   nlohmann-json3-dev
   libpcre2-dev
+  libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libcli11-dev
