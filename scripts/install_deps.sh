@@ -13,7 +13,6 @@ PACKAGES=(
   libpcre2-dev
   libutf8proc-dev
   libgtest-dev libgmock-dev
-  libbenchmark-dev
   libcli11-dev
   libfmt-dev
   libcpp-httplib-dev
