@@ -1,20 +1,18 @@
 #include "bench/http_client.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
-#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
+#include <httplib.h>
 
 namespace tessera {
 namespace {
@@ -28,16 +26,38 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
-}
+// Debian's libcpp-httplib is built with CPPHTTPLIB_SEND_FLAGS 0 (no MSG_NOSIGNAL), so a send()
+// to a connection the server has just reset raises SIGPIPE, which would end the whole bench.
+// The signal is synchronous (sent to the thread that wrote): block it in this thread for the
+// request, drop one that became pending meanwhile, and restore the mask. No process-wide change.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeBlock() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        sigtimedwait(&pipe_, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
 
-int poll_timeout_ms(SteadyClock::time_point deadline, std::chrono::milliseconds cap) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left.count(), cap.count())));
-}
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 }  // namespace
 
@@ -86,254 +106,184 @@ std::string HttpClientResponse::header(std::string_view name) const {
   return "";
 }
 
-HttpClient::HttpClient(HttpUrl url, HttpClientOptions options) : url_(std::move(url)), options_(options) {}
-
-HttpClient::~HttpClient() { close(); }
-
-void HttpClient::close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-  eof_ = false;
-  buffer_.clear();
-}
-
-Status HttpClient::connect_socket(SteadyClock::time_point deadline) {
-  close();
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(url_.port);
-  const int rc = ::getaddrinfo(url_.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0) return Status::unavailable(fmt::format("{}:{}: {}", url_.host, url_.port, gai_strerror(rc)));
-  const auto connect_deadline = std::min(deadline, SteadyClock::now() + options_.connect_timeout);
-  std::string last_error = "no address";
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_error = std::strerror(errno);
-      continue;
+// cpp-httplib 0.11 bounds the connect and each read or write (poll() with a timeout before
+// every recv()/send()), but has no limit on a whole request. The watchdog supplies it: armed
+// with the request's deadline, it calls httplib::Client::stop() once the deadline passes (the
+// library's one thread-safe way to end a request in flight: shutdown() on the socket, so the
+// blocked poll() returns), and again every 10 ms until disarmed, in case the request was still
+// connecting the first time.
+struct HttpClient::Impl {
+  Impl(const HttpUrl& url, const HttpClientOptions& options) : client(url.host, url.port) {
+    client.set_keep_alive(true);
+    client.set_tcp_nodelay(true);
+    client.set_decompress(false);  // bodies are timed as they come off the socket
+    client.set_follow_location(false);
+    client.set_url_encode(false);  // paths go out as given
+    client.set_read_timeout(options.read_timeout);
+    client.set_write_timeout(options.read_timeout);
+    watchdog = std::thread([this] { watch(); });
+  }
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      quit = true;
     }
-    int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (r != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const int polled = ::poll(&p, 1, poll_timeout_ms(connect_deadline, options_.connect_timeout));
-      if (polled == 1) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        r = err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        r = -1;
-        if (polled == 0) errno = ETIMEDOUT;
+    cv.notify_one();
+    watchdog.join();
+  }
+
+  // Waking the watchdog costs a context switch on the request's critical path (before it is
+  // sent, so it would add to TTFT); it is woken only when it sleeps past the new deadline. It
+  // then finds a disarmed or later deadline when it wakes and sleeps on.
+  void arm(SteadyClock::time_point deadline) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      armed = deadline;
+      fired = false;
+      wake = deadline < sleeping_until;
+    }
+    if (wake) cv.notify_one();
+  }
+  // True when the deadline passed while armed (the request was or will be cut short).
+  bool disarm() {
+    std::lock_guard<std::mutex> lock(mu);
+    armed.reset();
+    return fired;
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!quit) {
+      if (!armed) {
+        sleeping_until = SteadyClock::time_point::max();
+        cv.wait(lock);
+        continue;
       }
+      const auto when = *armed;
+      if (SteadyClock::now() < when) {
+        sleeping_until = when;
+        cv.wait_until(lock, when);
+        continue;
+      }
+      fired = true;
+      client.stop();
+      sleeping_until = SteadyClock::now() + std::chrono::milliseconds(10);
+      cv.wait_until(lock, sleeping_until);
     }
-    if (r == 0) {
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      fd_ = fd;
-      break;
-    }
-    last_error = std::strerror(errno);
-    ::close(fd);
   }
-  ::freeaddrinfo(res);
-  if (fd_ < 0) return Status::unavailable(fmt::format("connect to {}:{}: {}", url_.host, url_.port, last_error));
-  return Status::ok();
-}
 
-Status HttpClient::send_all(std::string_view data, SteadyClock::time_point deadline) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd_, POLLOUT, 0};
-      const int r = ::poll(&p, 1, poll_timeout_ms(deadline, options_.read_timeout));
-      if (r == 0) return Status::deadline_exceeded(fmt::format("{}:{}: send timed out", url_.host, url_.port));
-      continue;
-    }
-    return Status::unavailable(fmt::format("{}:{}: send: {}", url_.host, url_.port, std::strerror(errno)));
-  }
-  return Status::ok();
-}
+  httplib::Client client;
+  std::mutex mu;  // guards armed, fired, quit, sleeping_until
+  std::condition_variable cv;
+  std::optional<SteadyClock::time_point> armed;
+  bool fired = false;
+  bool quit = false;
+  SteadyClock::time_point sleeping_until = SteadyClock::time_point::min();  // the watchdog's wake-up
+  std::thread watchdog;  // last: started once the members it uses exist
+};
 
-Status HttpClient::fill(SteadyClock::time_point deadline) {
-  char buf[16384];
-  for (;;) {
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    if (n > 0) {
-      buffer_.append(buf, static_cast<size_t>(n));
-      return Status::ok();
-    }
-    if (n == 0) {
-      eof_ = true;
-      return Status::unavailable(fmt::format("{}:{}: connection closed by the server", url_.host, url_.port));
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return Status::unavailable(fmt::format("{}:{}: recv: {}", url_.host, url_.port, std::strerror(errno)));
-    if (SteadyClock::now() >= deadline)
-      return Status::deadline_exceeded(fmt::format("{}:{}: request deadline passed", url_.host, url_.port));
-    pollfd p{fd_, POLLIN, 0};
-    const int r = ::poll(&p, 1, poll_timeout_ms(deadline, options_.read_timeout));
-    if (r == 0) {
-      if (SteadyClock::now() >= deadline)
-        return Status::deadline_exceeded(fmt::format("{}:{}: request deadline passed", url_.host, url_.port));
-      return Status::deadline_exceeded(
-          fmt::format("{}:{}: no data for {} ms", url_.host, url_.port, options_.read_timeout.count()));
-    }
-  }
-}
+HttpClient::HttpClient(HttpUrl url, HttpClientOptions options)
+    : url_(std::move(url)), options_(options), impl_(std::make_unique<Impl>(url_, options_)) {}
+
+HttpClient::~HttpClient() = default;
+
+void HttpClient::close() { impl_->client.stop(); }  // no request in flight: closes the socket
+
+bool HttpClient::connected() const { return impl_->client.is_socket_open() != 0; }
 
 Result<HttpClientResponse> HttpClient::request(std::string_view method, std::string_view path, std::string_view body,
                                                SteadyClock::time_point deadline, const HttpBodyCallback& on_body) {
-  std::string req = fmt::format("{} {}{} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: tessera-bench\r\nAccept: */*\r\n",
-                                method, url_.path_prefix, path, url_.host, url_.port);
+  const std::string where = fmt::format("{}:{}", url_.host, url_.port);
+  const bool bracket = url_.host.find(':') != std::string::npos;  // an IPv6 literal
+  httplib::Request req;
+  req.method = std::string(method);
+  req.path = url_.path_prefix + std::string(path);
+  req.headers = {{"Host", bracket ? fmt::format("[{}]:{}", url_.host, url_.port) : where},
+                 {"User-Agent", "tessera-bench"},
+                 {"Accept", "*/*"}};
   if (!body.empty() || method != "GET") {
-    req += fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\n", body.size());
+    req.body = std::string(body);
+    req.headers.emplace("Content-Type", "application/json");
+    // The library adds Content-Length itself for a body, and "0" for an empty POST, PUT or PATCH.
+    if (body.empty() && method != "POST" && method != "PUT" && method != "PATCH")
+      req.headers.emplace("Content-Length", "0");
   }
-  req += "\r\n";
-  req += body;
-  const bool head_request = method == "HEAD";
-  for (int attempt = 0;; ++attempt) {
-    const bool reused = fd_ >= 0;
-    if (!reused) TESSERA_RETURN_IF_ERROR(connect_socket(deadline));
-    bool nothing_received = false;
-    auto r = exchange(req, head_request, deadline, on_body, &nothing_received);
-    // A kept-alive connection may have been closed by the server just before we used it.
-    if (!r.is_ok() && reused && nothing_received && attempt == 0) {
-      close();
-      continue;
+
+  HttpClientResponse resp;
+  bool head_seen = false, to_callback = false, stopped = false;
+  SteadyClock::time_point last_bytes;  // when the request was sent or the last piece arrived
+  req.response_handler = [&](const httplib::Response& r) {
+    head_seen = true;
+    resp.status = r.status;
+    to_callback = on_body && r.status >= 200 && r.status < 300;
+    return true;
+  };
+  // Called for each recv() that returned body bytes; the library reads nothing further first.
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    last_bytes = SteadyClock::now();
+    if (!to_callback) {
+      resp.body.append(data, n);
+      return true;
     }
-    if (!r.is_ok()) close();
-    return r;
+    if (!on_body(std::string_view(data, n))) stopped = true;
+    return !stopped;
+  };
+
+  const SigpipeBlock no_sigpipe;
+  for (int attempt = 0;; ++attempt) {
+    const auto now = SteadyClock::now();
+    if (now >= deadline) return Status::deadline_exceeded(fmt::format("{}: request deadline passed", where));
+    const bool reused = connected();
+    impl_->client.set_connection_timeout(
+        std::min<SteadyClock::duration>(options_.connect_timeout, deadline - now));
+    head_seen = to_callback = stopped = false;
+    resp = HttpClientResponse{};
+    last_bytes = now;
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    impl_->arm(deadline);
+    const bool ok = impl_->client.send(req, res, error);
+    const bool deadline_passed = impl_->disarm();
+    // A body framed by the connection's close also "ends" when the watchdog shuts it down.
+    const bool close_delimited = !res.has_header("Content-Length") && !res.has_header("Transfer-Encoding");
+    if (ok && deadline_passed && close_delimited && res.status != 204 && method != "HEAD")
+      return Status::deadline_exceeded(fmt::format("{}: request deadline passed", where));
+    // After a cancel (the callback said stop) the library has closed the connection.
+    if (ok || (error == httplib::Error::Canceled && stopped)) {
+      resp.status = res.status;
+      for (const auto& [k, v] : res.headers) resp.headers.emplace_back(k, v);
+      return resp;
+    }
+    if (deadline_passed) return Status::deadline_exceeded(fmt::format("{}: request deadline passed", where));
+    // A kept-alive connection may have been closed by the server just before we used it.
+    const bool lost = error == httplib::Error::Read || error == httplib::Error::Write;
+    if (lost && reused && !head_seen && attempt == 0) continue;
+    switch (error) {
+      case httplib::Error::Connection:
+        return Status::unavailable(fmt::format("connect to {}: refused, unreachable or unknown host", where));
+      case httplib::Error::ConnectionTimeout:
+        return Status::deadline_exceeded(
+            fmt::format("connect to {}: no answer in {} ms", where, options_.connect_timeout.count()));
+      case httplib::Error::Write:
+        return Status::unavailable(fmt::format("{}: send failed (connection closed or reset)", where));
+      case httplib::Error::Read:
+        // The library reports a timeout, a reset, an early close and bad framing alike; only
+        // the silence can be told apart, from the clock.
+        if (SteadyClock::now() - last_bytes >= options_.read_timeout)
+          return Status::deadline_exceeded(
+              fmt::format("{}: no data for {} ms", where, options_.read_timeout.count()));
+        return Status::unavailable(
+            fmt::format("{}: connection closed, reset or malformed response {}", where,
+                        head_seen ? "in the body" : "before the response head"));
+      default:
+        return Status::unavailable(fmt::format("{}: {}", where, httplib::to_string(error)));
+    }
   }
 }
 
 Result<HttpClientResponse> HttpClient::get(std::string_view path, std::chrono::milliseconds timeout) {
   return request("GET", path, "", SteadyClock::now() + timeout);
-}
-
-Result<HttpClientResponse> HttpClient::exchange(std::string_view request_bytes, bool head_request,
-                                                SteadyClock::time_point deadline, const HttpBodyCallback& on_body,
-                                                bool* nothing_received) {
-  *nothing_received = true;
-  TESSERA_RETURN_IF_ERROR(send_all(request_bytes, deadline));
-  HttpClientResponse resp;
-  // Head. Interim 1xx responses are skipped.
-  size_t head_end = std::string::npos;
-  for (;;) {
-    while ((head_end = buffer_.find("\r\n\r\n")) == std::string::npos) {
-      if (buffer_.size() > 1 << 20) return Status::corrupt("response head over 1 MiB");
-      TESSERA_RETURN_IF_ERROR(fill(deadline));
-      *nothing_received = false;
-    }
-    *nothing_received = false;
-    const std::string_view head(buffer_.data(), head_end);
-    const size_t line_end = head.find("\r\n");
-    const std::string_view status_line = head.substr(0, line_end);
-    if (status_line.rfind("HTTP/1.", 0) != 0 || status_line.size() < 12)
-      return Status::corrupt(fmt::format("bad status line '{}'", status_line));
-    resp.status = std::atoi(std::string(status_line.substr(9, 3)).c_str());
-    resp.headers.clear();
-    size_t pos = line_end == std::string_view::npos ? head.size() : line_end + 2;
-    while (pos < head.size()) {
-      size_t e = head.find("\r\n", pos);
-      if (e == std::string_view::npos) e = head.size();
-      const std::string_view line = head.substr(pos, e - pos);
-      const size_t colon = line.find(':');
-      if (colon != std::string_view::npos)
-        resp.headers.emplace_back(std::string(trim(line.substr(0, colon))), std::string(trim(line.substr(colon + 1))));
-      pos = e + 2;
-    }
-    const bool http10 = status_line.rfind("HTTP/1.0", 0) == 0;
-    buffer_.erase(0, head_end + 4);
-    if (resp.status >= 100 && resp.status < 200) continue;
-    // Framing.
-    const std::string connection = resp.header("Connection");
-    bool keep_alive = !http10 && !iequals(connection, "close");
-    if (http10 && iequals(connection, "keep-alive")) keep_alive = true;
-    const bool to_callback = on_body && resp.status >= 200 && resp.status < 300;
-    bool stopped = false;
-    auto deliver = [&](std::string_view piece) {
-      if (piece.empty() || stopped) return;
-      if (to_callback) {
-        if (!on_body(piece)) stopped = true;
-      } else {
-        resp.body.append(piece);
-      }
-    };
-    const bool no_body = head_request || resp.status == 204 || resp.status == 304;
-    const std::string te = resp.header("Transfer-Encoding");
-    const std::string cl = resp.header("Content-Length");
-    if (no_body) {
-      // nothing
-    } else if (!te.empty() && te.find("chunked") != std::string::npos) {
-      for (;;) {
-        size_t le;
-        while ((le = buffer_.find("\r\n")) == std::string::npos) TESSERA_RETURN_IF_ERROR(fill(deadline));
-        const std::string size_text = buffer_.substr(0, std::min(le, buffer_.find(';')));
-        char* end = nullptr;
-        const unsigned long long size = std::strtoull(size_text.c_str(), &end, 16);
-        if (size_text.empty() || (end && *end != '\0' && *end != ' ' && *end != '\t'))
-          return Status::corrupt(fmt::format("bad chunk size '{}'", size_text));
-        buffer_.erase(0, le + 2);
-        if (size == 0) {
-          // Trailer section up to an empty line.
-          for (;;) {
-            while ((le = buffer_.find("\r\n")) == std::string::npos) TESSERA_RETURN_IF_ERROR(fill(deadline));
-            const bool empty = le == 0;
-            buffer_.erase(0, le + 2);
-            if (empty) break;
-          }
-          break;
-        }
-        size_t left = size;
-        while (left > 0) {
-          if (buffer_.empty()) TESSERA_RETURN_IF_ERROR(fill(deadline));
-          const size_t take = std::min(left, buffer_.size());
-          deliver(std::string_view(buffer_.data(), take));
-          buffer_.erase(0, take);
-          left -= take;
-          if (stopped) break;
-        }
-        if (stopped) break;
-        while (buffer_.size() < 2) TESSERA_RETURN_IF_ERROR(fill(deadline));
-        if (buffer_.compare(0, 2, "\r\n") != 0) return Status::corrupt("chunk not followed by CRLF");
-        buffer_.erase(0, 2);
-      }
-    } else if (!cl.empty()) {
-      size_t left = std::strtoull(cl.c_str(), nullptr, 10);
-      while (left > 0) {
-        if (buffer_.empty()) TESSERA_RETURN_IF_ERROR(fill(deadline));
-        const size_t take = std::min(left, buffer_.size());
-        deliver(std::string_view(buffer_.data(), take));
-        buffer_.erase(0, take);
-        left -= take;
-        if (stopped) break;
-      }
-    } else {
-      // Body until the server closes the connection.
-      keep_alive = false;
-      for (;;) {
-        deliver(buffer_);
-        buffer_.clear();
-        if (stopped) break;
-        Status s = fill(deadline);
-        if (!s.is_ok()) {
-          if (eof_) break;
-          return s;
-        }
-      }
-    }
-    if (stopped || !keep_alive) close();
-    return resp;
-  }
 }
 
 bool SseParser::feed(std::string_view bytes, const std::function<bool(std::string_view data)>& on_event) {

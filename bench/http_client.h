@@ -1,15 +1,18 @@
-// A small blocking HTTP/1.1 client for the benchmarks: one TCP connection per HttpClient,
-// reused across requests (keep-alive) and reopened when the server closed it. Reads bodies
-// framed by Content-Length, chunked transfer coding, or connection close, and hands a body to
-// a callback piece by piece as it arrives, so server-sent event streams can be timed token by
-// token. Every wait is bounded: connect, each read (longest silence) and the whole request.
-// No TLS (the servers under test are local or behind plain HTTP).
+// The benchmarks' blocking HTTP/1.1 client, an adapter over cpp-httplib (Debian
+// libcpp-httplib-dev 0.11): one TCP connection per HttpClient, reused across requests
+// (keep-alive) and reopened when the server closed it. Bodies framed by Content-Length, chunked
+// transfer coding, or connection close are handed to a callback piece by piece as each recv()
+// returns them, so server-sent event streams can be timed token by token. Every wait is
+// bounded: connect, each read (longest silence) and the whole request. No TLS (the servers
+// under test are local or behind plain HTTP).
 //
-// Thread-safety: an HttpClient is used by one thread at a time; SseParser likewise.
+// Thread-safety: an HttpClient is used by one thread at a time; SseParser likewise. Each
+// HttpClient owns one watchdog thread that enforces request deadlines.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -35,7 +38,7 @@ struct HttpClientOptions {
 
 struct HttpClientResponse {
   int status = 0;
-  std::vector<std::pair<std::string, std::string>> headers;  // names as sent
+  std::vector<std::pair<std::string, std::string>> headers;  // names as sent, sorted by name
   std::string body;  // empty when a body callback consumed it
 
   // The first header named `name` (ASCII case-insensitive), or "".
@@ -57,7 +60,9 @@ class HttpClient {
   // (Content-Length; omitted when empty and the method is GET) and reads the response until
   // its end or `deadline`. With `on_body`, the body goes to the callback only when the status
   // is 2xx (an error body is still collected into the response). A request on a reused
-  // connection that the server had closed is retried once on a new connection.
+  // connection that the server had closed is retried once on a new connection. Errors:
+  // unavailable (connect failed; connection closed, reset or malformed response: the library
+  // does not tell these apart), deadline_exceeded (`deadline`, connect_timeout, read_timeout).
   Result<HttpClientResponse> request(std::string_view method, std::string_view path, std::string_view body,
                                      std::chrono::steady_clock::time_point deadline,
                                      const HttpBodyCallback& on_body = {});
@@ -66,22 +71,14 @@ class HttpClient {
   Result<HttpClientResponse> get(std::string_view path, std::chrono::milliseconds timeout);
 
   void close();
-  bool connected() const { return fd_ >= 0; }
+  bool connected() const;
 
  private:
-  Status connect_socket(std::chrono::steady_clock::time_point deadline);
-  Status send_all(std::string_view data, std::chrono::steady_clock::time_point deadline);
-  // Reads more bytes into buffer_; an error on timeout, reset, or EOF (EOF sets eof_).
-  Status fill(std::chrono::steady_clock::time_point deadline);
-  Result<HttpClientResponse> exchange(std::string_view request_bytes, bool head_request,
-                                      std::chrono::steady_clock::time_point deadline, const HttpBodyCallback& on_body,
-                                      bool* sent_nothing_received);
+  struct Impl;  // the cpp-httplib client and the deadline watchdog; http_client.cpp only
 
   HttpUrl url_;
   HttpClientOptions options_;
-  int fd_ = -1;
-  bool eof_ = false;
-  std::string buffer_;  // received, not yet consumed
+  std::unique_ptr<Impl> impl_;
 };
 
 // Splits a server-sent event stream into events and hands each event's data (its "data:"

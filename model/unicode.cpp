@@ -1,11 +1,13 @@
 #include "model/unicode.h"
 
-#include <algorithm>
 #include <array>
-#include <unordered_map>
-#include <vector>
+#include <cstdlib>
+#include <memory>
+#include <new>
 
-#include "model/unicode_tables.h"
+#include <utf8proc.h>
+
+#include "common/check.h"
 
 namespace tessera::unicode {
 
@@ -96,82 +98,12 @@ void append_utf8(std::string& out, char32_t cp) {
 
 // ---- NFC ----------------------------------------------------------------------------------
 
-namespace {
-
-using unicode_data::kCccRunCount;
-using unicode_data::kCccRuns;
-using unicode_data::kDecompositionCount;
-using unicode_data::kDecompositions;
-
-constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28;
-constexpr char32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
-
-uint8_t ccc_of(char32_t cp) {
-  if (cp < 0x300) return 0;
-  const auto* end = kCccRuns + kCccRunCount;
-  const auto* it = std::upper_bound(kCccRuns, end, cp,
-                                    [](char32_t c, const unicode_data::CccRun& r) { return c < r.first; });
-  if (it == kCccRuns) return 0;
-  --it;
-  return cp <= it->last ? it->ccc : 0;
-}
-
-const unicode_data::Decomposition* find_decomposition(char32_t cp) {
-  if (cp < 0xC0) return nullptr;
-  const auto* end = kDecompositions + kDecompositionCount;
-  const auto* it = std::lower_bound(
-      kDecompositions, end, cp,
-      [](const unicode_data::Decomposition& d, char32_t c) { return d.cp < c; });
-  return (it != end && it->cp == cp) ? it : nullptr;
-}
-
-const std::unordered_map<uint64_t, char32_t>& composition_pairs() {
-  static const std::unordered_map<uint64_t, char32_t> pairs = [] {
-    std::unordered_map<uint64_t, char32_t> m;
-    m.reserve(kDecompositionCount);
-    for (size_t i = 0; i < kDecompositionCount; ++i) {
-      const auto& d = kDecompositions[i];
-      if (d.composable) m.emplace((uint64_t{d.d0} << 32) | d.d1, d.cp);
-    }
-    return m;
-  }();
-  return pairs;
-}
-
-void decompose(char32_t cp, std::u32string& out) {
-  if (cp >= kSBase && cp < kSBase + kSCount) {
-    const char32_t s = cp - kSBase;
-    out.push_back(kLBase + s / kNCount);
-    out.push_back(kVBase + (s % kNCount) / kTCount);
-    if (s % kTCount != 0) out.push_back(kTBase + s % kTCount);
-    return;
-  }
-  const auto* d = find_decomposition(cp);
-  if (d == nullptr) {
-    out.push_back(cp);
-    return;
-  }
-  decompose(d->d0, out);
-  if (d->d1 != 0) decompose(d->d1, out);
-}
-
-// 0 when the pair does not compose.
-char32_t compose_pair(char32_t a, char32_t b) {
-  if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount) {
-    return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
-  }
-  if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase &&
-      b < kTBase + kTCount) {
-    return a + (b - kTBase);
-  }
-  const auto& pairs = composition_pairs();
-  auto it = pairs.find((uint64_t{a} << 32) | b);
-  return it == pairs.end() ? 0 : it->second;
-}
-
-}  // namespace
-
+// Normalization is utf8proc's (Debian libutf8proc 2.8, Unicode 15.0). It replaced tables
+// generated from Python's unicodedata (Unicode 14.0): the two agree on the NFD, the NFC and the
+// combining class of every code point assigned in 14.0 (checked code point by code point), as
+// Unicode's normalization stability policy promises. They differ only on the ten combining marks
+// new in 15.0 (U+10EFD..10EFF, U+11F41..11F42, U+1E08F, U+1E4EC..1E4EF), which 14.0 data treats
+// as unassigned starters; no tokenizer test vector contains one.
 std::string nfc(std::string_view s) {
   bool ascii = true;
   for (char c : s) {
@@ -180,54 +112,24 @@ std::string nfc(std::string_view s) {
       break;
     }
   }
-  if (ascii) return std::string(s);
+  if (ascii) return std::string(s);  // already NFC; skips utf8proc's UTF-32 round trip
 
-  std::u32string chars;
-  chars.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    Utf8Step st = next_utf8(s, i);
-    decompose(st.kind == Utf8Step::kValid ? st.cp : kReplacementChar, chars);
-    i += st.len;
+  utf8proc_uint8_t* normalized = nullptr;
+  // An explicit length (no UTF8PROC_NULLTERM), so embedded NUL bytes are kept.
+  auto map = [&normalized](std::string_view text) {
+    return utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                        static_cast<utf8proc_ssize_t>(text.size()), &normalized,
+                        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  };
+  utf8proc_ssize_t n = map(s);
+  if (n == UTF8PROC_ERROR_INVALIDUTF8) {
+    // The contract asks for valid UTF-8; repair it the way the tokenizers do rather than fail.
+    n = map(sanitize_utf8(s, false));
   }
-  std::vector<uint8_t> ccc(chars.size());
-  for (size_t i = 0; i < chars.size(); ++i) ccc[i] = ccc_of(chars[i]);
-  // Canonical ordering: stable insertion sort of each run of non-starters by class.
-  for (size_t i = 1; i < chars.size(); ++i) {
-    if (ccc[i] == 0) continue;
-    size_t j = i;
-    while (j > 0 && ccc[j - 1] > ccc[j]) {
-      std::swap(chars[j - 1], chars[j]);
-      std::swap(ccc[j - 1], ccc[j]);
-      --j;
-    }
-  }
-  // Canonical composition.
-  std::u32string out;
-  out.reserve(chars.size());
-  std::vector<uint8_t> out_ccc;
-  out_ccc.reserve(chars.size());
-  size_t starter = std::u32string::npos;
-  for (size_t i = 0; i < chars.size(); ++i) {
-    const char32_t c = chars[i];
-    const uint8_t cc = ccc[i];
-    if (starter != std::u32string::npos) {
-      const bool adjacent = starter == out.size() - 1;
-      const uint8_t last_cc = out_ccc.back();
-      if (adjacent || (last_cc != 0 && last_cc < cc)) {
-        if (char32_t comp = compose_pair(out[starter], c); comp != 0) {
-          out[starter] = comp;
-          continue;
-        }
-      }
-    }
-    if (cc == 0) starter = out.size();
-    out.push_back(c);
-    out_ccc.push_back(cc);
-  }
-  std::string result;
-  result.reserve(s.size());
-  for (char32_t c : out) append_utf8(result, c);
-  return result;
+  if (n == UTF8PROC_ERROR_NOMEM) throw std::bad_alloc();
+  TESSERA_CHECK(n >= 0, "utf8proc_map on {} bytes: {}", s.size(), utf8proc_errmsg(n));
+  const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(normalized, &std::free);
+  return std::string(reinterpret_cast<const char*>(normalized), static_cast<size_t>(n));
 }
 
 // ---- GPT-2 byte-level alphabet --------------------------------------------------------------

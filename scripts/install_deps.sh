@@ -11,8 +11,8 @@ PACKAGES=(
   libhwloc-dev
   nlohmann-json3-dev
   libpcre2-dev
+  libutf8proc-dev
   libgtest-dev libgmock-dev
-  libbenchmark-dev
   libcli11-dev
   libfmt-dev
   libcpp-httplib-dev

@@ -568,6 +568,9 @@ TEST(Unicode, Nfc) {
   // Composition exclusion: U+0958 stays decomposed (क + nukta).
   EXPECT_EQ(unicode::nfc("\xE0\xA5\x98"), "\xE0\xA4\x95\xE0\xA4\xBC");
   EXPECT_EQ(unicode::nfc("plain ascii"), "plain ascii");
+  // An embedded NUL is kept (the length is explicit), and invalid bytes become U+FFFD.
+  EXPECT_EQ(unicode::nfc(std::string_view("\0" "e\xCC\x81", 4)), std::string("\0\xC3\xA9", 3));
+  EXPECT_EQ(unicode::nfc("\xFF" "e\xCC\x81"), "\xEF\xBF\xBD\xC3\xA9");
 }
 
 TEST(Unicode, Utf8Repair) {
