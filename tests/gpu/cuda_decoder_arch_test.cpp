@@ -1,0 +1,104 @@
+// One layer graph, two backends: a toy architecture description that differs from Llama in
+// every way the decoder can vary (post-norms before the residual adds, GeGLU instead of SwiGLU,
+// a sliding-window layer every other layer, a second RoPE table on the other layers, embedding
+// and attention scales) runs through the CPU backend and the CUDA backend with matching logits,
+// prefill and decode. On machines without a GPU it runs against the CPU stand-in of the CUDA
+// library (the cuda_forward_fake_backend CTest). Weights: stories260K plus post-norm weights.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "comm/device_comm.h"
+#include "common/thread_pool.h"
+#include "kernels/cuda/cuda_loader.h"
+#include "shard/cpu_backend.h"
+#include "shard/cuda_forward.h"
+#include "tests/shard/stories_reference.h"
+#include "tests/decoder/toy_model.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+using test::max_abs_diff;
+using test::max_rel_err;
+using test::toy_arch;
+using test::ToyModel;
+
+class CudaForwardToyArch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Result<const CudaApi*> api = load_cuda_api_with_device();
+    if (!api.is_ok()) GTEST_SKIP() << api.status().message();
+    if (!fs::exists(test::stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+    auto store = WeightStore::open(test::stories_dir() + "/hf");
+    ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+    model_.store = std::move(store).value();
+    auto layout = plan_shard_layout(model_.store->config(), TpConfig{});
+    ASSERT_TRUE(layout.is_ok());
+    model_.layout = *layout;
+  }
+  ToyModel model_;
+};
+
+TEST_F(CudaForwardToyArch, CpuAndCudaBackendsAgreeOnAToyArchitecture) {
+  const ModelConfig& c = model_.store->config();
+  const int64_t vocab = c.vocab, block_size = 16, num_blocks = 16;
+  auto cpu_weights = model_.weights();
+  ASSERT_TRUE(cpu_weights.is_ok()) << cpu_weights.status().to_string();
+  const ArchSpec arch = toy_arch(c, cpu_weights->weights);
+  ASSERT_TRUE(arch.validate(c, &cpu_weights->weights).is_ok());
+
+  auto comm = make_single_rank_comm();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
+  CpuBackendOptions co;
+  co.arch = arch;
+  CpuBackend cpu(c, model_.layout, std::move(cpu_weights).value(), &pool, comm.get(), co);
+  ASSERT_TRUE(cpu.configure_kv(block_size, num_blocks).is_ok());
+
+  auto gpu_weights = model_.weights();
+  ASSERT_TRUE(gpu_weights.is_ok());
+  CudaForwardOptions go;
+  go.block_size = block_size;
+  go.max_kv_blocks = num_blocks;
+  go.max_tokens_per_step = 128;
+  go.max_seqs_per_step = 4;
+  go.max_logit_rows = 8;
+  auto gpu = CudaForward::create(c, model_.layout, gpu_weights->weights, nullptr, go, arch);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  ASSERT_GE((*gpu)->num_kv_blocks(), num_blocks);
+
+  // The longest reference prompt (longer than the 4-key window), then decode steps fed with the
+  // CPU's greedy tokens, through eager steps and graph replays alike.
+  std::vector<test::RefCase> cases = test::load_cases();
+  const test::RefCase ref = *std::max_element(cases.begin(), cases.end(), [](const auto& a, const auto& b) {
+    return a.prompt.size() < b.prompt.size();
+  });
+  std::vector<int32_t> prompt = ref.prompt;
+  prompt.insert(prompt.end(), ref.greedy.begin(), ref.greedy.end());  // real text, past the window
+  ASSERT_GT(prompt.size(), 16u);
+  std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+  for (int64_t b = 0; b < num_blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>(num_blocks - 1 - b);
+  std::vector<float> cpu_logits, gpu_logits;
+  SequenceInput in{prompt, 0, table, true};
+  ASSERT_TRUE(cpu.run({&in, 1}, cpu_logits).is_ok());
+  Status s = (*gpu)->run({&in, 1}, gpu_logits);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_EQ(cpu_logits.size(), static_cast<size_t>(vocab));
+  EXPECT_LT(max_rel_err(gpu_logits, cpu_logits), 1e-2f) << "prefill";
+  std::vector<int32_t> next(1);
+  for (int64_t step = 0; step < 6; ++step) {
+    next[0] = static_cast<int32_t>(std::max_element(cpu_logits.begin(), cpu_logits.end()) - cpu_logits.begin());
+    SequenceInput d{next, static_cast<int64_t>(prompt.size()) + step, table, true};
+    ASSERT_TRUE(cpu.run({&d, 1}, cpu_logits).is_ok());
+    s = (*gpu)->run({&d, 1}, gpu_logits);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_LT(max_rel_err(gpu_logits, cpu_logits), 1e-2f) << "decode step " << step;
+  }
+}
+
+}  // namespace
+}  // namespace tessera
