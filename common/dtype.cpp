@@ -4,35 +4,104 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <utility>
 
 #include "common/check.h"
 
 namespace tessera {
 namespace {
 
-constexpr std::array<QuantTraits, static_cast<size_t>(QuantType::kCount)> kTraits = {{
-    {QuantType::kF32, "F32", 1, 4, 0, true, 0},
-    {QuantType::kF16, "F16", 1, 2, 1, true, 0},
-    {QuantType::kBF16, "BF16", 1, 2, 30, true, 0},
-    {QuantType::kQ8_0, "Q8_0", 32, 34, 8, false, 0},
-    {QuantType::kQ4_0, "Q4_0", 32, 18, 2, false, 0},
-    {QuantType::kQ5_0, "Q5_0", 32, 22, 6, false, 0},
-    {QuantType::kQ4_K, "Q4_K", 256, 144, 12, false, 0},
-    {QuantType::kQ5_K, "Q5_K", 256, 176, 13, false, 0},
-    {QuantType::kQ6_K, "Q6_K", 256, 210, 14, false, 0},
-    {QuantType::kI8, "I8", 1, 1, 24, false, 0},
-    {QuantType::kI32, "I32", 1, 4, 26, false, 0},
-    {QuantType::kI8_CH, "I8_CH", 32, 32, -1, false, 4},
-    {QuantType::kI4_G128, "I4_G128", 128, 68, -1, false, 0},
-    {QuantType::kQ8_0_R16, "Q8_0_R16", 32, 34, -1, false, 0},
-    {QuantType::kQ4_0_R16, "Q4_0_R16", 32, 18, -1, false, 0},
-    {QuantType::kQ5_0_R16, "Q5_0_R16", 32, 22, -1, false, 0},
-    {QuantType::kQ4_K_R16, "Q4_K_R16", 256, 144, -1, false, 0},
-    {QuantType::kQ5_K_R16, "Q5_K_R16", 256, 176, -1, false, 0},
-    {QuantType::kQ6_K_R16, "Q6_K_R16", 256, 210, -1, false, 0},
-    {QuantType::kI8_CH_R16, "I8_CH_R16", 32, 32, -1, false, 4},
-    {QuantType::kI4_G128_R16, "I4_G128_R16", 128, 68, -1, false, 0},
+using Q = QuantType;
+using Cpu = CpuMatmul;
+using Cuda = CudaWeightForm;
+constexpr Q kNoR16 = Q::kCount;
+
+// THE table of formats (common/dtype.h). GGUF block sizes follow ggml's published layouts.
+constexpr std::array<QuantTraits, static_cast<size_t>(Q::kCount)> kTraits = {{
+    // type            name           elems bytes trailer ggml float  load   cpu           cuda             r16              r16_base
+    {Q::kF32,          "F32",          1,     4,  0,      0, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kF32},
+    {Q::kF16,          "F16",          1,     2,  0,      1, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kF16},
+    {Q::kBF16,         "BF16",         1,     2,  0,     30, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kBF16},
+    {Q::kQ8_0,         "Q8_0",        32,    34,  0,      8, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ8_0_R16,    Q::kQ8_0},
+    {Q::kQ4_0,         "Q4_0",        32,    18,  0,      2, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_0_R16,    Q::kQ4_0},
+    {Q::kQ5_0,         "Q5_0",        32,    22,  0,      6, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_0_R16,    Q::kQ5_0},
+    {Q::kQ4_K,         "Q4_K",       256,   144,  0,     12, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_K_R16,    Q::kQ4_K},
+    {Q::kQ5_K,         "Q5_K",       256,   176,  0,     13, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_K_R16,    Q::kQ5_K},
+    {Q::kQ6_K,         "Q6_K",       256,   210,  0,     14, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ6_K_R16,    Q::kQ6_K},
+    {Q::kI8,           "I8",           1,     1,  0,     24, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI8},
+    {Q::kI32,          "I32",          1,     4,  0,     26, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI32},
+    {Q::kI8_CH,        "I8_CH",       32,    32,  4,     -1, false, true,  Cpu::kIntDot, Cuda::kRepacked, Q::kI8_CH_R16,   Q::kI8_CH},
+    {Q::kI4_G128,      "I4_G128",    128,    68,  0,     -1, false, true,  Cpu::kIntDot, Cuda::kRepacked, Q::kI4_G128_R16, Q::kI4_G128},
+    {Q::kQ8_0_R16,     "Q8_0_R16",    32,    34,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ8_0},
+    {Q::kQ4_0_R16,     "Q4_0_R16",    32,    18,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_0},
+    {Q::kQ5_0_R16,     "Q5_0_R16",    32,    22,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_0},
+    {Q::kQ4_K_R16,     "Q4_K_R16",   256,   144,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_K},
+    {Q::kQ5_K_R16,     "Q5_K_R16",   256,   176,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_K},
+    {Q::kQ6_K_R16,     "Q6_K_R16",   256,   210,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ6_K},
+    {Q::kI8_CH_R16,    "I8_CH_R16",   32,    32,  4,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kI8_CH},
+    {Q::kI4_G128_R16,  "I4_G128_R16",128,    68,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kI4_G128},
 }};
+
+// ggml types without a QuantType (Tessera cannot compute with them): only their geometry, so
+// the GGUF loader can bounds-check their tensors. The ids with a QuantType are in kTraits.
+struct GgmlOnlyType {
+  int id;
+  std::string_view name;
+  int block_elems;
+  int block_bytes;
+};
+constexpr GgmlOnlyType kGgmlOnly[] = {
+    {3, "Q4_1", 32, 20},      {7, "Q5_1", 32, 24},     {9, "Q8_1", 32, 36},     {10, "Q2_K", 256, 84},
+    {11, "Q3_K", 256, 110},   {15, "Q8_K", 256, 292},  {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
+    {18, "IQ3_XXS", 256, 98}, {19, "IQ1_S", 256, 50},  {20, "IQ4_NL", 32, 18},  {21, "IQ3_S", 256, 110},
+    {22, "IQ2_S", 256, 82},   {23, "IQ4_XS", 256, 136}, {25, "I16", 1, 2},      {27, "I64", 1, 8},
+    {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},  {34, "TQ1_0", 256, 54},  {35, "TQ2_0", 256, 66},
+    {39, "MXFP4", 32, 17},
+};
+
+// What the rest of the tree relies on without looking (the unit test walks the rest).
+constexpr bool table_is_consistent() {
+  for (size_t i = 0; i < kTraits.size(); ++i) {
+    const QuantTraits& t = kTraits[i];
+    if (static_cast<size_t>(t.type) != i || t.block_elems < 1 || t.block_bytes < 1) return false;
+    if (t.r16 != kNoR16 && kTraits[static_cast<size_t>(t.r16)].r16_base != t.type) return false;
+    if (t.r16_base != t.type && kTraits[static_cast<size_t>(t.r16_base)].r16 != t.type) return false;
+  }
+  for (size_t i = 0; i < kTraits.size(); ++i)  // a ggml id names one format
+    for (size_t j = i + 1; j < kTraits.size(); ++j)
+      if (kTraits[i].ggml_type >= 0 && kTraits[i].ggml_type == kTraits[j].ggml_type) return false;
+  for (const GgmlOnlyType& g : kGgmlOnly)
+    for (const QuantTraits& t : kTraits)
+      if (t.ggml_type == g.id) return false;
+  return true;
+}
+static_assert(table_is_consistent(), "common/dtype.cpp: the format table contradicts itself");
+
+constexpr size_t count_ggml_ids() {
+  size_t n = std::size(kGgmlOnly);
+  for (const QuantTraits& t : kTraits) n += t.ggml_type >= 0 ? 1 : 0;
+  return n;
+}
+
+constexpr std::array<int, count_ggml_ids()> ggml_ids_sorted() {
+  std::array<int, count_ggml_ids()> ids{};
+  size_t n = 0;
+  for (const QuantTraits& t : kTraits)
+    if (t.ggml_type >= 0) ids[n++] = t.ggml_type;
+  for (const GgmlOnlyType& g : kGgmlOnly) ids[n++] = g.id;
+  for (size_t i = 1; i < n; ++i)  // insertion sort: constexpr and tiny
+    for (size_t j = i; j > 0 && ids[j - 1] > ids[j]; --j) std::swap(ids[j - 1], ids[j]);
+  return ids;
+}
+constexpr auto kGgmlIds = ggml_ids_sorted();
+
+constexpr bool strictly_ascending(const auto& ids) {
+  for (size_t i = 1; i < ids.size(); ++i)
+    if (ids[i - 1] >= ids[i]) return false;
+  return true;
+}
+static_assert(strictly_ascending(kGgmlIds), "common/dtype.cpp: a ggml type id is listed twice");
 
 }  // namespace
 
@@ -47,6 +116,18 @@ std::optional<QuantType> quant_from_ggml(int ggml_type) {
     if (tr.ggml_type >= 0 && tr.ggml_type == ggml_type) return tr.type;
   return std::nullopt;
 }
+
+std::optional<GgmlTypeInfo> ggml_type_info(int ggml_type) {
+  if (const std::optional<QuantType> q = quant_from_ggml(ggml_type)) {
+    const QuantTraits& tr = quant_traits(*q);
+    return GgmlTypeInfo{ggml_type, tr.name, tr.block_elems, tr.block_bytes, q};
+  }
+  for (const GgmlOnlyType& g : kGgmlOnly)
+    if (g.id == ggml_type) return GgmlTypeInfo{g.id, g.name, g.block_elems, g.block_bytes, std::nullopt};
+  return std::nullopt;
+}
+
+std::span<const int> ggml_type_ids() { return kGgmlIds; }
 
 std::optional<QuantType> quant_from_name(std::string_view name) {
   for (const auto& tr : kTraits) {

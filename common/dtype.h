@@ -1,4 +1,6 @@
-// Weight and activation formats, described by one traits table.
+// Weight and activation formats, described by one traits table: THE place for every fact about
+// a format (block geometry, ggml id, name, who produces it, which backend computes it and how);
+// loaders, planner, kernels and backends read it instead of keeping their own lists.
 //
 // A QuantType stores a row of `k` elements as k / block_elems blocks of block_bytes each
 // (plain types have block_elems == 1). Rows never share a block, so a row-major matrix of
@@ -9,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace tessera {
@@ -48,20 +51,57 @@ enum class QuantType : uint8_t {
   kCount,
 };
 
+// How the CPU backend's matmul reads a weight of this type (kernels/cpu/gemm.cpp).
+enum class CpuMatmul : uint8_t {
+  kFloat,   // the float kernels, as stored (kernels/cpu/fgemm.h)
+  kIntDot,  // an integer-dot kernel, as stored (kernels/cpu/qgemm.h); the R16 layouts AVX-512 only
+  kWiden,   // widened to fp32 one row at a time (dequantize_row), then the F32 kernel
+};
+
+// How the CUDA backend holds a weight matrix of this type (shard/cuda_forward.cpp's upload).
+// Whatever the form, a matrix whose op reads only f16 (the embedding) is expanded to f16.
+enum class CudaWeightForm : uint8_t {
+  kNone,      // never uploaded: the CPU's 16-row re-lays
+  kF16,       // f16 on the device: F16 copied as stored, the others expanded to f16 at upload
+  kBlocks,    // the stored blocks as they are, read by kernels/cuda/gguf_gemm.cu; the
+              // TESSERA_CUDA_GGUF_* values of kernels/cuda/cuda_api.h are exactly these types
+  kRepacked,  // split at upload into int levels + scales (+ zeros) for kernels/cuda/quant_gemm.cu
+};
+
+// Every per-format fact lives in this one table (common/dtype.cpp); other modules read it.
 struct QuantTraits {
   QuantType type;
-  std::string_view name;      // "F32", "Q4_K", ... as printed to users
+  std::string_view name;      // "F32", "Q4_K", ... as printed to users (ggml's name for GGUF types)
   int block_elems;            // elements per block
   int block_bytes;            // bytes per block
+  int row_extra_bytes;        // per-row trailer after the blocks (I8_CH's fp32 scale), else 0
   int ggml_type;              // ggml type id in GGUF files, or -1
   bool is_float;              // F32/F16/BF16
-  int row_extra_bytes;        // per-row trailer after the blocks (I8_CH's fp32 scale), else 0
+  bool quant_at_load;         // produced at load from a float checkpoint (--quant int8 / int4)
+  CpuMatmul cpu;              // how the CPU backend computes with it
+  CudaWeightForm cuda;        // how the CUDA backend holds it
+  QuantType r16;              // its 16-row re-laid variant (kernels/cpu/qgemm.h), or kCount
+  QuantType r16_base;         // for a 16-row re-lay, the format it re-lays; else `type` itself
 };
 
 const QuantTraits& quant_traits(QuantType t);
 inline std::string_view quant_name(QuantType t) { return quant_traits(t).name; }
 std::optional<QuantType> quant_from_ggml(int ggml_type);
 std::optional<QuantType> quant_from_name(std::string_view name);  // case-insensitive
+
+// Block geometry of a ggml type id (ggml.h's enum ggml_type) as GGUF files store it, for every
+// type known to exist, including those Tessera cannot compute with (Q4_1, Q2_K, IQ*, TQ*,
+// MXFP4, ...), so that their tensors are still bounds-checked. For a type with a QuantType
+// the sizes are that type's row of the table above.
+struct GgmlTypeInfo {
+  int id;
+  std::string_view name;          // ggml's name: "Q2_K"
+  int block_elems;
+  int block_bytes;
+  std::optional<QuantType> type;  // the QuantType that reads it, if any
+};
+std::optional<GgmlTypeInfo> ggml_type_info(int ggml_type);  // nullopt: an unknown id
+std::span<const int> ggml_type_ids();                       // every known id, ascending
 
 // Bytes of one row of k elements; k must be a multiple of block_elems (callers validate).
 inline size_t row_bytes(QuantType t, int64_t k) {

@@ -38,17 +38,25 @@ PrecisionSpec spec(std::string name, std::string layout, int64_t group_elems, in
   return p;
 }
 
+// A precision Tessera runs: its geometry is the format's row of the one table (common/dtype.h).
+PrecisionSpec spec(std::string name, std::string layout, QuantType type) {
+  const QuantTraits& tr = quant_traits(type);
+  return spec(std::move(name), std::move(layout), tr.block_elems, tr.block_bytes, tr.row_extra_bytes);
+}
+
 std::vector<PrecisionSpec> precision_table() {
   return {
-      spec("F32", "32-bit float", 1, 4),
-      spec("F16", "16-bit float", 1, 2),
-      spec("BF16", "bfloat16", 1, 2),
-      spec("INT8", "8-bit per-channel (W8A16): int8 + one fp16 scale per output row", 1, 1, 2),
-      spec("INT4", "4-bit, group 128: 64 B of nibbles + fp16 scale + fp16 zero per group (W4A16)", 128, 68),
-      spec("Q8_0", "GGUF Q8_0: 32 x int8 + fp16 scale per 32", 32, 34),
-      spec("Q4_0", "GGUF Q4_0: 16 B of nibbles + fp16 scale per 32", 32, 18),
-      spec("Q4_K", "GGUF Q4_K: 144 B per super-block of 256", 256, 144),
-      spec("Q6_K", "GGUF Q6_K: 210 B per super-block of 256", 256, 210),
+      spec("F32", "32-bit float", QuantType::kF32),
+      spec("F16", "16-bit float", QuantType::kF16),
+      spec("BF16", "bfloat16", QuantType::kBF16),
+      spec("INT8", "8-bit per-channel (W8A16, I8_CH): int8 + one fp32 scale per output row", QuantType::kI8_CH),
+      spec("INT4", "4-bit, group 128 (W4A16, I4_G128): 64 B of nibbles + fp16 scale + uint8 zero + 1 B pad per group",
+           QuantType::kI4_G128),
+      spec("Q8_0", "GGUF Q8_0: 32 x int8 + fp16 scale per 32", QuantType::kQ8_0),
+      spec("Q4_0", "GGUF Q4_0: 16 B of nibbles + fp16 scale per 32", QuantType::kQ4_0),
+      spec("Q4_K", "GGUF Q4_K: 144 B per super-block of 256", QuantType::kQ4_K),
+      spec("Q6_K", "GGUF Q6_K: 210 B per super-block of 256", QuantType::kQ6_K),
+      // Formats Tessera does not store yet (no QuantType; DESIGN §5): planned geometries.
       spec("2BIT", "2-bit, group 64: 16 B of crumbs + fp16 scale + fp16 zero per group", 64, 20),
       spec("TERNARY", "ternary {-1,0,1} packed 4 per byte (2 bits) + one fp16 absmean scale per row", 4, 1, 2),
       spec("TERNARY-B5", "ternary packed 5 trits per byte (3^5 = 243 <= 256) + one fp16 scale per row", 5, 1, 2),

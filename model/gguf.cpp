@@ -14,34 +14,6 @@ constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxAlignment = 1u << 16;
 constexpr int kMaxArrayDepth = 8;
 
-// Block geometry of every ggml type known to exist, so that tensors of types Tessera cannot
-// compute with are still bounds-checked. Sizes follow the published GGUF block layouts.
-struct GgmlTypeSize {
-  int id;
-  const char* name;
-  int block_elems;
-  int block_bytes;
-};
-constexpr GgmlTypeSize kGgmlTypes[] = {
-    {0, "F32", 1, 4},          {1, "F16", 1, 2},          {2, "Q4_0", 32, 18},
-    {3, "Q4_1", 32, 20},       {6, "Q5_0", 32, 22},       {7, "Q5_1", 32, 24},
-    {8, "Q8_0", 32, 34},       {9, "Q8_1", 32, 36},       {10, "Q2_K", 256, 84},
-    {11, "Q3_K", 256, 110},    {12, "Q4_K", 256, 144},    {13, "Q5_K", 256, 176},
-    {14, "Q6_K", 256, 210},    {15, "Q8_K", 256, 292},    {16, "IQ2_XXS", 256, 66},
-    {17, "IQ2_XS", 256, 74},   {18, "IQ3_XXS", 256, 98},  {19, "IQ1_S", 256, 50},
-    {20, "IQ4_NL", 32, 18},    {21, "IQ3_S", 256, 110},   {22, "IQ2_S", 256, 82},
-    {23, "IQ4_XS", 256, 136},  {24, "I8", 1, 1},          {25, "I16", 1, 2},
-    {26, "I32", 1, 4},         {27, "I64", 1, 8},         {28, "F64", 1, 8},
-    {29, "IQ1_M", 256, 56},    {30, "BF16", 1, 2},        {34, "TQ1_0", 256, 54},
-    {35, "TQ2_0", 256, 66},    {39, "MXFP4", 32, 17},
-};
-
-const GgmlTypeSize* ggml_type_size(uint32_t id) {
-  for (const auto& t : kGgmlTypes)
-    if (static_cast<uint32_t>(t.id) == id) return &t;
-  return nullptr;
-}
-
 const char* value_type_name(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8: return "uint8";
@@ -364,7 +336,8 @@ class GgufParser {
         return Status::corrupt(fmt::format("{}: tensor '{}' offset {} is not a multiple of the "
                                            "alignment {}",
                                            path(), t.name, t.offset, alignment_));
-      const GgmlTypeSize* ts = ggml_type_size(static_cast<uint32_t>(t.ggml_type));
+      // Sizes of every known ggml type, computable or not (common/dtype.h).
+      const std::optional<GgmlTypeInfo> ts = ggml_type_info(t.ggml_type);
       if (!ts) continue;  // unknown type: listed as unsupported, size unknown
       const auto row_elems = static_cast<uint64_t>(t.shape.back());
       if (row_elems % static_cast<uint64_t>(ts->block_elems) != 0)
@@ -387,7 +360,7 @@ class GgufParser {
             "{}: tensor '{}' data [{}, {}) lies outside the file (size {})", path(), t.name, abs,
             end, size_));
       }
-      auto qt = quant_from_ggml(t.ggml_type);
+      const std::optional<QuantType> qt = ts->type;
       if (!qt) continue;
       // Views are read through typed pointers: the start must be aligned for the element type
       // (only a file with general.alignment < 4 can break this).
@@ -430,8 +403,7 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 }
 
 std::string_view ggml_type_name(int ggml_type) {
-  if (ggml_type < 0) return "unknown";
-  const GgmlTypeSize* t = ggml_type_size(static_cast<uint32_t>(ggml_type));
+  const std::optional<GgmlTypeInfo> t = ggml_type_info(ggml_type);
   return t ? t->name : "unknown";
 }
 

@@ -154,20 +154,17 @@ Result<void*> CudaForward::device_alloc(int64_t bytes, const char* what) {
 namespace {
 
 // GGUF block types the device kernels read as stored (kernels/cuda/gguf_gemm.cu); other
-// block types are expanded to f16 at upload.
-bool gguf_on_device(QuantType t) {
-  switch (t) {
-    case QuantType::kQ8_0:
-    case QuantType::kQ4_0:
-    case QuantType::kQ5_0:
-    case QuantType::kQ4_K:
-    case QuantType::kQ5_K:
-    case QuantType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
+// block types are expanded to f16 at upload. The format table says which (common/dtype.h).
+bool gguf_on_device(QuantType t) { return quant_traits(t).cuda == CudaWeightForm::kBlocks; }
+
+// tessera_cuda_gemm_gguf's `type` is a QuantType value (kernels/cuda/cuda_api.h keeps a C copy).
+static_assert(TESSERA_CUDA_GGUF_Q8_0 == static_cast<int>(QuantType::kQ8_0) &&
+                  TESSERA_CUDA_GGUF_Q4_0 == static_cast<int>(QuantType::kQ4_0) &&
+                  TESSERA_CUDA_GGUF_Q5_0 == static_cast<int>(QuantType::kQ5_0) &&
+                  TESSERA_CUDA_GGUF_Q4_K == static_cast<int>(QuantType::kQ4_K) &&
+                  TESSERA_CUDA_GGUF_Q5_K == static_cast<int>(QuantType::kQ5_K) &&
+                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(QuantType::kQ6_K),
+              "the TESSERA_CUDA_GGUF_* values of cuda_api.h are tessera::QuantType's values");
 
 // Converts rows [r0, r0 + n) of a float or GGUF-block matrix to f16.
 void rows_to_f16(const TensorView& v, int64_t r0, int64_t n, std::vector<float>& tmp, uint16_t* dst) {

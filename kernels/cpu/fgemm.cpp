@@ -610,9 +610,7 @@ TESSERA_AVX2 void fmatmul_avx2(const FMatmulArgs& a, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-bool is_float_weight(QuantType type) {
-  return type == QuantType::kF32 || type == QuantType::kF16 || type == QuantType::kBF16;
-}
+bool is_float_weight(QuantType type) { return quant_traits(type).cpu == CpuMatmul::kFloat; }
 
 void fmatmul(const FMatmulArgs& a, int64_t r0, int64_t r1) {
 #ifdef TESSERA_FX86

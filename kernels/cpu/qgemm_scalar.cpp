@@ -201,53 +201,16 @@ const std::vector<BlockField>& r16_fields(QuantType base) {
 }
 }  // namespace
 
+// The re-lays and their bases are columns of the format table (common/dtype.h).
 bool is_r16(QuantType type) { return r16_base(type) != type; }
 
-QuantType r16_base(QuantType type) {
-  switch (type) {
-    case QuantType::kQ8_0_R16:
-      return QuantType::kQ8_0;
-    case QuantType::kQ4_0_R16:
-      return QuantType::kQ4_0;
-    case QuantType::kQ5_0_R16:
-      return QuantType::kQ5_0;
-    case QuantType::kQ4_K_R16:
-      return QuantType::kQ4_K;
-    case QuantType::kQ5_K_R16:
-      return QuantType::kQ5_K;
-    case QuantType::kQ6_K_R16:
-      return QuantType::kQ6_K;
-    case QuantType::kI8_CH_R16:
-      return QuantType::kI8_CH;
-    case QuantType::kI4_G128_R16:
-      return QuantType::kI4_G128;
-    default:
-      return type;
-  }
-}
+QuantType r16_base(QuantType type) { return quant_traits(type).r16_base; }
 
 std::optional<QuantType> r16_of(QuantType type, int64_t rows) {
   if (rows <= 0 || rows % kQRowGroup != 0) return std::nullopt;
-  switch (type) {
-    case QuantType::kQ8_0:
-      return QuantType::kQ8_0_R16;
-    case QuantType::kQ4_0:
-      return QuantType::kQ4_0_R16;
-    case QuantType::kQ5_0:
-      return QuantType::kQ5_0_R16;
-    case QuantType::kQ4_K:
-      return QuantType::kQ4_K_R16;
-    case QuantType::kQ5_K:
-      return QuantType::kQ5_K_R16;
-    case QuantType::kQ6_K:
-      return QuantType::kQ6_K_R16;
-    case QuantType::kI8_CH:
-      return QuantType::kI8_CH_R16;
-    case QuantType::kI4_G128:
-      return QuantType::kI4_G128_R16;
-    default:
-      return std::nullopt;
-  }
+  const QuantType r16 = quant_traits(type).r16;
+  if (r16 == QuantType::kCount) return std::nullopt;
+  return r16;
 }
 
 namespace {
@@ -299,16 +262,7 @@ void unpack_r16_row(QuantType type, const uint8_t* data, int64_t row, int64_t k,
                      [&](size_t at, size_t from, size_t n) { std::memcpy(dst + at, group + from, n); });
 }
 
-bool has_qdot(QuantType type) {
-  switch (r16_base(type)) {
-    case QuantType::kQ8_0: case QuantType::kQ4_0: case QuantType::kQ5_0:
-    case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
-    case QuantType::kI8_CH: case QuantType::kI4_G128:
-      return true;
-    default:
-      return false;
-  }
-}
+bool has_qdot(QuantType type) { return quant_traits(type).cpu == CpuMatmul::kIntDot; }
 
 int64_t act_block(QuantType type) {
   switch (r16_base(type)) {

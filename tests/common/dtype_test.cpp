@@ -4,6 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_api.h"  // a C header: the GGUF type ids of the CUDA ABI
 
 namespace tessera {
 namespace {
@@ -19,6 +26,115 @@ TEST(DtypeTest, TraitsTable) {
   EXPECT_EQ(quant_from_name("q4_0"), QuantType::kQ4_0);
   for (int i = 0; i < static_cast<int>(QuantType::kCount); ++i)
     EXPECT_EQ(static_cast<int>(quant_traits(static_cast<QuantType>(i)).type), i);
+}
+
+std::vector<QuantType> all_types() {
+  std::vector<QuantType> v;
+  for (int i = 0; i < static_cast<int>(QuantType::kCount); ++i) v.push_back(static_cast<QuantType>(i));
+  return v;
+}
+
+TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
+  std::set<std::string> names;
+  for (QuantType t : all_types()) {
+    const QuantTraits& tr = quant_traits(t);
+    SCOPED_TRACE(std::string(tr.name));
+    EXPECT_TRUE(names.insert(std::string(tr.name)).second) << "name listed twice";
+    EXPECT_EQ(quant_from_name(tr.name), t);
+    ASSERT_GE(tr.block_elems, 1);
+    ASSERT_GE(tr.block_bytes, 1);
+    EXPECT_GE(tr.row_extra_bytes, 0);
+    // A row of k elements: k / block_elems blocks, then the trailer.
+    for (int64_t n : {1, 3, 40}) {
+      const int64_t k = n * tr.block_elems;
+      EXPECT_EQ(row_block_bytes(t, k), static_cast<size_t>(n * tr.block_bytes));
+      EXPECT_EQ(row_bytes(t, k), static_cast<size_t>(n * tr.block_bytes + tr.row_extra_bytes));
+    }
+    // ggml ids round-trip, and the ggml table gives this row's sizes.
+    if (tr.ggml_type >= 0) {
+      EXPECT_EQ(quant_from_ggml(tr.ggml_type), t);
+      const std::optional<GgmlTypeInfo> g = ggml_type_info(tr.ggml_type);
+      ASSERT_TRUE(g.has_value());
+      EXPECT_EQ(g->type, t);
+      EXPECT_EQ(g->name, tr.name);
+      EXPECT_EQ(g->block_elems, tr.block_elems);
+      EXPECT_EQ(g->block_bytes, tr.block_bytes);
+      EXPECT_EQ(tr.row_extra_bytes, 0) << "GGUF rows have no trailer";
+      EXPECT_FALSE(tr.quant_at_load);
+    }
+    EXPECT_EQ(tr.is_float, tr.cpu == CpuMatmul::kFloat);
+    // A 16-row re-lay: same geometry and bytes per row as its base, CPU only, never in files.
+    if (tr.r16 != QuantType::kCount) {
+      const QuantTraits& r = quant_traits(tr.r16);
+      EXPECT_EQ(r.r16_base, t);
+      EXPECT_EQ(r.r16, QuantType::kCount);
+      EXPECT_EQ(r.block_elems, tr.block_elems);
+      EXPECT_EQ(r.block_bytes, tr.block_bytes);
+      EXPECT_EQ(r.row_extra_bytes, tr.row_extra_bytes);
+      for (int64_t n : {1, 7}) EXPECT_EQ(row_bytes(tr.r16, n * tr.block_elems), row_bytes(t, n * tr.block_elems));
+      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
+      EXPECT_EQ(r.cpu, CpuMatmul::kIntDot);
+    }
+    if (tr.r16_base != t) {
+      EXPECT_EQ(quant_traits(tr.r16_base).r16, t);
+      EXPECT_EQ(tr.ggml_type, -1);
+      EXPECT_FALSE(tr.quant_at_load);
+      EXPECT_EQ(tr.cuda, CudaWeightForm::kNone) << "the CPU's re-lays never reach the device";
+    } else {
+      EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
+    }
+    // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
+    if (tr.cuda == CudaWeightForm::kBlocks) {
+      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
+      EXPECT_GE(tr.ggml_type, 0);
+    }
+    // The load-time formats are made from float checkpoints and split for the CUDA kernels.
+    EXPECT_EQ(tr.quant_at_load, t == QuantType::kI8_CH || t == QuantType::kI4_G128);
+    EXPECT_EQ(tr.quant_at_load, tr.cuda == CudaWeightForm::kRepacked);
+  }
+  EXPECT_EQ(row_bytes(QuantType::kI8_CH, 4096), 4096u + 4u);  // the fp32 row scale
+}
+
+TEST(DtypeTest, CudaBlockFormatsAreTheCudaAbisGgufTypes) {
+  const std::set<int> abi = {TESSERA_CUDA_GGUF_Q8_0, TESSERA_CUDA_GGUF_Q4_0, TESSERA_CUDA_GGUF_Q5_0,
+                             TESSERA_CUDA_GGUF_Q4_K, TESSERA_CUDA_GGUF_Q5_K, TESSERA_CUDA_GGUF_Q6_K};
+  std::set<int> table;
+  for (QuantType t : all_types())
+    if (quant_traits(t).cuda == CudaWeightForm::kBlocks) table.insert(static_cast<int>(t));
+  EXPECT_EQ(table, abi);
+}
+
+TEST(DtypeTest, GgmlTypeTable) {
+  const std::span<const int> ids = ggml_type_ids();
+  ASSERT_FALSE(ids.empty());
+  std::set<std::string> names;
+  size_t with_quant = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) EXPECT_LT(ids[i - 1], ids[i]);
+    const std::optional<GgmlTypeInfo> g = ggml_type_info(ids[i]);
+    ASSERT_TRUE(g.has_value()) << ids[i];
+    SCOPED_TRACE(std::string(g->name));
+    EXPECT_EQ(g->id, ids[i]);
+    EXPECT_TRUE(names.insert(std::string(g->name)).second);
+    EXPECT_GE(g->block_elems, 1);
+    EXPECT_GE(g->block_bytes, 1);
+    EXPECT_EQ(g->type, quant_from_ggml(ids[i]));
+    with_quant += g->type.has_value();
+  }
+  size_t quant_with_ggml = 0;
+  for (QuantType t : all_types()) quant_with_ggml += quant_traits(t).ggml_type >= 0;
+  EXPECT_EQ(with_quant, quant_with_ggml);
+  // Types Tessera cannot compute with still have their sizes.
+  const auto q2k = ggml_type_info(10);
+  ASSERT_TRUE(q2k.has_value());
+  EXPECT_EQ(q2k->name, "Q2_K");
+  EXPECT_EQ(q2k->block_elems, 256);
+  EXPECT_EQ(q2k->block_bytes, 84);
+  EXPECT_FALSE(q2k->type.has_value());
+  EXPECT_EQ(ggml_type_info(39)->name, "MXFP4");
+  EXPECT_FALSE(ggml_type_info(4).has_value());  // removed from ggml (Q4_2)
+  EXPECT_FALSE(ggml_type_info(-1).has_value());
+  EXPECT_FALSE(ggml_type_info(99).has_value());
 }
 
 TEST(DtypeTest, Fp16RoundTripsEveryHalf) {

@@ -106,9 +106,10 @@ TEST(PlannerTest, PrecisionBitsIncludeScales) {
                         {"Q8_0", 8.5}, {"Q4_0", 4.5},   {"Q6_K", 6.5625},   {"2-bit", 2.5},      {"ternary", 2.0},
                         {"TERNARY-B5", 1.6}, {"F32", 32}};
   for (const Case& c : cases) EXPECT_DOUBLE_EQ(precision(c.name).bits_per_weight(), c.bits) << c.name;
-  // INT4 group 128: 64 B nibbles + 2 B scale + 2 B zero per group; INT8 adds an fp16 scale per row.
+  // INT4 group 128: 64 B nibbles + 2 B scale + 1 B zero + 1 B pad per group; INT8 adds the fp32
+  // scale per row that I8_CH stores (common/dtype.h).
   EXPECT_EQ(precision("INT4").matrix_bytes(4096, 4096), 4096ull * (4096 / 128) * 68);
-  EXPECT_EQ(precision("INT8").matrix_bytes(10, 4096), 10ull * (4096 + 2));
+  EXPECT_EQ(precision("INT8").matrix_bytes(10, 4096), 10ull * (4096 + 4));
   EXPECT_EQ(precision("Q4_K").row_bytes(300), 2ull * 144);  // a partial super-block is stored whole
   EXPECT_FALSE(precision_preset("int3").is_ok());
   EXPECT_NE(precision_preset("int3").status().message().find("Q4_K"), std::string::npos);

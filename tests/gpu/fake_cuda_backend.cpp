@@ -330,16 +330,12 @@ constexpr int kGgufPiece = 256;
 struct GgufFormat {
   int elems = 0, bytes = 0;
 };
+// The geometry of a type the kernels read as stored (common/dtype.h's table); {} for others.
 GgufFormat gguf_format(int type) {
-  switch (type) {
-    case TESSERA_CUDA_GGUF_Q8_0: return {32, 34};
-    case TESSERA_CUDA_GGUF_Q4_0: return {32, 18};
-    case TESSERA_CUDA_GGUF_Q5_0: return {32, 22};
-    case TESSERA_CUDA_GGUF_Q4_K: return {256, 144};
-    case TESSERA_CUDA_GGUF_Q5_K: return {256, 176};
-    case TESSERA_CUDA_GGUF_Q6_K: return {256, 210};
-    default: return {};
-  }
+  if (type < 0 || type >= static_cast<int>(tessera::QuantType::kCount)) return {};
+  const tessera::QuantTraits& tr = tessera::quant_traits(static_cast<tessera::QuantType>(type));
+  if (tr.cuda != tessera::CudaWeightForm::kBlocks) return {};
+  return {tr.block_elems, tr.block_bytes};
 }
 
 float gguf_half(const uint8_t* p) {

@@ -429,6 +429,43 @@ TEST(Gguf, TensorDataOutsideFileMessage) {
   expect_corrupt(open_bytes(dir, mis), "tensor 'blk.0.attn_q.weight'");
 }
 
+// The loader sizes tensors of every ggml type, computable or not, with the format table's
+// numbers (common/dtype.h): exactly rows * (cols / block_elems) * block_bytes bytes fit, one
+// byte less does not, and a row that is not whole blocks is refused.
+TEST(Gguf, BoundsCheckUsesTheFormatTableForEveryGgmlType) {
+  TempDir dir;
+  for (const int id : ggml_type_ids()) {
+    const GgmlTypeInfo g = ggml_type_info(id).value();
+    SCOPED_TRACE(std::string(g.name));
+    const int64_t rows = 3, cols = 2 * static_cast<int64_t>(g.block_elems);
+    const size_t bytes = static_cast<size_t>(rows * 2 * g.block_bytes);
+    GgufBuilder b;
+    b.tensor("w", {rows, cols}, static_cast<uint32_t>(id), Bytes(bytes, 0x5a));
+    auto r = open_bytes(dir, b.build());
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const GgufTensorInfo* t = (*r)->find_tensor("w");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->supported, g.type.has_value());
+    if (g.type) {
+      EXPECT_EQ(t->view.type, *g.type);
+      EXPECT_EQ(t->view.nbytes(), bytes);
+      EXPECT_EQ(t->view.nbytes(), rows * row_bytes(*g.type, cols));
+    }
+    EXPECT_EQ(ggml_type_name(id), g.name);
+
+    GgufBuilder short_by_one;
+    short_by_one.tensor("w", {rows, cols}, static_cast<uint32_t>(id), Bytes(bytes - 1, 0x5a));
+    expect_corrupt(open_bytes(dir, short_by_one.build()), "lies outside the file");
+
+    if (g.block_elems > 1) {
+      GgufBuilder ragged;
+      ragged.tensor("w", {1, cols + 1}, static_cast<uint32_t>(id), Bytes(bytes, 0x5a));
+      expect_corrupt(open_bytes(dir, ragged.build()),
+                     fmt::format("not a multiple of the {} block size {}", g.name, g.block_elems));
+    }
+  }
+}
+
 TEST(Gguf, TruncationAtEveryHeaderLengthAndCoarseSteps) {
   TESSERA_REQUIRE_STORIES();
   const Bytes raw = loader_test::read_file(f32_path());
