@@ -830,9 +830,11 @@ const float* CudaForward::vector(WeightRef r) const {
 }
 
 bool CudaForward::supports(DecoderOp op, QuantType type) const {
+  const CudaWeightForm form = quant_traits(type).cuda;
+  if (form == CudaWeightForm::kNone) return false;  // the CPU's re-laid layouts never come here
   // The embedding kernel reads f16 tables: F32 / BF16 / GGUF-block tables are expanded to f16 at
-  // upload, the load-time INT8 / INT4 formats are not.
-  if (op == DecoderOp::kEmbed) return type != QuantType::kI8_CH && type != QuantType::kI4_G128;
+  // upload, the formats split into levels and scales (INT8 / INT4) are not.
+  if (op == DecoderOp::kEmbed) return form != CudaWeightForm::kRepacked;
   return true;
 }
 

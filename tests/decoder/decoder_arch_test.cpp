@@ -48,7 +48,7 @@ TEST(DecoderArch, EachDescribedFeatureChangesTheCpuLogits) {
   };
   const std::vector<float> llama = logits_of({});
   // Llama's description reproduces the reference (the decoder adds nothing of its own).
-  const std::vector<float>& ref = test::load_cases().back().logits;
+  const std::vector<float> ref = test::load_cases().back().logits;
   EXPECT_LT(max_abs_diff(llama, ref), 1e-4f);
   const std::pair<const char*, std::function<void(ArchSpec&)>> features[] = {
       {"post_norms", [](ArchSpec& a) { a.post_norms = true; }},
