@@ -15,10 +15,10 @@
 #include "coordinator/metrics.h"
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
-#include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model/weight_store.h"
+#include "template/chat_template.h"
 
 namespace tessera {
 namespace {

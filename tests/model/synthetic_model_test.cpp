@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "common/mapped_file.h"
-#include "model/chat_template.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -22,6 +21,7 @@
 #include "model/synthetic_vocab.h"
 #include "model/tokenizer.h"
 #include "model/weight_store.h"
+#include "template/chat_template.h"
 
 namespace tessera {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/jinja_value.h"
+#include "template/jinja_value.h"
 
 namespace tessera::jinja {
 

@@ -1,4 +1,4 @@
-#include "model/jinja_lexer.h"
+#include "template/jinja_lexer.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "model/jinja_value.h"
+#include "template/jinja_value.h"
 
 namespace tessera::jinja {
 namespace {

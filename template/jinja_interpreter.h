@@ -14,8 +14,8 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "model/jinja_ast.h"
-#include "model/jinja_value.h"
+#include "template/jinja_ast.h"
+#include "template/jinja_value.h"
 
 namespace tessera::jinja {
 

@@ -1,5 +1,5 @@
 // Jinja2 builtin filters and tests, and the template globals, for the chat-template interpreter.
-#include "model/jinja_builtins.h"
+#include "template/jinja_builtins.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "model/jinja_interpreter.h"
+#include "template/jinja_interpreter.h"
 
 namespace tessera::jinja {
 namespace {

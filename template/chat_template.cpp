@@ -1,4 +1,4 @@
-#include "model/chat_template.h"
+#include "template/chat_template.h"
 
 #include <filesystem>
 #include <optional>
@@ -8,7 +8,7 @@
 
 #include "common/mapped_file.h"
 #include "model/gguf.h"
-#include "model/jinja_interpreter.h"
+#include "template/jinja_interpreter.h"
 
 namespace tessera {
 

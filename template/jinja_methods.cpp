@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "model/jinja_builtins.h"
-#include "model/jinja_interpreter.h"
+#include "template/jinja_builtins.h"
+#include "template/jinja_interpreter.h"
 
 namespace tessera::jinja {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "model/jinja_value.h"
+#include "template/jinja_value.h"
 
 namespace tessera::jinja {
 

@@ -1,4 +1,4 @@
-#include "model/jinja_interpreter.h"
+#include "template/jinja_interpreter.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "model/jinja_builtins.h"
-#include "model/jinja_parser.h"
+#include "template/jinja_builtins.h"
+#include "template/jinja_parser.h"
 
 namespace tessera::jinja {
 

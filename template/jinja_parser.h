@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "model/jinja_ast.h"
+#include "template/jinja_ast.h"
 
 namespace tessera::jinja {
 

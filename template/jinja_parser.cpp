@@ -1,4 +1,4 @@
-#include "model/jinja_parser.h"
+#include "template/jinja_parser.h"
 
 #include <algorithm>
 #include <map>
@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "model/jinja_builtins.h"
-#include "model/jinja_lexer.h"
+#include "template/jinja_builtins.h"
+#include "template/jinja_lexer.h"
 
 namespace tessera::jinja {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/jinja_value.h"
+#include "template/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>
