@@ -16,9 +16,9 @@
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "model/weight_store.h"
 #include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera {
 namespace {

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "launch/commands.h"
-#include "model/tokenizer.h"
 #include "coordinator/block_pool.h"
 #include "coordinator/engine.h"
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
+#include "launch/commands.h"
 #include "local/local_model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 namespace {

@@ -19,9 +19,9 @@
 #include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 #include "model/synthetic_vocab.h"
-#include "model/tokenizer.h"
 #include "model/weight_store.h"
 #include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "common/logging.h"
 #include "common/mapped_file.h"
-#include "model/tokenizer_impl.h"
+#include "tokenizer/tokenizer_impl.h"
 
 namespace tessera {
 

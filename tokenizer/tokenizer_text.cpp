@@ -10,8 +10,8 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera::tok {
 

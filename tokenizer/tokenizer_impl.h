@@ -2,7 +2,7 @@
 // pipeline steps (normalizers, pre-tokenizers, decoders), the vocabulary, and BpeTokenizer,
 // the one Tokenizer implementation. Every loader translates its format into a TokenizerSpec.
 //
-// Not part of the public API; include model/tokenizer.h instead.
+// Not part of the public API; include tokenizer/tokenizer.h instead.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::tok {
 

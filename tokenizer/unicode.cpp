@@ -1,11 +1,11 @@
-#include "model/unicode.h"
+#include "tokenizer/unicode.h"
 
 #include <algorithm>
 #include <array>
 #include <unordered_map>
 #include <vector>
 
-#include "model/unicode_tables.h"
+#include "tokenizer/unicode_tables.h"
 
 namespace tessera::unicode {
 

@@ -1,5 +1,5 @@
 // UTF-8 helpers, NFC normalization and the GPT-2 byte <-> character map used by the
-// tokenizers. Internal to model/ (not part of the public tokenizer API).
+// tokenizers. Internal to tokenizer/ (not part of the public tokenizer API).
 //
 // Thread-safety: all functions are pure; lazily built tables are initialised once.
 #pragma once

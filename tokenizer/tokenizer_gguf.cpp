@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "model/gguf.h"
-#include "model/tokenizer_impl.h"
+#include "tokenizer/tokenizer_impl.h"
 
 namespace tessera {
 

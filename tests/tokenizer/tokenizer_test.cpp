@@ -1,7 +1,7 @@
 // Tokenizer tests: the reference vectors of four real tokenizers (tokenizer.json), the
 // stories260K cases through tokenizer.json and GGUF, byte-level tokenizers converted to GGUF
 // "gpt2" metadata, streaming decode, errors and a few unit checks of the pieces.
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdlib.h>
 
@@ -20,7 +20,7 @@
 #include "common/env.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
-#include "model/unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera {
 namespace {

@@ -1,14 +1,14 @@
 // Tokenizer entry points shared by every format: the streaming decoder and
 // load_tokenizer_for_model. The formats live in tokenizer_hf.cpp and tokenizer_gguf.cpp, the
 // pipeline in tokenizer_bpe.cpp and tokenizer_text.cpp.
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "model/gguf.h"
-#include "model/unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera::tok {
 
