@@ -17,8 +17,8 @@
 
 #include "common/env.h"
 #include "model/gguf.h"
-#include "model/gguf_writer.h"
 #include "template/jinja_interpreter.h"
+#include "tools/testmodel/gguf_writer.h"
 
 namespace tessera {
 namespace {

@@ -19,8 +19,8 @@
 
 #include "common/env.h"
 #include "model/gguf.h"
-#include "model/gguf_writer.h"
 #include "tokenizer/unicode.h"
+#include "tools/testmodel/gguf_writer.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/synthetic_vocab.h"
+#include "tools/testmodel/synthetic_vocab.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "model/synthetic_model.h"
+#include "tools/testmodel/synthetic_model.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,11 +12,11 @@
 #include "common/logging.h"
 #include "common/thread_pool.h"
 #include "kernels/quant.h"
-#include "model/atomic_file.h"
-#include "model/gguf_writer.h"
 #include "model/int4_checkpoint.h"
-#include "model/safetensors_writer.h"
-#include "model/synthetic_vocab.h"
+#include "tools/testmodel/atomic_file.h"
+#include "tools/testmodel/gguf_writer.h"
+#include "tools/testmodel/safetensors_writer.h"
+#include "tools/testmodel/synthetic_vocab.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/safetensors_writer.h"
+#include "tools/testmodel/safetensors_writer.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/atomic_file.h"
+#include "tools/testmodel/atomic_file.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 
 #include <bit>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/check.h"
-#include "model/atomic_file.h"
+#include "tools/testmodel/atomic_file.h"
 
 namespace tessera {
 namespace {

@@ -1,6 +1,6 @@
 // The synthetic model generator and the GGUF / safetensors writers, checked through Tessera's
 // own readers (GgufFile, SafetensorsCheckpoint, WeightStore, Tokenizer).
-#include "model/synthetic_model.h"
+#include "tools/testmodel/synthetic_model.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,13 +15,13 @@
 #include "common/mapped_file.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
-#include "model/gguf_writer.h"
 #include "model/safetensors.h"
-#include "model/safetensors_writer.h"
-#include "model/synthetic_vocab.h"
 #include "model/weight_store.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/testmodel/gguf_writer.h"
+#include "tools/testmodel/safetensors_writer.h"
+#include "tools/testmodel/synthetic_vocab.h"
 
 namespace tessera {
 namespace {
