@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "kernels/sampling.h"
+#include "common/sampling_params.h"
 
 namespace tessera {
 
