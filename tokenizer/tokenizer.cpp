@@ -109,7 +109,7 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_for_model(const std::string& p
   }
   if (!fs::exists(path, ec)) return Status::not_found(path + ": no such tokenizer or model file");
   if (looks_like_gguf(path)) {
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::open(path));
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::open_metadata(path));
     return Tokenizer::from_gguf(*gguf);
   }
   return Tokenizer::from_hf_file(path);
