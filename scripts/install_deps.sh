@@ -12,7 +12,6 @@ PACKAGES=(
   nlohmann-json3-dev
   libpcre2-dev
   libgtest-dev libgmock-dev
-  libbenchmark-dev
   libcli11-dev
   libfmt-dev
   libcpp-httplib-dev
