@@ -32,8 +32,8 @@
 #include "kernels/cuda/cuda_loader.h"
 #include "kernels/quant.h"
 #include "kernels/sampling.h"
-#include "model/synthetic_model.h"
 #include "shard/cuda_forward.h"
+#include "tools/testmodel/synthetic_model.h"
 
 namespace tessera {
 namespace {

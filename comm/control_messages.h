@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/kv_config.h"
-#include "kernels/sampling.h"
+#include "common/sampling_params.h"
 
 namespace tessera {
 

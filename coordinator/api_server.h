@@ -12,8 +12,8 @@
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "coordinator/metrics.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera {
 

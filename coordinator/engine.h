@@ -26,7 +26,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
 #include "comm/step_executor.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/sampling_params.h"
 #include "common/status.h"
-#include "kernels/sampling.h"
 
 namespace tessera {
 

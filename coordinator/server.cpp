@@ -15,10 +15,10 @@
 #include "coordinator/metrics.h"
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
-#include "model/chat_template.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/weight_store.h"
+#include "model/model_config.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera {
 namespace {
@@ -57,6 +57,17 @@ int fail(const std::string& message) {
   return 1;
 }
 
+// The model's own chat template: GGUF metadata (read without mapping the weights) or the
+// tokenizer_config.json beside an HF model.
+Result<ChatTemplate> model_chat_template(const std::string& model_path) {
+  TESSERA_ASSIGN_OR_RETURN(const ModelPath where, resolve_model_path(model_path));
+  if (where.format == ModelFormat::kGguf) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::open_metadata(where.file));
+    return ChatTemplate::from_gguf(*gguf);
+  }
+  return ChatTemplate::from_tokenizer_config((std::filesystem::path(model_path) / "tokenizer_config.json").string());
+}
+
 }  // namespace
 
 std::string describe_shard_command(const ServerOptions& o, const std::string& endpoint) {
@@ -73,9 +84,9 @@ int run_server(const ServerOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto store = WeightStore::open(o.model_path);  // the config; the shards load the weights
-  if (!store.is_ok()) return fail(store.status().to_string());
-  const ModelConfig& config = (*store)->config();
+  auto loaded = load_model_config(o.model_path);  // the config only; the shards load the weights
+  if (!loaded.is_ok()) return fail(loaded.status().to_string());
+  const ModelConfig& config = *loaded;
   auto tokenizer = load_tokenizer_for_model(o.model_path);
   if (!tokenizer.is_ok()) return fail(tokenizer.status().to_string());
   std::unique_ptr<ChatTemplate> chat;
@@ -86,10 +97,7 @@ int run_server(const ServerOptions& o) {
     if (!t.is_ok()) return fail(t.status().with_context(o.chat_template_path).to_string());
     chat = std::make_unique<ChatTemplate>(std::move(t).value());
   } else {
-    Result<ChatTemplate> t = (*store)->gguf()
-                                 ? ChatTemplate::from_gguf(*(*store)->gguf())
-                                 : ChatTemplate::from_tokenizer_config(
-                                       (std::filesystem::path(o.model_path) / "tokenizer_config.json").string());
+    Result<ChatTemplate> t = model_chat_template(o.model_path);
     if (t.is_ok()) chat = std::make_unique<ChatTemplate>(std::move(t).value());
     else TESSERA_LOG_WARN("no chat template ({}): /v1/chat/completions is off", t.status().message());
   }

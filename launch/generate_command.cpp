@@ -11,13 +11,14 @@
 
 #include "cli/flags.h"
 #include "common/logging.h"
-#include "launch/commands.h"
-#include "model/tokenizer.h"
 #include "coordinator/block_pool.h"
 #include "coordinator/engine.h"
 #include "coordinator/shard_group.h"
 #include "coordinator/shard_launcher.h"
+#include "launch/commands.h"
 #include "local/local_model.h"
+#include "model/model_config.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -97,9 +98,9 @@ SamplingParams sampling_of(const GenerateArgs& a) {
 
 // Runs the request through a coordinator (this process) and `tp` shard processes.
 int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const Tokenizer* tokenizer) {
-  auto store = WeightStore::open(a.model);  // config only: the shards load the weights
-  if (!store.is_ok()) return fail(store.status().to_string());
-  const ModelConfig& config = (*store)->config();
+  auto loaded = load_model_config(a.model);  // config only: the shards load the weights
+  if (!loaded.is_ok()) return fail(loaded.status().to_string());
+  const ModelConfig& config = *loaded;
 
   ShardGroupOptions go;
   go.world_size = a.tp;

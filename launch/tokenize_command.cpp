@@ -8,7 +8,7 @@
 #include <string>
 
 #include "launch/commands.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 namespace {

@@ -1,7 +1,12 @@
 #include "model/gguf.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -13,6 +18,7 @@ namespace {
 constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxAlignment = 1u << 16;
 constexpr int kMaxArrayDepth = 8;
+constexpr size_t kMetadataWindowBytes = size_t{64} << 10;  // open_metadata's read size
 
 const char* value_type_name(GgufValueType t) {
   switch (t) {
@@ -67,7 +73,10 @@ std::string describe_type(const GgufValue& v) {
 // `ctx_` names what is being read so that errors say where the file went wrong.
 class GgufParser {
  public:
+  // Over the mapped file.
   explicit GgufParser(GgufFile* f) : f_(f), data_(f->file_.data()), size_(f->file_.size()) {}
+  // Over an open descriptor of a file of `size` bytes, read through a window (open_metadata).
+  GgufParser(GgufFile* f, int fd, size_t size) : f_(f), data_(nullptr), size_(size), fd_(fd) {}
 
   Status parse() {
     ctx_ = "header";
@@ -99,7 +108,7 @@ class GgufParser {
   }
 
  private:
-  const std::string& path() const { return f_->file_.path(); }
+  const std::string& path() const { return f_->path_; }
   size_t remaining() const { return size_ - pos_; }
 
   Status truncated() const {
@@ -108,8 +117,42 @@ class GgufParser {
 
   Status read_bytes(void* dst, size_t n) {
     if (n > remaining()) return truncated();
-    if (n) std::memcpy(dst, data_ + pos_, n);
+    if (n) TESSERA_RETURN_IF_ERROR(copy_out(dst, n));
     pos_ += n;
+    return Status::ok();
+  }
+  // Bytes [pos_, pos_ + n), inside the file: from the mapping or through the read window.
+  Status copy_out(void* dst, size_t n) {
+    if (fd_ < 0) {
+      std::memcpy(dst, data_ + pos_, n);
+      return Status::ok();
+    }
+    auto* out = static_cast<uint8_t*>(dst);
+    size_t at = pos_;
+    while (n > 0) {
+      if (at < window_start_ || at >= window_start_ + window_.size()) TESSERA_RETURN_IF_ERROR(fill_window(at));
+      const size_t k = std::min(n, window_start_ + window_.size() - at);
+      std::memcpy(out, window_.data() + (at - window_start_), k);
+      out += k;
+      at += k;
+      n -= k;
+    }
+    return Status::ok();
+  }
+  Status fill_window(size_t at) {
+    window_.resize(std::min(kMetadataWindowBytes, size_ - at));
+    window_start_ = at;
+    size_t got = 0;
+    while (got < window_.size()) {
+      const ssize_t r = ::pread(fd_, window_.data() + got, window_.size() - got, static_cast<off_t>(at + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        window_.clear();
+        if (r == 0) return Status::corrupt(fmt::format("{}: file shrank while reading {}", path(), ctx_));
+        return Status::io_error(fmt::format("{}: read failed in {}: {}", path(), ctx_, std::strerror(errno)));
+      }
+      got += static_cast<size_t>(r);
+    }
     return Status::ok();
   }
   Status skip(size_t n) {
@@ -131,9 +174,8 @@ class GgufParser {
                                            path(), len, ctx_, size_));
       return truncated();
     }
-    s->assign(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
-    pos_ += static_cast<size_t>(len);
-    return Status::ok();
+    s->resize(static_cast<size_t>(len));
+    return read_bytes(s->data(), static_cast<size_t>(len));
   }
 
   // Reads one scalar of type t, widened into int64 / uint64 / double / bool.
@@ -331,6 +373,7 @@ class GgufParser {
     const uint64_t data_start = (uint64_t{pos_} + alignment_ - 1) / alignment_ * alignment_;
     if (!f_->tensors_.empty() && data_start > size_)
       return Status::corrupt(fmt::format("{}: truncated before the tensor data section", path()));
+    f_->data_offset_ = data_start;
     for (GgufTensorInfo& t : f_->tensors_) {
       if (t.offset % alignment_ != 0)
         return Status::corrupt(fmt::format("{}: tensor '{}' offset {} is not a multiple of the "
@@ -372,7 +415,7 @@ class GgufParser {
                                            "bytes",
                                            path(), t.name, abs, need));
       t.supported = true;
-      t.view.data = data_ + abs;
+      t.view.data = data_ ? data_ + abs : nullptr;
       t.view.type = *qt;
       t.view.ndim = static_cast<int>(t.shape.size());
       for (size_t d = 0; d < t.shape.size(); ++d) t.view.shape[d] = t.shape[d];
@@ -386,15 +429,87 @@ class GgufParser {
   size_t pos_ = 0;
   uint32_t alignment_ = kDefaultAlignment;
   std::string ctx_;
+  int fd_ = -1;                  // open_metadata: the file, read through window_
+  std::vector<uint8_t> window_;  // bytes [window_start_, window_start_ + window_.size())
+  size_t window_start_ = 0;
 };
 
 Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(MappedFile mf, MappedFile::open(path));
   auto f = std::make_unique<GgufFile>();
+  f->path_ = path;
   f->file_ = std::move(mf);
   GgufParser parser(f.get());
   TESSERA_RETURN_IF_ERROR(parser.parse());
   return f;
+}
+
+namespace {
+
+// Closes the descriptor on every return path.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+Result<int> open_for_reading(const std::string& path, size_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::io_error(path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::io_error(path + ": " + std::strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return Status::invalid_argument(path + ": is a directory, expected a file");
+  }
+  *size = static_cast<size_t>(st.st_size);
+  return fd;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GgufFile>> GgufFile::open_metadata(const std::string& path) {
+  size_t size = 0;
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_for_reading(path, &size));
+  FdCloser closer{fd};
+  auto f = std::make_unique<GgufFile>();
+  f->path_ = path;
+  GgufParser parser(f.get(), fd, size);
+  TESSERA_RETURN_IF_ERROR(parser.parse());
+  return f;
+}
+
+Status GgufFile::read_tensor_data(const GgufTensorInfo& t, void* dst, size_t bytes) const {
+  if (!t.supported)
+    return Status::unimplemented(fmt::format("{}: tensor '{}' has ggml type {} ({}), which Tessera does not read",
+                                             path(), t.name, t.ggml_type, ggml_type_name(t.ggml_type)));
+  if (bytes > t.view.nbytes())
+    return Status::invalid_argument(
+        fmt::format("{}: {} bytes asked of tensor '{}', which holds {}", path(), bytes, t.name, t.view.nbytes()));
+  if (bytes == 0) return Status::ok();
+  if (t.view.data) {
+    std::memcpy(dst, t.view.data, bytes);
+    return Status::ok();
+  }
+  size_t size = 0;
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_for_reading(path(), &size));
+  FdCloser closer{fd};
+  const uint64_t at = data_offset_ + t.offset;
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, bytes - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return Status::corrupt(fmt::format("{}: tensor '{}' lies past the end of the file", path(), t.name));
+    if (r < 0)
+      return Status::io_error(fmt::format("{}: reading tensor '{}': {}", path(), t.name, std::strerror(errno)));
+    got += static_cast<size_t>(r);
+  }
+  return Status::ok();
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {

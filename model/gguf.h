@@ -1,4 +1,5 @@
-// GGUF (version 2 and 3) reader over a memory-mapped file.
+// GGUF (version 2 and 3) reader over a memory-mapped file, or over the header alone
+// (GgufFile::open_metadata) for readers that need no weights.
 //
 // Every offset and length read from the file is bounds-checked; a truncated or corrupted file
 // gives a kCorrupt Status naming the file and the key or tensor, never a crash.
@@ -40,6 +41,7 @@ struct GgufTensorInfo {
   std::vector<int64_t> shape;  // row-major, outermost first (GGUF's ne[] reversed)
   uint64_t offset = 0;         // relative to the data section
   TensorView view;             // into the mapped file; type set when the ggml type is supported
+                               // (data nullptr when opened with open_metadata)
   bool supported = false;      // false: a ggml type Tessera has no QuantType for
 };
 
@@ -50,9 +52,19 @@ std::string_view ggml_type_name(int ggml_type);
 class GgufFile {
  public:
   static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
+  // The header only: metadata and tensor infos, read through a 64 KiB window with pread, never
+  // mapped; the tensor data is not read (at most the window's tail past the header). Tensors are
+  // bounds-checked against the file size as open() does, but their views have data == nullptr
+  // and file_data() is nullptr: for configs, tokenizers and chat templates (the coordinator).
+  static Result<std::unique_ptr<GgufFile>> open_metadata(const std::string& path);
 
-  const std::string& path() const { return file_.path(); }
-  // The mapped file; every tensor view lies inside [file_data(), file_data() + file_size()).
+  const std::string& path() const { return path_; }
+  // Copies the first `bytes` bytes of a supported tensor's data into dst (bytes <= its size):
+  // from the mapping, or with one read of the file after open_metadata. For the few small
+  // tensors that are configuration (rope_freqs.weight).
+  Status read_tensor_data(const GgufTensorInfo& t, void* dst, size_t bytes) const;
+  // The mapped file (nullptr / 0 after open_metadata); every tensor view lies inside
+  // [file_data(), file_data() + file_size()).
   const uint8_t* file_data() const { return file_.data(); }
   size_t file_size() const { return file_.size(); }
   uint32_t version() const { return version_; }
@@ -71,7 +83,9 @@ class GgufFile {
   Result<std::vector<double>> get_float_array(std::string_view key) const;
 
  private:
-  MappedFile file_;
+  std::string path_;
+  MappedFile file_;             // empty after open_metadata
+  uint64_t data_offset_ = 0;    // where the tensor data section starts in the file
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;

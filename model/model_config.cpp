@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numbers>
 #include <optional>
@@ -372,7 +375,7 @@ Status rope_scaling_from_freqs_tensor(const GgufFile& g, ModelConfig* c) {
     return Status::unimplemented(fmt::format(
         "{}: tensor 'rope_freqs.weight' must be F32 with {} values (head_dim / 2)", g.path(), n));
   std::vector<float> div(static_cast<size_t>(n));
-  __builtin_memcpy(div.data(), t->view.data, div.size() * sizeof(float));
+  TESSERA_RETURN_IF_ERROR(g.read_tensor_data(*t, div.data(), div.size() * sizeof(float)));
   float max_div = 1.0f;
   for (float d : div) {
     if (!(d >= 1.0f && d < 1e6f))
@@ -564,6 +567,50 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   if (c.head_dim > 0 && c.head_dim % 2 == 0 && c.rope_theta > 1.0f && c.head_dim <= 65536)
     TESSERA_RETURN_IF_ERROR(rope_scaling_from_freqs_tensor(g, &c));
   return c;
+}
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool has_gguf_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+}  // namespace
+
+Result<ModelPath> resolve_model_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    return Status::not_found(fmt::format("{}: no such file or directory", path));
+  if (fs::is_directory(st)) return ModelPath{ModelFormat::kHuggingFace, path, path};
+  if (ends_with(path, ".gguf") || has_gguf_magic(path)) return ModelPath{ModelFormat::kGguf, "", path};
+  if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+    const fs::path parent = fs::path(path).parent_path();
+    return ModelPath{ModelFormat::kHuggingFace, parent.empty() ? std::string(".") : parent.string(), path};
+  }
+  return Status::invalid_argument(fmt::format(
+      "{}: not a model directory, .gguf or .safetensors file", path));
+}
+
+Result<ModelConfig> load_model_config(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(const ModelPath where, resolve_model_path(path));
+  if (where.format == ModelFormat::kGguf) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::open_metadata(where.file));
+    TESSERA_ASSIGN_OR_RETURN(ModelConfig config, config_from_gguf(*gguf));
+    TESSERA_RETURN_IF_ERROR(config.validate(where.file));
+    return config;
+  }
+  const std::string config_path = (std::filesystem::path(where.dir) / "config.json").string();
+  TESSERA_ASSIGN_OR_RETURN(ModelConfig config, load_hf_config(config_path));
+  TESSERA_RETURN_IF_ERROR(config.validate(config_path));
+  return config;
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& config) {

@@ -66,8 +66,25 @@ struct ModelConfig {
 // Parses a Hugging Face config.json text. `source` names the file in errors.
 Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view source);
 Result<ModelConfig> load_hf_config(const std::string& config_json_path);
-// Reads `general.architecture` and `<arch>.*` keys.
+// Reads `general.architecture` and `<arch>.*` keys (and the rope_freqs.weight tensor when present).
 Result<ModelConfig> config_from_gguf(const GgufFile& gguf);
+
+enum class ModelFormat { kHuggingFace, kGguf };
+
+// What a model path names: an HF directory (or a .safetensors / .json file in one) or a GGUF file
+// (".gguf" or the GGUF magic). NotFound / InvalidArgument errors name the path.
+struct ModelPath {
+  ModelFormat format = ModelFormat::kHuggingFace;
+  std::string dir;   // HF: the directory that holds config.json
+  std::string file;  // GGUF: the file; HF: what the weights open from (the directory or a file in it)
+};
+Result<ModelPath> resolve_model_path(const std::string& path);
+
+// The validated config of the model at `path` (see resolve_model_path) without its weights: the
+// directory's config.json, or the GGUF header through GgufFile::open_metadata (no tensor data is
+// mapped or read, except the small rope_freqs.weight when present). For processes that run no
+// forward pass (the coordinator); WeightStore::open reads the same config.
+Result<ModelConfig> load_model_config(const std::string& path);
 
 // RoPE inverse frequencies (head_dim / 2 values) with the config's scaling applied.
 std::vector<float> rope_inv_freq(const ModelConfig& config);

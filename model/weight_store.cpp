@@ -31,12 +31,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-bool has_gguf_magic(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 // GGUF per-layer tensor suffixes and their HF counterparts.
 constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
@@ -115,18 +109,9 @@ Status unpermute_gguf_qk_rows(const TensorView& src, int64_t n_heads, std::strin
 class WeightStoreBuilder {
  public:
   static Result<std::unique_ptr<WeightStore>> open(const std::string& path) {
-    std::error_code ec;
-    const fs::file_status st = fs::status(path, ec);
-    if (ec || !fs::exists(st))
-      return Status::not_found(fmt::format("{}: no such file or directory", path));
-    if (fs::is_directory(st)) return open_hf(path, path);
-    if (ends_with(path, ".gguf") || has_gguf_magic(path)) return open_gguf(path);
-    if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
-      const fs::path parent = fs::path(path).parent_path();
-      return open_hf(parent.empty() ? std::string(".") : parent.string(), path);
-    }
-    return Status::invalid_argument(fmt::format(
-        "{}: not a model directory, .gguf or .safetensors file", path));
+    TESSERA_ASSIGN_OR_RETURN(const ModelPath where, resolve_model_path(path));
+    if (where.format == ModelFormat::kGguf) return open_gguf(where.file);
+    return open_hf(where.dir, where.file);
   }
 
  private:

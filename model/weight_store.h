@@ -23,8 +23,6 @@ namespace tessera {
 class GgufFile;
 class SafetensorsCheckpoint;
 
-enum class ModelFormat { kHuggingFace, kGguf };
-
 class WeightStore {
  public:
   // `path`: an HF directory (config.json + *.safetensors) or a .gguf file.

@@ -12,7 +12,7 @@ Not needed at test time: the tests read the JSON this script writes.
 
     python3 -m venv /tmp/venv-chat && /tmp/venv-chat/bin/pip install jinja2
     /tmp/venv-chat/bin/python tools/gen_chat_template_cases.py \
-        --testdata ../shared/testdata --out tests/model/data/chat_templates
+        --testdata ../shared/testdata --out tests/template/data/chat_templates
 
 Outputs:
   chat_cases.json   conversations rendered through ChatTemplate (messages + flags)
@@ -401,7 +401,7 @@ def main():
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--testdata", default=os.path.join(os.path.dirname(__file__), "../../shared/testdata"))
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "../tests/model/data/chat_templates"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "../tests/template/data/chat_templates"))
     ARGS = parser.parse_args()
     write(os.path.join(ARGS.out, "chat_cases.json"), chat_cases())
     write(os.path.join(ARGS.out, "jinja_cases.json"), jinja_cases())

@@ -1,4 +1,4 @@
-// tessera-make-model: writes a deterministic synthetic model (see model/synthetic_model.h).
+// tessera-make-model: writes a deterministic synthetic model (see tools/testmodel/synthetic_model.h).
 //
 //   tessera-make-model --preset tiny --format gguf --type q8_0 --out /tmp/tiny-q8_0.gguf
 //   tessera-make-model --preset 1.1b --format hf --type bf16 --out /tmp/tiny-llama-hf
@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/dtype.h"
-#include "model/synthetic_model.h"
+#include "tools/testmodel/synthetic_model.h"
 
 namespace {
 

@@ -15,10 +15,10 @@
 
 #include "common/env.h"
 #include "kernels/cuda/cuda_loader.h"
-#include "model/synthetic_model.h"
 #include "local/local_model.h"
-#include "tests/shard/test_block_allocator.h"
 #include "tests/shard/stories_reference.h"
+#include "tests/shard/test_block_allocator.h"
+#include "tools/testmodel/synthetic_model.h"
 
 namespace tessera {
 namespace {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -499,6 +502,143 @@ TEST(Gguf, HandBuiltTruncations) {
   auto r = open_bytes(dir, raw);
   ASSERT_TRUE(r.is_ok());
   expect_views_inside(**r);
+}
+
+
+// ---- open_metadata: the header without a mapping ----
+
+// The same metadata and tensor infos as open(), with no view into a mapping.
+void expect_same_header(const GgufFile& mapped, const GgufFile& header) {
+  EXPECT_EQ(header.file_data(), nullptr);
+  EXPECT_EQ(header.path(), mapped.path());
+  EXPECT_EQ(header.version(), mapped.version());
+  ASSERT_EQ(header.metadata().size(), mapped.metadata().size());
+  for (const auto& [key, v] : mapped.metadata()) {
+    auto it = header.metadata().find(key);
+    ASSERT_NE(it, header.metadata().end()) << key;
+    EXPECT_EQ(it->second.type, v.type) << key;
+    EXPECT_EQ(it->second.array_type, v.array_type) << key;
+    EXPECT_TRUE(it->second.value == v.value) << key;
+  }
+  ASSERT_EQ(header.tensors().size(), mapped.tensors().size());
+  for (size_t i = 0; i < mapped.tensors().size(); ++i) {
+    const GgufTensorInfo& a = mapped.tensors()[i];
+    const GgufTensorInfo& b = header.tensors()[i];
+    EXPECT_EQ(b.name, a.name);
+    EXPECT_EQ(b.ggml_type, a.ggml_type) << a.name;
+    EXPECT_EQ(b.shape, a.shape) << a.name;
+    EXPECT_EQ(b.offset, a.offset) << a.name;
+    EXPECT_EQ(b.supported, a.supported) << a.name;
+    EXPECT_EQ(b.view.data, nullptr) << a.name;
+    EXPECT_EQ(b.view.type, a.view.type) << a.name;
+    EXPECT_EQ(b.view.shape_string(), a.view.shape_string()) << a.name;
+    EXPECT_EQ(header.find_tensor(a.name), &b);
+    if (!a.supported) continue;
+    // read_tensor_data gives the mapped bytes either way.
+    Bytes want(a.view.nbytes()), got_mapped(a.view.nbytes()), got_read(a.view.nbytes());
+    std::memcpy(want.data(), a.view.data, want.size());
+    ASSERT_TRUE(mapped.read_tensor_data(a, got_mapped.data(), got_mapped.size()).is_ok()) << a.name;
+    ASSERT_TRUE(header.read_tensor_data(b, got_read.data(), got_read.size()).is_ok()) << a.name;
+    EXPECT_EQ(got_mapped, want) << a.name;
+    EXPECT_EQ(got_read, want) << a.name;
+  }
+}
+
+TEST(GgufMetadata, MatchesOpenOnStories) {
+  TESSERA_REQUIRE_STORIES();
+  for (const std::string& path : {f32_path(), loader_test::stories_dir() + "/stories260K.ggml-org.gguf"}) {
+    SCOPED_TRACE(path);
+    auto mapped = GgufFile::open(path);
+    auto header = GgufFile::open_metadata(path);
+    ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+    ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+    expect_same_header(**mapped, **header);
+  }
+}
+
+TEST(GgufMetadata, MatchesOpenOnHandBuiltFiles) {
+  TempDir dir;
+  for (uint32_t version : {2u, 3u}) {
+    for (uint32_t align : {32u, 64u, 8u}) {
+      SCOPED_TRACE(::testing::PrintToString(std::make_pair(version, align)));
+      GgufBuilder b = two_tensor_file();
+      b.kv_str_array("arr", {"x", "yy"}).kv_array<uint32_t>("ints", loader_test::kGU32, {1, 2, 3});
+      loader_test::write_file(dir.file("t.gguf"), b.build(version, align));
+      auto mapped = GgufFile::open(dir.file("t.gguf"));
+      auto header = GgufFile::open_metadata(dir.file("t.gguf"));
+      ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+      ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+      expect_same_header(**mapped, **header);
+    }
+  }
+}
+
+// Metadata larger than the 64 KiB read window: strings and arrays that straddle windows.
+TEST(GgufMetadata, MetadataLargerThanTheReadWindow) {
+  TempDir dir;
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 30000; ++i) tokens.push_back(fmt::format("token-{}", i * 7919));
+  GgufBuilder b = two_tensor_file();
+  b.kv_str_array("tokenizer.ggml.tokens", tokens).kv_str("long", std::string(200000, 'x'));
+  loader_test::write_file(dir.file("big.gguf"), b.build());
+  auto mapped = GgufFile::open(dir.file("big.gguf"));
+  auto header = GgufFile::open_metadata(dir.file("big.gguf"));
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+  ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+  expect_same_header(**mapped, **header);
+  EXPECT_EQ(*(*header)->get_string_array("tokenizer.ggml.tokens"), tokens);
+}
+
+// Bytes this process has read through read(2) / pread(2) so far, or -1 when /proc does not say.
+int64_t bytes_read_by_this_process() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value)
+    if (key == "rchar:") return value;
+  return -1;
+}
+
+TEST(GgufMetadata, DoesNotReadTheTensorData) {
+  TempDir dir;
+  GgufBuilder b;
+  b.kv_str("general.architecture", "llama")
+      .f32_tensor("big", {1024, 1024}, std::vector<float>(1024 * 1024, 0.5f));  // 4 MiB of data
+  const Bytes raw = b.build();
+  const std::string path = dir.file("big.gguf");
+  loader_test::write_file(path, raw);
+  const int64_t before = bytes_read_by_this_process();
+  if (before < 0) GTEST_SKIP() << "/proc/self/io has no rchar";
+  auto header = GgufFile::open_metadata(path);
+  const int64_t after = bytes_read_by_this_process();
+  ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+  EXPECT_EQ((*header)->file_data(), nullptr);
+  ASSERT_NE((*header)->find_tensor("big"), nullptr);
+  EXPECT_EQ((*header)->find_tensor("big")->view.data, nullptr);
+  // The header is a few hundred bytes; one read window (64 KiB) at most, plus /proc/self/io.
+  EXPECT_LT(after - before, int64_t{64 << 10} + 4096);
+}
+
+TEST(GgufMetadata, RefusesWhatOpenRefusesWithTheSameMessage) {
+  TempDir dir;
+  GgufBuilder b = two_tensor_file();
+  b.kv_str_array("arr", {"x", "yy"}).kv_array<uint32_t>("ints", loader_test::kGU32, {1, 2, 3});
+  const Bytes raw = b.build();
+  const std::string path = dir.file("t.gguf");
+  for (size_t n = 0; n < raw.size(); ++n) {
+    loader_test::write_file(path, raw.data(), n);
+    auto mapped = GgufFile::open(path);
+    auto header = GgufFile::open_metadata(path);
+    ASSERT_FALSE(mapped.is_ok()) << n;
+    ASSERT_FALSE(header.is_ok()) << n;
+    EXPECT_EQ(header.status().code(), mapped.status().code()) << n;
+    EXPECT_EQ(header.status().message(), mapped.status().message()) << n;
+  }
+  auto missing = GgufFile::open_metadata(dir.file("missing.gguf"));
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kIoError);
+  EXPECT_NE(missing.status().message().find(dir.file("missing.gguf")), std::string::npos);
+  EXPECT_EQ(GgufFile::open_metadata(dir.path()).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -481,5 +481,44 @@ TEST(ModelConfigGguf, Llama3RopeFreqsTensor) {
   EXPECT_EQ(config_of(b3, dir).status().code(), StatusCode::kUnimplemented);
 }
 
+
+// load_model_config reads a GGUF through its header (GgufFile::open_metadata); rope_freqs.weight
+// is tensor data all the same, read on its own.
+TEST(ModelConfigGguf, LoadModelConfigReadsRopeFreqsWithoutTheMapping) {
+  const ModelConfig ref = parse_ok(kLlama3);
+  const std::vector<float> scaled = rope_inv_freq(ref);
+  ModelConfig plain = ref;
+  plain.rope_scaling = RopeScaling{};
+  const std::vector<float> base = rope_inv_freq(plain);
+  std::vector<float> div(base.size());
+  for (size_t i = 0; i < div.size(); ++i) div[i] = base[i] / scaled[i];
+
+  TempDir dir;
+  GgufBuilder b;
+  b.kv_str("general.architecture", "llama")
+      .kv_u32("llama.embedding_length", 4096)
+      .kv_u32("llama.block_count", 1)
+      .kv_u32("llama.attention.head_count", 32)
+      .kv_u32("llama.attention.head_count_kv", 8)
+      .kv_u32("llama.feed_forward_length", 14336)
+      .kv_u32("llama.context_length", 131072)
+      .kv_f32("llama.rope.freq_base", 500000.0f)
+      .kv_u32("llama.vocab_size", 128256)
+      .f32_tensor("rope_freqs.weight", {64}, div);
+  const std::string path = dir.file("m.gguf");
+  loader_test::write_file(path, b.build());
+  auto header = GgufFile::open_metadata(path);
+  ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+  EXPECT_EQ((*header)->find_tensor("rope_freqs.weight")->view.data, nullptr);
+  auto r = load_model_config(path);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_NEAR(r->rope_scaling.factor, 8.0f, 1e-4f);
+  auto mapped = config_of(b, dir);
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+  EXPECT_EQ(r->rope_scaling.factor, mapped->rope_scaling.factor);
+  EXPECT_EQ(rope_inv_freq(*r), rope_inv_freq(*mapped));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -233,6 +233,79 @@ TEST(WeightStore, OpensSafetensorsFilePath) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
+// ---- load_model_config: the config alone, as WeightStore::open reads it ----
+
+void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.arch, b.arch);
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.n_heads, b.n_heads);
+  EXPECT_EQ(a.n_kv_heads, b.n_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.ffn, b.ffn);
+  EXPECT_EQ(a.vocab, b.vocab);
+  EXPECT_EQ(a.max_positions, b.max_positions);
+  EXPECT_EQ(a.rms_eps, b.rms_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.bos_id, b.bos_id);
+  EXPECT_EQ(a.eos_ids, b.eos_ids);
+  EXPECT_EQ(a.quantization.method, b.quantization.method);
+}
+
+TEST(LoadModelConfig, SameConfigAsTheWeightStoreInEveryFormat) {
+  TESSERA_REQUIRE_STORIES();
+  for (const std::string& path : {stories_hf(), stories_hf() + "/model.safetensors",
+                                  stories_f32(), stories_org()}) {
+    SCOPED_TRACE(path);
+    auto store = open_ok(path);
+    ASSERT_NE(store, nullptr);
+    auto config = load_model_config(path);
+    ASSERT_TRUE(config.is_ok()) << config.status().to_string();
+    expect_same_config(*config, store->config());
+  }
+}
+
+TEST(LoadModelConfig, ResolvesPathsAsTheWeightStoreDoes) {
+  TESSERA_REQUIRE_STORIES();
+  auto dir = resolve_model_path(stories_hf());
+  ASSERT_TRUE(dir.is_ok());
+  EXPECT_EQ(dir->format, ModelFormat::kHuggingFace);
+  EXPECT_EQ(dir->dir, stories_hf());
+  auto file = resolve_model_path(stories_hf() + "/model.safetensors");
+  ASSERT_TRUE(file.is_ok());
+  EXPECT_EQ(file->dir, stories_hf());
+  EXPECT_EQ(file->file, stories_hf() + "/model.safetensors");
+  auto gguf = resolve_model_path(stories_f32());
+  ASSERT_TRUE(gguf.is_ok());
+  EXPECT_EQ(gguf->format, ModelFormat::kGguf);
+  EXPECT_EQ(gguf->file, stories_f32());
+
+  TempDir tmp;
+  // The GGUF magic is enough, whatever the name.
+  fs::copy_file(stories_f32(), tmp.file("model.bin"));
+  auto magic = load_model_config(tmp.file("model.bin"));
+  ASSERT_TRUE(magic.is_ok()) << magic.status().to_string();
+  EXPECT_EQ(magic->hidden, 64);
+  EXPECT_EQ(load_model_config(tmp.file("nothing-here")).status().code(), StatusCode::kNotFound);
+  loader_test::write_file(tmp.file("notes.txt"), std::string("hello"));
+  EXPECT_EQ(load_model_config(tmp.file("notes.txt")).status().code(), StatusCode::kInvalidArgument);
+  // No weights are needed, and a bad config is refused naming the file.
+  copy_stories_hf(tmp, [](Json&) {}, [](Json& c) { c["num_key_value_heads"] = 3; });
+  fs::remove(tmp.file("model.safetensors"));
+  auto bad = load_model_config(tmp.path());
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("num_key_value_heads"), std::string::npos);
+  copy_stories_hf(tmp, [](Json&) {}, [](Json&) {});
+  fs::remove(tmp.file("model.safetensors"));
+  EXPECT_TRUE(load_model_config(tmp.path()).is_ok());
+}
+
 // ---- synthetic models in both formats ----
 
 struct SynthTensor {
