@@ -1,4 +1,4 @@
-#include "coordinator/hardware.h"
+#include "plan/hardware.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

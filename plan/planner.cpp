@@ -1,4 +1,4 @@
-#include "coordinator/planner.h"
+#include "plan/planner.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>

@@ -33,8 +33,8 @@
 
 #include "common/kv_config.h"
 #include "common/status.h"
-#include "coordinator/hardware.h"
 #include "model/model_config.h"
+#include "plan/hardware.h"
 
 namespace tessera {
 

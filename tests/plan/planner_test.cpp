@@ -1,7 +1,7 @@
 // The planner's arithmetic against hand-computed bills: every expected value below is written
 // out from the model's dimensions, not taken from the planner. Configs are written in the test
 // (Llama-2-7B, Llama-3-8B, Llama-3-70B, Llama-2-70B), the cards are the datasheet presets.
-#include "coordinator/planner.h"
+#include "plan/planner.h"
 
 #include <gtest/gtest.h>
 
