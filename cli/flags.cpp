@@ -46,10 +46,4 @@ void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
   app.add_flag("--quant-lm-head", flags.lm_head, "with --quant: " + who + "quantize the LM head too");
 }
 
-void append_shard_args(const KvDtypeFlag& kv, const QuantFlags& quant, std::vector<std::string>& args) {
-  if (quant.quant != WeightQuant::kNone) args.insert(args.end(), {"--quant", std::string(weight_quant_name(quant.quant))});
-  if (quant.lm_head) args.push_back("--quant-lm-head");
-  if (kv.runtime() != KvDtype::kF32) args.insert(args.end(), {"--kv-dtype", std::string(kv_dtype_name(kv.runtime()))});
-}
-
 }  // namespace tessera::cli

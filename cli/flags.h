@@ -37,8 +37,4 @@ struct QuantFlags {
 };
 void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who = "");
 
-// The same values as shard command-line arguments ("--kv-dtype fp16", "--quant int8", ...),
-// only those that differ from the defaults.
-void append_shard_args(const KvDtypeFlag& kv, const QuantFlags& quant, std::vector<std::string>& args);
-
 }  // namespace tessera::cli

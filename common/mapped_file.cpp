@@ -67,7 +67,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   return *this;
 }
 
-Result<MappedFile> MappedFile::open(const std::string& path) {
+Result<int> open_file_for_reading(const std::string& path, size_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::io_error(path + ": " + std::strerror(errno));
   struct stat st {};
@@ -80,9 +80,16 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
     ::close(fd);
     return Status::invalid_argument(path + ": is a directory, expected a file");
   }
+  *size = static_cast<size_t>(st.st_size);
+  return fd;
+}
+
+Result<MappedFile> MappedFile::open(const std::string& path) {
+  size_t size = 0;
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_file_for_reading(path, &size));
   MappedFile f;
   f.path_ = path;
-  f.size_ = static_cast<size_t>(st.st_size);
+  f.size_ = size;
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -43,4 +43,8 @@ size_t release_mapped_range(const void* p, size_t n);
 // Reads a whole (small) file into a string; errors name the path.
 Result<std::string> read_text_file(const std::string& path);
 
+// open(2) of a regular file for reading (O_CLOEXEC) and its size: IoError naming the path, or
+// InvalidArgument for a directory. The caller closes the descriptor.
+Result<int> open_file_for_reading(const std::string& path, size_t* size);
+
 }  // namespace tessera

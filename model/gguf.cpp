@@ -1,7 +1,6 @@
 #include "model/gguf.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -454,28 +453,11 @@ struct FdCloser {
   }
 };
 
-Result<int> open_for_reading(const std::string& path, size_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::io_error(path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return Status::io_error(path + ": " + std::strerror(e));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return Status::invalid_argument(path + ": is a directory, expected a file");
-  }
-  *size = static_cast<size_t>(st.st_size);
-  return fd;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<GgufFile>> GgufFile::open_metadata(const std::string& path) {
   size_t size = 0;
-  TESSERA_ASSIGN_OR_RETURN(const int fd, open_for_reading(path, &size));
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_file_for_reading(path, &size));
   FdCloser closer{fd};
   auto f = std::make_unique<GgufFile>();
   f->path_ = path;
@@ -497,7 +479,7 @@ Status GgufFile::read_tensor_data(const GgufTensorInfo& t, void* dst, size_t byt
     return Status::ok();
   }
   size_t size = 0;
-  TESSERA_ASSIGN_OR_RETURN(const int fd, open_for_reading(path(), &size));
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_file_for_reading(path(), &size));
   FdCloser closer{fd};
   const uint64_t at = data_offset_ + t.offset;
   size_t got = 0;
