@@ -21,7 +21,13 @@ CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use)
              "cards with `--kv-dtype fp16`), fp32, fp16, bf16 or fp8 (the others plan ahead)"
            : "KV cache elements: fp32, or fp16 (half the memory; CPU backend)");
   if (plan)
-    o->check(CLI::IsMember({"auto", "fp32", "f32", "fp16", "f16", "bf16", "fp8", "f8", "e4m3", "fp8_e4m3"}));
+    o->check(CLI::Validator(
+        [](std::string& s) -> std::string {
+          if (s == "auto") return "";
+          Result<KvDtype> d = parse_kv_dtype(s);
+          return d.is_ok() ? "" : d.status().message();
+        },
+        "auto|fp32|fp16|bf16|fp8"));
   else
     o->check(CLI::IsMember({"fp32", "fp16"}));
   o->default_str(plan ? "auto" : "fp32");

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <utility>
 
+#include "common/block_geometry.h"
 #include "common/check.h"
 
 namespace tessera {
@@ -19,26 +20,26 @@ constexpr Q kNoR16 = Q::kCount;
 
 // THE table of formats (common/dtype.h). GGUF block sizes follow ggml's published layouts.
 constexpr std::array<QuantTraits, static_cast<size_t>(Q::kCount)> kTraits = {{
-    // type            name           elems bytes trailer ggml float  load   cpu           cuda             r16              r16_base
+    // type, name, elems, bytes (GGUF blocks: common/block_geometry.h), trailer, ggml, float, load, cpu, cuda, r16, r16_base
     {Q::kF32,          "F32",          1,     4,  0,      0, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kF32},
     {Q::kF16,          "F16",          1,     2,  0,      1, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kF16},
     {Q::kBF16,         "BF16",         1,     2,  0,     30, true,  false, Cpu::kFloat,  Cuda::kF16,      kNoR16,          Q::kBF16},
-    {Q::kQ8_0,         "Q8_0",        32,    34,  0,      8, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ8_0_R16,    Q::kQ8_0},
-    {Q::kQ4_0,         "Q4_0",        32,    18,  0,      2, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_0_R16,    Q::kQ4_0},
-    {Q::kQ5_0,         "Q5_0",        32,    22,  0,      6, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_0_R16,    Q::kQ5_0},
-    {Q::kQ4_K,         "Q4_K",       256,   144,  0,     12, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_K_R16,    Q::kQ4_K},
-    {Q::kQ5_K,         "Q5_K",       256,   176,  0,     13, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_K_R16,    Q::kQ5_K},
-    {Q::kQ6_K,         "Q6_K",       256,   210,  0,     14, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ6_K_R16,    Q::kQ6_K},
+    {Q::kQ8_0,         "Q8_0",        blocks::kQ8_0.elems, blocks::kQ8_0.bytes,  0,      8, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ8_0_R16,    Q::kQ8_0},
+    {Q::kQ4_0,         "Q4_0",        blocks::kQ4_0.elems, blocks::kQ4_0.bytes,  0,      2, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_0_R16,    Q::kQ4_0},
+    {Q::kQ5_0,         "Q5_0",        blocks::kQ5_0.elems, blocks::kQ5_0.bytes,  0,      6, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_0_R16,    Q::kQ5_0},
+    {Q::kQ4_K,         "Q4_K",       blocks::kQ4_K.elems, blocks::kQ4_K.bytes,  0,     12, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_K_R16,    Q::kQ4_K},
+    {Q::kQ5_K,         "Q5_K",       blocks::kQ5_K.elems, blocks::kQ5_K.bytes,  0,     13, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_K_R16,    Q::kQ5_K},
+    {Q::kQ6_K,         "Q6_K",       blocks::kQ6_K.elems, blocks::kQ6_K.bytes,  0,     14, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ6_K_R16,    Q::kQ6_K},
     {Q::kI8,           "I8",           1,     1,  0,     24, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI8},
     {Q::kI32,          "I32",          1,     4,  0,     26, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI32},
     {Q::kI8_CH,        "I8_CH",       32,    32,  4,     -1, false, true,  Cpu::kIntDot, Cuda::kRepacked, Q::kI8_CH_R16,   Q::kI8_CH},
     {Q::kI4_G128,      "I4_G128",    128,    68,  0,     -1, false, true,  Cpu::kIntDot, Cuda::kRepacked, Q::kI4_G128_R16, Q::kI4_G128},
-    {Q::kQ8_0_R16,     "Q8_0_R16",    32,    34,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ8_0},
-    {Q::kQ4_0_R16,     "Q4_0_R16",    32,    18,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_0},
-    {Q::kQ5_0_R16,     "Q5_0_R16",    32,    22,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_0},
-    {Q::kQ4_K_R16,     "Q4_K_R16",   256,   144,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_K},
-    {Q::kQ5_K_R16,     "Q5_K_R16",   256,   176,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_K},
-    {Q::kQ6_K_R16,     "Q6_K_R16",   256,   210,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ6_K},
+    {Q::kQ8_0_R16,     "Q8_0_R16",    blocks::kQ8_0.elems, blocks::kQ8_0.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ8_0},
+    {Q::kQ4_0_R16,     "Q4_0_R16",    blocks::kQ4_0.elems, blocks::kQ4_0.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_0},
+    {Q::kQ5_0_R16,     "Q5_0_R16",    blocks::kQ5_0.elems, blocks::kQ5_0.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_0},
+    {Q::kQ4_K_R16,     "Q4_K_R16",   blocks::kQ4_K.elems, blocks::kQ4_K.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ4_K},
+    {Q::kQ5_K_R16,     "Q5_K_R16",   blocks::kQ5_K.elems, blocks::kQ5_K.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ5_K},
+    {Q::kQ6_K_R16,     "Q6_K_R16",   blocks::kQ6_K.elems, blocks::kQ6_K.bytes,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kQ6_K},
     {Q::kI8_CH_R16,    "I8_CH_R16",   32,    32,  4,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kI8_CH},
     {Q::kI4_G128_R16,  "I4_G128_R16",128,    68,  0,     -1, false, false, Cpu::kIntDot, Cuda::kNone,     kNoR16,          Q::kI4_G128},
 }};

@@ -2,22 +2,14 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
 #include <string>
 
+#include "common/strings.h"
+
 namespace tessera {
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-}  // namespace
 
 Result<KvDtype> parse_kv_dtype(std::string_view name) {
-  const std::string key = lower(name);
+  const std::string key = ascii_lower(name);
   if (key == "fp32" || key == "f32") return KvDtype::kF32;
   if (key == "fp16" || key == "f16") return KvDtype::kF16;
   if (key == "bf16") return KvDtype::kBF16;

@@ -375,6 +375,41 @@ void Engine::step() {
   update_gauges();
 }
 
+Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, MetricsRegistry& metrics,
+                                       const SingleRequest& r, const std::function<void(const JobEvent&)>& on_event) {
+  EngineOptions eo;
+  eo.scheduler.profile = "single request";
+  eo.scheduler.max_batch = 1;
+  eo.scheduler.max_wait_ms = 0.0;
+  eo.scheduler.prefill_chunk =
+      static_cast<int32_t>(r.prefill_chunk > 0 ? r.prefill_chunk : std::max<size_t>(1, r.prompt.size()));
+  eo.scheduler.max_step_tokens = eo.scheduler.prefill_chunk;
+  eo.scheduler.priority_classes = 1;
+  eo.eos_ids = r.eos_ids;
+  eo.max_positions = r.max_positions;
+  eo.first_seq_id = r.seq_id;
+  Engine engine(eo, executor, pool, nullptr, metrics);
+  std::optional<std::string> finish;
+  std::string error;
+  Job job;
+  job.sequences.push_back(JobSequence{r.prompt, 0});
+  job.sampling = r.sampling;
+  job.max_tokens = r.max_tokens;
+  job.ignore_eos = r.ignore_eos;
+  job.want_logprobs = r.sampling.return_logprob || r.sampling.n_logprobs > 0;
+  job.on_event = [&](const JobEvent& ev) {
+    if (on_event) on_event(ev);
+    if (!ev.finish_reason) return;
+    finish = *ev.finish_reason;
+    error = ev.error.empty() ? *ev.finish_reason : ev.error;
+  };
+  TESSERA_RETURN_IF_ERROR(engine.submit(std::move(job)).status());
+  engine.run_until_idle();
+  if (!finish) return Status::internal("the engine stopped before the request finished");
+  if (*finish == "error" || *finish == "abort") return Status::internal(error);
+  return *finish;
+}
+
 void Engine::mark_unhealthy(const std::string& error) {
   healthy_ = false;
   metrics_.set("tessera_healthy", 0);

@@ -141,4 +141,23 @@ class Engine {
 // Declares every metric the engine exports.
 void declare_engine_metrics(MetricsRegistry& metrics);
 
+// One request through a new engine on the calling thread (`tessera generate`, with or without
+// --tp): admitted at once (no batching wait), its prompt prefilled in pieces of prefill_chunk
+// tokens (0: the whole prompt in one step), then one decode token per step.
+struct SingleRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 16;
+  bool ignore_eos = false;
+  int64_t prefill_chunk = 0;
+  std::vector<int32_t> eos_ids;
+  int64_t max_positions = 0;
+  uint64_t seq_id = 1;  // the shards' key: unique among the sequences `executor` has seen
+};
+// Events as Job::on_event. Returns the "stop" / "length" finish reason; an error or abort finish
+// is an Internal error with its message.
+Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, MetricsRegistry& metrics,
+                                       const SingleRequest& request,
+                                       const std::function<void(const JobEvent&)>& on_event);
+
 }  // namespace tessera

@@ -152,38 +152,27 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   }
   MetricsRegistry metrics;
   declare_engine_metrics(metrics);
-  EngineOptions eo;
-  eo.scheduler.profile = "generate";
-  eo.scheduler.max_batch = 1;
-  eo.scheduler.max_wait_ms = 0.0;
-  eo.scheduler.prefill_chunk = static_cast<int32_t>(chunk);
-  eo.scheduler.max_step_tokens = static_cast<int32_t>(chunk);
-  eo.scheduler.priority_classes = 1;
-  eo.eos_ids = config.eos_ids;
-  eo.max_positions = config.max_positions;
-  Engine engine(eo, **group, *blocks, nullptr, metrics);
+  SingleRequest r;
+  r.prompt = prompt;
+  r.sampling = sampling_of(a);
+  r.max_tokens = a.max_tokens;
+  r.ignore_eos = a.ignore_eos;
+  r.prefill_chunk = chunk;
+  r.eos_ids = config.eos_ids;
+  r.max_positions = config.max_positions;
   TextStreamer streamer(tokenizer);
   std::vector<int32_t> ids;
-  std::string error;
-  Job job;
-  job.sequences.push_back(JobSequence{prompt, 0});
-  job.sampling = sampling_of(a);
-  job.max_tokens = a.max_tokens;
-  job.ignore_eos = a.ignore_eos;
-  job.on_event = [&](const JobEvent& ev) {
+  Result<std::string> finish = run_single_request(**group, *blocks, metrics, r, [&](const JobEvent& ev) {
     for (int32_t id : ev.tokens) {
       ids.push_back(id);
       streamer.push(id);
     }
-    if (ev.finish_reason && (*ev.finish_reason == "error" || *ev.finish_reason == "abort")) error = ev.error;
-  };
-  Status submitted = engine.submit(std::move(job)).status();
-  if (submitted.is_ok()) engine.run_until_idle();
-  if (!submitted.is_ok() || !error.empty()) {
+  });
+  if (!finish.is_ok()) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     shards.terminate();
-    return fail(!submitted.is_ok() ? submitted.to_string() : error);
+    return fail(finish.status().message());
   }
   streamer.finish();
   (*group)->shutdown("generation finished");

@@ -28,7 +28,7 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   m->executor_ = std::make_unique<ShardExecutor>(*m->backend_, c, ShardExecutorOptions{});
   const int64_t kv_tokens = options.kv_tokens > 0 ? options.kv_tokens : c.max_positions;
   const int64_t num_blocks = (kv_tokens + options.block_size - 1) / options.block_size;
-  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks));
+  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks, options.kv_dtype));
   m->steps_ = std::make_unique<InProcessShard>(*m->executor_);
   // One request at a time from scratch: no prefix cache between calls.
   TESSERA_ASSIGN_OR_RETURN(BlockPool blocks,
@@ -110,58 +110,37 @@ Result<GenerateOutput> generate(LocalModel& model, const std::vector<int32_t>& p
     return out;
   }
 
-  // One sequence, admitted at once, prefilled in pieces of prefill_chunk (the whole prompt by
-  // default), then one decode token per step.
-  EngineOptions eo;
-  eo.scheduler.profile = "generate";
-  eo.scheduler.max_batch = 1;
-  eo.scheduler.max_wait_ms = 0.0;
-  eo.scheduler.prefill_chunk = static_cast<int32_t>(options.prefill_chunk > 0 ? options.prefill_chunk : n_prompt);
-  eo.scheduler.max_step_tokens = eo.scheduler.prefill_chunk;
-  eo.scheduler.priority_classes = 1;
-  eo.eos_ids = c.eos_ids;
-  eo.max_positions = c.max_positions;
-  eo.first_seq_id = model.next_seq_id_;
-  const uint64_t seq_id = model.next_seq_id_++;
-  Engine engine(eo, model.steps(), model.blocks(), nullptr, model.metrics());
-
+  SingleRequest r;
+  r.prompt = prompt;
+  r.sampling = options.sampling;
+  r.max_tokens = options.max_tokens;
+  r.ignore_eos = options.ignore_eos;
+  r.prefill_chunk = options.prefill_chunk;
+  r.eos_ids = c.eos_ids;
+  r.max_positions = c.max_positions;
+  r.seq_id = model.next_seq_id_++;
   // The logits of the sequence's first sampled row: those at the last prompt position.
   model.executor().set_row_observer([&](uint64_t, std::span<const float> row) {
     if (out.prompt_last_logits.empty()) out.prompt_last_logits.assign(row.begin(), row.end());
   });
-  std::string error;
-  bool done = false;
-  Job job;
-  job.sequences.push_back(JobSequence{prompt, 0});
-  job.sampling = options.sampling;
-  job.max_tokens = options.max_tokens;
-  job.ignore_eos = options.ignore_eos;
-  job.want_logprobs = options.sampling.return_logprob || options.sampling.n_logprobs > 0;
-  job.on_event = [&](const JobEvent& ev) {
-    for (size_t i = 0; i < ev.tokens.size(); ++i) {
-      out.ids.push_back(ev.tokens[i]);
-      if (on_token) {
-        SampledToken t;
-        t.id = ev.tokens[i];
-        if (i < ev.token_logprobs.size()) t.logprob = ev.token_logprobs[i].second;
-        if (i < ev.top_logprobs.size()) t.top_logprobs = ev.top_logprobs[i];
-        on_token(t);
-      }
-    }
-    if (!ev.finish_reason) return;
-    done = true;
-    if (*ev.finish_reason == "error" || *ev.finish_reason == "abort") error = ev.error.empty() ? *ev.finish_reason : ev.error;
-    const bool eos = !out.ids.empty() && std::find(c.eos_ids.begin(), c.eos_ids.end(), out.ids.back()) != c.eos_ids.end();
-    out.stopped_at_eos = *ev.finish_reason == "stop" && eos && !options.ignore_eos;
-  };
-  Result<uint64_t> submitted = engine.submit(std::move(job));
-  if (submitted.is_ok()) engine.run_until_idle();
+  Result<std::string> finish =
+      run_single_request(model.steps(), model.blocks(), model.metrics(), r, [&](const JobEvent& ev) {
+        for (size_t i = 0; i < ev.tokens.size(); ++i) {
+          out.ids.push_back(ev.tokens[i]);
+          if (!on_token) continue;
+          SampledToken t;
+          t.id = ev.tokens[i];
+          if (i < ev.token_logprobs.size()) t.logprob = ev.token_logprobs[i].second;
+          if (i < ev.top_logprobs.size()) t.top_logprobs = ev.top_logprobs[i];
+          on_token(t);
+        }
+      });
   model.executor().set_row_observer({});
   // The engine is gone before a next step could tell the shard the sequence finished.
-  model.executor().drop(seq_id);
-  TESSERA_RETURN_IF_ERROR(submitted.status());
-  if (!error.empty()) return Status::internal(error);
-  if (!done) return Status::internal("the engine stopped before the request finished");
+  model.executor().drop(r.seq_id);
+  TESSERA_RETURN_IF_ERROR(finish.status());
+  const bool eos = !out.ids.empty() && std::find(c.eos_ids.begin(), c.eos_ids.end(), out.ids.back()) != c.eos_ids.end();
+  out.stopped_at_eos = *finish == "stop" && eos && !options.ignore_eos;
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/strings.h"
 #include "common/thread_pool.h"
 
 namespace tessera {
@@ -61,12 +62,6 @@ std::vector<CardSpec> presets() {
       gpu("H200-141GB", "NVIDIA H200 SXM 141GB (HBM3e, 4800 GB/s, 989 TFLOPS FP16 dense)", 143771 * kMiB, 4800e9,
           989e12, nvlink4(), pcie5()),
   };
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
 }
 
 // The largest cache level of cpu0 from sysfs ("32768K"); sysconf as a fallback. In a VM sysconf
@@ -152,13 +147,13 @@ std::vector<std::string> card_preset_names() {
 }
 
 Result<CardSpec> card_preset(std::string_view name) {
-  std::string key = lower(name);
+  std::string key = ascii_lower(name);
   if (key == "a100") key = "a100-80gb";
   if (key == "h100") key = "h100-80gb";
   if (key == "h200") key = "h200-141gb";
   if (key.size() > 1 && key.back() == 'g') key += 'b';  // "a100-40g" -> "a100-40gb"
   for (CardSpec& c : presets())
-    if (lower(c.name) == key) return std::move(c);
+    if (ascii_lower(c.name) == key) return std::move(c);
   std::string choices;
   for (const std::string& n : card_preset_names()) choices += n + ", ";
   return Status::not_found(fmt::format("unknown card '{}': choose one of {}cpu", name, choices));

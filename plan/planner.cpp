@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "common/kv_config.h"
+#include "common/strings.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/weight_store.h"
@@ -20,12 +21,6 @@ namespace tessera {
 namespace {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
 
 PrecisionSpec spec(std::string name, std::string layout, int64_t group_elems, int64_t group_bytes,
                    int64_t row_extra = 0) {
@@ -170,7 +165,7 @@ uint64_t PrecisionSpec::row_bytes(int64_t cols) const {
 }
 
 Result<PrecisionSpec> precision_preset(std::string_view name) {
-  std::string key = lower(name);
+  std::string key = ascii_lower(name);
   if (key == "fp32") key = "f32";
   if (key == "fp16" || key == "half") key = "f16";
   if (key == "int4-g128" || key == "w4a16" || key == "awq" || key == "gptq") key = "int4";
@@ -179,7 +174,7 @@ Result<PrecisionSpec> precision_preset(std::string_view name) {
   if (key == "2-bit" || key == "int2" || key == "2bit-g64") key = "2bit";
   if (key == "1.58-bit" || key == "bitnet" || key == "ternary-2b") key = "ternary";
   for (PrecisionSpec& p : precision_table())
-    if (lower(p.name) == key) return std::move(p);
+    if (ascii_lower(p.name) == key) return std::move(p);
   std::string choices;
   for (const std::string& n : precision_names()) choices += (choices.empty() ? "" : ", ") + n;
   return Status::not_found(fmt::format("unknown precision '{}': choose one of {}", name, choices));
@@ -213,7 +208,7 @@ PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t e
 // ---- models ----
 
 Result<ModelConfig> model_preset(std::string_view name) {
-  const std::string key = lower(name);
+  const std::string key = ascii_lower(name);
   for (auto& [n, c] : model_table())
     if (n == key) return c;
   std::string choices;
@@ -336,7 +331,7 @@ Result<SequenceLengths> parse_length_distribution(std::string_view spec_text, in
           fmt::format("length distribution '{}': '{}' is not a length >= 1", text, parts[i]));
     return v;
   };
-  const std::string kind = lower(parts[0]);
+  const std::string kind = ascii_lower(parts[0]);
   auto cap = [&](double v) { return std::min<int64_t>(static_cast<int64_t>(std::llround(v)), max_length); };
   if (kind == "fixed" && parts.size() == 2) {
     TESSERA_ASSIGN_OR_RETURN(double n, number(1));

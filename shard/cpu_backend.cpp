@@ -36,7 +36,7 @@ Result<BackendMemory> CpuBackend::memory() const {
   m.device = fmt::format("cpu ({} threads{})", pool_->size(),
                          options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus));
   m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
-  m.kv_dtype = options_.kv_dtype;
+  m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = kv_bytes_per_token();
   m.weight_bytes = weights_.bytes;
   return m;
@@ -59,20 +59,7 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
 
 Status CpuBackend::copy_block(int32_t src, int32_t dst) {
   if (!cache_) return Status::invalid_argument("block copy before the KV cache exists");
-  const auto& shape = cache_->shape();
-  const size_t per_block = static_cast<size_t>(shape.block_size * shape.n_kv_heads * shape.head_dim);
-  const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
-  for (int64_t l = 0; l < shape.n_layers; ++l) {
-    PagedKvLayer kv = cache_->layer(l);
-    if (shape.f16()) {
-      std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
-      std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
-    } else {
-      std::copy_n(kv.k + from, per_block, kv.k + to);
-      std::copy_n(kv.v + from, per_block, kv.v + to);
-    }
-  }
-  return Status::ok();
+  return cache_->copy_block(src, dst);
 }
 
 Status CpuBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {

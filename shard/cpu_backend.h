@@ -32,6 +32,7 @@ class CpuBackend : public ShardBackend {
              DeviceComm* comm, CpuBackendOptions options);
 
   Result<BackendMemory> memory() const override;
+  KvDtype kv_dtype() const override { return options_.kv_dtype; }
   Status configure_kv(int64_t block_size, int64_t num_blocks) override;
   Status copy_block(int32_t src, int32_t dst) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;

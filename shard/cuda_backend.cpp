@@ -45,7 +45,7 @@ Result<BackendMemory> CudaBackend::memory() const {
   m.device = forward_->device_name();
   TESSERA_ASSIGN_OR_RETURN(const int64_t free_bytes, forward_->free_device_bytes());
   m.memory_available_bytes = static_cast<uint64_t>(free_bytes);
-  m.kv_dtype = KvDtype::kF32;
+  m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = static_cast<uint64_t>(forward_->kv_bytes_per_token());
   m.weight_bytes = static_cast<uint64_t>(forward_->weight_bytes());
   m.max_step_tokens = options_.max_step_tokens;

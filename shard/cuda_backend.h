@@ -33,6 +33,7 @@ class CudaBackend : public ShardBackend {
                                                      const CudaBackendOptions& options);
 
   Result<BackendMemory> memory() const override;
+  KvDtype kv_dtype() const override { return KvDtype::kF32; }  // create() refuses the others
   Status configure_kv(int64_t block_size, int64_t num_blocks) override;
   Status copy_block(int32_t src, int32_t dst) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;

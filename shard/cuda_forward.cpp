@@ -103,8 +103,7 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
     return Status::invalid_argument(
         fmt::format("CudaForward: {} layers bound, the config has {}", weights.layers.size(), config.n_layers));
   std::unique_ptr<CudaForward> f(new CudaForward(config, layout, comm, options));
-  f->decoder_ = std::make_unique<Decoder>(
-      std::move(arch), DecoderDims{config.hidden, config.head_dim, layout.n_heads, layout.n_kv_heads, layout.ffn});
+  f->decoder_ = std::make_unique<Decoder>(std::move(arch), decoder_dims(config, layout));
   TESSERA_RETURN_IF_ERROR(f->init(weights));
   return f;
 }

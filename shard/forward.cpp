@@ -32,11 +32,11 @@ void add_bias(float* y, const TensorView& bias, int64_t n_tokens, int64_t dim) {
 
 const float* f32(const TensorView& v) { return static_cast<const float*>(v.data); }
 
+}  // namespace
+
 DecoderDims decoder_dims(const ModelConfig& c, const ShardLayout& layout) {
   return DecoderDims{c.hidden, c.head_dim, layout.n_heads, layout.n_kv_heads, layout.ffn};
 }
-
-}  // namespace
 
 ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
                          ThreadPool* pool, KvCache* cache, DeviceComm* comm)

@@ -48,6 +48,9 @@ struct SequenceInput {
 // the ForwardPass over sw.weights. Returns how many matrices were re-laid.
 int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool = nullptr);
 
+// This rank's widths for the decoder (both backends build their Decoder with it).
+DecoderDims decoder_dims(const ModelConfig& config, const ShardLayout& layout);
+
 class ForwardPass : private DecoderBackend {
  public:
   // Everything passed in must outlive the ForwardPass. `weights` is this rank's slice as laid

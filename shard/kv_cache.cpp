@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "common/check.h"
@@ -69,6 +70,25 @@ PagedKvLayer KvCache::layer(int64_t l) {
   kv.n_kv_heads = shape_.n_kv_heads;
   kv.head_dim = shape_.head_dim;
   return kv;
+}
+
+Status KvCache::copy_block(int32_t src, int32_t dst) {
+  if (src < 0 || dst < 0 || src >= shape_.num_blocks || dst >= shape_.num_blocks)
+    return Status::out_of_range(
+        fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, shape_.num_blocks - 1));
+  const size_t per_block = static_cast<size_t>(shape_.block_size * shape_.n_kv_heads * shape_.head_dim);
+  const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
+  for (int64_t l = 0; l < shape_.n_layers; ++l) {
+    PagedKvLayer kv = layer(l);
+    if (shape_.f16()) {
+      std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
+      std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
+    } else {
+      std::copy_n(kv.k + from, per_block, kv.k + to);
+      std::copy_n(kv.v + from, per_block, kv.v + to);
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace tessera

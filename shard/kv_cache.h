@@ -37,6 +37,9 @@ class KvCache {
 
   const KvCacheShape& shape() const { return shape_; }
   PagedKvLayer layer(int64_t l);
+  // Copy-on-write of a shared block: every layer's K and V of block src into block dst.
+  // OutOfRange for ids outside the cache.
+  Status copy_block(int32_t src, int32_t dst);
 
  private:
   KvCacheShape shape_;

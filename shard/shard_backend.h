@@ -43,6 +43,8 @@ class ShardBackend {
   virtual ~ShardBackend() = default;
 
   virtual Result<BackendMemory> memory() const = 0;
+  // What its KV cache stores (BackendMemory::kv_dtype).
+  virtual KvDtype kv_dtype() const = 0;
   // Allocates the KV pool the coordinator planned (once). The weights may be re-laid for the
   // device's kernels here (the CPU backend does), so the executor calls it before any step.
   virtual Status configure_kv(int64_t block_size, int64_t num_blocks) = 0;

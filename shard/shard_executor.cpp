@@ -19,8 +19,11 @@ uint64_t micros_since(Clock::time_point t0) {
 ShardExecutor::ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options)
     : backend_(backend), config_(config), options_(options) {}
 
-Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks) {
+Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype) {
   if (num_blocks_ > 0) return Status::invalid_argument("configured twice");
+  if (kv_dtype != backend_.kv_dtype())
+    return Status::invalid_argument(fmt::format("the coordinator planned a {} KV cache, this shard stores {}",
+                                                kv_dtype_name(kv_dtype), kv_dtype_name(backend_.kv_dtype())));
   TESSERA_RETURN_IF_ERROR(backend_.configure_kv(block_size, num_blocks));
   num_blocks_ = num_blocks;
   return Status::ok();

@@ -39,8 +39,9 @@ class ShardExecutor {
   // `backend` and `config` must outlive the executor.
   ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options);
 
-  // The KV pool of the coordinator's plan; before any step, once.
-  Status configure(int64_t block_size, int64_t num_blocks);
+  // The KV pool of the coordinator's plan; before any step, once. InvalidArgument when the plan's
+  // KV dtype is not the one the backend stores.
+  Status configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype);
   bool configured() const { return num_blocks_ > 0; }
 
   // Runs one plan (step ids consecutive from 1). Any error is in StepResult::error (naming the

@@ -215,10 +215,7 @@ class ShardWorker {
       }
       ControlMessage& msg = *rm.message;
       if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
-        Status s = cfg->kv_dtype == o_.kv_dtype
-                       ? executor_->configure(cfg->block_size, cfg->num_blocks)
-                       : Status::invalid_argument(fmt::format("the coordinator planned a {} KV cache, this shard stores {}",
-                                                              kv_dtype_name(cfg->kv_dtype), kv_dtype_name(o_.kv_dtype)));
+        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype);
         if (!s.is_ok()) {
           TESSERA_LOG_ERROR("{}", s.to_string());
           (void)send(RefusedMsg{s.message()});

@@ -38,6 +38,7 @@
 
 #include <cstdio>
 
+#include "common/block_geometry.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.h"
@@ -52,19 +53,16 @@ constexpr int kPiecesPerChunk = 2;
 constexpr int kChunk = kPiece * kPiecesPerChunk;  // columns staged per step
 constexpr int64_t kMaxSlabTokens = int64_t{8} * 65535;
 
-struct BlockFormat {
-  int elems;  // elements per block
-  int bytes;  // bytes per block
-};
+using BlockFormat = tessera::blocks::Geometry;
 
 __host__ __device__ constexpr BlockFormat block_format(int type) {
   switch (type) {
-    case TESSERA_CUDA_GGUF_Q8_0: return {32, 34};
-    case TESSERA_CUDA_GGUF_Q4_0: return {32, 18};
-    case TESSERA_CUDA_GGUF_Q5_0: return {32, 22};
-    case TESSERA_CUDA_GGUF_Q4_K: return {256, 144};
-    case TESSERA_CUDA_GGUF_Q5_K: return {256, 176};
-    case TESSERA_CUDA_GGUF_Q6_K: return {256, 210};
+    case TESSERA_CUDA_GGUF_Q8_0: return tessera::blocks::kQ8_0;
+    case TESSERA_CUDA_GGUF_Q4_0: return tessera::blocks::kQ4_0;
+    case TESSERA_CUDA_GGUF_Q5_0: return tessera::blocks::kQ5_0;
+    case TESSERA_CUDA_GGUF_Q4_K: return tessera::blocks::kQ4_K;
+    case TESSERA_CUDA_GGUF_Q5_K: return tessera::blocks::kQ5_K;
+    case TESSERA_CUDA_GGUF_Q6_K: return tessera::blocks::kQ6_K;
     default: return {0, 0};
   }
 }

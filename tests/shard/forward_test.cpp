@@ -185,3 +185,36 @@ INSTANTIATE_TEST_SUITE_P(Formats, StoriesForwardTest,
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The configure message carries the KV dtype the coordinator planned with; a shard that stores
+// another refuses it, naming both.
+TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
+  if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+  auto store = WeightStore::open(stories_dir() + "/hf");
+  ASSERT_TRUE(store.is_ok());
+  const ModelConfig& c = (*store)->config();
+  auto full = bind_model_weights(**store);
+  ASSERT_TRUE(full.is_ok());
+  auto layout = plan_shard_layout(c, TpConfig{});
+  ASSERT_TRUE(layout.is_ok());
+  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
+  ASSERT_TRUE(weights.is_ok());
+  auto comm = make_single_rank_comm();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
+  CpuBackendOptions o;
+  o.kv_dtype = KvDtype::kF16;
+  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), o);
+  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  Status s = executor.configure(16, 8, KvDtype::kF32);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("the coordinator planned a fp32 KV cache, this shard stores fp16"), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(executor.configured());
+  EXPECT_TRUE(executor.configure(16, 8, KvDtype::kF16).is_ok());
+}
+
+}  // namespace
+}  // namespace tessera
