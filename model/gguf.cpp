@@ -19,6 +19,20 @@ constexpr uint32_t kMaxAlignment = 1u << 16;
 constexpr int kMaxArrayDepth = 8;
 constexpr size_t kMetadataWindowBytes = size_t{64} << 10;  // open_metadata's read size
 
+// pread(2) until `n` bytes at offset `at` are in `dst` (retrying EINTR): the bytes read, fewer
+// than n at the end of the file, or -1 with errno set.
+ssize_t pread_full(int fd, void* dst, size_t n, uint64_t at) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, n - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(got);
+}
+
 const char* value_type_name(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8: return "uint8";
@@ -141,18 +155,12 @@ class GgufParser {
   Status fill_window(size_t at) {
     window_.resize(std::min(kMetadataWindowBytes, size_ - at));
     window_start_ = at;
-    size_t got = 0;
-    while (got < window_.size()) {
-      const ssize_t r = ::pread(fd_, window_.data() + got, window_.size() - got, static_cast<off_t>(at + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        window_.clear();
-        if (r == 0) return Status::corrupt(fmt::format("{}: file shrank while reading {}", path(), ctx_));
-        return Status::io_error(fmt::format("{}: read failed in {}: {}", path(), ctx_, std::strerror(errno)));
-      }
-      got += static_cast<size_t>(r);
-    }
-    return Status::ok();
+    const ssize_t r = pread_full(fd_, window_.data(), window_.size(), at);
+    if (r == static_cast<ssize_t>(window_.size())) return Status::ok();
+    const int e = errno;
+    window_.clear();
+    if (r >= 0) return Status::corrupt(fmt::format("{}: file shrank while reading {}", path(), ctx_));
+    return Status::io_error(fmt::format("{}: read failed in {}: {}", path(), ctx_, std::strerror(e)));
   }
   Status skip(size_t n) {
     if (n > remaining()) return truncated();
@@ -481,17 +489,10 @@ Status GgufFile::read_tensor_data(const GgufTensorInfo& t, void* dst, size_t byt
   size_t size = 0;
   TESSERA_ASSIGN_OR_RETURN(const int fd, open_file_for_reading(path(), &size));
   FdCloser closer{fd};
-  const uint64_t at = data_offset_ + t.offset;
-  size_t got = 0;
-  while (got < bytes) {
-    const ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, bytes - got, static_cast<off_t>(at + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return Status::corrupt(fmt::format("{}: tensor '{}' lies past the end of the file", path(), t.name));
-    if (r < 0)
-      return Status::io_error(fmt::format("{}: reading tensor '{}': {}", path(), t.name, std::strerror(errno)));
-    got += static_cast<size_t>(r);
-  }
-  return Status::ok();
+  const ssize_t r = pread_full(fd, dst, bytes, data_offset_ + t.offset);
+  if (r == static_cast<ssize_t>(bytes)) return Status::ok();
+  if (r >= 0) return Status::corrupt(fmt::format("{}: tensor '{}' lies past the end of the file", path(), t.name));
+  return Status::io_error(fmt::format("{}: reading tensor '{}': {}", path(), t.name, std::strerror(errno)));
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {

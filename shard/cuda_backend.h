@@ -39,6 +39,7 @@ class CudaBackend : public ShardBackend {
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
   bool greedy_on_device() const override { return true; }
   Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) override;
+  bool samples_on_device() const override { return true; }
   bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) override;
   Status run_sampled(std::span<const SequenceInput> batch, std::vector<SampledToken>& out) override;
 

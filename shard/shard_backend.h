@@ -59,6 +59,8 @@ class ShardBackend {
   virtual bool greedy_on_device() const { return false; }
   // Each logit row's greedy token (ties to the lowest id), rows in run()'s order.
   virtual Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids);
+  // True when the backend can sample on the device at all (the executor then asks per step).
+  virtual bool samples_on_device() const { return false; }
   // True when the device can sample every row of the coming step itself with these samplers
   // (one per sequence that wants a token, batch order); it keeps what run_sampled() needs.
   virtual bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) { return false; }

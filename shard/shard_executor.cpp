@@ -93,7 +93,8 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
     // backend can; other steps sample on the device when they can: either way no logits cross
     // to the host. Otherwise the host samples the logits.
     const bool greedy = backend_.greedy_on_device() && plain_greedy(plan);
-    const bool on_device = !greedy && options_.device_sampling && device_sampling_rows(plan);
+    const bool on_device =
+        !greedy && options_.device_sampling && backend_.samples_on_device() && device_sampling_rows(plan);
     const uint64_t comm_before = backend_.comm_micros();
     if (s.is_ok() && !batch_.empty()) {
       if (greedy)
