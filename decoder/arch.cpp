@@ -17,14 +17,22 @@ std::string_view glu_activation_name(GluActivation a) {
 ArchSpec describe_architecture(const ModelConfig& c, const ModelWeights& w) {
   ArchSpec s;
   s.name = std::string(architecture_name(c.arch));
-  s.activation = GluActivation::kSilu;
-  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  s.activation = c.is_gemma() ? GluActivation::kGeluTanh : GluActivation::kSilu;
+  s.post_norms = c.is_gemma();
+  if (c.is_gemma()) s.embed_scale = std::sqrt(static_cast<float>(c.hidden));
+  const float scalar = c.query_pre_attn_scalar > 0.0f ? c.query_pre_attn_scalar : static_cast<float>(c.head_dim);
+  s.attn_scale = 1.0f / std::sqrt(scalar);
   s.rms_eps = c.rms_eps;
+  // Table 0: the global layers (rope_theta, rope_scaling); table 1: the local layers' own base.
   s.rope_inv_freq.push_back(rope_inv_freq(c));
+  const bool local_table = c.rope_theta_local > 0.0f;
+  if (local_table) s.rope_inv_freq.push_back(rope_inv_freq_local(c));
   s.layers.resize(static_cast<size_t>(c.n_layers));
   for (size_t l = 0; l < s.layers.size(); ++l) {
     LayerSpec& ls = s.layers[l];
-    ls.sliding_window = c.sliding_window;
+    const bool local = c.is_local_layer(static_cast<int64_t>(l));
+    ls.sliding_window = local ? c.sliding_window : 0;
+    ls.rope_table = local && local_table ? 1 : 0;
     // Biases present in the file are used even where the config does not announce them
     // (model/weight_store.cpp binds them when present).
     if (l < w.layers.size()) {

@@ -49,9 +49,12 @@ struct ArchSpec {
   Status validate(const ModelConfig& config, const ModelWeights* weights = nullptr) const;
 };
 
-// The description of the Llama-family architectures Tessera loads (Llama 2/3, Mistral, Qwen2,
-// Qwen3) from the config and the bound weights: one RoPE table, the config's window on every
-// layer, biases where the file has them, q/k norms where the config announces them.
+// The description of the architectures Tessera loads (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3)
+// from the config and the bound weights: biases where the file has them, q/k norms where the
+// config announces them, the config's window on its local layers (every layer unless the config
+// lists them). Gemma 3 adds post-norms, GeGLU, the sqrt(hidden) embedding scale, the
+// query_pre_attn_scalar softmax scale and a second RoPE table (its local base, unscaled) for
+// the local layers.
 ArchSpec describe_architecture(const ModelConfig& config, const ModelWeights& weights);
 
 }  // namespace tessera

@@ -84,6 +84,7 @@ std::optional<Architecture> arch_from_hf_class(std::string_view s) {
   if (s == "MistralForCausalLM") return Architecture::kMistral;
   if (s == "Qwen2ForCausalLM") return Architecture::kQwen2;
   if (s == "Qwen3ForCausalLM") return Architecture::kQwen3;
+  if (s == "Gemma3ForCausalLM") return Architecture::kGemma3;
   return std::nullopt;
 }
 
@@ -92,6 +93,7 @@ std::optional<Architecture> arch_from_model_type(std::string_view s) {
   if (s == "mistral") return Architecture::kMistral;
   if (s == "qwen2") return Architecture::kQwen2;
   if (s == "qwen3") return Architecture::kQwen3;
+  if (s == "gemma3_text") return Architecture::kGemma3;
   return std::nullopt;
 }
 
@@ -106,7 +108,7 @@ Result<Architecture> parse_architecture(const Json& j, std::string_view source) 
     if (auto a = arch_from_hf_class(name)) return *a;
     return Status::unimplemented(fmt::format(
         "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM)",
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)",
         source, name));
   }
   TESSERA_ASSIGN_OR_RETURN(auto model_type, opt_string(j, "model_type", source));
@@ -115,7 +117,7 @@ Result<Architecture> parse_architecture(const Json& j, std::string_view source) 
         fmt::format("{}: missing field 'architectures' (and no 'model_type')", source));
   if (auto a = arch_from_model_type(*model_type)) return *a;
   return Status::unimplemented(fmt::format(
-      "{}: unsupported architecture '{}' (model_type; supported: llama, mistral, qwen2, qwen3)",
+      "{}: unsupported architecture '{}' (model_type; supported: llama, mistral, qwen2, qwen3, gemma3_text)",
       source, *model_type));
 }
 
@@ -253,6 +255,67 @@ Status parse_quantization_config(const Json& j, std::string_view source, Quantiz
   return Status::ok();
 }
 
+// Gemma 3 (`gemma3_text`): the GELU activation, softcapping (refused), the local RoPE base, the
+// attention scale, the sliding-window layers (`layer_types` or `sliding_window_pattern`), the
+// (1 + w) norms. Newer transformers nest the two RoPE settings under rope_parameters
+// {"full_attention": {...}, "sliding_attention": {...}}.
+Status parse_gemma3_fields(const Json& j, std::string_view source, ModelConfig* c) {
+  std::optional<std::string> act;
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    TESSERA_ASSIGN_OR_RETURN(auto a, opt_string(j, key, source));
+    if (a && !act) act = a;
+    if (a && *a != "gelu_pytorch_tanh" && *a != "gelu_tanh")
+      return Status::unimplemented(fmt::format(
+          "{}: field '{}' is '{}'; Gemma 3 is supported with 'gelu_pytorch_tanh'", source, key, *a));
+  }
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    TESSERA_ASSIGN_OR_RETURN(auto cap, opt_float(j, key, source));
+    if (cap)
+      return Status::unimplemented(
+          fmt::format("{}: field '{}' is {}; logit softcapping is not supported", source, key, *cap));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto local_base, opt_float(j, "rope_local_base_freq", source));
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
+    if (auto full = it->find("full_attention"); full != it->end() && full->is_object()) {
+      TESSERA_ASSIGN_OR_RETURN(auto theta, opt_float(*full, "rope_theta", source));
+      if (theta) c->rope_theta = static_cast<float>(*theta);
+      TESSERA_RETURN_IF_ERROR(parse_rope_scaling(Json{{"rope_scaling", *full}}, source, &c->rope_scaling));
+    }
+    if (auto slide = it->find("sliding_attention"); slide != it->end() && slide->is_object()) {
+      TESSERA_ASSIGN_OR_RETURN(auto theta, opt_float(*slide, "rope_theta", source));
+      if (theta) local_base = theta;
+    }
+  }
+  c->rope_theta_local = static_cast<float>(local_base.value_or(10000.0));
+  TESSERA_ASSIGN_OR_RETURN(auto scalar, opt_float(j, "query_pre_attn_scalar", source));
+  c->query_pre_attn_scalar = static_cast<float>(scalar.value_or(256.0));
+  TESSERA_ASSIGN_OR_RETURN(auto window, opt_int(j, "sliding_window", source));
+  c->sliding_window = window.value_or(4096);
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array())
+      return Status::invalid_argument(fmt::format("{}: field 'layer_types' must be a list", source));
+    c->local_layers.clear();
+    for (const Json& t : *it) {
+      const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+      if (name != "sliding_attention" && name != "full_attention")
+        return Status::invalid_argument(fmt::format(
+            "{}: field 'layer_types' holds '{}' (expected sliding_attention or full_attention)", source, name));
+      c->local_layers.push_back(name == "sliding_attention");
+    }
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(auto pattern, opt_int(j, "sliding_window_pattern", source));
+    const int64_t n = pattern.value_or(6);
+    if (n < 1 || n > kMaxLayers)
+      return Status::invalid_argument(
+          fmt::format("{}: field 'sliding_window_pattern' must be in [1, {}], got {}", source, kMaxLayers, n));
+    c->local_layers = gemma_local_layers(c->n_layers, n);
+  }
+  c->norm_weight_offset = 1.0f;
+  TESSERA_ASSIGN_OR_RETURN(auto tie, opt_bool(j, "tie_word_embeddings", source));
+  c->tie_embeddings = tie.value_or(true);  // the Gemma 3 default
+  return Status::ok();
+}
+
 Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source) {
   if (!j.is_object())
     return Status::invalid_argument(fmt::format("{}: expected a JSON object", source));
@@ -283,10 +346,14 @@ Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source)
   TESSERA_RETURN_IF_ERROR(parse_token_ids(j, source, &c));
   TESSERA_RETURN_IF_ERROR(parse_quantization_config(j, source, &c.quantization));
 
-  TESSERA_ASSIGN_OR_RETURN(auto act, opt_string(j, "hidden_act", source));
-  if (act && *act != "silu")
-    return Status::unimplemented(
-        fmt::format("{}: field 'hidden_act' is '{}'; only 'silu' is supported", source, *act));
+  if (c.arch == Architecture::kGemma3) {
+    TESSERA_RETURN_IF_ERROR(parse_gemma3_fields(j, source, &c));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(auto act, opt_string(j, "hidden_act", source));
+    if (act && *act != "silu")
+      return Status::unimplemented(
+          fmt::format("{}: field 'hidden_act' is '{}'; only 'silu' is supported", source, *act));
+  }
   TESSERA_ASSIGN_OR_RETURN(auto mlp_bias, opt_bool(j, "mlp_bias", source));
   if (mlp_bias.value_or(false))
     return Status::unimplemented(
@@ -297,6 +364,7 @@ Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source)
     case Architecture::kLlama:
     case Architecture::kMistral:
     case Architecture::kQwen3:
+    case Architecture::kGemma3:
       // These architectures put a bias on o_proj too when attention_bias is set, which the
       // forward pass has no slot for.
       if (attn_bias.value_or(false))
@@ -308,7 +376,7 @@ Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source)
       c.qkv_bias = true;
       break;
   }
-  c.qk_norm = c.arch == Architecture::kQwen3;
+  c.qk_norm = c.arch == Architecture::kQwen3 || c.arch == Architecture::kGemma3;
 
   TESSERA_ASSIGN_OR_RETURN(auto window, opt_int(j, "sliding_window", source));
   if (c.arch == Architecture::kMistral) {
@@ -336,9 +404,10 @@ Result<Architecture> arch_from_gguf(std::string_view s, const GgufFile& g) {
   }
   if (s == "qwen2") return Architecture::kQwen2;
   if (s == "qwen3") return Architecture::kQwen3;
+  if (s == "gemma3") return Architecture::kGemma3;
   return Status::unimplemented(
       fmt::format("{}: unsupported architecture '{}' (general.architecture; supported: llama, "
-                  "qwen2, qwen3)",
+                  "qwen2, qwen3, gemma3)",
                   g.path(), s));
 }
 
@@ -403,7 +472,47 @@ Status rope_scaling_from_freqs_tensor(const GgufFile& g, ModelConfig* c) {
   return Status::ok();
 }
 
+// What llama.cpp assumes for "gemma3" files, which carry none of it: 5 local layers to 1
+// global (a `<arch>.attention.sliding_window_pattern` integer, or per-layer booleans, when
+// present), RoPE base 10,000 on local layers, softmax scale 1 / sqrt(head_dim) (the
+// query_pre_attn_scalar of the released 270M, 1B, 4B and 12B models). The 27B model scales by
+// hidden / heads, read from `general.size_label`.
+Status gemma3_from_gguf(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  if (c->sliding_window <= 0) c->sliding_window = 4096;
+  const std::string key = p + "attention.sliding_window_pattern";
+  c->local_layers = gemma_local_layers(c->n_layers, 6);
+  if (g.has(key)) {
+    const GgufValue& v = g.metadata().find(key)->second;
+    if (v.type == GgufValueType::kArray) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> flags, g.get_int_array(key));
+      if (static_cast<int64_t>(flags.size()) != c->n_layers)
+        return Status::invalid_argument(fmt::format("{}: metadata key '{}' has {} entries for {} layers", g.path(),
+                                                    key, flags.size(), c->n_layers));
+      for (size_t l = 0; l < flags.size(); ++l) c->local_layers[l] = flags[l] != 0;
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(int64_t n, g.get_int(key));
+      if (n < 1 || n > kMaxLayers)
+        return Status::invalid_argument(fmt::format("{}: metadata key '{}' is {}", g.path(), key, n));
+      c->local_layers = gemma_local_layers(c->n_layers, n);
+    }
+  }
+  c->rope_theta_local = 10000.0f;
+  c->query_pre_attn_scalar = static_cast<float>(c->head_dim);
+  if (g.has("general.size_label")) {
+    TESSERA_ASSIGN_OR_RETURN(std::string size, g.get_string("general.size_label"));
+    if (size == "27B" && c->n_heads > 0) c->query_pre_attn_scalar = static_cast<float>(c->hidden / c->n_heads);
+  }
+  c->norm_weight_offset = 0.0f;
+  return Status::ok();
+}
+
 }  // namespace
+
+std::vector<bool> gemma_local_layers(int64_t n_layers, int64_t pattern) {
+  std::vector<bool> local(static_cast<size_t>(std::max<int64_t>(n_layers, 0)));
+  for (size_t l = 0; l < local.size(); ++l) local[l] = pattern > 0 && (static_cast<int64_t>(l) + 1) % pattern != 0;
+  return local;
+}
 
 std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -411,6 +520,7 @@ std::string_view architecture_name(Architecture a) {
     case Architecture::kMistral: return "mistral";
     case Architecture::kQwen2: return "qwen2";
     case Architecture::kQwen3: return "qwen3";
+    case Architecture::kGemma3: return "gemma3";
   }
   return "unknown";
 }
@@ -457,6 +567,15 @@ Status ModelConfig::validate(std::string_view source) const {
   if (sliding_window < 0)
     return Status::invalid_argument(
         fmt::format("{}: field 'sliding_window' must be >= 0, got {}", source, sliding_window));
+  if (!local_layers.empty() && static_cast<int64_t>(local_layers.size()) != n_layers)
+    return Status::invalid_argument(fmt::format("{}: field 'layer_types' names {} layers, the model has {}", source,
+                                                local_layers.size(), n_layers));
+  if (rope_theta_local != 0.0f && !(std::isfinite(rope_theta_local) && rope_theta_local > 1.0f))
+    return Status::invalid_argument(
+        fmt::format("{}: field 'rope_local_base_freq' must be > 1, got {}", source, rope_theta_local));
+  if (query_pre_attn_scalar != 0.0f && !(std::isfinite(query_pre_attn_scalar) && query_pre_attn_scalar > 0.0f))
+    return Status::invalid_argument(
+        fmt::format("{}: field 'query_pre_attn_scalar' must be > 0, got {}", source, query_pre_attn_scalar));
   if (bos_id < -1 || bos_id >= vocab)
     return Status::invalid_argument(fmt::format(
         "{}: field 'bos_token_id' is {}, outside the vocabulary of {}", source, bos_id, vocab));
@@ -561,9 +680,10 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   }
 
   c.qkv_bias = c.arch == Architecture::kQwen2 || g.find_tensor("blk.0.attn_q.bias") != nullptr;
-  c.qk_norm = c.arch == Architecture::kQwen3;
+  c.qk_norm = c.arch == Architecture::kQwen3 || c.arch == Architecture::kGemma3;
   TESSERA_ASSIGN_OR_RETURN(c.sliding_window, gguf_int_or(g, p + "attention.sliding_window", 0));
   if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) c.sliding_window = 0;
+  if (c.arch == Architecture::kGemma3) TESSERA_RETURN_IF_ERROR(gemma3_from_gguf(g, p, &c));
   if (c.head_dim > 0 && c.head_dim % 2 == 0 && c.rope_theta > 1.0f && c.head_dim <= 65536)
     TESSERA_RETURN_IF_ERROR(rope_scaling_from_freqs_tensor(g, &c));
   return c;
@@ -611,6 +731,13 @@ Result<ModelConfig> load_model_config(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(ModelConfig config, load_hf_config(config_path));
   TESSERA_RETURN_IF_ERROR(config.validate(config_path));
   return config;
+}
+
+std::vector<float> rope_inv_freq_local(const ModelConfig& config) {
+  ModelConfig local = config;
+  local.rope_theta = config.rope_theta_local > 0.0f ? config.rope_theta_local : config.rope_theta;
+  local.rope_scaling = RopeScaling{};
+  return rope_inv_freq(local);
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& config) {

@@ -11,7 +11,7 @@ namespace tessera {
 
 class GgufFile;
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
 std::string_view architecture_name(Architecture a);
 
 enum class RopeScalingType { kNone, kLinear, kLlama3 };
@@ -52,6 +52,18 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   int64_t sliding_window = 0;    // 0: full attention (Mistral sets it)
+  // Layers that use sliding_window; empty: every layer does (Mistral). Gemma 3 interleaves 5
+  // local layers with 1 global one (layer l is global when (l + 1) % 6 == 0); HF configs name
+  // the layers in `layer_types` or give `sliding_window_pattern`.
+  std::vector<bool> local_layers;
+  // RoPE base of the local (sliding-window) layers when it differs (Gemma 3: 10,000; the global
+  // layers use rope_theta and rope_scaling, the local ones no scaling); 0: rope_theta everywhere.
+  float rope_theta_local = 0.0f;
+  // Softmax scale 1 / sqrt(query_pre_attn_scalar) (Gemma); 0: 1 / sqrt(head_dim).
+  float query_pre_attn_scalar = 0.0f;
+  // Added to every RMSNorm weight at load: Hugging Face Gemma checkpoints store w - 1 and apply
+  // (1 + w) at run time; llama.cpp's GGUF converter already added the 1 (offset 0 there).
+  float norm_weight_offset = 0.0f;
   bool qkv_bias = false;         // Qwen2
   bool qk_norm = false;          // Qwen3: RMSNorm over each head of q and k before RoPE
   bool tie_embeddings = false;   // no lm_head: use embed_tokens
@@ -61,6 +73,14 @@ struct ModelConfig {
 
   // Checks every field for consistency; errors name the source and the field.
   Status validate(std::string_view source) const;
+  // Whether layer l attends over a sliding window (sliding_window > 0 and, when local_layers is
+  // given, that layer is local).
+  bool is_local_layer(int64_t l) const {
+    if (sliding_window <= 0) return false;
+    return local_layers.empty() || (l >= 0 && static_cast<size_t>(l) < local_layers.size() && local_layers[l]);
+  }
+  // Gemma 2 / 3: a norm after attention and after the MLP, GeGLU, a scaled embedding.
+  bool is_gemma() const { return arch == Architecture::kGemma3; }
 };
 
 // Parses a Hugging Face config.json text. `source` names the file in errors.
@@ -88,5 +108,10 @@ Result<ModelConfig> load_model_config(const std::string& path);
 
 // RoPE inverse frequencies (head_dim / 2 values) with the config's scaling applied.
 std::vector<float> rope_inv_freq(const ModelConfig& config);
+// Those of the local layers when rope_theta_local is set: base rope_theta_local, no scaling.
+std::vector<float> rope_inv_freq_local(const ModelConfig& config);
+
+// Gemma 3's layer pattern: every `pattern`-th layer global ((l + 1) % pattern == 0), the rest local.
+std::vector<bool> gemma_local_layers(int64_t n_layers, int64_t pattern);
 
 }  // namespace tessera

@@ -50,9 +50,17 @@ constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+// Gemma 2 / 3 norms: GGUF's ffn_norm is the pre-FFN norm there, and HF's
+// post_attention_layernorm is the norm of the attention output (before its residual add).
+constexpr std::pair<std::string_view, std::string_view> kGemmaNormNames[] = {
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+
 }  // namespace
 
-std::string gguf_to_hf_name(std::string_view gguf_name) {
+std::string gguf_to_hf_name(std::string_view gguf_name, Architecture arch) {
   if (gguf_name == "token_embd.weight") return "model.embed_tokens.weight";
   if (gguf_name == "output_norm.weight") return "model.norm.weight";
   if (gguf_name == "output.weight") return "lm_head.weight";
@@ -65,6 +73,9 @@ std::string gguf_to_hf_name(std::string_view gguf_name) {
   for (char ch : layer)
     if (ch < '0' || ch > '9') return std::string(gguf_name);
   const std::string_view suffix = rest.substr(dot + 1);
+  if (arch == Architecture::kGemma3)
+    for (const auto& [g, hf] : kGemmaNormNames)
+      if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
   for (const auto& [g, hf] : kLayerNames)
     if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
   return std::string(gguf_name);
@@ -188,7 +199,7 @@ class WeightStoreBuilder {
     const bool permuted_qk = arch == "llama";
     for (const GgufTensorInfo& t : s->gguf_->tensors()) {
       auto e = std::make_unique<WeightStore::Entry>();
-      e->name = gguf_to_hf_name(t.name);
+      e->name = gguf_to_hf_name(t.name, s->config_.arch);
       e->file = &s->path_;
       if (s->index_.count(e->name))
         return Status::corrupt(fmt::format("{}: tensors '{}' and another both map to '{}'", path,
@@ -301,8 +312,8 @@ class Binder {
     return Status::ok();
   }
 
-  // A [n] vector, converted to owned F32.
-  Status vector(const std::string& name, int64_t n, TensorView* out) const {
+  // A [n] vector, converted to owned F32, `offset` added to every element.
+  Status vector(const std::string& name, int64_t n, TensorView* out, float offset = 0.0f) const {
     TESSERA_ASSIGN_OR_RETURN(TensorView v, s_.get(name));
     if (v.ndim != 1 || v.shape[0] != n) return shape_error(name, v, fmt::format("[{}]", n));
     std::vector<float> f(static_cast<size_t>(n));
@@ -329,9 +340,16 @@ class Binder {
         dequantize_row(v.type, v.data, f.data(), n);
         break;
     }
+    if (offset != 0.0f)
+      for (float& x : f) x += offset;
     w_->owned_f32.push_back(std::move(f));
     *out = make_view(w_->owned_f32.back().data(), QuantType::kF32, {n});
     return Status::ok();
+  }
+
+  // An RMSNorm weight: with the config's norm_weight_offset (HF Gemma's 1 + w).
+  Status norm(const std::string& name, int64_t n, TensorView* out) const {
+    return vector(name, n, out, s_.config().norm_weight_offset);
   }
 
   Status optional_vector(const std::string& name, int64_t n, bool required, TensorView* out) const {
@@ -376,7 +394,7 @@ Result<ModelWeights> bind_views(const WeightStore& store) {
   const int64_t q_dim = c.n_heads * c.head_dim;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;
   TESSERA_RETURN_IF_ERROR(b.matrix("model.embed_tokens.weight", c.vocab, c.hidden, &w.embed));
-  TESSERA_RETURN_IF_ERROR(b.vector("model.norm.weight", c.hidden, &w.final_norm));
+  TESSERA_RETURN_IF_ERROR(b.norm("model.norm.weight", c.hidden, &w.final_norm));
   if (!c.tie_embeddings && store.has("lm_head.weight")) {
     TESSERA_RETURN_IF_ERROR(b.matrix("lm_head.weight", c.vocab, c.hidden, &w.lm_head));
   } else {
@@ -390,7 +408,7 @@ Result<ModelWeights> bind_views(const WeightStore& store) {
       return Status::unimplemented(fmt::format("{}: tensor '{}self_attn.o_proj.bias': attention "
                                                "output biases are not supported",
                                                store.source_file(p + "self_attn.o_proj.bias"), p));
-    TESSERA_RETURN_IF_ERROR(b.vector(p + "input_layernorm.weight", c.hidden, &l.attn_norm));
+    TESSERA_RETURN_IF_ERROR(b.norm(p + "input_layernorm.weight", c.hidden, &l.attn_norm));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.q_proj.weight", q_dim, c.hidden, &l.wq));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.k_proj.weight", kv_dim, c.hidden, &l.wk));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "self_attn.v_proj.weight", kv_dim, c.hidden, &l.wv));
@@ -400,10 +418,16 @@ Result<ModelWeights> bind_views(const WeightStore& store) {
     TESSERA_RETURN_IF_ERROR(b.optional_vector(p + "self_attn.k_proj.bias", kv_dim, c.qkv_bias, &l.bk));
     TESSERA_RETURN_IF_ERROR(b.optional_vector(p + "self_attn.v_proj.bias", kv_dim, c.qkv_bias, &l.bv));
     if (c.qk_norm) {
-      TESSERA_RETURN_IF_ERROR(b.vector(p + "self_attn.q_norm.weight", c.head_dim, &l.q_norm));
-      TESSERA_RETURN_IF_ERROR(b.vector(p + "self_attn.k_norm.weight", c.head_dim, &l.k_norm));
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "self_attn.q_norm.weight", c.head_dim, &l.q_norm));
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "self_attn.k_norm.weight", c.head_dim, &l.k_norm));
     }
-    TESSERA_RETURN_IF_ERROR(b.vector(p + "post_attention_layernorm.weight", c.hidden, &l.ffn_norm));
+    if (c.is_gemma()) {
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "post_attention_layernorm.weight", c.hidden, &l.post_attn_norm));
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "pre_feedforward_layernorm.weight", c.hidden, &l.ffn_norm));
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "post_feedforward_layernorm.weight", c.hidden, &l.post_ffn_norm));
+    } else {
+      TESSERA_RETURN_IF_ERROR(b.norm(p + "post_attention_layernorm.weight", c.hidden, &l.ffn_norm));
+    }
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.gate_proj.weight", c.ffn, c.hidden, &l.w_gate));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.up_proj.weight", c.ffn, c.hidden, &l.w_up));
     TESSERA_RETURN_IF_ERROR(b.matrix(p + "mlp.down_proj.weight", c.hidden, c.ffn, &l.w_down));

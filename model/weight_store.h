@@ -56,8 +56,11 @@ class WeightStore {
 };
 
 // GGUF tensor name -> HF name ("blk.3.ffn_up.weight" -> "model.layers.3.mlp.up_proj.weight");
-// names without an HF counterpart (e.g. "rope_freqs.weight") are returned unchanged.
-std::string gguf_to_hf_name(std::string_view gguf_name);
+// names without an HF counterpart (e.g. "rope_freqs.weight") are returned unchanged. The norms
+// of Gemma 3 map by its own convention ("ffn_norm" -> "pre_feedforward_layernorm",
+// "post_attention_norm" -> "post_attention_layernorm", "post_ffw_norm" ->
+// "post_feedforward_layernorm").
+std::string gguf_to_hf_name(std::string_view gguf_name, Architecture arch = Architecture::kLlama);
 
 // Undoes llama.cpp's Q/K row order for `n_heads` heads: GGUF row h*hd + 2i becomes HF row
 // h*hd + i and GGUF row h*hd + 2i + 1 becomes HF row h*hd + i + hd/2 (hd = rows / n_heads).

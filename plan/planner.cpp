@@ -236,12 +236,12 @@ Result<PlanModel> load_plan_model(const std::string& path) {
   }
   if (ends_with(path, ".gguf")) {
     // The GGUF header alone: tensor types and shapes, without touching the weights.
-    TESSERA_ASSIGN_OR_RETURN(auto gguf, GgufFile::open(path));
+    TESSERA_ASSIGN_OR_RETURN(auto gguf, GgufFile::open_metadata(path));
     TESSERA_ASSIGN_OR_RETURN(m.config, config_from_gguf(*gguf));
     StoredBytes s;
     for (const GgufTensorInfo& t : gguf->tensors()) {
       if (!t.supported) return m;  // a type Tessera cannot size: plan by --precision only
-      const std::string hf_name = gguf_to_hf_name(t.name);
+      const std::string hf_name = gguf_to_hf_name(t.name, m.config.arch);
       add_tensor(s, hf_name, static_cast<int>(t.shape.size()), t.view.nbytes());
       if (is_layer_matrix(hf_name, static_cast<int>(t.shape.size())))
         s.layer_block_elems = std::max<int64_t>(s.layer_block_elems, quant_traits(t.view.type).block_elems);
