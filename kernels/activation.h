@@ -19,4 +19,14 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n_tokens, 
 // x < 0 (the limits); NaN in, NaN out.
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim);
 
+// GeGLU with gelu_tanh evaluated on the fp16 grid, as llama.cpp's CPU backend computes it (its
+// GGML_GELU_FP16 table), so both engines feed the same activations to the next quantized matmul
+// (one ulp there moves int8 activation levels, and those flips compound over the layers):
+//   x <= -10: out = 0;  x >= 10: out = x * up;  NaN: NaN;
+//   otherwise out = fp16_to_f32(G[f32_to_fp16(x)]) * up, where G[h] = f32_to_fp16(gelu_tanh(h))
+//   is a 65,536-entry table computed once with gelu_tanh_mul's steps above.
+// Against the exact function the relative error is below 2^-10 (x and gelu each rounded to
+// fp16 once), finer than the bf16 Gemma was trained in. The CPU forward pass uses this one.
+void gelu_tanh_mul_fp16_grid(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim);
+
 }  // namespace tessera

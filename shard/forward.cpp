@@ -244,7 +244,7 @@ Status ForwardPass::gated_activation(GluActivation a, int64_t n) {
       silu_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
       return Status::ok();
     case GluActivation::kGeluTanh:
-      gelu_tanh_mul(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
+      gelu_tanh_mul_fp16_grid(gate_.data(), up_.data(), gate_.data(), n, layout_.ffn);
       return Status::ok();
   }
   return Status::internal("unknown activation");

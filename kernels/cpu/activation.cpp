@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "common/dtype.h"
 #include "kernels/cpu/exp_poly.h"
 #include "kernels/cpu/vec.h"
 
@@ -76,14 +78,46 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n_tokens, 
 
 // GeGLU: one scalar loop over libm's tanhf on every ISA (no SIMD path yet), in the order the header
 // states.
-void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim) {
+namespace {
+
+inline float gelu_tanh1(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608f;
+  const float c = x * x * x;
+  const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * c));
+  return 0.5f * x * (1.0f + t);
+}
+
+// G[h] = fp16(gelu_tanh(fp16 value h)), built on first use (thread-safe static init).
+const uint16_t* gelu_fp16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f32_to_fp16(gelu_tanh1(fp16_to_f32(static_cast<uint16_t>(h))));
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim) {
+  const int64_t n = n_tokens * dim;
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh1(gate[i]) * up[i];
+}
+
+void gelu_tanh_mul_fp16_grid(const float* gate, const float* up, float* out, int64_t n_tokens, int64_t dim) {
+  const uint16_t* table = gelu_fp16_table();
   const int64_t n = n_tokens * dim;
   for (int64_t i = 0; i < n; ++i) {
     const float x = gate[i];
-    const float c = x * x * x;
-    const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * c));
-    out[i] = 0.5f * x * (1.0f + t) * up[i];
+    if (x <= -10.0f) {
+      out[i] = 0.0f;
+    } else if (x >= 10.0f) {
+      out[i] = x * up[i];
+    } else if (x != x) {
+      out[i] = x;
+    } else {
+      out[i] = fp16_to_f32(table[f32_to_fp16(x)]) * up[i];
+    }
   }
 }
 
