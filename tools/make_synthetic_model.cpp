@@ -3,6 +3,8 @@
 //   tessera-make-model --preset tiny --format gguf --type q8_0 --out /tmp/tiny-q8_0.gguf
 //   tessera-make-model --preset 1.1b --format hf --type bf16 --out /tmp/tiny-llama-hf
 //   tessera-make-model --preset tiny --arch qwen3 --layers 2 --format gguf --out /tmp/q3.gguf
+//   tessera-make-model --preset gemma3-tiny --format hf --out /tmp/gemma3-tiny-hf
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
                "Hugging Face directory or a GGUF file.",
                "tessera-make-model"};
   std::string preset = "tiny";
-  std::optional<int64_t> hidden, layers, heads, kv_heads, ffn, vocab, ctx;
+  std::optional<int64_t> hidden, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, window;
   std::optional<std::string> arch;
   std::optional<uint64_t> seed;
   bool tie = false;
@@ -59,13 +61,19 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "Decoder layers")->check(kSizeRange);
   app.add_option("--heads", heads, "Query heads")->check(kSizeRange);
   app.add_option("--kv-heads", kv_heads, "Key/value heads")->check(kSizeRange);
+  app.add_option("--head-dim", head_dim, "Head dimension (default hidden / heads)")->check(kSizeRange);
   app.add_option("--ffn", ffn, "MLP intermediate size")->check(kSizeRange);
   app.add_option("--vocab", vocab, "Vocabulary size")->check(kSizeRange);
   app.add_option("--ctx", ctx, "Context length (max positions)")->check(kSizeRange);
-  app.add_option("--arch", arch, "llama, qwen2 (adds q/k/v biases) or qwen3 (adds q/k norms)")
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+  app.add_option("--arch", arch,
+                 "llama, qwen2 (adds q/k/v biases), qwen3 (adds q/k norms) or gemma3 (q/k norms, post-norms, "
+                 "GeGLU, tied head, sliding-window layers)")
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "gemma3"}));
+  app.add_option("--sliding-window", window,
+                 "gemma3: the local layers' window in tokens (default: the preset's, else min(4096, ctx))")
+      ->check(kSizeRange);
   app.add_option("--seed", seed, "Weight seed (default 1234)");
-  app.add_flag("--tie", tie, "Tie the LM head to the token embedding");
+  app.add_flag("--tie", tie, "Tie the LM head to the token embedding (always with gemma3)");
   app.add_option("--format", format, "Output format")->required()->check(CLI::IsMember({"hf", "gguf"}));
   bool int4_sym = false;
   app.add_option("--type", type_name,
@@ -88,14 +96,23 @@ int main(int argc, char** argv) {
   if (layers) spec.n_layers = *layers;
   if (heads) spec.n_heads = *heads;
   if (kv_heads) spec.n_kv_heads = *kv_heads;
+  if (head_dim) spec.head_dim = *head_dim;
   if (ffn) spec.ffn = *ffn;
   if (vocab) spec.vocab = *vocab;
   if (ctx) spec.max_positions = *ctx;
   if (seed) spec.seed = *seed;
   if (arch) spec.arch = *arch;
   spec.qkv_bias = spec.arch == "qwen2";
-  spec.qk_norm = spec.arch == "qwen3";
-  spec.tie_embeddings = tie;
+  spec.qk_norm = spec.arch == "qwen3" || spec.arch == "gemma3";
+  spec.tie_embeddings = tie || spec.arch == "gemma3";
+  if (spec.arch != "gemma3") {
+    if (window) return fail("--sliding-window applies to --arch gemma3 only");
+    spec.sliding_window = 0;
+  } else if (window) {
+    spec.sliding_window = *window;
+  } else if (spec.sliding_window == 0) {
+    spec.sliding_window = std::min<int64_t>(4096, spec.max_positions);
+  }
   spec.hf_shards = shards;
   for (char& c : type_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (type_name == "awq" || type_name == "gptq") {

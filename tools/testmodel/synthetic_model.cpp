@@ -13,6 +13,7 @@
 #include "common/thread_pool.h"
 #include "kernels/quant.h"
 #include "model/int4_checkpoint.h"
+#include "model/model_config.h"
 #include "tools/testmodel/atomic_file.h"
 #include "tools/testmodel/gguf_writer.h"
 #include "tools/testmodel/safetensors_writer.h"
@@ -62,16 +63,21 @@ struct TensorDef {
   int64_t layer = -1;
   std::string role;            // GGUF short name without "blk.N." / ".weight": "attn_v", "output", ...
   int64_t permute_heads = 0;   // > 0: llama Q/K whose GGUF rows are in adjacent-pair order
+  float gguf_offset = 0.0f;    // added to the values in GGUF (Gemma norms: HF stores w - 1)
 };
 
 std::vector<TensorDef> tensor_defs(const SyntheticModelSpec& s) {
-  const int64_t hd = s.hidden / s.n_heads;
+  const int64_t hd = synthetic_head_dim(s);
   const int64_t q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
   const bool permute = s.arch == "llama";
+  const bool gemma = s.arch == "gemma3";
+  const float norm_offset = gemma ? 1.0f : 0.0f;
   std::vector<TensorDef> defs;
   auto add = [&](std::string hf, std::string gguf, std::vector<int64_t> shape, Kind kind, int64_t layer,
                  std::string role, int64_t permute_heads = 0) {
-    defs.push_back({{std::move(hf), std::move(gguf), std::move(shape)}, kind, layer, std::move(role), permute_heads});
+    const float offset = kind == Kind::kNorm ? norm_offset : 0.0f;
+    defs.push_back(
+        {{std::move(hf), std::move(gguf), std::move(shape)}, kind, layer, std::move(role), permute_heads, offset});
   };
   add("model.embed_tokens.weight", "token_embd.weight", {s.vocab, s.hidden}, Kind::kEmbed, -1, "token_embd");
   for (int64_t l = 0; l < s.n_layers; ++l) {
@@ -93,10 +99,20 @@ std::vector<TensorDef> tensor_defs(const SyntheticModelSpec& s) {
       add(hf + "self_attn.k_norm.weight", gg + "attn_k_norm.weight", {hd}, Kind::kNorm, l, "attn_k_norm");
     }
     add(hf + "self_attn.o_proj.weight", gg + "attn_output.weight", {s.hidden, q_dim}, Kind::kLinear, l, "attn_output");
-    add(hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {s.hidden}, Kind::kNorm, l, "ffn_norm");
+    if (gemma) {
+      // HF's post_attention_layernorm norms the attention output here; GGUF's ffn_norm is the pre-FFN norm.
+      add(hf + "post_attention_layernorm.weight", gg + "post_attention_norm.weight", {s.hidden}, Kind::kNorm, l,
+          "post_attention_norm");
+      add(hf + "pre_feedforward_layernorm.weight", gg + "ffn_norm.weight", {s.hidden}, Kind::kNorm, l, "ffn_norm");
+    } else {
+      add(hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {s.hidden}, Kind::kNorm, l, "ffn_norm");
+    }
     add(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {s.ffn, s.hidden}, Kind::kLinear, l, "ffn_gate");
     add(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {s.ffn, s.hidden}, Kind::kLinear, l, "ffn_up");
     add(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {s.hidden, s.ffn}, Kind::kLinear, l, "ffn_down");
+    if (gemma)
+      add(hf + "post_feedforward_layernorm.weight", gg + "post_ffw_norm.weight", {s.hidden}, Kind::kNorm, l,
+          "post_ffw_norm");
   }
   add("model.norm.weight", "output_norm.weight", {s.hidden}, Kind::kNorm, -1, "output_norm");
   if (!s.tie_embeddings) add("lm_head.weight", "output.weight", {s.vocab, s.hidden}, Kind::kHead, -1, "output");
@@ -113,7 +129,10 @@ const TensorDef* find_def(const std::vector<TensorDef>& defs, std::string_view h
 class RowGenerator {
  public:
   RowGenerator(const SyntheticModelSpec& spec, const TensorDef& def)
-      : seed_(mix64(spec.seed * kGamma ^ fnv1a64(def.info.hf_name))), kind_(def.kind), cols_(def.info.shape.back()) {
+      : seed_(mix64(spec.seed * kGamma ^ fnv1a64(def.info.hf_name))),
+        kind_(def.kind),
+        cols_(def.info.shape.back()),
+        norm_base_(1.0f - def.gguf_offset) {
     const float hidden = static_cast<float>(spec.hidden);
     switch (def.kind) {
       case Kind::kEmbed: std_ = spec.tie_embeddings ? kHeadGain / std::sqrt(hidden) : 1.0f; break;
@@ -128,7 +147,7 @@ class RowGenerator {
     const auto base = static_cast<uint64_t>(r) * static_cast<uint64_t>(cols_);
     for (int64_t c = 0; c < cols_; ++c) out[c] = unit_normal(seed_, base + static_cast<uint64_t>(c)) * std_;
     if (kind_ == Kind::kNorm)
-      for (int64_t c = 0; c < cols_; ++c) out[c] = round_for_all_float_types(1.0f + out[c]);
+      for (int64_t c = 0; c < cols_; ++c) out[c] = round_for_all_float_types(norm_base_ + out[c]);
     if (kind_ == Kind::kBias)
       for (int64_t c = 0; c < cols_; ++c) out[c] = round_for_all_float_types(out[c]);
   }
@@ -137,6 +156,7 @@ class RowGenerator {
   uint64_t seed_;
   Kind kind_;
   int64_t cols_;
+  float norm_base_;  // 1 (w ~ 1 + noise), or 0 where the file stores w - 1 (HF Gemma)
   float std_ = 1.0f;
 };
 
@@ -168,20 +188,24 @@ void store_row(QuantType type, const float* src, uint8_t* dst, int64_t k) {
   }
 }
 
-// Fills a whole tensor, rows generated and converted in parallel straight into `dst`.
+// Fills a whole tensor, rows generated and converted in parallel straight into `dst`. `gguf`:
+// GGUF's Q/K row order and values (Gemma norms + 1).
 Status fill_tensor(ThreadPool& pool, const SyntheticModelSpec& spec, const TensorDef& def, QuantType type,
-                   bool gguf_row_order, std::span<uint8_t> dst) {
+                   bool gguf, std::span<uint8_t> dst) {
   const int64_t cols = def.info.shape.back();
   const int64_t rows = def.info.shape.size() == 1 ? 1 : def.info.shape[0];
   const size_t stride = row_bytes(type, cols);
   TESSERA_CHECK(dst.size() == stride * static_cast<size_t>(rows), "{}: {} bytes for {} rows of {}", def.info.hf_name,
                 dst.size(), rows, stride);
   const RowGenerator gen(spec, def);
-  const int64_t permute = gguf_row_order ? def.permute_heads : 0;
+  const int64_t permute = gguf ? def.permute_heads : 0;
+  const float offset = gguf ? def.gguf_offset : 0.0f;
   pool.parallel_for(rows, kRowsPerTask, [&](int64_t begin, int64_t end, int) {
     std::vector<float> buf(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
       gen.row(hf_row_of_gguf_row(r, rows, permute), buf.data());
+      if (offset != 0.0f)
+        for (float& v : buf) v += offset;  // exact: the values are bf16-precise and near 0
       store_row(type, buf.data(), dst.data() + static_cast<size_t>(r) * stride, cols);
     }
   });
@@ -232,44 +256,82 @@ std::string_view torch_dtype(QuantType t) {
   }
 }
 
+// Gemma 3's config.json (transformers' Gemma3TextConfig fields; no softcapping).
+nlohmann::ordered_json gemma3_config(const SyntheticModelSpec& s) {
+  const int64_t hd = synthetic_head_dim(s);
+  nlohmann::ordered_json c;
+  c["architectures"] = {"Gemma3ForCausalLM"};
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = kSyntheticBosId;
+  c["eos_token_id"] = kSyntheticEosId;
+  c["head_dim"] = hd;
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  c["hidden_size"] = s.hidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = s.ffn;
+  std::vector<std::string> layer_types;
+  for (bool local : gemma_local_layers(s.n_layers, s.sliding_window_pattern))
+    layer_types.emplace_back(local ? "sliding_attention" : "full_attention");
+  c["layer_types"] = layer_types;
+  c["max_position_embeddings"] = s.max_positions;
+  c["model_type"] = "gemma3_text";
+  c["num_attention_heads"] = s.n_heads;
+  c["num_hidden_layers"] = s.n_layers;
+  c["num_key_value_heads"] = s.n_kv_heads;
+  c["query_pre_attn_scalar"] = hd;
+  c["rms_norm_eps"] = json_float(s.rms_eps);
+  c["rope_local_base_freq"] = 10000.0;
+  c["rope_scaling"] = nullptr;
+  c["rope_theta"] = json_float(s.rope_theta);
+  c["sliding_window"] = s.sliding_window;
+  c["sliding_window_pattern"] = s.sliding_window_pattern;
+  c["tie_word_embeddings"] = s.tie_embeddings;
+  return c;
+}
+
 Result<std::string> hf_config_json(const SyntheticModelSpec& s) {
   using ojson = nlohmann::ordered_json;
-  const int64_t hd = s.hidden / s.n_heads;
+  const int64_t hd = synthetic_head_dim(s);
   try {
     ojson c;
-    if (s.arch == "llama") {
-      c["architectures"] = {"LlamaForCausalLM"};
-      c["attention_bias"] = false;
-      c["mlp_bias"] = false;
-    } else if (s.arch == "qwen2") {
-      c["architectures"] = {"Qwen2ForCausalLM"};
+    if (s.arch == "gemma3") {
+      c = gemma3_config(s);
     } else {
-      c["architectures"] = {"Qwen3ForCausalLM"};
-      c["attention_bias"] = false;
+      if (s.arch == "llama") {
+        c["architectures"] = {"LlamaForCausalLM"};
+        c["attention_bias"] = false;
+        c["mlp_bias"] = false;
+      } else if (s.arch == "qwen2") {
+        c["architectures"] = {"Qwen2ForCausalLM"};
+      } else {
+        c["architectures"] = {"Qwen3ForCausalLM"};
+        c["attention_bias"] = false;
+      }
+      c["attention_dropout"] = 0.0;
+      c["bos_token_id"] = kSyntheticBosId;
+      c["eos_token_id"] = kSyntheticEosId;
+      c["head_dim"] = hd;
+      c["hidden_act"] = "silu";
+      c["hidden_size"] = s.hidden;
+      c["initializer_range"] = 0.02;
+      c["intermediate_size"] = s.ffn;
+      c["max_position_embeddings"] = s.max_positions;
+      if (s.arch != "llama") c["max_window_layers"] = s.n_layers;
+      c["model_type"] = s.arch;
+      c["num_attention_heads"] = s.n_heads;
+      c["num_hidden_layers"] = s.n_layers;
+      c["num_key_value_heads"] = s.n_kv_heads;
+      if (s.arch == "llama") c["pretraining_tp"] = 1;
+      c["rms_norm_eps"] = json_float(s.rms_eps);
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = json_float(s.rope_theta);
+      if (s.arch != "llama") {
+        c["sliding_window"] = nullptr;
+        c["use_sliding_window"] = false;
+      }
+      c["tie_word_embeddings"] = s.tie_embeddings;
     }
-    c["attention_dropout"] = 0.0;
-    c["bos_token_id"] = kSyntheticBosId;
-    c["eos_token_id"] = kSyntheticEosId;
-    c["head_dim"] = hd;
-    c["hidden_act"] = "silu";
-    c["hidden_size"] = s.hidden;
-    c["initializer_range"] = 0.02;
-    c["intermediate_size"] = s.ffn;
-    c["max_position_embeddings"] = s.max_positions;
-    if (s.arch != "llama") c["max_window_layers"] = s.n_layers;
-    c["model_type"] = s.arch;
-    c["num_attention_heads"] = s.n_heads;
-    c["num_hidden_layers"] = s.n_layers;
-    c["num_key_value_heads"] = s.n_kv_heads;
-    if (s.arch == "llama") c["pretraining_tp"] = 1;
-    c["rms_norm_eps"] = json_float(s.rms_eps);
-    c["rope_scaling"] = nullptr;
-    c["rope_theta"] = json_float(s.rope_theta);
-    if (s.arch != "llama") {
-      c["sliding_window"] = nullptr;
-      c["use_sliding_window"] = false;
-    }
-    c["tie_word_embeddings"] = s.tie_embeddings;
     if (s.hf_int4_packing == "awq") {
       c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128},
                                   {"zero_point", !s.int4_sym}, {"version", "gemm"}};
@@ -302,7 +364,7 @@ Status make_dir(const std::string& dir) {
 }  // namespace
 
 const std::vector<std::string>& synthetic_preset_names() {
-  static const std::vector<std::string> kNames = {"tiny", "gqa4", "110m", "1.1b", "llama3-8b"};
+  static const std::vector<std::string> kNames = {"tiny", "gqa4", "110m", "1.1b", "llama3-8b", "gemma3-tiny"};
   return kNames;
 }
 
@@ -328,6 +390,18 @@ Result<SyntheticModelSpec> synthetic_preset(std::string_view name) {
   } else if (name == "llama3-8b") {
     set(4096, 32, 32, 8, 14336, 128256, 8192);
     s.rope_theta = 500000.0f;
+  } else if (name == "gemma3-tiny") {
+    // Both kinds of layer (0-4 and 6 local, 5 global) and a window short enough for tests of
+    // ~40 tokens to cross it; head_dim 64 != hidden / heads, as in Gemma 3 1B (1152 / 4 = 288).
+    set(128, 7, 4, 1, 384, 2048, 1024);
+    s.arch = "gemma3";
+    s.head_dim = 64;
+    s.qk_norm = true;
+    s.tie_embeddings = true;
+    s.rope_theta = 1000000.0f;
+    s.rms_eps = 1e-6f;
+    s.sliding_window = 8;
+    s.sliding_window_pattern = 6;
   } else {
     return Status::not_found(fmt::format("unknown synthetic preset '{}' (known: {})", name,
                                          fmt::join(synthetic_preset_names(), ", ")));
@@ -337,15 +411,19 @@ Result<SyntheticModelSpec> synthetic_preset(std::string_view name) {
 
 Status validate_synthetic_spec(const SyntheticModelSpec& s) {
   auto bad = [](std::string m) { return Status::invalid_argument("synthetic model: " + std::move(m)); };
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
-    return bad(fmt::format("arch '{}' is not llama, qwen2 or qwen3", s.arch));
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3")
+    return bad(fmt::format("arch '{}' is not llama, qwen2, qwen3 or gemma3", s.arch));
   const std::pair<const char*, int64_t> sizes[] = {{"hidden", s.hidden},   {"n_layers", s.n_layers},
                                                    {"n_heads", s.n_heads}, {"n_kv_heads", s.n_kv_heads},
                                                    {"ffn", s.ffn},         {"max_positions", s.max_positions}};
   for (const auto& [field, v] : sizes)
     if (v <= 0 || v > (int64_t{1} << 20)) return bad(fmt::format("{} = {} outside [1, 2^20]", field, v));
-  if (s.hidden % s.n_heads != 0) return bad(fmt::format("hidden {} is not a multiple of n_heads {}", s.hidden, s.n_heads));
-  if ((s.hidden / s.n_heads) % 2 != 0) return bad(fmt::format("head_dim {} is odd (RoPE needs pairs)", s.hidden / s.n_heads));
+  if (s.head_dim < 0 || s.head_dim > (int64_t{1} << 16))
+    return bad(fmt::format("head_dim = {} outside [0, 2^16] (0: hidden / n_heads)", s.head_dim));
+  if (s.head_dim == 0 && s.hidden % s.n_heads != 0)
+    return bad(fmt::format("hidden {} is not a multiple of n_heads {} (and head_dim is 0)", s.hidden, s.n_heads));
+  const int64_t hd = synthetic_head_dim(s);
+  if (hd % 2 != 0) return bad(fmt::format("head_dim {} is odd (RoPE needs pairs)", hd));
   if (s.n_heads % s.n_kv_heads != 0)
     return bad(fmt::format("n_heads {} is not a multiple of n_kv_heads {}", s.n_heads, s.n_kv_heads));
   if (s.vocab < synthetic_vocab_min_size() || s.vocab > (int64_t{1} << 24))
@@ -354,10 +432,26 @@ Status validate_synthetic_spec(const SyntheticModelSpec& s) {
   if (!(s.rms_eps > 0.0f) || !std::isfinite(s.rms_eps)) return bad(fmt::format("rms_eps = {}", s.rms_eps));
   if (s.qkv_bias != (s.arch == "qwen2"))
     return bad(fmt::format("qkv_bias = {} with arch '{}' (q/k/v biases go with qwen2 and only qwen2)", s.qkv_bias, s.arch));
-  if (s.qk_norm != (s.arch == "qwen3"))
-    return bad(fmt::format("qk_norm = {} with arch '{}' (q/k norms go with qwen3 and only qwen3)", s.qk_norm, s.arch));
+  const bool gemma = s.arch == "gemma3";
+  if (s.qk_norm != (s.arch == "qwen3" || gemma))
+    return bad(fmt::format("qk_norm = {} with arch '{}' (q/k norms go with qwen3 and gemma3 only)", s.qk_norm, s.arch));
+  if (gemma) {
+    if (!s.tie_embeddings) return bad("tie_embeddings = false with arch 'gemma3' (Gemma 3 ties its LM head)");
+    if (s.sliding_window <= 0 || s.sliding_window > s.max_positions)
+      return bad(fmt::format("sliding_window = {} outside [1, max_positions {}] with arch 'gemma3'", s.sliding_window,
+                             s.max_positions));
+    if (s.sliding_window_pattern < 1 || s.sliding_window_pattern > (int64_t{1} << 20))
+      return bad(fmt::format("sliding_window_pattern = {} outside [1, 2^20]", s.sliding_window_pattern));
+  } else if (s.sliding_window != 0) {
+    return bad(fmt::format("sliding_window = {} with arch '{}' (windows go with gemma3 only)", s.sliding_window, s.arch));
+  }
   if (s.hf_shards < 1) return bad(fmt::format("hf_shards = {}", s.hf_shards));
   return Status::ok();
+}
+
+int64_t synthetic_head_dim(const SyntheticModelSpec& spec) {
+  if (spec.head_dim > 0) return spec.head_dim;
+  return spec.n_heads > 0 ? spec.hidden / spec.n_heads : 0;
 }
 
 std::vector<SyntheticTensorInfo> synthetic_tensors(const SyntheticModelSpec& spec) {
@@ -528,7 +622,7 @@ Status write_synthetic_gguf(const SyntheticModelSpec& spec, const std::string& p
     return Status::invalid_argument(fmt::format("{}: cannot write {} weights to GGUF", path, quant_name(spec.weight_type)));
   TESSERA_ASSIGN_OR_RETURN(SyntheticVocab vocab, build_synthetic_vocab(spec.vocab));
 
-  const int64_t hd = spec.hidden / spec.n_heads;
+  const int64_t hd = synthetic_head_dim(spec);
   const std::string& a = spec.arch;
   auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
   GgufWriter w;
@@ -547,6 +641,12 @@ Status write_synthetic_gguf(const SyntheticModelSpec& spec, const std::string& p
   w.set_f32(a + ".rope.freq_base", spec.rope_theta);
   w.set_u32(a + ".rope.dimension_count", u32(hd));
   w.set_u32(a + ".vocab_size", u32(spec.vocab));
+  if (a == "gemma3") {
+    w.set_u32(a + ".attention.sliding_window", u32(spec.sliding_window));
+    // llama.cpp's gemma3 files carry no pattern (it assumes 6); written only for another one.
+    if (spec.sliding_window_pattern != 6)
+      w.set_u32(a + ".attention.sliding_window_pattern", u32(spec.sliding_window_pattern));
+  }
   w.set_u32("general.file_type", synthetic_gguf_file_type(spec));
   w.set_u32("general.quantization_version", 2);
   w.set_string("tokenizer.ggml.model", "llama");

@@ -1,6 +1,7 @@
-// Tessera's synthetic models: deterministic random-weight Llama / Qwen2 / Qwen3 decoders of any
-// size, written as a Hugging Face directory or as a GGUF file. The "tiny" preset is the
-// project's embedded default model (README quick start, tests, benchmarks).
+// Tessera's synthetic models: deterministic random-weight Llama / Qwen2 / Qwen3 / Gemma 3 decoders
+// of any size, written as a Hugging Face directory or as a GGUF file. The "tiny" preset is the
+// project's embedded default model (README quick start, tests, benchmarks); "gemma3-tiny" is a
+// small Gemma 3 (local and global layers, a short window) for the Gemma tests.
 //
 // Same spec => same model in every output: weights are generated in fp32 from the seed (each
 // tensor from its own counter-based stream, so values do not depend on the order or the number
@@ -8,6 +9,10 @@
 // GGUF of one spec hold bitwise-equal tensors once the GGUF loader has undone llama.cpp's Q/K row
 // permutation. Norm weights and biases are rounded to bf16 precision when generated, so they are
 // exact in F32, F16 and BF16 files alike.
+//
+// Gemma 3 norms: Hugging Face checkpoints store w - 1 (the model applies 1 + w), GGUF files w.
+// The generator draws d = w - 1 rounded to bf16 precision; the HF file holds d, the GGUF file
+// 1 + d (exact in F32), so after the HF loader's + 1 both give bitwise-equal F32 norm weights.
 //
 // Scales (so that activations stay O(1) for every preset size and attention is not uniform):
 // linear weights ~ N(0, 1/in_features), the token embedding ~ N(0, 1) and the LM head
@@ -28,16 +33,24 @@
 namespace tessera {
 
 struct SyntheticModelSpec {
-  std::string arch = "llama";   // "llama", "qwen2" (needs qkv_bias) or "qwen3" (needs qk_norm)
+  // "llama", "qwen2" (needs qkv_bias), "qwen3" (needs qk_norm) or "gemma3" (needs qk_norm and
+  // tie_embeddings; adds the post-attention, pre-FFN and post-FFN norms, GeGLU, the sqrt(hidden)
+  // embedding scale, softmax scale 1 / sqrt(head_dim), RoPE base 10,000 on the local layers).
+  std::string arch = "llama";
   int64_t hidden = 128;
   int64_t n_layers = 4;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 2;
+  int64_t head_dim = 0;         // 0: hidden / n_heads
   int64_t ffn = 384;
   int64_t vocab = 2048;
   int64_t max_positions = 1024;
-  float rope_theta = 10000.0f;
+  float rope_theta = 10000.0f;  // gemma3: the global layers' base
   float rms_eps = 1e-5f;
+  // gemma3 only: the local layers' window (a query at p sees keys (p - window, p]) and the layer
+  // pattern, layer l global when (l + 1) % sliding_window_pattern == 0 (Gemma 3: 6).
+  int64_t sliding_window = 0;
+  int64_t sliding_window_pattern = 6;
   bool tie_embeddings = false;
   uint64_t seed = 1234;
   // HF: F32, F16 or BF16. GGUF: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A matrix whose
@@ -48,7 +61,7 @@ struct SyntheticModelSpec {
   // and for attn_v / ffn_down of the even-numbered layers.
   bool gguf_mixed_q4_k_m = false;
   bool qkv_bias = false;        // q/k/v projection biases (Qwen2)
-  bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3)
+  bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3, Gemma 3)
   int hf_shards = 1;            // HF only: > 1 writes model-0000i-of-0000N.safetensors + index
   // HF only: "awq" or "gptq" writes the linear layers (q, k, v, o, gate, up, down) as a 4-bit
   // pre-quantized checkpoint (qweight / qzeros / scales, + g_idx for GPTQ, group 128,
@@ -61,7 +74,9 @@ struct SyntheticModelSpec {
   bool gptq_act_order = false;  // tests: write a permuted (act-order) g_idx, which loaders refuse
 };
 
-// Presets: "tiny" (the default), "gqa4", "110m", "1.1b", "llama3-8b". NotFound lists the names.
+// Presets: "tiny" (the default), "gqa4", "110m", "1.1b", "llama3-8b", "gemma3-tiny" (hidden 128,
+// 4 heads of 64, 1 KV head, 7 layers: 5 local (window 8), 1 global, 1 local). NotFound lists the
+// names.
 Result<SyntheticModelSpec> synthetic_preset(std::string_view name);
 const std::vector<std::string>& synthetic_preset_names();
 
@@ -75,9 +90,14 @@ Status write_synthetic_hf(const SyntheticModelSpec& spec, const std::string& dir
 
 // Writes one GGUF v3 file: hyper-parameters, tokenizer, chat template and tensors named as
 // llama.cpp names them, Q/K rows of "llama" in llama.cpp's adjacent-pair order, norms and biases F32.
+// gemma3: `gemma3.attention.sliding_window`, and `gemma3.attention.sliding_window_pattern` only
+// when the pattern is not llama.cpp's assumed 6.
 Status write_synthetic_gguf(const SyntheticModelSpec& spec, const std::string& path);
 
 // ---- introspection (tests, tools) ----
+
+// spec.head_dim, or hidden / n_heads when it is 0.
+int64_t synthetic_head_dim(const SyntheticModelSpec& spec);
 
 struct SyntheticTensorInfo {
   std::string hf_name;          // "model.layers.0.self_attn.q_proj.weight"
@@ -90,7 +110,8 @@ struct SyntheticTensorInfo {
 std::vector<SyntheticTensorInfo> synthetic_tensors(const SyntheticModelSpec& spec);
 
 // The fp32 values of one tensor in HF layout (row-major, HF rotate-half Q/K order), exactly
-// what the writers convert from. NotFound for a name not in synthetic_tensors().
+// what the writers convert from (Gemma 3 norms as the HF file stores them, w - 1; the GGUF file
+// holds these + 1). NotFound for a name not in synthetic_tensors().
 Result<std::vector<float>> synthetic_tensor_values(const SyntheticModelSpec& spec, std::string_view hf_name);
 
 // The type a tensor is stored in by write_synthetic_gguf (after the mix and fallbacks).

@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/mapped_file.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
@@ -97,6 +99,17 @@ TEST(SyntheticPreset, AllPresetsAreValid) {
   EXPECT_EQ(synthetic_preset("1.1b")->n_layers, 22);
   EXPECT_EQ(synthetic_preset("110m")->hidden, 768);
   EXPECT_EQ(synthetic_preset("gqa4")->n_heads, 8);
+  const SyntheticModelSpec g3 = synthetic_preset("gemma3-tiny").value();
+  EXPECT_EQ(g3.arch, "gemma3");
+  EXPECT_EQ(g3.hidden, 128);
+  EXPECT_EQ(g3.n_layers, 7);
+  EXPECT_EQ(g3.n_heads, 4);
+  EXPECT_EQ(g3.n_kv_heads, 1);
+  EXPECT_EQ(synthetic_head_dim(g3), 64);
+  EXPECT_EQ(g3.sliding_window, 8);
+  EXPECT_TRUE(g3.qk_norm);
+  EXPECT_TRUE(g3.tie_embeddings);
+  EXPECT_FLOAT_EQ(g3.rope_theta, 1e6f);
 
   auto unknown = synthetic_preset("70b");
   ASSERT_FALSE(unknown.is_ok());
@@ -124,6 +137,21 @@ TEST(SyntheticPreset, ValidationNamesTheField) {
   };
   for (const Case& c : cases) {
     SyntheticModelSpec s = small_spec();
+    c.mutate(s);
+    const Status st = validate_synthetic_spec(s);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(st.message().find(c.expected), std::string::npos) << c.what << ": " << st.message();
+  }
+  const Case gemma_cases[] = {
+      {"gemma3 q/k norms", [](SyntheticModelSpec& s) { s.qk_norm = false; }, "qk_norm"},
+      {"gemma3 untied", [](SyntheticModelSpec& s) { s.tie_embeddings = false; }, "tie_embeddings"},
+      {"gemma3 no window", [](SyntheticModelSpec& s) { s.sliding_window = 0; }, "sliding_window"},
+      {"gemma3 pattern", [](SyntheticModelSpec& s) { s.sliding_window_pattern = 0; }, "sliding_window_pattern"},
+      {"odd head_dim", [](SyntheticModelSpec& s) { s.head_dim = 63; }, "head_dim"},
+      {"llama window", [](SyntheticModelSpec& s) { s = small_spec(); s.sliding_window = 8; }, "sliding_window"},
+  };
+  for (const Case& c : gemma_cases) {
+    SyntheticModelSpec s = synthetic_preset("gemma3-tiny").value();
     c.mutate(s);
     const Status st = validate_synthetic_spec(s);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.what;
@@ -487,6 +515,176 @@ TEST(SyntheticModel, QwenVariantsMatchAcrossFormats) {
     EXPECT_TRUE((*hf)->has(extra));
     EXPECT_TRUE((*gguf)->has(extra));
     expect_same_tensors(**hf, **gguf);
+  }
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if ((a.data == nullptr) != (b.data == nullptr)) return false;
+  if (a.data == nullptr) return true;
+  return a.type == b.type && a.shape_string() == b.shape_string() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+// Gemma 3: the HF directory stores norms as w - 1 (config norm offset 1), the GGUF file as w
+// (offset 0), Q/K unpermuted in both; once bound, every weight is bitwise the same.
+TEST(SyntheticModel, Gemma3HfAndF32GgufAreTheSameModel) {
+  TempDir dir;
+  SyntheticModelSpec spec = synthetic_preset("gemma3-tiny").value();
+  spec.vocab = 512;
+  ASSERT_TRUE(write_synthetic_hf(spec, dir / "hf").is_ok());
+  ASSERT_TRUE(write_synthetic_gguf(spec, dir / "m.gguf").is_ok());
+
+  const auto config = nlohmann::json::parse(read_bytes(dir / "hf/config.json"));
+  EXPECT_EQ(config["model_type"], "gemma3_text");
+  EXPECT_EQ(config["architectures"][0], "Gemma3ForCausalLM");
+  EXPECT_EQ(config["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_FALSE(config.contains("hidden_act"));
+  EXPECT_EQ(config["query_pre_attn_scalar"], 64);
+  EXPECT_EQ(config["head_dim"], 64);
+  EXPECT_EQ(config["sliding_window"], 8);
+  EXPECT_EQ(config["layer_types"][5], "full_attention");
+  EXPECT_EQ(config["layer_types"][6], "sliding_attention");
+  EXPECT_EQ(config["tie_word_embeddings"], true);
+
+  auto hf = WeightStore::open(dir / "hf");
+  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+  auto gguf = WeightStore::open(dir / "m.gguf");
+  ASSERT_TRUE(gguf.is_ok()) << gguf.status().to_string();
+  const std::vector<bool> local = {true, true, true, true, true, false, true};
+  for (const ModelConfig* c : {&(*hf)->config(), &(*gguf)->config()}) {
+    SCOPED_TRACE(c == &(*hf)->config() ? "hf" : "gguf");
+    EXPECT_EQ(c->arch, Architecture::kGemma3);
+    EXPECT_EQ(c->hidden, 128);
+    EXPECT_EQ(c->n_layers, 7);
+    EXPECT_EQ(c->n_heads, 4);
+    EXPECT_EQ(c->n_kv_heads, 1);
+    EXPECT_EQ(c->head_dim, 64);
+    EXPECT_EQ(c->ffn, 384);
+    EXPECT_EQ(c->vocab, 512);
+    EXPECT_EQ(c->sliding_window, 8);
+    EXPECT_EQ(c->local_layers, local);
+    EXPECT_TRUE(c->is_local_layer(6));
+    EXPECT_FALSE(c->is_local_layer(5));
+    EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+    EXPECT_FLOAT_EQ(c->rope_theta_local, 10000.0f);
+    EXPECT_FLOAT_EQ(c->query_pre_attn_scalar, 64.0f);
+    EXPECT_FLOAT_EQ(c->rms_eps, 1e-6f);
+    EXPECT_TRUE(c->qk_norm);
+    EXPECT_FALSE(c->qkv_bias);
+    EXPECT_TRUE(c->tie_embeddings);
+    EXPECT_EQ(c->bos_id, 1);
+  }
+  EXPECT_EQ((*hf)->config().norm_weight_offset, 1.0f);
+  EXPECT_EQ((*gguf)->config().norm_weight_offset, 0.0f);
+
+  // The files: GGUF keys and names as llama.cpp writes a gemma3 file, no LM head, no pattern key.
+  auto g = GgufFile::open(dir / "m.gguf");
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  EXPECT_EQ(*(*g)->get_string("general.architecture"), "gemma3");
+  EXPECT_EQ(*(*g)->get_int("gemma3.attention.sliding_window"), 8);
+  EXPECT_EQ(*(*g)->get_int("gemma3.attention.key_length"), 64);
+  EXPECT_FALSE((*g)->has("gemma3.attention.sliding_window_pattern"));
+  EXPECT_EQ((*g)->find_tensor("output.weight"), nullptr);
+  for (const char* t : {"blk.0.post_attention_norm.weight", "blk.0.ffn_norm.weight", "blk.0.post_ffw_norm.weight",
+                        "blk.6.attn_q_norm.weight", "blk.6.attn_k_norm.weight"})
+    EXPECT_NE((*g)->find_tensor(t), nullptr) << t;
+
+  // Raw tensors: the same names; norms differ by exactly 1, everything else (Q/K included) is equal.
+  const std::vector<std::string> names = (*hf)->names();
+  EXPECT_EQ(names.size(), (*gguf)->names().size());
+  int norms = 0;
+  for (const std::string& name : names) {
+    auto a = (*hf)->get(name);
+    auto b = (*gguf)->get(name);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    ASSERT_TRUE(b.is_ok()) << name << ": " << b.status().to_string();
+    ASSERT_EQ(a->type, QuantType::kF32) << name;
+    ASSERT_EQ(b->type, QuantType::kF32) << name;
+    ASSERT_EQ(a->shape_string(), b->shape_string()) << name;
+    const auto values = synthetic_tensor_values(spec, name).value();
+    ASSERT_EQ(values.size(), static_cast<size_t>(a->numel())) << name;
+    EXPECT_EQ(std::memcmp(values.data(), a->data, a->nbytes()), 0) << name << ": HF differs from the generator";
+    const bool norm = name.find("norm.weight") != std::string::npos;
+    norms += norm;
+    const auto* hv = static_cast<const float*>(a->data);
+    const auto* gv = static_cast<const float*>(b->data);
+    for (int64_t i = 0; i < a->numel(); ++i) {
+      const float want = norm ? hv[i] + 1.0f : hv[i];
+      ASSERT_EQ(std::memcmp(&want, &gv[i], 4), 0) << name << "[" << i << "]: HF " << hv[i] << ", GGUF " << gv[i];
+    }
+  }
+  EXPECT_EQ(norms, 7 * 6 + 1);
+
+  auto wh = bind_model_weights(**hf);
+  ASSERT_TRUE(wh.is_ok()) << wh.status().to_string();
+  auto wg = bind_model_weights(**gguf);
+  ASSERT_TRUE(wg.is_ok()) << wg.status().to_string();
+  EXPECT_TRUE(same_view(wh->embed, wg->embed));
+  EXPECT_TRUE(same_view(wh->final_norm, wg->final_norm));
+  EXPECT_EQ(wh->lm_head.data, wh->embed.data);
+  EXPECT_EQ(wg->lm_head.data, wg->embed.data);
+  ASSERT_EQ(wh->layers.size(), 7u);
+  ASSERT_EQ(wg->layers.size(), 7u);
+  for (size_t l = 0; l < wh->layers.size(); ++l) {
+    const LayerWeights& a = wh->layers[l];
+    const LayerWeights& b = wg->layers[l];
+    const std::pair<const char*, std::pair<const TensorView*, const TensorView*>> views[] = {
+        {"attn_norm", {&a.attn_norm, &b.attn_norm}},     {"wq", {&a.wq, &b.wq}},
+        {"wk", {&a.wk, &b.wk}},                          {"wv", {&a.wv, &b.wv}},
+        {"wo", {&a.wo, &b.wo}},                          {"q_norm", {&a.q_norm, &b.q_norm}},
+        {"k_norm", {&a.k_norm, &b.k_norm}},              {"ffn_norm", {&a.ffn_norm, &b.ffn_norm}},
+        {"post_attn_norm", {&a.post_attn_norm, &b.post_attn_norm}},
+        {"post_ffn_norm", {&a.post_ffn_norm, &b.post_ffn_norm}},
+        {"w_gate", {&a.w_gate, &b.w_gate}},              {"w_up", {&a.w_up, &b.w_up}},
+        {"w_down", {&a.w_down, &b.w_down}}};
+    for (const auto& [what, v] : views) {
+      ASSERT_NE(v.first->data, nullptr) << "layer " << l << " " << what;
+      EXPECT_TRUE(same_view(*v.first, *v.second)) << "layer " << l << " " << what << " differs between HF and GGUF";
+    }
+    EXPECT_EQ(a.bq.data, nullptr);
+  }
+  // The bound norms are 1 + (w - 1): near 1, not near 0.
+  const auto* post = static_cast<const float*>(wh->layers[3].post_ffn_norm.data);
+  EXPECT_NEAR(post[0], 1.0f, 0.1f);
+  EXPECT_NE(post[0], 1.0f);
+}
+
+// A 16-bit HF Gemma file holds the same norms (w - 1 is exact in bf16 and f16).
+TEST(SyntheticModel, Gemma3NormsAreExactIn16BitFiles) {
+  TempDir dir;
+  SyntheticModelSpec spec = synthetic_preset("gemma3-tiny").value();
+  spec.vocab = 512;
+  spec.n_layers = 2;
+  ASSERT_TRUE(write_synthetic_gguf(spec, dir / "m.gguf").is_ok());
+  auto gguf = WeightStore::open(dir / "m.gguf");
+  ASSERT_TRUE(gguf.is_ok()) << gguf.status().to_string();
+  auto wg = bind_model_weights(**gguf);
+  ASSERT_TRUE(wg.is_ok());
+  for (QuantType type : {QuantType::kBF16, QuantType::kF16}) {
+    SCOPED_TRACE(std::string(quant_name(type)));
+    spec.weight_type = type;
+    const std::string path = dir / (std::string("hf-") + std::string(quant_name(type)));
+    ASSERT_TRUE(write_synthetic_hf(spec, path).is_ok());
+    auto hf = WeightStore::open(path);
+    ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+    auto wh = bind_model_weights(**hf);
+    ASSERT_TRUE(wh.is_ok()) << wh.status().to_string();
+    EXPECT_TRUE(same_view(wh->final_norm, wg->final_norm));
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_TRUE(same_view(wh->layers[l].post_attn_norm, wg->layers[l].post_attn_norm)) << l;
+      EXPECT_TRUE(same_view(wh->layers[l].ffn_norm, wg->layers[l].ffn_norm)) << l;
+      EXPECT_TRUE(same_view(wh->layers[l].q_norm, wg->layers[l].q_norm)) << l;
+    }
+  }
+  // Another layer pattern reaches both files' configs (the GGUF one through its pattern key).
+  spec.weight_type = QuantType::kF32;
+  spec.n_layers = 4;
+  spec.sliding_window_pattern = 2;
+  ASSERT_TRUE(write_synthetic_gguf(spec, dir / "p2.gguf").is_ok());
+  ASSERT_TRUE(write_synthetic_hf(spec, dir / "p2").is_ok());
+  for (const std::string path : {dir / "p2.gguf", dir / "p2"}) {
+    auto c = load_model_config(path);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_EQ(c->local_layers, (std::vector<bool>{true, false, true, false})) << path;
   }
 }
 
