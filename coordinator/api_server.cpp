@@ -500,7 +500,8 @@ struct ApiServer::Impl {
                             {"object", "model"},
                             {"created", unix_now()},
                             {"owned_by", "tessera"},
-                            {"max_model_len", o.max_positions}}}}});
+                            {"max_model_len", o.max_positions},
+                            {"chat_template", o.chat_template_source}}}}});
     }
     if (p == "/metrics") {
       if (!get) return error(r, 405, "use GET");
@@ -515,6 +516,7 @@ struct ApiServer::Impl {
                          {"bos_token_id", tok->bos_id()},
                          {"eos_token_ids", tok->eos_ids()},
                          {"has_chat_template", chat != nullptr},
+                         {"chat_template", o.chat_template_source},
                          {"max_model_len", o.max_positions}});
     }
     if (p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" || p == "/detokenize") {

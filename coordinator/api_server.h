@@ -23,6 +23,9 @@ struct ApiServerOptions {
   int port = 8000;                 // 0: ephemeral
   size_t max_body_bytes = 8 << 20;
   int64_t max_positions = 0;       // context length
+  // Where the chat template came from ("model", "builtin:gemma3", "--chat-template PATH"; "" when
+  // none), reported by /v1/models and /tokenizer_info.
+  std::string chat_template_source;
 };
 
 class ApiServer {

@@ -17,6 +17,7 @@
 #include "coordinator/shard_launcher.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "template/builtin_chat_template.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -58,7 +59,7 @@ int fail(const std::string& message) {
 }
 
 // The model's own chat template: GGUF metadata (read without mapping the weights) or the
-// tokenizer_config.json beside an HF model.
+// tokenizer_config.json beside an HF model. NotFound when the model has none.
 Result<ChatTemplate> model_chat_template(const std::string& model_path) {
   TESSERA_ASSIGN_OR_RETURN(const ModelPath where, resolve_model_path(model_path));
   if (where.format == ModelFormat::kGguf) {
@@ -66,6 +67,43 @@ Result<ChatTemplate> model_chat_template(const std::string& model_path) {
     return ChatTemplate::from_gguf(*gguf);
   }
   return ChatTemplate::from_tokenizer_config((std::filesystem::path(model_path) / "tokenizer_config.json").string());
+}
+
+// The chat template the server renders conversations with, and where it came from.
+struct ServedChatTemplate {
+  std::unique_ptr<ChatTemplate> chat;  // null: /v1/chat/completions is off
+  std::string source;                  // "--chat-template <path>", "model", "builtin:<arch>"; "" when none
+};
+
+// --chat-template, else the model's own template, else (when the model has none) the one Tessera
+// ships for its architecture (template/builtin_chat_template.h). A template that fails to parse
+// is an error for --chat-template and a warning (chat off) for the model's.
+Result<ServedChatTemplate> served_chat_template(const ServerOptions& o, const ModelConfig& config) {
+  ServedChatTemplate served;
+  if (!o.chat_template_path.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(const std::string source, read_text_file(o.chat_template_path));
+    auto t = ChatTemplate::parse(source);
+    if (!t.is_ok()) return t.status().with_context(o.chat_template_path);
+    served.chat = std::make_unique<ChatTemplate>(std::move(t).value());
+    served.source = "--chat-template " + o.chat_template_path;
+    return served;
+  }
+  Result<ChatTemplate> own = model_chat_template(o.model_path);
+  if (own.is_ok()) {
+    served.chat = std::make_unique<ChatTemplate>(std::move(own).value());
+    served.source = "model";
+    return served;
+  }
+  if (own.status().code() == StatusCode::kNotFound) {
+    Result<ChatTemplate> builtin = builtin_chat_template(config.arch);
+    if (builtin.is_ok()) {
+      served.chat = std::make_unique<ChatTemplate>(std::move(builtin).value());
+      served.source = "builtin:" + std::string(architecture_name(config.arch));
+      return served;
+    }
+  }
+  TESSERA_LOG_WARN("no chat template ({}): /v1/chat/completions is off", own.status().message());
+  return served;
 }
 
 }  // namespace
@@ -89,18 +127,10 @@ int run_server(const ServerOptions& o) {
   const ModelConfig& config = *loaded;
   auto tokenizer = load_tokenizer_for_model(o.model_path);
   if (!tokenizer.is_ok()) return fail(tokenizer.status().to_string());
-  std::unique_ptr<ChatTemplate> chat;
-  if (!o.chat_template_path.empty()) {
-    auto source = read_text_file(o.chat_template_path);
-    if (!source.is_ok()) return fail(source.status().to_string());
-    auto t = ChatTemplate::parse(*source);
-    if (!t.is_ok()) return fail(t.status().with_context(o.chat_template_path).to_string());
-    chat = std::make_unique<ChatTemplate>(std::move(t).value());
-  } else {
-    Result<ChatTemplate> t = model_chat_template(o.model_path);
-    if (t.is_ok()) chat = std::make_unique<ChatTemplate>(std::move(t).value());
-    else TESSERA_LOG_WARN("no chat template ({}): /v1/chat/completions is off", t.status().message());
-  }
+  auto served_chat = served_chat_template(o, config);
+  if (!served_chat.is_ok()) return fail(served_chat.status().to_string());
+  std::unique_ptr<ChatTemplate> chat = std::move(served_chat->chat);
+  if (chat) TESSERA_LOG_INFO("chat template: {}", served_chat->source);
   Status sched_ok = validate_scheduler_config(o.scheduler);
   if (!sched_ok.is_ok()) return fail(sched_ok.to_string());
 
@@ -174,6 +204,7 @@ int run_server(const ServerOptions& o) {
   ao.port = o.port;
   ao.max_body_bytes = o.max_body_bytes;
   ao.max_positions = config.max_positions;
+  ao.chat_template_source = served_chat->source;
   const SchedulerConfig sched = o.scheduler;
   auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
                               [sched] { return scheduler_config_prometheus(sched); });

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/default_model.h"
 #include "cli/flags.h"
 #include "common/status.h"
 #include "coordinator/server.h"
@@ -25,7 +26,7 @@ struct ServerCli {
 
   void add_to(CLI::App& app, bool spawns_shards) {
     ServerOptions& o = options;
-    app.add_option("--model", o.model_path, "HF model directory or .gguf file")->required();
+    cli::add_model_flag(app, o.model_path, "HF model directory or .gguf file");
     app.add_option("--model-name", o.model_name, "the model id clients use (default: the file or directory name)");
     app.add_option("--chat-template", o.chat_template_path, "Jinja chat template file (overrides the model's)");
     app.add_option("--tp", o.tp, "tensor-parallel shards")->capture_default_str()->check(CLI::Range(1, 512));
@@ -55,6 +56,7 @@ struct ServerCli {
 
   Status finish() {
     ServerOptions& o = options;
+    TESSERA_RETURN_IF_ERROR(cli::resolve_model_flag(o.model_path));
     TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, "profile", profile));
     if (!scheduler_file.empty()) TESSERA_RETURN_IF_ERROR(apply_scheduler_config_file(o.scheduler, scheduler_file));
     for (const auto& [name, value] : knobs)

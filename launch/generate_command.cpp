@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/default_model.h"
 #include "cli/flags.h"
 #include "common/logging.h"
 #include "coordinator/block_pool.h"
@@ -257,7 +258,7 @@ int run_generate(const GenerateArgs& a) {
 
 Runner add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  app.add_option("--model", a->model, "HF model directory or .gguf file")->required();
+  add_model_flag(app, a->model, "HF model directory or .gguf file");
   app.add_option("--prompt", a->prompt, "prompt text (BOS and template tokens added)");
   app.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
   app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
@@ -284,7 +285,11 @@ Runner add_generate_command(CLI::App& app) {
   app.add_option("--max-kv-mb", a->max_kv_mb, "with --tp: cap on each shard's KV cache")->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", a->heartbeat_timeout_ms, "with --tp: declare a silent shard dead")
       ->capture_default_str();
-  return [a] { return run_generate(*a); };
+  return [a] {
+    const Status model = resolve_model_flag(a->model);
+    if (!model.is_ok()) return fail(model.to_string());
+    return run_generate(*a);
+  };
 }
 
 }  // namespace tessera::cli

@@ -25,6 +25,7 @@
 #include "plan/hardware.h"
 #include "plan/planner.h"
 #include "coordinator/scheduler_config.h"
+#include "cli/default_model.h"
 #include "cli/flags.h"
 #include "launch/commands.h"
 #include "model/weight_store.h"
@@ -376,9 +377,8 @@ int run_plan(const PlanArgs& a) {
 
 Runner add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
-  app.add_option("--model", a->model,
-                 "HF directory, config.json, .gguf, or a preset: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")))
-      ->required();
+  add_model_flag(app, a->model,
+                 "HF directory, config.json, .gguf, or a preset: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")));
   app.add_option("--precision", a->precision,
                  "weight precision: " + fmt::format("{}", fmt::join(precision_names(), ", ")) +
                      " (default: as stored in the model file)");
@@ -410,7 +410,11 @@ Runner add_plan_command(CLI::App& app) {
   app.add_flag("--json", a->json, "print the bill as JSON");
   app.add_flag("--measure", a->measure, "also run the local engine (CPU) on this configuration and print measured numbers");
   app.add_option("--measure-steps", a->measure_steps, "decode steps to time with --measure")->capture_default_str();
-  return [a] { return run_plan(*a); };
+  return [a] {
+    const Status model = resolve_model_flag(a->model);
+    if (!model.is_ok()) return fail(model.to_string());
+    return run_plan(*a);
+  };
 }
 
 }  // namespace tessera::cli

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/default_model.h"
 #include "launch/commands.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,10 +53,14 @@ int run_tokenize(const TokenizeArgs& a) {
 
 Runner add_tokenize_command(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
-  app.add_option("--model", a->model, "HF model directory, tokenizer.json, or .gguf file")->required();
+  add_model_flag(app, a->model, "HF model directory, tokenizer.json, or .gguf file");
   app.add_flag("--no-special", a->no_special, "leave out BOS and template tokens");
   app.add_flag("--jsonl", a->jsonl, "one JSON string per input line, one JSON array per output line");
-  return [a] { return run_tokenize(*a); };
+  return [a] {
+    const Status model = resolve_model_flag(a->model);
+    if (!model.is_ok()) return fail(model.to_string());
+    return run_tokenize(*a);
+  };
 }
 
 }  // namespace tessera::cli

@@ -603,6 +603,45 @@ Result<ModelConfig> load_hf_config(const std::string& config_json_path) {
   return parse_hf_config(text, config_json_path);
 }
 
+namespace {
+
+// End-of-turn tokens that a family's GGUF files do not mark with tokenizer.ggml.eot_token_id:
+// Gemma 3 chat turns end with <end_of_turn> while the files name only <eos>.
+struct UnmarkedStopToken {
+  std::string_view architecture;  // general.architecture
+  std::string_view token;
+};
+constexpr UnmarkedStopToken kUnmarkedStopTokens[] = {{"gemma3", "<end_of_turn>"}};
+
+}  // namespace
+
+Result<std::vector<int32_t>> gguf_stop_token_ids(const GgufFile& g, int64_t vocab) {
+  std::vector<int32_t> ids;
+  auto add = [&](int64_t id) {
+    if (id < 0 || id >= vocab) return;
+    const auto id32 = static_cast<int32_t>(id);
+    if (std::find(ids.begin(), ids.end(), id32) == ids.end()) ids.push_back(id32);
+  };
+  // Chat models often mark the end-of-turn token separately; generation stops on any of them.
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.eom_token_id"}) {
+    TESSERA_ASSIGN_OR_RETURN(int64_t id, gguf_int_or(g, key, -1));
+    add(id);
+  }
+  if (!g.has("general.architecture")) return ids;
+  TESSERA_ASSIGN_OR_RETURN(const std::string arch, g.get_string("general.architecture"));
+  const auto tokens_it = g.metadata().find("tokenizer.ggml.tokens");
+  if (tokens_it == g.metadata().end()) return ids;
+  const auto* tokens = std::get_if<std::vector<std::string>>(&tokens_it->second.value);
+  if (tokens == nullptr) return ids;  // config_from_gguf and the tokenizer report the bad type
+  for (const UnmarkedStopToken& u : kUnmarkedStopTokens) {
+    if (u.architecture != arch) continue;
+    const auto t = std::find(tokens->begin(), tokens->end(), u.token);
+    if (t != tokens->end()) add(t - tokens->begin());
+  }
+  return ids;
+}
+
 Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   TESSERA_ASSIGN_OR_RETURN(const std::string arch_name, g.get_string("general.architecture"));
   ModelConfig c;
@@ -669,15 +708,7 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
 
   TESSERA_ASSIGN_OR_RETURN(int64_t bos, gguf_int_or(g, "tokenizer.ggml.bos_token_id", -1));
   c.bos_id = (bos >= 0 && bos < c.vocab) ? static_cast<int32_t>(bos) : -1;
-  // Chat models often mark the end-of-turn token separately; generation stops on any of them.
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                          "tokenizer.ggml.eom_token_id"}) {
-    TESSERA_ASSIGN_OR_RETURN(int64_t id, gguf_int_or(g, key, -1));
-    if (id < 0 || id >= c.vocab) continue;  // unset ids are often written as UINT32_MAX
-    const auto id32 = static_cast<int32_t>(id);
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id32) == c.eos_ids.end())
-      c.eos_ids.push_back(id32);
-  }
+  TESSERA_ASSIGN_OR_RETURN(c.eos_ids, gguf_stop_token_ids(g, c.vocab));
 
   c.qkv_bias = c.arch == Architecture::kQwen2 || g.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = c.arch == Architecture::kQwen3 || c.arch == Architecture::kGemma3;

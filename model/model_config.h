@@ -88,6 +88,12 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
 Result<ModelConfig> load_hf_config(const std::string& config_json_path);
 // Reads `general.architecture` and `<arch>.*` keys (and the rope_freqs.weight tensor when present).
 Result<ModelConfig> config_from_gguf(const GgufFile& gguf);
+// The token ids generation stops at in a GGUF model: tokenizer.ggml.{eos,eot,eom}_token_id, then
+// the end-of-turn token that some architectures' files leave unmarked, found by its string in
+// tokenizer.ggml.tokens ("<end_of_turn>" for gemma3). In that order, without duplicates; ids outside
+// [0, vocab) are dropped (unset ids are often written as UINT32_MAX). The model config and the
+// tokenizer both take their stop set from here.
+Result<std::vector<int32_t>> gguf_stop_token_ids(const GgufFile& gguf, int64_t vocab);
 
 enum class ModelFormat { kHuggingFace, kGguf };
 

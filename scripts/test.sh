@@ -8,11 +8,15 @@ bash scripts/install_deps.sh
 export TESSERA_TESTDATA=${TESSERA_TESTDATA:-$(pwd)/../shared/testdata}
 [ -d "$TESSERA_TESTDATA" ] || echo "note: no test data at $TESSERA_TESTDATA; those tests will skip"
 
-echo "== Python environment for the API tests (.venv) =="
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
-  python3 -m venv .venv
+echo "== Python environment for the API tests (.venv) and the default model =="
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check openai pytest
 fi
+# Tests that need the real default model (Gemma 3 270M) read its path from here; they skip
+# when it is unset and the file is absent.
+TESSERA_DEFAULT_MODEL=$(bash scripts/default_model.sh)
+export TESSERA_DEFAULT_MODEL
 
 echo "== build (Release) =="
 BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "model/gguf.h"
+#include "model/model_config.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace tessera {
@@ -167,13 +168,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
 
   spec.bos_id = optional_id("tokenizer.ggml.bos_token_id");
   const int32_t eos = optional_id("tokenizer.ggml.eos_token_id");
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                          "tokenizer.ggml.eom_token_id"}) {
-    const int32_t id = optional_id(key);
-    if (id >= 0 && std::find(spec.eos_ids.begin(), spec.eos_ids.end(), id) == spec.eos_ids.end()) {
-      spec.eos_ids.push_back(id);
-    }
-  }
+  TESSERA_ASSIGN_OR_RETURN(spec.eos_ids, gguf_stop_token_ids(gguf, n));
   if (spec.bos_id >= 0) spec.bos_token = tokens[static_cast<size_t>(spec.bos_id)];
   if (eos >= 0) spec.eos_token = tokens[static_cast<size_t>(eos)];
   if (add_bos && spec.bos_id >= 0) spec.post_prefix.push_back(spec.bos_id);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/env.h"
+#include "tests/default_model_file.h"
 #include "tests/integration/process_util.h"
 
 namespace tessera {
@@ -128,6 +129,25 @@ TEST_F(CliTest, BadInputsGiveClearErrors) {
   const ProcessResult t = run("echo hi | " + bin("tessera") + " tokenize --model " + quote(no_tokenizer.string()));
   EXPECT_NE(t.exit_code, 0) << t.output;
   EXPECT_LT(t.exit_code, 128) << t.output;
+}
+
+// No --model: the default model. A $TESSERA_MODEL that names nothing is an error that says so
+// (these need no test data); with the real Gemma 3 file present, generate runs from it.
+TEST(DefaultModelCli, MissingTesseraModelIsAClearError) {
+  for (const char* command : {" generate --prompt hi --max-tokens 1", " plan", " tokenize"}) {
+    const ProcessResult r = run("TESSERA_MODEL=/nonexistent/model.gguf " + bin("tessera") + command + " </dev/null");
+    EXPECT_NE(r.exit_code, 0) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("TESSERA_MODEL names /nonexistent/model.gguf"), std::string::npos) << command << ": " << r.output;
+  }
+}
+
+TEST(DefaultModelCli, GenerateWithoutModelUsesTheDefault) {
+  const std::string model = default_model_file();
+  if (model.empty()) GTEST_SKIP() << "default model absent (scripts/default_model.sh fetches it)";
+  const ProcessResult r = run("TESSERA_MODEL=" + quote(model) + " " + bin("tessera") +
+                              " generate --prompt 'The capital of France is' --max-tokens 8 --temperature 0 --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(last_line(r.output).empty()) << r.output;
 }
 
 }  // namespace

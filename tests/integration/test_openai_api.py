@@ -24,12 +24,17 @@ import pytest
 BIN = os.environ.get("TESSERA_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
 TESTDATA = os.environ.get("TESSERA_TESTDATA", os.path.join(os.path.dirname(__file__), "../../../shared/testdata"))
 STORIES = os.path.join(TESTDATA, "stories260K")
+# The real default model (Gemma 3 270M, Q4_K_M): scripts/test.sh exports its path.
+DEFAULT_MODEL = os.environ.get("TESSERA_DEFAULT_MODEL") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "../../models/gemma-3-270m-q4_k_m.gguf")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Server:
     def __init__(self, model, tp=1, extra=(), env=None):
-        self.cmd = [os.path.join(BIN, "tessera"), "serve", "--model", model, "--port", "0", "--tp", str(tp),
+        # model None: no --model, so the server takes the default model (TESSERA_MODEL, models/...).
+        model_args = [] if model is None else ["--model", model]
+        self.cmd = [os.path.join(BIN, "tessera"), "serve", *model_args, "--port", "0", "--tp", str(tp),
                     "--model-name", "test-model", *extra]
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True, env=env)
@@ -640,6 +645,41 @@ def test_synthetic_same_text_at_tp1_and_tp2(synthetic_model):
         finally:
             s.stop()
     assert outs[0] == outs[1]
+
+
+# ---- the real default model: Gemma 3 270M with the built-in chat template ----
+
+@pytest.fixture(scope="module")
+def gemma_server():
+    if not os.path.isfile(DEFAULT_MODEL):
+        pytest.skip(f"no default model at {DEFAULT_MODEL} (scripts/default_model.sh fetches it)")
+    # No --model: the server finds the model through TESSERA_MODEL, as a user's shell would give it.
+    s = Server(None, env={**os.environ, "TESSERA_MODEL": os.path.abspath(DEFAULT_MODEL)})
+    yield s
+    s.stop()
+
+
+def test_default_model_chat_uses_the_builtin_gemma_template(gemma_server):
+    _, body = gemma_server.get("/v1/models")
+    assert json.loads(body)["data"][0]["chat_template"] == "builtin:gemma3"
+    c = gemma_server.client
+    chat = c.chat.completions.create(model="test-model",
+                                     messages=[{"role": "system", "content": "Answer in one word."},
+                                               {"role": "user", "content": "What is the capital of France?"}],
+                                     max_tokens=24, temperature=0)
+    choice = chat.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content.strip() != ""
+    assert choice.finish_reason in ("stop", "length")
+    assert "<end_of_turn>" not in choice.message.content
+    _, info = gemma_server.get("/tokenizer_info")
+    info = json.loads(info)
+    assert info["chat_template"] == "builtin:gemma3"
+    status, tokenized = gemma_server.post_raw("/tokenize", json.dumps(
+        {"messages": [{"role": "user", "content": "Hi"}]}).encode())
+    assert status == 200
+    ids = json.loads(tokenized)["tokens"]
+    assert ids[0] == info["bos_token_id"] and ids.count(info["bos_token_id"]) == 1
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "model/gguf.h"
+#include "tests/default_model_file.h"
 #include "tests/model/loader_test_util.h"
 
 namespace tessera {
@@ -520,5 +522,60 @@ TEST(ModelConfigGguf, LoadModelConfigReadsRopeFreqsWithoutTheMapping) {
   EXPECT_EQ(rope_inv_freq(*r), rope_inv_freq(*mapped));
 }
 
+// ---- stop tokens ----
+
+Result<std::vector<int32_t>> stop_ids_of(const GgufBuilder& b, const TempDir& dir) {
+  const std::string path = dir.file("stop.gguf");
+  loader_test::write_file(path, b.build());
+  TESSERA_ASSIGN_OR_RETURN(auto g, GgufFile::open_metadata(path));
+  return gguf_stop_token_ids(*g, 12);
+}
+
+const std::vector<std::string> kChatVocab = {"<pad>", "<eos>", "<bos>", "a", "b", "c", "d", "<eot>",
+                                             "<start_of_turn>", "<end_of_turn>", "e", "f"};
+
+TEST(ModelConfigGguf, GemmaStopsAtEndOfTurnFoundByItsString) {
+  TempDir dir;
+  GgufBuilder b = base_gguf("gemma3");
+  b.kv_str_array("tokenizer.ggml.tokens", kChatVocab);
+  auto ids = stop_ids_of(b, dir);
+  ASSERT_TRUE(ids.is_ok()) << ids.status().to_string();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{2, 7, 9}));  // eos, eot, then <end_of_turn>
+}
+
+TEST(ModelConfigGguf, EndOfTurnOnlyForTheArchitecturesThatLeaveItUnmarked) {
+  TempDir dir;
+  GgufBuilder b = base_gguf("qwen3");
+  b.kv_str_array("tokenizer.ggml.tokens", kChatVocab);
+  auto ids = stop_ids_of(b, dir);
+  ASSERT_TRUE(ids.is_ok()) << ids.status().to_string();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{2, 7}));
+}
+
+TEST(ModelConfigGguf, GemmaWithoutEndOfTurnInItsVocabulary) {
+  TempDir dir;
+  GgufBuilder b = base_gguf("gemma3");
+  b.kv_str_array("tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "a", "b", "c", "d", "<eot>", "x", "y", "z", "w"});
+  auto ids = stop_ids_of(b, dir);
+  ASSERT_TRUE(ids.is_ok()) << ids.status().to_string();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{2, 7}));
+}
+
+TEST(ModelConfigGguf, RealGemmaConfigStopsAtEosAndEndOfTurn) {
+  const std::string path = tessera::testing::default_model_file();
+  if (path.empty()) GTEST_SKIP() << "default model absent (scripts/default_model.sh fetches it)";
+  auto g = GgufFile::open_metadata(path);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto c = config_from_gguf(**g);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Architecture::kGemma3);
+  auto tokens = (*g)->get_string_array("tokenizer.ggml.tokens");
+  ASSERT_TRUE(tokens.is_ok());
+  const auto eot = std::find(tokens->begin(), tokens->end(), "<end_of_turn>");
+  ASSERT_NE(eot, tokens->end());
+  const auto eot_id = static_cast<int32_t>(eot - tokens->begin());
+  EXPECT_NE(std::find(c->eos_ids.begin(), c->eos_ids.end(), eot_id), c->eos_ids.end());
+  EXPECT_NE(std::find(c->eos_ids.begin(), c->eos_ids.end(), 1), c->eos_ids.end());  // <eos>
+}
 }  // namespace
 }  // namespace tessera
