@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,6 +107,15 @@ double measure_bandwidth_gbs(int threads) {
 
 // ---------------------------------------------------------------- model runs
 
+// The process's peak resident set (VmHWM), MB.
+double peak_rss_mb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0.0;
+}
+
 int32_t argmax(const float* v, int64_t n) {
   return static_cast<int32_t>(std::max_element(v, v + n) - v);
 }
@@ -132,8 +142,9 @@ struct Runner {
     return dt;
   }
 
-  // `batch` sequences decoded together for n steps from position 0 (greedy); returns seconds.
-  double decode(int64_t batch, int64_t n) {
+  // `batch` sequences decoded together for n steps from position 0 (greedy, or with
+  // `sampling` drawn through the engine's Sampler over the whole vocabulary); returns seconds.
+  double decode(int64_t batch, int64_t n, const SamplingParams* sampling = nullptr) {
     const int64_t vocab = model.config().vocab;
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
     std::vector<int32_t> cur(static_cast<size_t>(batch));
@@ -143,6 +154,9 @@ struct Runner {
       cur[static_cast<size_t>(b)] = static_cast<int32_t>((b * 104729 + 1) % vocab);
     }
     std::vector<SequenceInput> ins(static_cast<size_t>(batch));
+    std::vector<Sampler> samplers;
+    if (sampling != nullptr)
+      for (int64_t b = 0; b < batch; ++b) samplers.emplace_back(*sampling);
     const auto t0 = Clock::now();
     for (int64_t pos = 0; pos < n; ++pos) {
       for (int64_t b = 0; b < batch; ++b) {
@@ -153,7 +167,11 @@ struct Runner {
       }
       const Status s = model.forward().run(ins, logits);
       TESSERA_CHECK(s.is_ok(), "decode: {}", s.to_string());
-      for (int64_t b = 0; b < batch; ++b) cur[static_cast<size_t>(b)] = argmax(&logits[static_cast<size_t>(b * vocab)], vocab);
+      for (int64_t b = 0; b < batch; ++b) {
+        float* row = &logits[static_cast<size_t>(b * vocab)];
+        cur[static_cast<size_t>(b)] =
+            sampling != nullptr ? samplers[static_cast<size_t>(b)].sample(row, vocab).id : argmax(row, vocab);
+      }
     }
     const double dt = seconds_since(t0);
     for (auto& t : tables) model.release_blocks(t);
@@ -192,7 +210,7 @@ int run(int argc, char** argv) {
   std::string model_path, threads_s = "1,2", batches_s = "1,4,16", json_path, isa_s;
   int64_t n_prompt = 512, n_gen = 128, n_batch_gen = 64;
   int reps = 3;
-  bool no_bandwidth = false, no_prompt = false;
+  bool no_bandwidth = false, no_prompt = false, sampled = false;
   app.add_option("--model", model_path, "GGUF file or HF directory")->required();
   app.add_option("--threads", threads_s, "comma-separated thread counts");
   app.add_option("--prompt", n_prompt, "prompt tokens for the prefill figure");
@@ -203,6 +221,7 @@ int run(int argc, char** argv) {
   app.add_option("--isa", isa_s, "cap the kernels' ISA: scalar, avx2, avx512");
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the bandwidth measurement");
   app.add_flag("--no-prompt", no_prompt, "skip the prefill figure");
+  app.add_flag("--sampled", sampled, "also time sampled decoding (temperature 0.8, top-p 0.95), paired with greedy");
   app.add_option("--json", json_path, "also write the results as JSON here");
   cli::QuantFlags quant;
   cli::add_quant_flags(app, quant);
@@ -261,6 +280,21 @@ int run(int argc, char** argv) {
     const double gen_tok_s = static_cast<double>(n_gen) / median(t);
     r["gen_tok_s"] = gen_tok_s;
     r["gen_cpu_ms_per_token"] = cpu_ms;
+    if (sampled) {
+      // Temperature 0.8, top-p 0.95 over the whole vocabulary, alternating with greedy runs.
+      SamplingParams sp;
+      sp.temperature = 0.8f;
+      sp.top_p = 0.95f;
+      sp.seed = 7;
+      sp.has_seed = true;
+      std::vector<double> ts, tg;
+      for (int i = 0; i < reps; ++i) {
+        ts.push_back(runner.decode(1, n_gen, &sp));
+        tg.push_back(runner.decode(1, n_gen));
+      }
+      r["sampled_gen_tok_s"] = static_cast<double>(n_gen) / median(ts);
+      r["greedy_gen_tok_s_paired"] = static_cast<double>(n_gen) / median(tg);
+    }
     nlohmann::json conc = nlohmann::json::object();
     for (int b : batches) {
       std::vector<double> tb;
@@ -273,8 +307,13 @@ int run(int argc, char** argv) {
       r["read_bandwidth_gb_s"] = bw;
       r["bandwidth_fraction"] = static_cast<double>(wbytes) * gen_tok_s / (bw * 1e9);
     }
+    r["peak_rss_mb"] = peak_rss_mb();
     std::printf("threads %d: prompt %.1f tok/s  gen %.1f tok/s (%.2f cpu-ms/token)", nt,
                 r.value("prompt_tok_s", 0.0), gen_tok_s, cpu_ms);
+    if (sampled)
+      std::printf("  sampled (T 0.8, top-p 0.95) %.1f tok/s vs greedy %.1f", r["sampled_gen_tok_s"].get<double>(),
+                  r["greedy_gen_tok_s_paired"].get<double>());
+    std::printf("  peak RSS %.0f MB", r["peak_rss_mb"].get<double>());
     for (auto& [k, v] : conc.items()) std::printf("  x%s %.1f tok/s", k.c_str(), v.get<double>());
     if (!no_bandwidth)
       std::printf("  | %.1f MB/token, bw %.1f GB/s, %.0f%% of it", static_cast<double>(wbytes) / 1e6,

@@ -42,11 +42,24 @@ MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GREEDY_TOKENS = 32
 PPL_TOKENS = 1024
-MAX_GAP_AT_DIVERGENCE = 0.05
 PPL_TOLERANCE = 0.01
-# Teacher-forced |log-probability difference| along llama.cpp's greedy sequences. Measured on
-# 2026-12-01 (AMD EPYC Zen 4, 8 prompts x 32 tokens): see the closing numbers printed by the test.
-BOUNDS = {"median": 0.02, "max": 0.25}
+# Measured on 2026-12-01 (AMD EPYC Zen 4, llama-cpp-python 0.3.36, 8 prompts x 32 tokens):
+#   * an F32 copy of the file (every tensor dequantized): 256 of 256 greedy tokens identical,
+#     teacher-forced |d logprob| median 2.4e-4, max 4.2e-3, perplexities equal to 0.002%: the
+#     architecture is llama.cpp's;
+#   * one layer of the Q4_K_M file: median 0 (bit-identical at most positions);
+#   * the whole Q4_K_M file: median 2.4e-2, max 0.38. Every quantized matmul rounds its input
+#     activations to int8; a last-bit float difference (summation order) moves one level now and
+#     then and those moves compound over 18 layers. llama.cpp's own two code paths differ as much:
+#     its prefill scores of its greedy tokens against its decode-time scores give median 1.5e-2,
+#     max 0.42.
+# So the test asserts agreement at llama.cpp's own noise floor, not bit equality: where the
+# greedy sequences part, llama.cpp's top-2 logit gap must be below MAX_GAP_AT_DIVERGENCE (the
+# largest prefill-vs-decode difference llama.cpp has with itself), at least MIN_LEADING tokens
+# must agree on every prompt, and the teacher-forced differences stay within BOUNDS.
+MAX_GAP_AT_DIVERGENCE = 0.45
+MIN_LEADING = 4
+BOUNDS = {"median": 0.035, "max": 0.5}
 
 PROMPTS = [
     ("prose", "The history of the printing press begins in"),
@@ -66,7 +79,8 @@ PPL_SOURCES = [
 
 
 def find_model():
-    for p in (os.environ.get("TESSERA_MODEL"), os.path.join(ROOT, "models", MODEL_NAME)):
+    for p in (os.environ.get("TESSERA_DEFAULT_MODEL"), os.environ.get("TESSERA_MODEL"),
+              os.path.join(ROOT, "models", MODEL_NAME)):
         if p and os.path.exists(p):
             return p
     return None
@@ -171,8 +185,14 @@ def llama_worker(model, spec_path):
             lps.append(logprob(logits, t))
             gaps.append(float(top2.max() - top2.min()))
             logits = decode([t], False)[0]
+        # llama.cpp against itself: the same tokens scored in one prefill (as Tessera scores them)
+        # instead of one decode step each. Its spread is the noise floor of the comparison.
+        reset()
+        seq = ids + gen
+        rows = decode(seq[:-1], True)
+        self_lps = [logprob(rows[len(ids) - 1 + i], gen[i]) for i in range(len(gen))]
         out["prompts"].append({"name": name, "text": text, "prompt_ids": ids, "greedy": gen,
-                               "greedy_logprobs": lps, "top2_gaps": gaps})
+                               "greedy_logprobs": lps, "top2_gaps": gaps, "prefill_logprobs": self_lps})
     for name, text in spec["ppl"]:
         ids = tokenize(text, True)[:PPL_TOKENS]
         reset()
@@ -303,7 +323,7 @@ def main():
     print(f"model {model}; reference: {source}")
 
     failures = []
-    all_diffs = []
+    all_diffs, self_diffs, prefill_diffs = [], [], []
     server = TesseraServer(args.bin_dir, model, args.threads)
     try:
         for p in ref["prompts"]:
@@ -318,6 +338,10 @@ def main():
             forced = server.logprobs(p["prompt_ids"] + llama)[len(p["prompt_ids"]) - 1:]
             diffs = [abs(a - b) for a, b in zip(forced, p["greedy_logprobs"])]
             all_diffs += diffs
+            self_diffs += [abs(a - b) for a, b in zip(p["prefill_logprobs"], p["greedy_logprobs"])]
+            prefill_diffs += [abs(a - b) for a, b in zip(forced, p["prefill_logprobs"])]
+            if same < MIN_LEADING:
+                failures.append(f"{name}: only {same} leading greedy tokens agree (at least {MIN_LEADING} expected)")
             if same == GREEDY_TOKENS:
                 status = f"{GREEDY_TOKENS}/{GREEDY_TOKENS} identical"
             else:
@@ -329,6 +353,9 @@ def main():
                                     f"  llama.cpp {llama}")
             print(f"{name:9s} {status}; teacher-forced |d logprob| median {statistics.median(diffs):.2e} "
                   f"max {max(diffs):.2e}")
+        print(f"llama.cpp against itself (prefill vs decode scores of the same tokens): |d logprob| median "
+              f"{statistics.median(self_diffs):.2e}, max {max(self_diffs):.2e}; Tessera's prefill scores against "
+              f"llama.cpp's prefill scores: median {statistics.median(prefill_diffs):.2e}, max {max(prefill_diffs):.2e}")
         med, mx = statistics.median(all_diffs), max(all_diffs)
         print(f"teacher-forced |d logprob| over {len(all_diffs)} tokens: median {med:.2e} (bound "
               f"{BOUNDS['median']}), max {mx:.2e} (bound {BOUNDS['max']})")
