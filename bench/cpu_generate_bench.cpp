@@ -302,12 +302,12 @@ int run(int argc, char** argv) {
       conc[std::to_string(b)] = static_cast<double>(b * n_batch_gen) / median(tb);
     }
     r["concurrent_tok_s"] = conc;
+    r["peak_rss_mb"] = peak_rss_mb();  // before the bandwidth measurement's buffers
     if (!no_bandwidth) {
       const double bw = measure_bandwidth_gbs(nt);
       r["read_bandwidth_gb_s"] = bw;
       r["bandwidth_fraction"] = static_cast<double>(wbytes) * gen_tok_s / (bw * 1e9);
     }
-    r["peak_rss_mb"] = peak_rss_mb();
     std::printf("threads %d: prompt %.1f tok/s  gen %.1f tok/s (%.2f cpu-ms/token)", nt,
                 r.value("prompt_tok_s", 0.0), gen_tok_s, cpu_ms);
     if (sampled)

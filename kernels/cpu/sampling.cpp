@@ -21,9 +21,57 @@
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "kernels/cpu/vec.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TESSERA_SAMPLING_AVX512 __attribute__((target("avx512f,avx512dq")))
+#endif
 
 namespace tessera {
 namespace {
+
+// w[i] = float(sampling_exp((double(logits[i]) - max) / temperature)) for i in [0, n): the weights
+// of the draw. The AVX-512 path runs sampling_exp's steps on 8 doubles at once - the same IEEE
+// +, -, *, / in the same order (no contraction: this file is built with -ffp-contract=off), so
+// every weight has the same bits as the scalar loop's.
+#ifdef TESSERA_SAMPLING_AVX512
+TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, double max, double temperature,
+                                               float* w) {
+  const __m512d vmax = _mm512_set1_pd(max), vt = _mm512_set1_pd(temperature);
+  const __m512d log2e = _mm512_set1_pd(1.4426950408889634), shifter = _mm512_set1_pd(6755399441055744.0);
+  const __m512d ln2hi = _mm512_set1_pd(0.6931471803691238), ln2lo = _mm512_set1_pd(1.9082149292705877e-10);
+  const __m512d lo = _mm512_set1_pd(-700.0);
+  const __m512i shifter_bits = _mm512_set1_epi64(std::bit_cast<int64_t>(6755399441055744.0));
+  const __m512i bias = _mm512_set1_epi64(1023);
+  constexpr double kCoef[] = {1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+                              1.0 / 24.0,      1.0 / 6.0,      0.5,          1.0,          1.0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d x = _mm512_div_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(logits + i)), vmax), vt);
+    const __mmask8 underflow = _mm512_cmp_pd_mask(x, lo, _CMP_NGT_UQ);  // !(x > -700), NaN included
+    const __m512d xc = _mm512_mask_blend_pd(underflow, x, lo);
+    const __m512d t = _mm512_add_pd(_mm512_mul_pd(xc, log2e), shifter);
+    const __m512d nn = _mm512_sub_pd(t, shifter);
+    const __m512d r = _mm512_sub_pd(_mm512_sub_pd(xc, _mm512_mul_pd(nn, ln2hi)), _mm512_mul_pd(nn, ln2lo));
+    __m512d p = _mm512_set1_pd(kCoef[0]);
+    for (int k = 1; k < 11; ++k) p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(kCoef[k]));
+    const __m512i ni = _mm512_sub_epi64(_mm512_castpd_si512(t), shifter_bits);
+    const __m512d scale = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(ni, bias), 52));
+    const __m512d e = _mm512_maskz_mov_pd(static_cast<__mmask8>(~underflow), _mm512_mul_pd(p, scale));
+    _mm256_storeu_ps(w + i, _mm512_cvtpd_ps(e));
+  }
+  return i;
+}
+#endif
+
+void compute_weights(const float* logits, int64_t n, double max, double temperature, float* w) {
+  int64_t i = 0;
+#ifdef TESSERA_SAMPLING_AVX512
+  if (cpu::active_isa() == cpu::Isa::kAvx512) i = weights_avx512(logits, n, max, temperature, w);
+#endif
+  for (; i < n; ++i) w[i] = static_cast<float>(sampling_exp((static_cast<double>(logits[i]) - max) / temperature));
+}
 
 // (key, id): key is a logit or a weight. Candidates are ordered by key descending, then id
 // ascending, so every selection below is a total order and independent of the algorithm used.
@@ -45,6 +93,12 @@ std::vector<Candidate>& thread_scratch(int64_t vocab) {
   thread_local std::vector<Candidate> scratch;
   if (static_cast<int64_t>(scratch.size()) < vocab) scratch.resize(static_cast<size_t>(vocab));
   return scratch;
+}
+
+std::vector<float>& thread_weights(int64_t vocab) {
+  thread_local std::vector<float> weights;
+  if (static_cast<int64_t>(weights.size()) < vocab) weights.resize(static_cast<size_t>(vocab));
+  return weights;
 }
 
 // Writes the k best of v[0, n) (by Before on (v[i], i)) to out[0, k), sorted. out holds n.
@@ -252,8 +306,11 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
       std::sort(cand, cand + size, Before{});
     } else {
       size = vocab;
+      // The weights in place of the logits (the logits are scratch here), then the candidates.
+      std::vector<float>& w = thread_weights(vocab);
+      compute_weights(logits, vocab, max_logit, temperature, w.data());
       for (int64_t i = 0; i < vocab; ++i) {
-        cand[i] = {weight(logits[i]), static_cast<int32_t>(i)};
+        cand[i] = {w[static_cast<size_t>(i)], static_cast<int32_t>(i)};
         mass += cand[i].first;
       }
     }

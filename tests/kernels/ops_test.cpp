@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
@@ -293,6 +294,42 @@ TEST(GeluTanhMul, MatchesReference) {
   float out = 0.0f;
   gelu_tanh_mul(&nan, &one, &out, 1, 1);
   EXPECT_TRUE(std::isnan(out));
+}
+
+// The fp16-grid GeGLU: the table is exactly fp16(gelu(fp16(x))) on every fp16 input in (-10, 10),
+// the limits outside, and within 2^-10 of the exact function.
+TEST(GeluTanhMulFp16Grid, IsTheExactGeluOnTheFp16Grid) {
+  const double sqrt_2_over_pi = std::sqrt(2.0 / std::numbers::pi);
+  std::vector<float> gate, up;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float x = fp16_to_f32(static_cast<uint16_t>(h));
+    if (std::isfinite(x)) gate.push_back(x);
+  }
+  for (float x : {-10.0f, 10.0f, -10.5f, 11.0f, -1e30f, 1e30f, 0.3333333f, -2.7182818f}) gate.push_back(x);
+  up.assign(gate.size(), 1.0f);
+  up[7] = -3.0f;
+  std::vector<float> out(gate.size());
+  gelu_tanh_mul_fp16_grid(gate.data(), up.data(), out.data(), 1, static_cast<int64_t>(gate.size()));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const float x = gate[i];
+    if (x <= -10.0f) {
+      ASSERT_EQ(out[i], 0.0f) << x;
+    } else if (x >= 10.0f) {
+      ASSERT_EQ(out[i], x * up[i]) << x;
+    } else {
+      const float x16 = fp16_to_f32(f32_to_fp16(x)), unit = 1.0f;
+      float g = 0.0f;
+      gelu_tanh_mul(&x16, &unit, &g, 1, 1);
+      ASSERT_EQ(out[i], fp16_to_f32(f32_to_fp16(g)) * up[i]) << "x " << x;
+      const double want = 0.5 * x * (1.0 + std::tanh(sqrt_2_over_pi * (x + 0.044715 * double(x) * x * x))) * up[i];
+      // Float cancellation in 1 + tanh for x << 0 costs ~1e-7 absolute (llama.cpp computes it the same way).
+      ASSERT_NEAR(out[i], want, std::ldexp(1.0, -10) * std::fabs(want) + 3e-7 * std::fabs(up[i])) << "x " << x;
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN(), one = 1.0f;
+  float o = 0.0f;
+  gelu_tanh_mul_fp16_grid(&nan, &one, &o, 1, 1);
+  EXPECT_TRUE(std::isnan(o));
 }
 
 // One fp32 multiply: the product of two floats is exact in double, so rounding it to float is

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/device_comm.h"
+#include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "decoder/arch.h"
 #include "model/weight_store.h"
@@ -198,14 +199,15 @@ class Gemma3Reference {
       o_out = rms_norm(o_out, n, H, norm(p + "post_attention_layernorm.weight"));
       for (size_t i = 0; i < x.size(); ++i) x[i] += o_out[i];
 
-      // MLP block: GeGLU with the tanh GELU.
+      // MLP block: GeGLU with the tanh GELU on the fp16 grid, as the CPU backend's contract says
+      // (kernels/activation.h, gelu_tanh_mul_fp16_grid): the input and the GELU each rounded to fp16.
       h = rms_norm(x, n, H, norm(p + "pre_feedforward_layernorm.weight"));
       const std::vector<double> gate = matmul(h, n, values(p + "mlp.gate_proj.weight"), s_.ffn, H);
       std::vector<double> up = matmul(h, n, values(p + "mlp.up_proj.weight"), s_.ffn, H);
       for (size_t i = 0; i < up.size(); ++i) {
-        const double g = gate[i];
+        const double g = fp16_to_f32(f32_to_fp16(static_cast<float>(gate[i])));
         const double gelu = 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
-        up[i] *= gelu;
+        up[i] *= g <= -10.0 ? 0.0 : g >= 10.0 ? g : fp16_to_f32(f32_to_fp16(static_cast<float>(gelu)));
       }
       std::vector<double> down = matmul(up, n, values(p + "mlp.down_proj.weight"), H, s_.ffn);
       down = rms_norm(down, n, H, norm(p + "post_feedforward_layernorm.weight"));
@@ -316,16 +318,21 @@ TEST_F(Gemma3Forward, HfAndGgufAgreeAtTp1AndTp2) {
   // The same weights bit for bit, the same kernels: the formats agree (all but) exactly.
   EXPECT_LT(max_rel_err(gguf1, hf1), 1e-6f) << "TP 1";
   EXPECT_LT(max_rel_err(gguf2, hf2), 1e-6f) << "TP 2";
-  // TP 2 sums the attention and MLP outputs of two ranks: only rounding differs.
-  EXPECT_LT(max_rel_err(hf2, hf1), 1e-4f) << "HF, TP 2 vs TP 1";
-  EXPECT_LT(max_rel_err(gguf2, hf1), 1e-4f) << "GGUF TP 2 vs HF TP 1";
+  // TP 2 sums the attention and MLP outputs of two ranks: only rounding differs, and the GELU's
+  // fp16 grid turns a last-bit difference of its input into an fp16 step now and then (measured
+  // 1.1e-4).
+  EXPECT_LT(max_rel_err(hf2, hf1), 1e-3f) << "HF, TP 2 vs TP 1";
+  EXPECT_LT(max_rel_err(gguf2, hf1), 1e-3f) << "GGUF TP 2 vs HF TP 1";
 }
 
 TEST_F(Gemma3Forward, CpuLogitsMatchAScalarReference) {
   const std::vector<int32_t> prompt = prompt_tokens();
   const Gemma3Reference reference(gemma_spec());
   const std::vector<float> want = reference.logits(prompt, {});
-  constexpr float kTolerance = 1e-4f;  // of the logits' standard deviation (measured: ~1.4e-6)
+  // Of the logits' standard deviation. Measured 7e-4: the reference runs in double and Tessera
+  // in float, so a GELU input near an fp16 rounding boundary lands on the neighbouring grid
+  // point now and then (one fp16 step, 2^-11 relative); with the exact GELU it was 1.4e-6.
+  constexpr float kTolerance = 3e-3f;
   for (const std::string& path : {hf_path(), gguf_path()}) {
     for (int tp : {1, 2}) {
       const std::vector<float> got = tessera_logits(path, tp, prompt);
