@@ -348,11 +348,11 @@ TEST(ModelConfigGguf, Stories260KMatchesHfConfig) {
   EXPECT_EQ(config_from_gguf(**org)->max_positions, 2048);
 }
 
-GgufBuilder base_gguf(const std::string& arch) {
+GgufBuilder base_gguf(const std::string& arch, uint32_t layers = 2) {
   GgufBuilder b;
   b.kv_str("general.architecture", arch)
       .kv_u32(arch + ".embedding_length", 256)
-      .kv_u32(arch + ".block_count", 2)
+      .kv_u32(arch + ".block_count", layers)
       .kv_u32(arch + ".attention.head_count", 4)
       .kv_u32(arch + ".attention.head_count_kv", 2)
       .kv_u32(arch + ".feed_forward_length", 512)
@@ -577,5 +577,89 @@ TEST(ModelConfigGguf, RealGemmaConfigStopsAtEosAndEndOfTurn) {
   EXPECT_NE(std::find(c->eos_ids.begin(), c->eos_ids.end(), eot_id), c->eos_ids.end());
   EXPECT_NE(std::find(c->eos_ids.begin(), c->eos_ids.end(), 1), c->eos_ids.end());  // <eos>
 }
+// ---- Gemma 3 ----
+
+// The shape of google/gemma-3-270m's config.json (text model).
+constexpr const char* kGemma3 = R"({
+  "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+  "hidden_size": 640, "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+  "head_dim": 256, "intermediate_size": 2048, "vocab_size": 262144, "max_position_embeddings": 32768,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": null,
+  "query_pre_attn_scalar": 256, "sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh",
+  "final_logit_softcapping": null, "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": 1,
+  "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                  "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                  "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
+                  "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                  "sliding_attention", "full_attention"]
+})";
+
+TEST(ModelConfigHf, Gemma3) {
+  const ModelConfig c = parse_ok(kGemma3);
+  EXPECT_EQ(c.arch, Architecture::kGemma3);
+  EXPECT_EQ(architecture_name(c.arch), "gemma3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.tie_embeddings);  // the Gemma 3 default
+  EXPECT_EQ(c.sliding_window, 512);
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_theta_local, 1e4f);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0f);
+  EXPECT_EQ(c.norm_weight_offset, 1.0f);  // HF stores w - 1
+  ASSERT_EQ(c.local_layers.size(), 18u);
+  for (int64_t l = 0; l < 18; ++l) EXPECT_EQ(c.is_local_layer(l), (l + 1) % 6 != 0) << l;
+  // Without layer_types: sliding_window_pattern (default 6).
+  const ModelConfig p = parse_ok(with_field(without_field(kGemma3, "layer_types").c_str(), "sliding_window_pattern", 3));
+  for (int64_t l = 0; l < 18; ++l) EXPECT_EQ(p.is_local_layer(l), (l + 1) % 3 != 0) << l;
+  // The newer nesting of the two RoPE settings.
+  auto j = nlohmann::json::parse(kGemma3);
+  j.erase("rope_theta");
+  j.erase("rope_local_base_freq");
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  const ModelConfig n = parse_ok(j.dump());
+  EXPECT_EQ(n.rope_theta, 1e6f);
+  EXPECT_EQ(n.rope_theta_local, 1e4f);
+  EXPECT_EQ(n.rope_scaling.type, RopeScalingType::kLinear);
+  // Scaling applies to the global layers' table only.
+  EXPECT_EQ(rope_inv_freq_local(n)[1], rope_inv_freq_local(c)[1]);
+  EXPECT_NE(rope_inv_freq(n)[1], rope_inv_freq(c)[1]);
+}
+
+TEST(ModelConfigHf, Gemma3RefusalsNameTheField) {
+  auto code_and_message = [](const std::string& text) {
+    auto r = parse_hf_config(text, "config.json");
+    EXPECT_FALSE(r.is_ok());
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  EXPECT_NE(code_and_message(with_field(kGemma3, "final_logit_softcapping", 30.0)).find("final_logit_softcapping"),
+            std::string::npos);
+  EXPECT_NE(code_and_message(with_field(kGemma3, "hidden_activation", "relu")).find("hidden_activation"),
+            std::string::npos);
+  EXPECT_NE(code_and_message(with_field(kGemma3, "layer_types", nlohmann::json::array({"moe"}))).find("layer_types"),
+            std::string::npos);
+  // layer_types must name every layer.
+  auto r = parse_hf_config(with_field(kGemma3, "layer_types", nlohmann::json::array({"full_attention"})), "c.json");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_NE(r->validate("c.json").message().find("layer_types"), std::string::npos);
+}
+
+TEST(ModelConfigGguf, Gemma3DefaultsLlamaCppAssumes) {
+  TempDir dir;
+  GgufBuilder b = base_gguf("gemma3", 12);
+  b.kv_u32("gemma3.attention.sliding_window", 512);
+  auto c = config_of(b, dir);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Architecture::kGemma3);
+  EXPECT_EQ(c->rope_theta_local, 1e4f);
+  EXPECT_EQ(c->query_pre_attn_scalar, static_cast<float>(c->head_dim));
+  EXPECT_EQ(c->norm_weight_offset, 0.0f);  // llama.cpp's converter added the 1
+  for (int64_t l = 0; l < 12; ++l) EXPECT_EQ(c->is_local_layer(l), l != 5 && l != 11) << l;
+  GgufBuilder p = base_gguf("gemma3", 12);
+  p.kv_u32("gemma3.attention.sliding_window", 512).kv_u32("gemma3.attention.sliding_window_pattern", 4);
+  auto cp = config_of(p, dir);
+  ASSERT_TRUE(cp.is_ok()) << cp.status().to_string();
+  for (int64_t l = 0; l < 12; ++l) EXPECT_EQ(cp->is_local_layer(l), (l + 1) % 4 != 0) << l;
+}
+
 }  // namespace
 }  // namespace tessera
