@@ -1071,10 +1071,15 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
     rows.vindex = _mm512_load_si512(offs);
     rows.trailer = row_block_bytes(type, a.k);
     if (r16) rows.group = a.w + static_cast<size_t>(g0) * a.row_bytes;
-    // The next row group's bytes, prefetched a little per block (see Prefetch).
+    // The next row group's bytes, prefetched a little per block (see Prefetch), for matrices
+    // read as 16 separate row streams. An R16 matrix is read as one contiguous stream, which the
+    // hardware prefetchers follow: software prefetches on top cost 10-40% of batch-1 decode on
+    // Zen 4 (bench/results/gemma3_270m_vs_llama_cpp.md), so there are none.
     Prefetch pf;
     pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
-    pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+    pf.left = !r16 && g0 + kRows < r1
+                  ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes
+                  : 0;
     pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
     if (a.n_tokens == 1) {
       const __m512 acc = gemv_rows(type, rows, nb, Token1{a.acts.q, a.acts.d, a.acts.bsum}, pf);

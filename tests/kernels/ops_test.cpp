@@ -309,21 +309,28 @@ TEST(GeluTanhMulFp16Grid, IsTheExactGeluOnTheFp16Grid) {
   up.assign(gate.size(), 1.0f);
   up[7] = -3.0f;
   std::vector<float> out(gate.size());
-  gelu_tanh_mul_fp16_grid(gate.data(), up.data(), out.data(), 1, static_cast<int64_t>(gate.size()));
-  for (size_t i = 0; i < gate.size(); ++i) {
-    const float x = gate[i];
-    if (x <= -10.0f) {
-      ASSERT_EQ(out[i], 0.0f) << x;
-    } else if (x >= 10.0f) {
-      ASSERT_EQ(out[i], x * up[i]) << x;
-    } else {
-      const float x16 = fp16_to_f32(f32_to_fp16(x)), unit = 1.0f;
-      float g = 0.0f;
-      gelu_tanh_mul(&x16, &unit, &g, 1, 1);
-      ASSERT_EQ(out[i], fp16_to_f32(f32_to_fp16(g)) * up[i]) << "x " << x;
-      const double want = 0.5 * x * (1.0 + std::tanh(sqrt_2_over_pi * (x + 0.044715 * double(x) * x * x))) * up[i];
-      // Float cancellation in 1 + tanh for x << 0 costs ~1e-7 absolute (llama.cpp computes it the same way).
-      ASSERT_NEAR(out[i], want, std::ldexp(1.0, -10) * std::fabs(want) + 3e-7 * std::fabs(up[i])) << "x " << x;
+  const cpu::Isa best = cpu::active_isa();
+  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(best)) continue;
+    cpu::set_max_isa(isa);
+    gelu_tanh_mul_fp16_grid(gate.data(), up.data(), out.data(), 1, static_cast<int64_t>(gate.size()));
+    cpu::set_max_isa(best);
+    SCOPED_TRACE(cpu::isa_name(isa));
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const float x = gate[i];
+      if (x <= -10.0f) {
+        ASSERT_EQ(out[i], 0.0f) << x;
+      } else if (x >= 10.0f) {
+        ASSERT_EQ(out[i], x * up[i]) << x;
+      } else {
+        const float x16 = fp16_to_f32(f32_to_fp16(x)), unit = 1.0f;
+        float g = 0.0f;
+        gelu_tanh_mul(&x16, &unit, &g, 1, 1);
+        ASSERT_EQ(out[i], fp16_to_f32(f32_to_fp16(g)) * up[i]) << "x " << x;
+        const double want = 0.5 * x * (1.0 + std::tanh(sqrt_2_over_pi * (x + 0.044715 * double(x) * x * x))) * up[i];
+        // Float cancellation in 1 + tanh for x << 0 costs ~1e-7 absolute (llama.cpp computes it the same way).
+        ASSERT_NEAR(out[i], want, std::ldexp(1.0, -10) * std::fabs(want) + 3e-7 * std::fabs(up[i])) << "x " << x;
+      }
     }
   }
   const float nan = std::numeric_limits<float>::quiet_NaN(), one = 1.0f;
