@@ -396,7 +396,7 @@ uint64_t layer_bytes(const ModelConfig& c, const Split& s, const PrecisionSpec& 
 }
 
 uint64_t vector_elems(const ModelConfig& c, const Split& s) {
-  uint64_t per_layer = 2 * static_cast<uint64_t>(c.hidden);
+  uint64_t per_layer = (c.is_gemma() ? 4 : 2) * static_cast<uint64_t>(c.hidden);  // Gemma: + 2 post-norms
   if (c.qkv_bias) per_layer += static_cast<uint64_t>(s.q_cols + 2 * s.kv_cols);
   if (c.qk_norm) per_layer += 2 * static_cast<uint64_t>(c.head_dim);
   return per_layer * static_cast<uint64_t>(c.n_layers) + static_cast<uint64_t>(c.hidden);
@@ -696,6 +696,16 @@ std::string format_plan(const Plan& plan) {
              fmt::format("2 x {} layers x {} KV heads{} x {} x {} B", c.n_layers, m.kv_heads_per_rank,
                          m.kv_heads_replicated ? " (replicated)" : "", c.head_dim, kv_dtype_bytes(in.kv_dtype)),
              fmt::format("{} B ({:.1f} KiB)", m.kv_bytes_per_token, m.kv_bytes_per_token / 1024.0));
+  if (c.sliding_window > 0) {
+    int64_t local = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) local += c.is_local_layer(l) ? 1 : 0;
+    // The paged cache gives every layer the same blocks, so the local layers' KV is billed (and
+    // held) for the whole context, not for their window.
+    out += row("sliding window",
+               fmt::format("{} of {} layers attend over the last {} tokens; their KV is held for the full context",
+                           local, c.n_layers, c.sliding_window),
+               "billed above");
+  }
   out += row("blocks", fmt::format("KV room / ({} tokens x {} B per token)", in.block_size, m.kv_bytes_per_token),
              fmt::format("{} blocks", m.kv_blocks));
   out += row("tokens", "blocks x block size", fmt::format("{} tokens", m.kv_tokens));
