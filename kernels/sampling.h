@@ -33,7 +33,9 @@
 // never on the thread count, batch composition or the machine. The uniform for the draw at
 // output position n is sampling_uniform(seed, n); the weights use a fixed exp polynomial (not
 // libm) in IEEE double without FMA contraction, rounded to float, and every sum adds them in
-// double in the order stated above. So TP ranks that see the same full logits (or gather
+// double in the order stated above (the mass of the whole vocabulary, without top-k: in 8
+// lanes, lane j over the ids = j mod 8 in increasing order, combined as ((0+1)+(2+3))+((4+5)+
+// (6+7)); the same on every ISA). So TP ranks that see the same full logits (or gather
 // exact per-rank candidates and merge them by (logit desc, id asc)) draw the same token with no
 // broadcast. A parallel implementation must reduce in a fixed order that does not depend on
 // the thread count. Another backend (GPU) that sums in a different order can differ only when u

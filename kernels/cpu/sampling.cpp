@@ -37,7 +37,8 @@ namespace {
 // every weight has the same bits as the scalar loop's.
 #ifdef TESSERA_SAMPLING_AVX512
 TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, double max, double temperature,
-                                               float* w) {
+                                               float* w, double* lane) {
+  __m512d sum = _mm512_setzero_pd();
   const __m512d vmax = _mm512_set1_pd(max), vt = _mm512_set1_pd(temperature);
   const __m512d log2e = _mm512_set1_pd(1.4426950408889634), shifter = _mm512_set1_pd(6755399441055744.0);
   const __m512d ln2hi = _mm512_set1_pd(0.6931471803691238), ln2lo = _mm512_set1_pd(1.9082149292705877e-10);
@@ -59,18 +60,87 @@ TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, d
     const __m512i ni = _mm512_sub_epi64(_mm512_castpd_si512(t), shifter_bits);
     const __m512d scale = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(ni, bias), 52));
     const __m512d e = _mm512_maskz_mov_pd(static_cast<__mmask8>(~underflow), _mm512_mul_pd(p, scale));
-    _mm256_storeu_ps(w + i, _mm512_cvtpd_ps(e));
+    const __m256 wf = _mm512_cvtpd_ps(e);
+    _mm256_storeu_ps(w + i, wf);
+    sum = _mm512_add_pd(sum, _mm512_cvtps_pd(wf));  // lane j: the weights i = j (mod 8)
   }
+  _mm512_storeu_pd(lane, sum);
   return i;
 }
 #endif
 
-void compute_weights(const float* logits, int64_t n, double max, double temperature, float* w) {
+// Returns their sum in double: lane j (j = 0..7) adds the weights i = j (mod 8) in increasing i,
+// then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) - one fixed order on every ISA and thread
+// count (kernels/sampling.h), free of the 4-cycle dependency chain of one running sum.
+double compute_weights(const float* logits, int64_t n, double max, double temperature, float* w) {
+  double lane[8] = {};
   int64_t i = 0;
 #ifdef TESSERA_SAMPLING_AVX512
-  if (cpu::active_isa() == cpu::Isa::kAvx512) i = weights_avx512(logits, n, max, temperature, w);
+  if (cpu::active_isa() == cpu::Isa::kAvx512) i = weights_avx512(logits, n, max, temperature, w, lane);
 #endif
-  for (; i < n; ++i) w[i] = static_cast<float>(sampling_exp((static_cast<double>(logits[i]) - max) / temperature));
+  for (; i < n; ++i) {
+    w[i] = static_cast<float>(sampling_exp((static_cast<double>(logits[i]) - max) / temperature));
+    lane[i % 8] += static_cast<double>(w[i]);
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// The maximum and its first index when every value is finite (then returns true); false as soon
+// as one is NaN or infinite (the caller's scalar pass handles those).
+#ifdef TESSERA_SAMPLING_AVX512
+// The maximum of v[0, 16 * (n / 16)); false when one of them is NaN or infinite.
+TESSERA_SAMPLING_AVX512 bool finite_max_avx512(const float* v, int64_t n, float* mx) {
+  __m512 vm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(v + i);
+    bad |= static_cast<__mmask16>(_mm512_cmp_ps_mask(_mm512_abs_ps(x), inf, _CMP_NLT_UQ));  // inf or NaN
+    vm = _mm512_max_ps(vm, x);
+  }
+  *mx = _mm512_reduce_max_ps(vm);
+  return bad == 0;
+}
+
+// The first index of v[0, n) holding `mx` (n when none): 16 compares at a time.
+TESSERA_SAMPLING_AVX512 int64_t first_equal_avx512(const float* v, int64_t n, float mx) {
+  const __m512 m = _mm512_set1_ps(mx);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(v + i), m, _CMP_EQ_OQ);
+    if (eq != 0) return i + std::countr_zero(static_cast<uint32_t>(eq));
+  }
+  for (; i < n; ++i)
+    if (v[i] == mx) return i;
+  return n;
+}
+#endif
+
+bool finite_argmax(const float* v, int64_t n, float* max_out, int64_t* arg_out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+#ifdef TESSERA_SAMPLING_AVX512
+  if (cpu::active_isa() == cpu::Isa::kAvx512 && n >= 16) {
+    if (!finite_max_avx512(v, n, &mx)) return false;
+    i = n / 16 * 16;
+  }
+#endif
+  for (; i < n; ++i) {
+    if (!std::isfinite(v[i])) return false;
+    mx = std::max(mx, v[i]);
+  }
+  int64_t arg = 0;  // the first maximum
+#ifdef TESSERA_SAMPLING_AVX512
+  if (cpu::active_isa() == cpu::Isa::kAvx512) {
+    arg = first_equal_avx512(v, n, mx);
+  } else
+#endif
+  {
+    while (arg < n && v[arg] != mx) ++arg;
+  }
+  *max_out = mx;
+  *arg_out = arg;
+  return true;
 }
 
 // (key, id): key is a logit or a weight. Candidates are ordered by key descending, then id
@@ -134,8 +204,15 @@ inline int weight_bucket(float w) { return static_cast<int>(std::bit_cast<uint32
 // hold more than `target` (with a margin for summation order); returns how many. The nucleus is
 // a prefix of them, so only they need sorting — one O(size) pass instead of repeated selection.
 int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
+  // Four interleaved sets of bucket sums (shorter dependency chains on the few hot buckets);
+  // a bound only, so the summation order is free (the margin below covers it).
+  std::array<std::array<double, kBuckets>, 4> part{};
+  int64_t i = 0;
+  for (; i + 4 <= size; i += 4)
+    for (int k = 0; k < 4; ++k) part[k][weight_bucket(cand[i + k].first)] += cand[i + k].first;
+  for (; i < size; ++i) part[0][weight_bucket(cand[i].first)] += cand[i].first;
   std::array<double, kBuckets> mass{};
-  for (int64_t i = 0; i < size; ++i) mass[weight_bucket(cand[i].first)] += cand[i].first;
+  for (int b = 0; b < kBuckets; ++b) mass[b] = (part[0][b] + part[1][b]) + (part[2][b] + part[3][b]);
   const double bound = target * (1.0 + 1e-9);
   double cumulative = 0.0;
   int lowest = 0;
@@ -238,11 +315,13 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
   TESSERA_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(), "vocab {}", vocab);
   apply_penalties(logits, vocab);
 
-  // One pass: sanitise non-finite values and find the argmax (first maximum: lowest id).
+  // Sanitise non-finite values and find the argmax (first maximum: lowest id): a vector pass
+  // when every logit is finite (the common case), else the scalar pass below.
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float max_logit = kNegInf;
   int64_t argmax = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
+  const bool finite = finite_argmax(logits, vocab, &max_logit, &argmax);
+  for (int64_t i = 0; !finite && i < vocab; ++i) {
     float x = logits[i];
     if (std::isnan(x)) {
       x = kNegInf;
@@ -308,11 +387,8 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
       size = vocab;
       // The weights in place of the logits (the logits are scratch here), then the candidates.
       std::vector<float>& w = thread_weights(vocab);
-      compute_weights(logits, vocab, max_logit, temperature, w.data());
-      for (int64_t i = 0; i < vocab; ++i) {
-        cand[i] = {w[static_cast<size_t>(i)], static_cast<int32_t>(i)};
-        mass += cand[i].first;
-      }
+      mass = compute_weights(logits, vocab, max_logit, temperature, w.data());
+      for (int64_t i = 0; i < vocab; ++i) cand[i] = {w[static_cast<size_t>(i)], static_cast<int32_t>(i)};
     }
     // min-p before top-p: it removes only tokens lighter than every one it keeps, i.e. a
     // suffix of the sorted order, so the top-p prefix sums (over `mass`) are unchanged.

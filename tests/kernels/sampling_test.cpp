@@ -571,3 +571,39 @@ TEST(SamplingIsa, VectorWeightsDrawTheScalarTokens) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The vector argmax (all logits finite) picks the first maximum as the scalar pass does, in the
+// body and in the tail, with or without non-finite values.
+TEST(SamplingIsa, GreedyFirstMaximumOnEveryIsa) {
+  const cpu::Isa best = cpu::active_isa();
+  for (int64_t vocab : {1, 15, 16, 17, 1000, 4099}) {
+    for (int64_t at : {int64_t{0}, vocab / 3, vocab - 1}) {
+      for (bool with_nan : {false, true}) {
+        std::vector<float> logits(static_cast<size_t>(vocab));
+        for (int64_t i = 0; i < vocab; ++i) logits[static_cast<size_t>(i)] = static_cast<float>((i * 37) % 101) * 0.01f;
+        logits[static_cast<size_t>(at)] = 5.0f;
+        if (vocab > at + 2) logits[static_cast<size_t>(vocab - 1)] = 5.0f;  // a later tie
+        if (with_nan && vocab > 2) logits[1] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<int32_t> ids;
+        for (cpu::Isa isa : {best, cpu::Isa::kScalar}) {
+          cpu::set_max_isa(isa);
+          SamplingParams p;
+          p.temperature = 0.0f;
+          Sampler s(p);
+          std::vector<float> work = logits;
+          ids.push_back(s.sample(work.data(), vocab).id);
+        }
+        cpu::set_max_isa(best);
+        const int32_t want = with_nan && at == 1 && vocab > 2 ? static_cast<int32_t>(vocab - 1) : static_cast<int32_t>(at);
+        EXPECT_EQ(ids[0], want) << vocab << " " << at << " " << with_nan;
+        EXPECT_EQ(ids[1], want) << vocab << " " << at << " " << with_nan;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
