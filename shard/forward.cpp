@@ -361,10 +361,19 @@ int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {
     } else {
       std::vector<uint8_t>& bytes = sw.owned.emplace_back(v.nbytes());
       const auto* src = static_cast<const uint8_t*>(v.data);
-      for_groups(n_groups, [&](int64_t g0, int64_t g1, int) {
-        const size_t at = static_cast<size_t>(g0) * group_bytes;
-        cpu::repack_r16(v.type, src + at, (g1 - g0) * cpu::kQRowGroup, v.cols(), bytes.data() + at);
-      });
+      // In slices of a few MB: a mapped matrix used by nothing else has its file pages dropped
+      // slice by slice, so the load's peak holds the copy and one slice of the file, not both
+      // whole (the 178 MB tied embedding of Gemma 3 270M: peak RSS 451 -> ~290 MB).
+      constexpr int64_t kSliceGroups = 256;
+      for (int64_t s0 = 0; s0 < n_groups; s0 += kSliceGroups) {
+        const int64_t s1 = std::min(n_groups, s0 + kSliceGroups);
+        for_groups(s1 - s0, [&](int64_t g0, int64_t g1, int) {
+          const size_t at = static_cast<size_t>(s0 + g0) * group_bytes;
+          cpu::repack_r16(v.type, src + at, (g1 - g0) * cpu::kQRowGroup, v.cols(), bytes.data() + at);
+        });
+        if (!shared)
+          release_mapped_range(src + static_cast<size_t>(s0) * group_bytes, static_cast<size_t>(s1 - s0) * group_bytes);
+      }
       // Mapped from the file and used by nothing else: its pages are not read again.
       if (!shared) release_mapped_range(v.data, v.nbytes());
       v.data = bytes.data();
