@@ -155,6 +155,7 @@ struct Runner {
     }
     std::vector<SequenceInput> ins(static_cast<size_t>(batch));
     std::vector<Sampler> samplers;
+    ThreadPool* pool = &model.pool();  // as the shard executor samples: on the forward pass's threads
     if (sampling != nullptr)
       for (int64_t b = 0; b < batch; ++b) samplers.emplace_back(*sampling);
     const auto t0 = Clock::now();
@@ -170,7 +171,7 @@ struct Runner {
       for (int64_t b = 0; b < batch; ++b) {
         float* row = &logits[static_cast<size_t>(b * vocab)];
         cur[static_cast<size_t>(b)] =
-            sampling != nullptr ? samplers[static_cast<size_t>(b)].sample(row, vocab).id : argmax(row, vocab);
+            sampling != nullptr ? samplers[static_cast<size_t>(b)].sample(row, vocab, pool).id : argmax(row, vocab);
       }
     }
     const double dt = seconds_since(t0);

@@ -33,9 +33,10 @@
 // never on the thread count, batch composition or the machine. The uniform for the draw at
 // output position n is sampling_uniform(seed, n); the weights use a fixed exp polynomial (not
 // libm) in IEEE double without FMA contraction, rounded to float, and every sum adds them in
-// double in the order stated above (the mass of the whole vocabulary, without top-k: in 8
-// lanes, lane j over the ids = j mod 8 in increasing order, combined as ((0+1)+(2+3))+((4+5)+
-// (6+7)); the same on every ISA). So TP ranks that see the same full logits (or gather
+// double in the order stated above (the mass of the whole vocabulary, without top-k: per block
+// of 16384 ids, 8 lane sums, lane j over the block's ids = j mod 8 in increasing order; each lane
+// adds its blocks in order; the lanes combine as ((0+1)+(2+3))+((4+5)+(6+7)); the same on every
+// ISA and thread count). So TP ranks that see the same full logits (or gather
 // exact per-rank candidates and merge them by (logit desc, id asc)) draw the same token with no
 // broadcast. A parallel implementation must reduce in a fixed order that does not depend on
 // the thread count. Another backend (GPU) that sums in a different order can differ only when u
@@ -61,6 +62,8 @@
 #include "common/status.h"
 
 namespace tessera {
+
+class ThreadPool;
 
 // SamplingParams and validate_sampling_params: common/sampling_params.h.
 
@@ -142,7 +145,9 @@ class Sampler {
   void add_prompt_tokens(std::span<const int32_t> ids);
   // Samples from logits[0, vocab); `logits` is used as scratch and modified (on return it
   // holds the penalised logits, NaN/inf replaced as described above). vocab >= 1.
-  SampledToken sample(float* logits, int64_t vocab);
+  // `pool` (optional) spreads the weight pass over its threads; the token and every value are
+  // the same with any pool or none (the pass works in fixed blocks: kernels/cpu/sampling.cpp).
+  SampledToken sample(float* logits, int64_t vocab, ThreadPool* pool = nullptr);
   // Records an output token (sample() calls this for the token it returns). id >= 0.
   void accept(int32_t id);
 

@@ -69,6 +69,8 @@ class LocalModel {
   ShardExecutor& executor() { return *executor_; }
   InProcessShard& steps() { return *steps_; }
   MetricsRegistry& metrics() { return metrics_; }
+  // The CPU threads the forward pass (and the executor's sampling) run on.
+  ThreadPool& pool() { return *pool_; }
 
  private:
   LocalModel() = default;

@@ -37,6 +37,7 @@ class CpuBackend : public ShardBackend {
   Status copy_block(int32_t src, int32_t dst) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
   uint64_t comm_micros() const override { return forward_ ? forward_->comm_micros : 0; }
+  ThreadPool* host_pool() override { return pool_; }
 
   // After configure_kv: the forward pass (direct runs for tests and benchmarks) and its cache.
   ForwardPass& forward() { return *forward_; }

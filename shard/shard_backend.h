@@ -20,6 +20,8 @@
 
 namespace tessera {
 
+class ThreadPool;
+
 // The figures a shard reports in its hello.
 struct BackendMemory {
   std::string device;                 // "cpu (2 threads, cpus 0-1)", "cuda:0 (NVIDIA H200, sm_90)"
@@ -69,6 +71,9 @@ class ShardBackend {
 
   // Microseconds spent in collectives outside the device's stream (CPU ranks), accumulated.
   virtual uint64_t comm_micros() const { return 0; }
+  // Host threads idle between steps that the executor's sampling may use (the CPU backend's
+  // pool); nullptr: sample on the calling thread.
+  virtual ThreadPool* host_pool() { return nullptr; }
 };
 
 }  // namespace tessera

@@ -210,7 +210,7 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
     for (const int32_t id : q.banned_tokens) {
       if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
     }
-    SampledToken tok = st.sampler->sample(logits, vocab);
+    SampledToken tok = st.sampler->sample(logits, vocab, backend_.host_pool());
     ++row;
     // Recompute after preemption re-samples only when the plan covers every known token.
     if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);

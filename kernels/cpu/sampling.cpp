@@ -15,12 +15,14 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "common/thread_pool.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__x86_64__)
@@ -69,11 +71,10 @@ TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, d
 }
 #endif
 
-// Returns their sum in double: lane j (j = 0..7) adds the weights i = j (mod 8) in increasing i,
-// then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) - one fixed order on every ISA and thread
-// count (kernels/sampling.h), free of the 4-cycle dependency chain of one running sum.
-double compute_weights(const float* logits, int64_t n, double max, double temperature, float* w) {
-  double lane[8] = {};
+// The weights of one block of ids and its 8 lane sums: lane j adds the weights i = j (mod 8) of
+// the block in increasing i.
+void block_weights(const float* logits, int64_t n, double max, double temperature, float* w, double* lane) {
+  for (int j = 0; j < 8; ++j) lane[j] = 0.0;
   int64_t i = 0;
 #ifdef TESSERA_SAMPLING_AVX512
   if (cpu::active_isa() == cpu::Isa::kAvx512) i = weights_avx512(logits, n, max, temperature, w, lane);
@@ -82,6 +83,33 @@ double compute_weights(const float* logits, int64_t n, double max, double temper
     w[i] = static_cast<float>(sampling_exp((static_cast<double>(logits[i]) - max) / temperature));
     lane[i % 8] += static_cast<double>(w[i]);
   }
+}
+
+// Ids per block of the weight pass: a multiple of 8, and the unit of the pool's work.
+constexpr int64_t kWeightBlock = 16384;
+
+// Returns the weights' sum in double in one fixed order whatever the ISA and the thread count
+// (kernels/sampling.h): blocks of kWeightBlock ids each give 8 lane sums (block_weights); lane j
+// adds its blocks' sums in block order; then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+// Free of the 4-cycle dependency chain of one running sum; the blocks run on `pool` when given.
+double compute_weights(const float* logits, int64_t n, double max, double temperature, float* w, ThreadPool* pool) {
+  const int64_t n_blocks = (n + kWeightBlock - 1) / kWeightBlock;
+  thread_local std::vector<double> partial;
+  partial.assign(static_cast<size_t>(n_blocks) * 8, 0.0);
+  double* part = partial.data();
+  auto run = [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t at = b * kWeightBlock;
+      block_weights(logits + at, std::min(kWeightBlock, n - at), max, temperature, w + at, part + 8 * b);
+    }
+  };
+  if (pool != nullptr && pool->size() > 1 && n_blocks > 1)
+    pool->parallel_for(n_blocks, 1, run);
+  else
+    run(0, n_blocks, 0);
+  double lane[8] = {};
+  for (int64_t b = 0; b < n_blocks; ++b)
+    for (int j = 0; j < 8; ++j) lane[j] += part[8 * b + j];
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
@@ -245,6 +273,77 @@ int64_t top_p_cut(Candidate* cand, int64_t size, bool sorted, double target) {
   return size;
 }
 
+// Top-p over the whole vocabulary without min-p, the common sampled case, without building and
+// partitioning a candidate per id: the weights (compute_weights), then the bucket masses and the
+// ids of the heaviest buckets that hold the nucleus gathered block by block (on `pool` when
+// given), sorted, and cut where the running mass first reaches top_p * mass - the same set, order
+// and cut as nucleus_bound + top_p_cut give over every candidate (both sort a superset of the
+// nucleus by Before and walk it in that order). Writes the nucleus to cand and the mass to
+// *mass_out; returns its size, or 0 when the gathered buckets fall short of the target (then the
+// caller takes the general path).
+int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperature, float top_p, Candidate* cand,
+                     double* mass_out, ThreadPool* pool) {
+  std::vector<float>& wv = thread_weights(n);
+  const float* w = wv.data();
+  const double mass = compute_weights(logits, n, max, temperature, wv.data(), pool);
+  *mass_out = mass;
+  const double target = static_cast<double>(top_p) * mass;
+  const int64_t n_blocks = (n + kWeightBlock - 1) / kWeightBlock;
+  const bool parallel = pool != nullptr && pool->size() > 1 && n_blocks > 1;
+  const int threads = parallel ? pool->size() : 1;
+  auto over_blocks = [&](const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (parallel)
+      pool->parallel_for(n_blocks, 1, fn);
+    else
+      fn(0, n_blocks, 0);
+  };
+  // Bucket masses, one set per thread (a bound only: the summation order is free).
+  // (Thread-local scratch of the calling thread: the workers reach it through these pointers.)
+  thread_local std::vector<double> bucket_scratch;
+  bucket_scratch.assign(static_cast<size_t>(threads) * kBuckets, 0.0);
+  double* const bucket_mass = bucket_scratch.data();
+  over_blocks([&](int64_t b0, int64_t b1, int t) {
+    double* m = bucket_mass + static_cast<size_t>(t) * kBuckets;
+    for (int64_t i = b0 * kWeightBlock, e = std::min(n, b1 * kWeightBlock); i < e; ++i) m[weight_bucket(w[i])] += w[i];
+  });
+  const double bound = target * (1.0 + 1e-9);
+  double cumulative = 0.0;
+  int lowest = 0;
+  for (int b = kBuckets - 1; b > 0; --b) {
+    for (int t = 0; t < threads; ++t) cumulative += bucket_mass[static_cast<size_t>(t) * kBuckets + static_cast<size_t>(b)];
+    if (cumulative >= bound) {
+      lowest = b;
+      break;
+    }
+  }
+  if (lowest == 0) return 0;
+  // The ids of those buckets, block by block, concatenated in block order.
+  thread_local std::vector<std::vector<Candidate>> block_scratch;
+  if (static_cast<int64_t>(block_scratch.size()) < n_blocks) block_scratch.resize(static_cast<size_t>(n_blocks));
+  std::vector<Candidate>* const per_block = block_scratch.data();
+  over_blocks([&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      std::vector<Candidate>& out = per_block[b];
+      out.clear();
+      for (int64_t i = b * kWeightBlock, e = std::min(n, (b + 1) * kWeightBlock); i < e; ++i)
+        if (weight_bucket(w[i]) >= lowest) out.emplace_back(w[i], static_cast<int32_t>(i));
+    }
+  });
+  int64_t size = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const std::vector<Candidate>& in = per_block[b];
+    std::copy(in.begin(), in.end(), cand + size);
+    size += static_cast<int64_t>(in.size());
+  }
+  std::sort(cand, cand + size, Before{});
+  double running = 0.0;
+  for (int64_t j = 0; j < size; ++j) {
+    running += cand[j].first;
+    if (running >= target) return j + 1;
+  }
+  return 0;
+}
+
 uint64_t random_seed() {
   // Drawn once per process; each Sampler then takes the next counter value, so samplers
   // created in the same microsecond still differ.
@@ -311,7 +410,7 @@ void Sampler::apply_penalties(float* logits, int64_t vocab) const {
     if (id < vocab) logits[id] += bias;
 }
 
-SampledToken Sampler::sample(float* logits, int64_t vocab) {
+SampledToken Sampler::sample(float* logits, int64_t vocab, ThreadPool* pool) {
   TESSERA_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(), "vocab {}", vocab);
   apply_penalties(logits, vocab);
 
@@ -371,6 +470,7 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
       return static_cast<float>(sampling_exp((static_cast<double>(logit) - max_logit) / temperature));
     };
     const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
+    bool nucleus_done = false;
     int64_t size = 0;
     double mass = 0.0;  // of the top-k set (the whole vocabulary without top-k)
     if (use_top_k) {
@@ -383,11 +483,14 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
       // Distinct logits can round to equal weights; re-sorting makes the draw order (weight
       // desc, id asc) the same as on the path without top-k. Nearly sorted already: cheap.
       std::sort(cand, cand + size, Before{});
+    } else if (params_.min_p == 0.0f && params_.top_p < 1.0f &&
+               (size = nucleus_fast(logits, vocab, max_logit, temperature, params_.top_p, cand, &mass, pool)) > 0) {
+      nucleus_done = true;  // cand[0, size): the top-p nucleus, in draw order
     } else {
       size = vocab;
       // The weights in place of the logits (the logits are scratch here), then the candidates.
       std::vector<float>& w = thread_weights(vocab);
-      mass = compute_weights(logits, vocab, max_logit, temperature, w.data());
+      mass = compute_weights(logits, vocab, max_logit, temperature, w.data(), pool);
       for (int64_t i = 0; i < vocab; ++i) cand[i] = {w[static_cast<size_t>(i)], static_cast<int32_t>(i)};
     }
     // min-p before top-p: it removes only tokens lighter than every one it keeps, i.e. a
@@ -404,7 +507,7 @@ SampledToken Sampler::sample(float* logits, int64_t vocab) {
                cand;
       }
     }
-    if (params_.top_p < 1.0f) {
+    if (params_.top_p < 1.0f && !nucleus_done) {
       size = top_p_cut(cand, size, use_top_k, static_cast<double>(params_.top_p) * mass);
     }
     double kept = 0.0;

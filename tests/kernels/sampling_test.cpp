@@ -2,6 +2,7 @@
 // empirical frequencies against the softmax, logprobs, vocabulary sizes 1 .. 262144.
 #include "kernels/sampling.h"
 
+#include "common/thread_pool.h"
 #include "kernels/cpu/vec.h"
 
 #include <gtest/gtest.h>
@@ -538,8 +539,8 @@ INSTANTIATE_TEST_SUITE_P(Sizes, SamplingVocab, ::testing::Values(1, 2, 512, 2621
 namespace tessera {
 namespace {
 
-// The AVX-512 weight pass gives the scalar loop's bits: the same draws over a 262k vocabulary
-// (Gemma 3's) for many seeds, with top-p and without truncation.
+// The AVX-512 weight pass gives the scalar loop's bits and a pool the single thread's: the same
+// draws over a 262k vocabulary (Gemma 3's) for many seeds, with top-p and without truncation.
 TEST(SamplingIsa, VectorWeightsDrawTheScalarTokens) {
   const int64_t vocab = 262144;
   std::mt19937 rng(5);
@@ -549,6 +550,7 @@ TEST(SamplingIsa, VectorWeightsDrawTheScalarTokens) {
   logits[17] = -std::numeric_limits<float>::infinity();
   logits[18] = -3000.0f;  // below e^-700 after the temperature: weight 0
   const cpu::Isa best = cpu::active_isa();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 3});  // any thread count: the same blocks
   for (float top_p : {1.0f, 0.95f}) {
     for (uint64_t seed = 0; seed < 200; ++seed) {
       SamplingParams p;
@@ -559,12 +561,14 @@ TEST(SamplingIsa, VectorWeightsDrawTheScalarTokens) {
       std::vector<int32_t> ids;
       for (cpu::Isa isa : {best, cpu::Isa::kScalar}) {
         cpu::set_max_isa(isa);
-        Sampler s(p);
-        std::vector<float> work = logits;
-        ids.push_back(s.sample(work.data(), vocab).id);
+        for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          Sampler s(p);
+          std::vector<float> work = logits;
+          ids.push_back(s.sample(work.data(), vocab, on).id);
+        }
       }
       cpu::set_max_isa(best);
-      EXPECT_EQ(ids[0], ids[1]) << "seed " << seed << " top_p " << top_p;
+      for (size_t k = 1; k < ids.size(); ++k) EXPECT_EQ(ids[0], ids[k]) << "seed " << seed << " top_p " << top_p << " " << k;
     }
   }
 }
@@ -600,6 +604,46 @@ TEST(SamplingIsa, GreedyFirstMaximumOnEveryIsa) {
         const int32_t want = with_nan && at == 1 && vocab > 2 ? static_cast<int32_t>(vocab - 1) : static_cast<int32_t>(at);
         EXPECT_EQ(ids[0], want) << vocab << " " << at << " " << with_nan;
         EXPECT_EQ(ids[1], want) << vocab << " " << at << " " << with_nan;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Top-p without min-p gathers the nucleus from the heaviest weight buckets; with a min-p too
+// small to matter the general path (every candidate, partition, cut) runs instead: both draw
+// the same tokens, with and without a pool.
+TEST(SamplingTopP, NucleusFromBucketsEqualsTheGeneralPath) {
+  const int64_t vocab = 100000;
+  std::mt19937 rng(11);
+  for (float spread : {0.5f, 3.0f, 12.0f}) {
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& x : logits) x = normal(rng);
+    ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
+    for (float top_p : {0.5f, 0.9f, 0.999f}) {
+      for (uint64_t seed = 0; seed < 40; ++seed) {
+        SamplingParams fast;
+        fast.temperature = 0.9f;
+        fast.top_p = top_p;
+        fast.seed = seed;
+        fast.has_seed = true;
+        SamplingParams general = fast;
+        general.min_p = 1e-30f;  // removes nothing that could be in the nucleus
+        std::vector<int32_t> ids;
+        for (const SamplingParams* p : {&fast, &general})
+          for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            Sampler s(*p);
+            std::vector<float> work = logits;
+            ids.push_back(s.sample(work.data(), vocab, on).id);
+          }
+        for (size_t k = 1; k < ids.size(); ++k)
+          EXPECT_EQ(ids[0], ids[k]) << "spread " << spread << " top_p " << top_p << " seed " << seed << " " << k;
       }
     }
   }
