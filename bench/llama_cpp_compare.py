@@ -214,33 +214,50 @@ def tessera_greedy(bin_dir, model, prompt, n, threads):
     return [int(t) for t in out[-1].split(",") if t]
 
 
-def tessera_prompt_logprobs(bin_dir, model, ids, threads):
-    """Log-probabilities of ids[1:] given their prefixes, from one `tessera serve` prefill (echo with
-    logprobs and max_tokens 0): Tessera's teacher-forced scores of a token sequence."""
-    import urllib.request
-    cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", "0", "--model-name", "m",
-           "--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        base, log = None, []
-        for line in proc.stdout:
+class TesseraServer:
+    """One `tessera serve` process for teacher-forced scoring (close() stops it)."""
+
+    def __init__(self, bin_dir, model, threads):
+        cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", "0", "--model-name", "m",
+               "--threads", str(threads)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.base, log = None, []
+        for line in self.proc.stdout:
             log.append(line)
             m = re.search(r"listening on (http://[\d.]+:\d+)", line)
             if m:
-                base = m.group(1)
+                self.base = m.group(1)
                 break
-        if base is None:
+        if self.base is None:
+            self.close()
             raise RuntimeError("tessera serve did not start:\n" + "".join(log))
+
+    def logprobs(self, ids):
+        """Log-probabilities of ids[1:] given their prefixes: one prefill (echo with logprobs and
+        max_tokens 0), Tessera's teacher-forced scores of a token sequence."""
+        import urllib.request
         body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
-        req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.base + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             lps = json.loads(r.read())["choices"][0]["logprobs"]["token_logprobs"]
         if len(lps) != len(ids):
             raise RuntimeError(f"echo returned {len(lps)} logprobs for {len(ids)} tokens")
         return lps[1:]
+
+    def close(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait()
+
+
+def tessera_prompt_logprobs(bin_dir, model, ids, threads):
+    """Tessera's teacher-forced scores of ids[1:], from a server started for this one call."""
+    server = TesseraServer(bin_dir, model, threads)
+    try:
+        return server.logprobs(ids)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        server.close()
 
 
 def greedy_compare(bin_dir, py, model, n, threads=2, prompt=(1, 450, 4086, 29871, 13, 3421, 338, 263)):

@@ -52,7 +52,9 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -95,28 +97,28 @@ constexpr double sampling_uniform(uint64_t seed, uint64_t counter) {
 // which is always 1). Bit-identical only where it is compiled without floating-point
 // contraction (-ffp-contract=off: kernels/cpu/sampling.cpp, the fake CUDA backend; baseline
 // x86-64 has no FMA anyway); sampling.cu has its own copy with explicit IEEE intrinsics.
+// Its constants, shared with the vector copy of its steps (kernels/cpu/sampling.cpp).
+namespace sampling_exp_constants {
+inline constexpr double kLog2e = 1.4426950408889634;
+inline constexpr double kLn2Hi = 0.6931471803691238;  // few mantissa bits: n * kLn2Hi is exact
+inline constexpr double kLn2Lo = 1.9082149292705877e-10;
+inline constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+inline constexpr double kLowest = -700.0;               // below: 0
+// Taylor series to degree 10, highest power first: truncation error < 3e-13 on |r| <= ln2 / 2.
+inline constexpr double kTaylor[] = {1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+                                     1.0 / 720.0,     1.0 / 120.0,    1.0 / 24.0,    1.0 / 6.0,
+                                     0.5,             1.0,            1.0};
+}  // namespace sampling_exp_constants
+
 inline double sampling_exp(double x) {
-  constexpr double kLog2e = 1.4426950408889634;
-  constexpr double kLn2Hi = 0.6931471803691238;  // few mantissa bits: n * kLn2Hi is exact
-  constexpr double kLn2Lo = 1.9082149292705877e-10;
-  constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const bool underflow = !(x > -700.0);
-  const double xc = underflow ? -700.0 : x;
+  using namespace sampling_exp_constants;
+  const bool underflow = !(x > kLowest);
+  const double xc = underflow ? kLowest : x;
   const double t = xc * kLog2e + kShifter;
   const double n = t - kShifter;
   const double r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
-  // Taylor series to degree 10: truncation error < 3e-13 on |r| <= ln2 / 2.
-  double p = 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
+  double p = kTaylor[0];
+  for (size_t k = 1; k < std::size(kTaylor); ++k) p = p * r + kTaylor[k];
   // The low mantissa bits of t hold n; n in [-1010, 0] keeps 2^n a normal double.
   const int64_t ni = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(kShifter);
   const double scale = std::bit_cast<double>(static_cast<uint64_t>(ni + 1023) << 52);

@@ -40,15 +40,14 @@ namespace {
 #ifdef TESSERA_SAMPLING_AVX512
 TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, double max, double temperature,
                                                float* w, double* lane) {
+  using namespace sampling_exp_constants;
   __m512d sum = _mm512_setzero_pd();
   const __m512d vmax = _mm512_set1_pd(max), vt = _mm512_set1_pd(temperature);
-  const __m512d log2e = _mm512_set1_pd(1.4426950408889634), shifter = _mm512_set1_pd(6755399441055744.0);
-  const __m512d ln2hi = _mm512_set1_pd(0.6931471803691238), ln2lo = _mm512_set1_pd(1.9082149292705877e-10);
-  const __m512d lo = _mm512_set1_pd(-700.0);
-  const __m512i shifter_bits = _mm512_set1_epi64(std::bit_cast<int64_t>(6755399441055744.0));
+  const __m512d log2e = _mm512_set1_pd(kLog2e), shifter = _mm512_set1_pd(kShifter);
+  const __m512d ln2hi = _mm512_set1_pd(kLn2Hi), ln2lo = _mm512_set1_pd(kLn2Lo);
+  const __m512d lo = _mm512_set1_pd(kLowest);
+  const __m512i shifter_bits = _mm512_set1_epi64(std::bit_cast<int64_t>(kShifter));
   const __m512i bias = _mm512_set1_epi64(1023);
-  constexpr double kCoef[] = {1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
-                              1.0 / 24.0,      1.0 / 6.0,      0.5,          1.0,          1.0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m512d x = _mm512_div_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(logits + i)), vmax), vt);
@@ -57,8 +56,8 @@ TESSERA_SAMPLING_AVX512 int64_t weights_avx512(const float* logits, int64_t n, d
     const __m512d t = _mm512_add_pd(_mm512_mul_pd(xc, log2e), shifter);
     const __m512d nn = _mm512_sub_pd(t, shifter);
     const __m512d r = _mm512_sub_pd(_mm512_sub_pd(xc, _mm512_mul_pd(nn, ln2hi)), _mm512_mul_pd(nn, ln2lo));
-    __m512d p = _mm512_set1_pd(kCoef[0]);
-    for (int k = 1; k < 11; ++k) p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(kCoef[k]));
+    __m512d p = _mm512_set1_pd(kTaylor[0]);
+    for (size_t k = 1; k < std::size(kTaylor); ++k) p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(kTaylor[k]));
     const __m512i ni = _mm512_sub_epi64(_mm512_castpd_si512(t), shifter_bits);
     const __m512d scale = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(ni, bias), 52));
     const __m512d e = _mm512_maskz_mov_pd(static_cast<__mmask8>(~underflow), _mm512_mul_pd(p, scale));
@@ -88,25 +87,34 @@ void block_weights(const float* logits, int64_t n, double max, double temperatur
 // Ids per block of the weight pass: a multiple of 8, and the unit of the pool's work.
 constexpr int64_t kWeightBlock = 16384;
 
+int64_t weight_blocks(int64_t n) { return (n + kWeightBlock - 1) / kWeightBlock; }
+bool runs_parallel(const ThreadPool* pool, int64_t n_blocks) {
+  return pool != nullptr && pool->size() > 1 && n_blocks > 1;
+}
+// fn(first block, end block, thread) over the weight blocks of n ids: on the pool when that pays.
+void for_weight_blocks(int64_t n, ThreadPool* pool, const std::function<void(int64_t, int64_t, int)>& fn) {
+  const int64_t n_blocks = weight_blocks(n);
+  if (runs_parallel(pool, n_blocks))
+    pool->parallel_for(n_blocks, 1, fn);
+  else
+    fn(0, n_blocks, 0);
+}
+
 // Returns the weights' sum in double in one fixed order whatever the ISA and the thread count
 // (kernels/sampling.h): blocks of kWeightBlock ids each give 8 lane sums (block_weights); lane j
 // adds its blocks' sums in block order; then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
 // Free of the 4-cycle dependency chain of one running sum; the blocks run on `pool` when given.
 double compute_weights(const float* logits, int64_t n, double max, double temperature, float* w, ThreadPool* pool) {
-  const int64_t n_blocks = (n + kWeightBlock - 1) / kWeightBlock;
-  thread_local std::vector<double> partial;
+  const int64_t n_blocks = weight_blocks(n);
+  thread_local std::vector<double> partial;  // the workers reach it through `part`
   partial.assign(static_cast<size_t>(n_blocks) * 8, 0.0);
   double* part = partial.data();
-  auto run = [&](int64_t b0, int64_t b1, int) {
+  for_weight_blocks(n, pool, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t at = b * kWeightBlock;
       block_weights(logits + at, std::min(kWeightBlock, n - at), max, temperature, w + at, part + 8 * b);
     }
-  };
-  if (pool != nullptr && pool->size() > 1 && n_blocks > 1)
-    pool->parallel_for(n_blocks, 1, run);
-  else
-    run(0, n_blocks, 0);
+  });
   double lane[8] = {};
   for (int64_t b = 0; b < n_blocks; ++b)
     for (int j = 0; j < 8; ++j) lane[j] += part[8 * b + j];
@@ -231,26 +239,39 @@ inline int weight_bucket(float w) { return static_cast<int>(std::bit_cast<uint32
 // Moves to the front of cand[0, size) the candidates of the heaviest buckets that together
 // hold more than `target` (with a margin for summation order); returns how many. The nucleus is
 // a prefix of them, so only they need sorting — one O(size) pass instead of repeated selection.
-int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
-  // Four interleaved sets of bucket sums (shorter dependency chains on the few hot buckets);
-  // a bound only, so the summation order is free (the margin below covers it).
-  std::array<std::array<double, kBuckets>, 4> part{};
-  int64_t i = 0;
-  for (; i + 4 <= size; i += 4)
-    for (int k = 0; k < 4; ++k) part[k][weight_bucket(cand[i + k].first)] += cand[i + k].first;
-  for (; i < size; ++i) part[0][weight_bucket(cand[i].first)] += cand[i].first;
-  std::array<double, kBuckets> mass{};
-  for (int b = 0; b < kBuckets; ++b) mass[b] = (part[0][b] + part[1][b]) + (part[2][b] + part[3][b]);
+// The lowest bucket such that the buckets from it up hold more than `target` (with a margin for
+// summation order), from `sets` arrays of kBuckets partial bucket masses; 0 when only the whole
+// range does (no bound).
+int lowest_nucleus_bucket(const double* mass, int sets, double target) {
   const double bound = target * (1.0 + 1e-9);
   double cumulative = 0.0;
-  int lowest = 0;
-  for (int b = kBuckets - 1; b >= 0; --b) {
-    cumulative += mass[b];
-    if (cumulative >= bound) {
-      lowest = b;
-      break;
-    }
+  for (int b = kBuckets - 1; b > 0; --b) {
+    for (int s = 0; s < sets; ++s) cumulative += mass[static_cast<size_t>(s) * kBuckets + static_cast<size_t>(b)];
+    if (cumulative >= bound) return b;
   }
+  return 0;
+}
+
+// How many leading candidates of cand[0, size) (in Before order) it takes for their mass, summed
+// in that order, to reach `target`; 0 when they never do.
+int64_t prefix_reaching(const Candidate* cand, int64_t size, double target) {
+  double cumulative = 0.0;
+  for (int64_t j = 0; j < size; ++j) {
+    cumulative += cand[j].first;
+    if (cumulative >= target) return j + 1;
+  }
+  return 0;
+}
+
+int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
+  // Four interleaved sets of bucket sums (shorter dependency chains on the few hot buckets);
+  // a bound only, so the summation order is free (the margin covers it).
+  std::array<double, 4 * kBuckets> part{};
+  int64_t i = 0;
+  for (; i + 4 <= size; i += 4)
+    for (int k = 0; k < 4; ++k) part[static_cast<size_t>(k) * kBuckets + weight_bucket(cand[i + k].first)] += cand[i + k].first;
+  for (; i < size; ++i) part[weight_bucket(cand[i].first)] += cand[i].first;
+  const int lowest = lowest_nucleus_bucket(part.data(), 4, target);
   if (lowest == 0) return size;
   return std::partition(cand, cand + size,
                         [&](const Candidate& c) { return weight_bucket(c.first) >= lowest; }) -
@@ -263,14 +284,11 @@ int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
 int64_t top_p_cut(Candidate* cand, int64_t size, bool sorted, double target) {
   const int64_t bound = sorted ? size : nucleus_bound(cand, size, target);
   if (!sorted) std::sort(cand, cand + bound, Before{});
-  double cumulative = 0.0;
-  for (int64_t j = 0; j < size; ++j) {
-    // Never taken in practice: the bound already holds more than the target.
-    if (j == bound) std::sort(cand + bound, cand + size, Before{});
-    cumulative += cand[j].first;
-    if (cumulative >= target) return j + 1;
-  }
-  return size;
+  if (const int64_t cut = prefix_reaching(cand, bound, target); cut > 0) return cut;
+  // Never taken in practice: the bound already holds more than the target.
+  std::sort(cand + bound, cand + size, Before{});
+  const int64_t cut = prefix_reaching(cand, size, target);
+  return cut > 0 ? cut : size;
 }
 
 // Top-p over the whole vocabulary without min-p, the common sampled case, without building and
@@ -288,40 +306,24 @@ int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperat
   const double mass = compute_weights(logits, n, max, temperature, wv.data(), pool);
   *mass_out = mass;
   const double target = static_cast<double>(top_p) * mass;
-  const int64_t n_blocks = (n + kWeightBlock - 1) / kWeightBlock;
-  const bool parallel = pool != nullptr && pool->size() > 1 && n_blocks > 1;
-  const int threads = parallel ? pool->size() : 1;
-  auto over_blocks = [&](const std::function<void(int64_t, int64_t, int)>& fn) {
-    if (parallel)
-      pool->parallel_for(n_blocks, 1, fn);
-    else
-      fn(0, n_blocks, 0);
-  };
+  const int64_t n_blocks = weight_blocks(n);
+  const int threads = runs_parallel(pool, n_blocks) ? pool->size() : 1;
   // Bucket masses, one set per thread (a bound only: the summation order is free).
   // (Thread-local scratch of the calling thread: the workers reach it through these pointers.)
   thread_local std::vector<double> bucket_scratch;
   bucket_scratch.assign(static_cast<size_t>(threads) * kBuckets, 0.0);
   double* const bucket_mass = bucket_scratch.data();
-  over_blocks([&](int64_t b0, int64_t b1, int t) {
+  for_weight_blocks(n, pool, [&](int64_t b0, int64_t b1, int t) {
     double* m = bucket_mass + static_cast<size_t>(t) * kBuckets;
     for (int64_t i = b0 * kWeightBlock, e = std::min(n, b1 * kWeightBlock); i < e; ++i) m[weight_bucket(w[i])] += w[i];
   });
-  const double bound = target * (1.0 + 1e-9);
-  double cumulative = 0.0;
-  int lowest = 0;
-  for (int b = kBuckets - 1; b > 0; --b) {
-    for (int t = 0; t < threads; ++t) cumulative += bucket_mass[static_cast<size_t>(t) * kBuckets + static_cast<size_t>(b)];
-    if (cumulative >= bound) {
-      lowest = b;
-      break;
-    }
-  }
+  const int lowest = lowest_nucleus_bucket(bucket_mass, threads, target);
   if (lowest == 0) return 0;
   // The ids of those buckets, block by block, concatenated in block order.
   thread_local std::vector<std::vector<Candidate>> block_scratch;
   if (static_cast<int64_t>(block_scratch.size()) < n_blocks) block_scratch.resize(static_cast<size_t>(n_blocks));
   std::vector<Candidate>* const per_block = block_scratch.data();
-  over_blocks([&](int64_t b0, int64_t b1, int) {
+  for_weight_blocks(n, pool, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       std::vector<Candidate>& out = per_block[b];
       out.clear();
@@ -336,12 +338,7 @@ int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperat
     size += static_cast<int64_t>(in.size());
   }
   std::sort(cand, cand + size, Before{});
-  double running = 0.0;
-  for (int64_t j = 0; j < size; ++j) {
-    running += cand[j].first;
-    if (running >= target) return j + 1;
-  }
-  return 0;
+  return prefix_reaching(cand, size, target);
 }
 
 uint64_t random_seed() {

@@ -27,12 +27,9 @@ import hashlib
 import json
 import math
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -227,55 +224,10 @@ def run_llama(py, model):
 
 # ----------------------------------------------------------------------------- Tessera side
 
-class TesseraServer:
-    """One `tessera serve` for all the teacher-forced scoring."""
-
-    def __init__(self, bin_dir, model, threads):
-        cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", "0", "--model-name", "m",
-               "--threads", str(threads)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.base, log = None, []
-        for line in self.proc.stdout:
-            log.append(line)
-            mt = re.search(r"listening on (http://[\d.]+:\d+)", line)
-            if mt:
-                self.base = mt.group(1)
-                break
-        if self.base is None:
-            self.close()
-            raise RuntimeError("tessera serve did not start:\n" + "".join(log))
-
-    def post(self, path, body):
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-
-    def logprobs(self, ids):
-        """log p(ids[i] | ids[:i]) for i >= 1: one prefill, echo with logprobs."""
-        r = self.post("/v1/completions", {"model": "m", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0})
-        lps = r["choices"][0]["logprobs"]["token_logprobs"]
-        if len(lps) != len(ids):
-            raise RuntimeError(f"echo returned {len(lps)} logprobs for {len(ids)} tokens")
-        return lps[1:]
-
-    def close(self):
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait()
-
-
 def tessera_tokenize(bin_dir, model, text):
     r = subprocess.run([os.path.join(bin_dir, "tessera"), "tokenize", "--model", model], input=text,
                        check=True, capture_output=True, text=True)
     return json.loads(r.stdout)
-
-
-def tessera_greedy(bin_dir, model, prompt, n, threads):
-    cmd = [os.path.join(bin_dir, "tessera"), "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
-           "--max-tokens", str(n), "--temperature", "0", "--print-ids", "--ignore-eos", "--threads", str(threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()
-    return [int(t) for t in out[-1].split(",") if t]
 
 
 def main():
@@ -324,6 +276,8 @@ def main():
 
     failures = []
     all_diffs, self_diffs, prefill_diffs = [], [], []
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from llama_cpp_compare import TesseraServer, tessera_greedy
     server = TesseraServer(args.bin_dir, model, args.threads)
     try:
         for p in ref["prompts"]:
