@@ -94,12 +94,15 @@ struct Writer {
     b.setMaxStepTokens(h.max_step_tokens);
     b.setMaxStepSeqs(h.max_step_seqs);
     b.setKvDtype(static_cast<proto::KvDtype>(h.kv_dtype));
+    b.setKvWindow(h.kv_window);
+    b.setKvWindowBytesPerToken(h.kv_window_bytes_per_token);
   }
   void operator()(const ConfigureMsg& c) {
     auto b = env.initConfigure();
     b.setNumBlocks(c.num_blocks);
     b.setBlockSize(c.block_size);
     b.setKvDtype(static_cast<proto::KvDtype>(c.kv_dtype));
+    b.setNumWindowBlocks(c.num_window_blocks);
   }
   void operator()(const StepPlan& p) {
     auto b = env.initStep();
@@ -123,12 +126,22 @@ struct Writer {
       fill_list(sched[i].initAppendBlocks(static_cast<unsigned>(s.append_blocks.size())), s.append_blocks);
       if (!s.banned_tokens.empty())
         fill_list(sched[i].initBannedTokens(static_cast<unsigned>(s.banned_tokens.size())), s.banned_tokens);
+      if (!s.append_window_blocks.empty())
+        fill_list(sched[i].initAppendWindowBlocks(static_cast<unsigned>(s.append_window_blocks.size())),
+                  s.append_window_blocks);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
     auto copies = b.initBlockCopies(static_cast<unsigned>(p.block_copies.size()));
     for (unsigned i = 0; i < p.block_copies.size(); ++i) {
       copies[i].setSrc(p.block_copies[i].src);
       copies[i].setDst(p.block_copies[i].dst);
+    }
+    if (!p.window_block_copies.empty()) {
+      auto wcopies = b.initWindowBlockCopies(static_cast<unsigned>(p.window_block_copies.size()));
+      for (unsigned i = 0; i < p.window_block_copies.size(); ++i) {
+        wcopies[i].setSrc(p.window_block_copies[i].src);
+        wcopies[i].setDst(p.window_block_copies[i].dst);
+      }
     }
   }
   void operator()(const StepResult& r) {
@@ -192,11 +205,13 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       h.max_step_tokens = r.getMaxStepTokens();
       h.max_step_seqs = r.getMaxStepSeqs();
       h.kv_dtype = read_kv_dtype(r.getKvDtype());
+      h.kv_window = r.getKvWindow();
+      h.kv_window_bytes_per_token = r.getKvWindowBytesPerToken();
       return h;
     }
     case proto::Envelope::CONFIGURE: {
       auto r = env.getConfigure();
-      return ConfigureMsg{r.getNumBlocks(), r.getBlockSize(), read_kv_dtype(r.getKvDtype())};
+      return ConfigureMsg{r.getNumBlocks(), r.getBlockSize(), read_kv_dtype(r.getKvDtype()), r.getNumWindowBlocks()};
     }
     case proto::Envelope::STEP: {
       auto r = env.getStep();
@@ -214,10 +229,12 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.prompt_logprobs = s.getPromptLogprobs();
         q.append_blocks = read_list<int32_t>(s.getAppendBlocks());
         q.banned_tokens = read_list<int32_t>(s.getBannedTokens());
+        q.append_window_blocks = read_list<int32_t>(s.getAppendWindowBlocks());
         p.scheduled.push_back(std::move(q));
       }
       p.finished = read_list<uint64_t>(r.getFinished());
       for (auto c : r.getBlockCopies()) p.block_copies.push_back({c.getSrc(), c.getDst()});
+      for (auto c : r.getWindowBlockCopies()) p.window_block_copies.push_back({c.getSrc(), c.getDst()});
       return p;
     }
     case proto::Envelope::RESULT: {

@@ -28,12 +28,20 @@ struct ShardHello {
   int64_t max_step_tokens = 0;  // a GPU shard's workspace limits (0: none, the CPU backend)
   int64_t max_step_seqs = 0;
   KvDtype kv_dtype = KvDtype::kF32;  // its KV cache's elements (kv_bytes_per_token is in them)
+  // Sliding-window layers (Gemma 3's local layers): their window in tokens, and their share of
+  // kv_bytes_per_token. 0 and 0: no layer has a window shorter than the context (one pool).
+  int64_t kv_window = 0;
+  uint64_t kv_window_bytes_per_token = 0;
 };
 
 struct ConfigureMsg {
   int64_t num_blocks = 0;
   int32_t block_size = 16;
   KvDtype kv_dtype = KvDtype::kF32;  // the coordinator planned with it; the shard must store it
+  // > 0: the windowed layers' KV lives in a pool of its own, num_window_blocks blocks of
+  // block_size tokens, addressed by each sequence's window table (ScheduledSequence); the other
+  // layers use num_blocks. 0: every layer uses the one pool and the one table.
+  int64_t num_window_blocks = 0;
 };
 
 struct NewSequence {
@@ -51,6 +59,11 @@ struct ScheduledSequence {
   bool reset_blocks = false;
   bool prompt_logprobs = false;
   std::vector<int32_t> banned_tokens;  // given probability 0 when this step samples
+  // With a window pool (ConfigureMsg::num_window_blocks > 0): the window table's entries for the
+  // same table slots as append_blocks (same length; reset_blocks clears both tables). -1 marks a
+  // slot whose window block was released: every position in it is behind every window the
+  // sequence's queries will see, and it is never read. Empty without a window pool.
+  std::vector<int32_t> append_window_blocks;
 };
 
 struct BlockCopy {
@@ -64,6 +77,7 @@ struct StepPlan {
   std::vector<ScheduledSequence> scheduled;
   std::vector<uint64_t> finished;
   std::vector<BlockCopy> block_copies;
+  std::vector<BlockCopy> window_block_copies;  // copy-on-write in the window pool, before the step
 };
 
 struct StepToken {

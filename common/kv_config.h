@@ -25,4 +25,19 @@ inline constexpr int32_t kMaxBlockSize = 1024;
 // InvalidArgument "block size must be in 16..1024 tokens, got N" otherwise.
 Status validate_block_size(int64_t block_size);
 
+// The window pool (DESIGN §3). A model whose layers are partly sliding-window (Gemma 3: 5 local
+// layers to 1 global) keeps the windowed layers' KV in a second pool with a second block table
+// per sequence: a block of it is released once every position in it is behind the window of
+// every query the sequence will still make, so those layers hold about window + one piece of
+// tokens per sequence instead of the whole context.
+//
+// The most window-pool blocks one sequence holds at once: a piece of n <= max_piece_tokens
+// queries at [s, s + n) reads keys from s - window + 1, so its live blocks cover window - 1 + n
+// positions (at most ceil((window - 1 + n) / block) + 1 blocks), plus one copy-on-write copy
+// held while its step is planned.
+int64_t window_blocks_per_sequence(int64_t window, int64_t max_piece_tokens, int64_t block_size);
+// The window pool for max_batch sequences: window_blocks_per_sequence * max_batch. The
+// scheduler never runs out of it (no preemption is ever needed for the windowed layers).
+int64_t window_pool_blocks(int64_t window, int64_t max_piece_tokens, int64_t block_size, int64_t max_batch);
+
 }  // namespace tessera

@@ -788,4 +788,13 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
   return out;
 }
 
+std::vector<bool> windowed_kv_layers(const ModelConfig& c) {
+  if (c.sliding_window <= 0 || (c.max_positions > 0 && c.sliding_window >= c.max_positions)) return {};
+  std::vector<bool> w(static_cast<size_t>(std::max<int64_t>(0, c.n_layers)));
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) n += (w[static_cast<size_t>(l)] = c.is_local_layer(l));
+  if (n == 0 || n == c.n_layers) return {};
+  return w;
+}
+
 }  // namespace tessera

@@ -119,5 +119,9 @@ std::vector<float> rope_inv_freq_local(const ModelConfig& config);
 
 // Gemma 3's layer pattern: every `pattern`-th layer global ((l + 1) % pattern == 0), the rest local.
 std::vector<bool> gemma_local_layers(int64_t n_layers, int64_t pattern);
+// The layers whose KV goes to the window pool (common/kv_config.h): the sliding-window layers,
+// when some but not all layers have a window and it is shorter than the context. Empty
+// otherwise (one pool: every layer keeps its KV for the whole sequence).
+std::vector<bool> windowed_kv_layers(const ModelConfig& c);
 
 }  // namespace tessera

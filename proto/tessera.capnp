@@ -40,6 +40,8 @@ struct ShardHello {
   maxStepTokens @10 :Int64;        # largest step the shard's workspace holds (0: no limit)
   maxStepSeqs @11 :Int64;          # most sequences in one step (0: no limit)
   kvDtype @12 :KvDtype;            # the elements its KV cache stores (the coordinator checks it)
+  kvWindow @13 :Int64;             # sliding window of its windowed layers (0: none; every layer sees all keys)
+  kvWindowBytesPerToken @14 :UInt64;  # of kvBytesPerToken, the bytes of the windowed layers (0 when kvWindow is 0)
 }
 
 # common/kv_config.h's KvDtype, same order.
@@ -54,6 +56,7 @@ struct Configure {
   numBlocks @0 :Int64;
   blockSize @1 :Int32;
   kvDtype @2 :KvDtype;             # what the coordinator planned with; the shard checks it
+  numWindowBlocks @3 :Int64;       # > 0: the windowed layers' KV lives in a pool of its own (window tables)
 }
 
 struct NewSequence {
@@ -73,6 +76,7 @@ struct ScheduledSequence {
   resetBlocks @5 :Bool;          # clear the table first (preemption / recompute)
   promptLogprobs @6 :Bool;       # report the logprob of every prompt token this piece predicts
   bannedTokens @7 :List(Int32);  # never sampled this step (EOS until min_tokens is reached)
+  appendWindowBlocks @8 :List(Int32);  # the window table's entries for the same blocks (-1: released)
 }
 
 struct BlockCopy {
@@ -86,6 +90,7 @@ struct StepPlan {
   scheduled @2 :List(ScheduledSequence);
   finished @3 :List(UInt64);     # drop state of these sequences (finished or aborted)
   blockCopies @4 :List(BlockCopy);  # copy-on-write, done before the step
+  windowBlockCopies @5 :List(BlockCopy);  # the same, in the window pool
 }
 
 struct TopLogprob {
