@@ -61,6 +61,10 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_gauge("tessera_kv_usage", "Fraction of KV blocks in use");
   m.declare_gauge("tessera_kv_blocks", "KV blocks by state (used, free, cached)");
   m.declare_gauge("tessera_kv_block_size", "Tokens per KV block");
+  m.declare_gauge("tessera_kv_window_usage",
+                  "Fraction of the window pool's blocks in use (the sliding-window layers' KV; only with a window pool)");
+  m.declare_gauge("tessera_kv_window_blocks", "Window-pool KV blocks by state (used, free, cached)");
+  m.declare_gauge("tessera_kv_window_tokens", "Sliding window of the layers whose KV is in the window pool");
   m.declare_gauge("tessera_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up");
   m.declare_gauge("tessera_kv_fragmentation", "Unused slots in the last blocks of sequences, as a fraction of used slots");
   m.declare_gauge("tessera_healthy", "1 while every shard answers");
@@ -78,9 +82,10 @@ Engine::Engine(const EngineOptions& options, StepExecutor& shards, BlockPool& po
                MetricsRegistry& metrics)
     : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics),
       next_seq_id_(options.first_seq_id) {
-  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_);
+  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_, options_.window);
   metrics_.set("tessera_healthy", 1);
   metrics_.set("tessera_kv_block_size", pool_.block_size());
+  if (options_.window.pool) metrics_.set("tessera_kv_window_tokens", static_cast<double>(options_.window.window));
 }
 
 Engine::~Engine() { stop(); }
@@ -332,6 +337,12 @@ void Engine::update_gauges() {
   metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.cached_blocks), "state=\"cached\"");
   metrics_.set("tessera_prefix_cache_hit_rate", st.kv.prefix_hit_rate);
   metrics_.set("tessera_kv_fragmentation", st.kv.fragmentation);
+  if (options_.window.pool) {
+    metrics_.set("tessera_kv_window_usage", st.kv_window.usage);
+    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.used_blocks), "state=\"used\"");
+    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.free_blocks), "state=\"free\"");
+    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.cached_blocks), "state=\"cached\"");
+  }
 }
 
 void Engine::step() {
@@ -375,7 +386,7 @@ void Engine::step() {
   update_gauges();
 }
 
-Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, MetricsRegistry& metrics,
+Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, WindowPool window, MetricsRegistry& metrics,
                                        const SingleRequest& r, const std::function<void(const JobEvent&)>& on_event) {
   EngineOptions eo;
   eo.scheduler.profile = "single request";
@@ -388,6 +399,7 @@ Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, 
   eo.eos_ids = r.eos_ids;
   eo.max_positions = r.max_positions;
   eo.first_seq_id = r.seq_id;
+  eo.window = window;
   Engine engine(eo, executor, pool, nullptr, metrics);
   std::optional<std::string> finish;
   std::string error;

@@ -72,6 +72,9 @@ struct EngineOptions {
   // The first sequence id this engine hands out (ids are the shards' keys: an engine that
   // follows another on the same shards starts past the ids the first one used).
   uint64_t first_seq_id = 1;
+  // The window pool beside the block pool (coordinator/scheduler.h; none by default). Not
+  // owned: it must outlive the engine.
+  WindowPool window;
 };
 
 class Engine {
@@ -156,7 +159,7 @@ struct SingleRequest {
 };
 // Events as Job::on_event. Returns the "stop" / "length" finish reason; an error or abort finish
 // is an Internal error with its message.
-Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, MetricsRegistry& metrics,
+Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, WindowPool window, MetricsRegistry& metrics,
                                        const SingleRequest& request,
                                        const std::function<void(const JobEvent&)>& on_event);
 

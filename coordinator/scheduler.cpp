@@ -29,6 +29,10 @@ struct Scheduler::Sequence {
   int64_t high_water = 0;      // most positions ever scheduled (to tell recompute from new work)
   int64_t num_registered = 0;  // leading full blocks already offered to the prefix cache
   std::vector<int32_t> blocks;
+  // The window table (with a window pool): one entry per slot of `blocks`, -1 once released.
+  // Slots before wlive_from are all -1.
+  std::vector<int32_t> wblocks;
+  int64_t wlive_from = 0;
   std::vector<BlockHash> hashes;  // hash chain of the full blocks of `tokens`, grown lazily
   int64_t preemptions = 0;
   int64_t cached_prompt_tokens = 0;
@@ -48,6 +52,7 @@ struct Scheduler::Piece {
   bool dropped = false;      // its sequence was preempted later in the same step
   bool force_reset = false;  // copy-on-write replaced a block the shards already hold
   std::vector<BlockCopy> copies;
+  std::vector<BlockCopy> wcopies;  // in the window pool
 };
 
 struct Scheduler::StepBuilder {
@@ -55,7 +60,8 @@ struct Scheduler::StepBuilder {
   Clock::time_point now;
   int64_t tokens_left = 0;
   std::vector<Piece> pieces;
-  std::vector<int32_t> holds;  // copy-on-write sources, retained until the plan is built
+  std::vector<int32_t> holds;   // copy-on-write sources, retained until the plan is built
+  std::vector<int32_t> wholds;  // the same in the window pool
   bool prefill_in_step = false;
 };
 
@@ -65,10 +71,19 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock)
-    : config_(config), pool_(pool), clock_(clock) {
+Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock, WindowPool window)
+    : config_(config), pool_(pool), clock_(clock), window_(window) {
   const Status s = validate_scheduler_config(config);
   TESSERA_CHECK(s.is_ok(), "{}", s.to_string());
+  if (window_.pool) {
+    TESSERA_CHECK(window_.window > 0, "window pool with a window of {} tokens", window_.window);
+    TESSERA_CHECK(window_.pool->block_size() == pool_.block_size(), "window pool blocks of {} tokens, block pool {}",
+                  window_.pool->block_size(), pool_.block_size());
+    const int64_t need = window_pool_blocks(window_.window, config_.prefill_chunk, pool_.block_size(), config_.max_batch);
+    TESSERA_CHECK(window_.pool->num_blocks() >= need,
+                  "window pool of {} blocks; a window of {} tokens, prefill_chunk {} and max_batch {} need {}",
+                  window_.pool->num_blocks(), window_.window, config_.prefill_chunk, config_.max_batch, need);
+  }
   max_wait_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.max_wait_ms));
   aging_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.aging_ms));
   if (aging_.count() <= 0) aging_ = Clock::duration(1);
@@ -117,6 +132,27 @@ void Scheduler::release_blocks(Sequence& s) {
   // is what other requests share.
   for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) pool_.release(*it);
   s.blocks.clear();
+  for (auto it = s.wblocks.rbegin(); it != s.wblocks.rend(); ++it)
+    if (*it >= 0) window_.pool->release(*it);
+  s.wblocks.clear();
+  s.wlive_from = 0;
+}
+
+// The first table slot a query at `start` (or later) reads in the windowed layers.
+int64_t Scheduler::first_window_slot(int64_t start) const {
+  return std::max<int64_t>(0, start - window_.window + 1) / pool_.block_size();
+}
+
+// Releases the window blocks no query from `start` on reads again.
+void Scheduler::slide_window(Sequence& s, int64_t start) {
+  if (!window_.pool) return;
+  const int64_t first = std::min<int64_t>(first_window_slot(start), static_cast<int64_t>(s.wblocks.size()));
+  for (int64_t i = s.wlive_from; i < first; ++i) {
+    int32_t& w = s.wblocks[static_cast<size_t>(i)];
+    if (w >= 0) window_.pool->release(w);
+    w = -1;
+  }
+  s.wlive_from = std::max(s.wlive_from, first);
 }
 
 void Scheduler::drop(uint64_t seq_id, bool aborted) {
@@ -181,6 +217,7 @@ const std::vector<BlockHash>& Scheduler::block_hashes(Sequence& s, int64_t n_blo
 
 int64_t Scheduler::match_prefix(Sequence& s) {
   s.blocks.clear();
+  s.wblocks.clear();
   if (!pool_.prefix_cache_enabled() || (!s.reuse_cached_prefix && s.generated() == 0)) return 0;
   const int64_t bs = pool_.block_size();
   const int64_t full = static_cast<int64_t>(s.tokens.size()) / bs;
@@ -192,6 +229,29 @@ int64_t Scheduler::match_prefix(Sequence& s) {
     s.blocks.push_back(*b);  // not retained yet: admit() decides
   }
   return static_cast<int64_t>(s.blocks.size());
+}
+
+// With a window pool: the longest prefix hit k' <= k whose first computed position finds every
+// window block it reads in the window pool's cache. s.wblocks = those blocks for slots [0, k')
+// (-1 before the first one read), not retained yet: admit() decides.
+int64_t Scheduler::window_prefix(Sequence& s, int64_t k, int64_t n_tok) {
+  if (!window_.pool || k == 0) return k;
+  const int64_t bs = pool_.block_size();
+  const auto& h = block_hashes(s, k);
+  s.wblocks.assign(static_cast<size_t>(k), -1);
+  for (int64_t i = 0; i < k; ++i) {
+    auto b = window_.pool->find_cached(h[i], i == 0 ? kRootBlockHash : h[i - 1],
+                                       std::span<const int32_t>(s.tokens).subspan(i * bs, bs));
+    if (b) s.wblocks[static_cast<size_t>(i)] = *b;
+  }
+  for (; k > 0; --k) {
+    const int64_t start = k * bs == n_tok ? n_tok - 1 : k * bs;
+    bool covered = true;
+    for (int64_t i = first_window_slot(start); i < k && covered; ++i) covered = s.wblocks[static_cast<size_t>(i)] >= 0;
+    if (covered) break;
+  }
+  s.wblocks.resize(static_cast<size_t>(k));
+  return k;
 }
 
 // True when a running sequence is still computing full prompt blocks that `s` would find in the
@@ -228,9 +288,13 @@ void Scheduler::register_computed_blocks(Sequence& s) {
   const int64_t full = std::min<int64_t>(s.num_computed / bs, static_cast<int64_t>(s.blocks.size()));
   if (!pool_.prefix_cache_enabled() || full <= s.num_registered) return;
   const auto& h = block_hashes(s, full);
-  for (int64_t i = s.num_registered; i < full; ++i)
-    pool_.register_full_block(s.blocks[i], h[i], i == 0 ? kRootBlockHash : h[i - 1],
-                              std::span<const int32_t>(s.tokens).subspan(i * bs, bs));
+  for (int64_t i = s.num_registered; i < full; ++i) {
+    const BlockHash parent = i == 0 ? kRootBlockHash : h[i - 1];
+    const auto toks = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
+    pool_.register_full_block(s.blocks[i], h[i], parent, toks);
+    if (window_.pool && s.wblocks[static_cast<size_t>(i)] >= 0)
+      window_.pool->register_full_block(s.wblocks[static_cast<size_t>(i)], h[i], parent, toks);
+  }
   s.num_registered = full;
 }
 
@@ -316,10 +380,29 @@ void Scheduler::add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n)
     s.blocks[i] = *fresh;
     if (i < s.shard_table_len) p.force_reset = true;
   }
+  if (window_.pool) {
+    // The window pool is sized so that none of this can fail (window_pool_blocks).
+    for (int64_t i = start / bs; i < static_cast<int64_t>(s.wblocks.size()) && i * bs < end; ++i) {
+      const int32_t old = s.wblocks[static_cast<size_t>(i)];
+      TESSERA_CHECK(old >= 0, "sequence {}: the piece at {} writes window slot {}, which was released", s.id, start, i);
+      if (window_.pool->ref_count(old) == 1 && !window_.pool->is_cached(old)) continue;
+      auto fresh = window_.pool->allocate();
+      TESSERA_CHECK(fresh.has_value(), "copy-on-write of window block {}: the window pool is exhausted", old);
+      p.wcopies.push_back({old, *fresh});
+      b.wholds.push_back(old);
+      s.wblocks[static_cast<size_t>(i)] = *fresh;
+      if (i < s.shard_table_len) p.force_reset = true;
+    }
+  }
   while (static_cast<int64_t>(s.blocks.size()) * bs < end) {
     auto fresh = pool_.allocate();
     TESSERA_CHECK(fresh.has_value(), "sequence {}: no free block after make_room", s.id);
     s.blocks.push_back(*fresh);
+    if (window_.pool) {
+      auto wfresh = window_.pool->allocate();
+      TESSERA_CHECK(wfresh.has_value(), "sequence {}: the window pool is exhausted", s.id);
+      s.wblocks.push_back(*wfresh);
+    }
   }
   if (n > 1) b.prefill_in_step = true;
   b.tokens_left -= n;
@@ -329,6 +412,7 @@ void Scheduler::add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n)
 }
 
 void Scheduler::schedule_running(StepBuilder& b, Sequence& s, int64_t n) {
+  slide_window(s, s.num_computed);
   if (!make_room(b, s, n)) return;
   add_piece(b, s, s.num_computed, n);
 }
@@ -383,7 +467,8 @@ bool Scheduler::preempt_lower_classes(StepBuilder& b, const Sequence& s, int64_t
 bool Scheduler::admit(StepBuilder& b, Sequence& s) {
   const int64_t bs = pool_.block_size();
   const auto n_tok = static_cast<int64_t>(s.tokens.size());
-  const int64_t matched = match_prefix(s);  // s.blocks = the matched blocks, not yet retained
+  // s.blocks = the matched blocks (s.wblocks their window blocks), not yet retained.
+  const int64_t matched = window_prefix(s, match_prefix(s), n_tok);
   const int64_t chunk = config_.prefill_chunk;
 
   struct Option {
@@ -402,7 +487,11 @@ bool Scheduler::admit(StepBuilder& b, Sequence& s) {
   if (pool_.num_free() < o.needed && o.start < o.k * bs) {
     // The copy-on-write needs one block more than recomputing the whole last block.
     Option alt = option(matched - 1);
-    if (pool_.num_free() >= alt.needed) o = alt;
+    bool covered = true;  // the window blocks the shorter hit reads
+    if (window_.pool)
+      for (int64_t i = first_window_slot(alt.start); i < alt.k && covered; ++i)
+        covered = s.wblocks[static_cast<size_t>(i)] >= 0;
+    if (pool_.num_free() >= alt.needed && covered) o = alt;
   }
   if (pool_.num_free() < o.needed) {
     std::vector<int32_t> keep(s.blocks.begin(), s.blocks.begin() + o.k);
@@ -411,6 +500,7 @@ bool Scheduler::admit(StepBuilder& b, Sequence& s) {
                                                             [&](int32_t k) { return pool_.ref_count(k) == 0; }));
     if (!preempt_lower_classes(b, s, new_blocks, keep)) {
       s.blocks.clear();
+      s.wblocks.clear();
       return false;
     }
     o = option(o.k);
@@ -418,6 +508,15 @@ bool Scheduler::admit(StepBuilder& b, Sequence& s) {
   }
   s.blocks.resize(static_cast<size_t>(o.k));
   for (int32_t blk : s.blocks) pool_.retain(blk);
+  if (window_.pool) {
+    s.wblocks.resize(static_cast<size_t>(o.k));
+    s.wlive_from = std::min<int64_t>(first_window_slot(o.start), o.k);
+    for (int64_t i = 0; i < o.k; ++i) {
+      int32_t& w = s.wblocks[static_cast<size_t>(i)];
+      if (i < s.wlive_from) w = -1;
+      else window_.pool->retain(w);
+    }
+  }
   s.num_computed = o.start;
   s.num_registered = std::min(o.k, o.start / bs);
   if (!s.admitted_once) {
@@ -497,6 +596,7 @@ std::optional<StepPlan> Scheduler::schedule() {
     q.reset_blocks = s.table_stale || p.force_reset;
     const int64_t from = q.reset_blocks ? 0 : s.shard_table_len;
     q.append_blocks.assign(s.blocks.begin() + from, s.blocks.end());
+    if (window_.pool) q.append_window_blocks.assign(s.wblocks.begin() + from, s.wblocks.end());
     s.shard_table_len = static_cast<int64_t>(s.blocks.size());
     s.table_stale = false;
     if (p.is_new) {
@@ -504,8 +604,12 @@ std::optional<StepPlan> Scheduler::schedule() {
       s.sent = true;
     }
     plan.block_copies.insert(plan.block_copies.end(), p.copies.begin(), p.copies.end());
-    for (int64_t i = p.start / bs; i < ceil_div(end, bs); ++i)
-      pool_.set_fill(s.blocks[i], static_cast<int32_t>(std::min<int64_t>(bs, end - i * bs)));
+    plan.window_block_copies.insert(plan.window_block_copies.end(), p.wcopies.begin(), p.wcopies.end());
+    for (int64_t i = p.start / bs; i < ceil_div(end, bs); ++i) {
+      const auto fill = static_cast<int32_t>(std::min<int64_t>(bs, end - i * bs));
+      pool_.set_fill(s.blocks[i], fill);
+      if (window_.pool) window_.pool->set_fill(s.wblocks[static_cast<size_t>(i)], fill);
+    }
     const int64_t recompute = std::max<int64_t>(0, std::min(end, s.high_water) - p.start);
     const int64_t fresh_prompt = std::max<int64_t>(0, std::min(end, s.prompt_len) - std::max(p.start, s.high_water));
     stats_.recompute_tokens += recompute;
@@ -518,6 +622,7 @@ std::optional<StepPlan> Scheduler::schedule() {
     step_tokens += p.n;
   }
   for (int32_t blk : b.holds) pool_.release(blk);
+  for (int32_t blk : b.wholds) window_.pool->release(blk);
   if (plan.scheduled.empty() && pending_finished_.empty()) {
     in_flight_pieces_.clear();
     return std::nullopt;
@@ -623,6 +728,7 @@ std::optional<SequenceInfo> Scheduler::info(uint64_t seq_id) const {
   i.generated_tokens = s.generated();
   i.computed_tokens = s.num_computed;
   i.blocks = static_cast<int64_t>(s.blocks.size());
+  i.window_blocks = std::count_if(s.wblocks.begin(), s.wblocks.end(), [](int32_t w) { return w >= 0; });
   i.priority = s.priority;
   i.preemptions = s.preemptions;
   i.cached_prompt_tokens = s.cached_prompt_tokens;
@@ -635,6 +741,7 @@ SchedulerStats Scheduler::stats() const {
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.kv = pool_.stats();
+  if (window_.pool) s.kv_window = window_.pool->stats();
   return s;
 }
 
@@ -662,6 +769,35 @@ Status Scheduler::check_invariants() const {
     if (pool_.ref_count(b) != refs[static_cast<size_t>(b)])
       return Status::internal(fmt::format("block {}: ref {} but {} tables hold it", b, pool_.ref_count(b),
                                           refs[static_cast<size_t>(b)]));
+  if (!window_.pool) return Status::ok();
+  // The window pool: references, and every slot the next query reads is live.
+  TESSERA_RETURN_IF_ERROR(window_.pool->check_invariants());
+  const int64_t per_seq = window_blocks_per_sequence(window_.window, config_.prefill_chunk, bs);
+  std::vector<int64_t> wrefs(static_cast<size_t>(window_.pool->num_blocks()), 0);
+  for (const Sequence* s : running_) {
+    if (s->wblocks.size() != s->blocks.size())
+      return Status::internal(fmt::format("sequence {}: {} window slots for {} blocks", s->id, s->wblocks.size(),
+                                          s->blocks.size()));
+    int64_t live = 0;
+    for (size_t i = 0; i < s->wblocks.size(); ++i) {
+      const int32_t w = s->wblocks[i];
+      if (w >= 0) {
+        ++wrefs[static_cast<size_t>(w)];
+        ++live;
+      } else if (static_cast<int64_t>(i) >= first_window_slot(s->num_computed)) {
+        return Status::internal(fmt::format("sequence {}: window slot {} released, but a query at {} reads it", s->id,
+                                            i, s->num_computed));
+      }
+    }
+    if (live > per_seq)
+      return Status::internal(fmt::format("sequence {} holds {} window blocks; at most {}", s->id, live, per_seq));
+  }
+  for (const Sequence* s : waiting_)
+    if (!s->wblocks.empty()) return Status::internal(fmt::format("waiting sequence {} holds window slots", s->id));
+  for (int32_t b = 0; b < window_.pool->num_blocks(); ++b)
+    if (window_.pool->ref_count(b) != wrefs[static_cast<size_t>(b)])
+      return Status::internal(fmt::format("window block {}: ref {} but {} window tables hold it", b,
+                                          window_.pool->ref_count(b), wrefs[static_cast<size_t>(b)]));
   return Status::ok();
 }
 

@@ -64,6 +64,16 @@
 //    so a request admitted in the same step as another with the same prefix does not share it.
 //  * A sequence that has generated max_tokens tokens is not scheduled again; the engine is
 //    expected to finish() it (it keeps its blocks until then).
+//  * Window pool (common/kv_config.h; optional): the sliding-window layers' KV lives in a second
+//    pool, and each sequence has a second table (the window table) with one entry per slot of
+//    its block table. Before a piece starting at position s is planned, the window blocks of
+//    slots wholly before s - window + 1 are released (their entries become -1: no query of the
+//    sequence reads them again); full window blocks are registered in the window pool's prefix
+//    cache under the same hash as the block-table slot, and stay there when released, until
+//    evicted. A prefix hit of k blocks is taken only as far as the window pool still holds the
+//    window blocks the first computed position reads; it is shortened to the longest k that
+//    does. Copy-on-write applies to both pools. The window pool is sized by window_pool_blocks
+//    for max_batch sequences, so it never runs out and never preempts anyone.
 //
 // Thread-safety: none; the engine thread owns the scheduler (DESIGN §1).
 #pragma once
@@ -98,12 +108,20 @@ struct SchedulerRequest {
 
 enum class SequenceState { kWaiting, kRunning };
 
+// The window pool a scheduler manages beside its block pool: none when pool is null.
+struct WindowPool {
+  BlockPool* pool = nullptr;  // same block size as the block pool; at least window_pool_blocks(window,
+                              // prefill_chunk, block_size, max_batch) blocks
+  int64_t window = 0;         // tokens: a query at p reads the windowed layers' keys in (p - window, p]
+};
+
 struct SequenceInfo {
   SequenceState state = SequenceState::kWaiting;
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t computed_tokens = 0;  // positions whose KV is in the cache (as of the last result)
   int64_t blocks = 0;           // blocks in its table
+  int64_t window_blocks = 0;    // window-pool blocks it holds (entries of its window table that are not -1)
   int32_t priority = 0;
   int64_t preemptions = 0;
   int64_t cached_prompt_tokens = 0;  // prompt tokens its first admission took from the prefix cache
@@ -126,13 +144,15 @@ struct SchedulerStats {
   int64_t recompute_tokens = 0;  // tokens computed again after a preemption (total)
   int64_t prefix_waits = 0;      // admissions put off a step for a prefix another sequence is computing (total)
   BlockPoolStats kv;
+  BlockPoolStats kv_window;  // the window pool (all zero without one)
 };
 
 class Scheduler {
  public:
   // `config` must pass validate_scheduler_config (checked). `pool` and `clock` must outlive the
   // scheduler; the pool must be used by nobody else.
-  Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock);
+  // `window` (optional) is the window pool: its size and block size are checked.
+  Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock, WindowPool window = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -178,6 +198,7 @@ class Scheduler {
   SchedulerStats stats() const;
   const SchedulerConfig& config() const { return config_; }
   const BlockPool& pool() const { return pool_; }
+  const BlockPool* window_pool() const { return window_.pool; }
   // Cross-checks the scheduler's tables with the pool's reference counts: for tests.
   Status check_invariants() const;
 
@@ -204,11 +225,15 @@ class Scheduler {
   const std::vector<BlockHash>& block_hashes(Sequence& s, int64_t n_blocks);
   void register_computed_blocks(Sequence& s);
   void release_blocks(Sequence& s);
+  int64_t first_window_slot(int64_t start) const;
+  void slide_window(Sequence& s, int64_t start);
+  int64_t window_prefix(Sequence& s, int64_t k, int64_t n_tok);
   void drop(uint64_t seq_id, bool aborted);
 
   SchedulerConfig config_;
   BlockPool& pool_;
   const Clock& clock_;
+  WindowPool window_;
   Clock::duration max_wait_;
   Clock::duration aging_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "common/logging.h"
 #include "common/mapped_file.h"
@@ -149,6 +150,7 @@ int run_server(const ServerOptions& o) {
   go.start_timeout = std::chrono::milliseconds(o.start_timeout_ms);
   go.step_tokens = o.scheduler.max_step_tokens;
   go.step_seqs = o.scheduler.max_batch;
+  go.prefill_chunk = o.scheduler.prefill_chunk;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
   std::string endpoint = (*group)->endpoint();
@@ -181,10 +183,14 @@ int run_server(const ServerOptions& o) {
   po.num_blocks = (*group)->plan().num_blocks;
   po.block_size = static_cast<int32_t>((*group)->plan().block_size);
   auto pool = BlockPool::create(po);
-  if (!pool.is_ok()) {
+  std::optional<Result<BlockPool>> window_pool;
+  if (pool.is_ok() && (*group)->plan().num_window_blocks > 0)
+    window_pool = BlockPool::create({(*group)->plan().num_window_blocks, po.block_size, po.enable_prefix_cache});
+  for (const Status& s : {pool.status(), window_pool ? window_pool->status() : Status::ok()}) {
+    if (s.is_ok()) continue;
     (*group)->shutdown("bad configuration");
     if (shards) shards->terminate();
-    return fail(pool.status().to_string());
+    return fail(s.to_string());
   }
 
   MetricsRegistry metrics;
@@ -195,6 +201,7 @@ int run_server(const ServerOptions& o) {
   if (eo.eos_ids.empty()) eo.eos_ids = (*tokenizer)->eos_ids();
   eo.max_positions = config.max_positions;
   eo.max_queued_sequences = o.max_queued_sequences;
+  if (window_pool) eo.window = {&window_pool->value(), (*group)->plan().window};
   Engine engine(eo, **group, *pool, tokenizer->get(), metrics);
   TESSERA_LOG_INFO("{}", format_scheduler_config(o.scheduler));
 

@@ -64,9 +64,17 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
   MemoryPlan p;
   p.block_size = o.block_size;
   p.min_available_bytes = UINT64_MAX;
+  const auto block = static_cast<uint64_t>(o.block_size);
   for (const ShardHello& h : hellos) {
-    p.kv_bytes_per_block = std::max<uint64_t>(p.kv_bytes_per_block, h.kv_bytes_per_token * static_cast<uint64_t>(o.block_size));
+    p.kv_bytes_per_block = std::max<uint64_t>(p.kv_bytes_per_block, h.kv_bytes_per_token * block);
     p.min_available_bytes = std::min(p.min_available_bytes, h.memory_available_bytes);
+    if (h.kv_window_bytes_per_token > h.kv_bytes_per_token)
+      return Status::invalid_argument(fmt::format("rank {} reports {} windowed KV bytes per token of {} in all", h.rank,
+                                                  h.kv_window_bytes_per_token, h.kv_bytes_per_token));
+    if (h.kv_window != hellos.front().kv_window)
+      return Status::invalid_argument(fmt::format("rank {} reports a KV window of {} tokens, rank {} of {}", h.rank,
+                                                  h.kv_window, hellos.front().rank, hellos.front().kv_window));
+    p.window_bytes_per_block = std::max<uint64_t>(p.window_bytes_per_block, h.kv_window_bytes_per_token * block);
   }
   if (p.kv_bytes_per_block == 0) return Status::invalid_argument("shards report 0 KV bytes per token");
   // Never plan to 100%: the headroom stays free for fragmentation, workspace growth, the OS.
@@ -82,6 +90,22 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
     p.limited_by = "max_kv_bytes";
   }
   p.num_blocks = static_cast<int64_t>(budget / p.kv_bytes_per_block);
+  // The window pool, when it leaves room for more blocks than one pool would.
+  const int64_t window = hellos.empty() ? 0 : hellos.front().kv_window;
+  const uint64_t full_bytes = p.kv_bytes_per_block - p.window_bytes_per_block;
+  const int64_t window_blocks = o.prefill_chunk > 0 && o.step_seqs > 0 && window > 0 && p.window_bytes_per_block > 0 &&
+                                        full_bytes > 0
+                                    ? window_pool_blocks(window, o.prefill_chunk, o.block_size, o.step_seqs)
+                                    : 0;
+  if (window_blocks > 0 && window_blocks < p.num_blocks) {
+    p.num_window_blocks = window_blocks;
+    p.window = window;
+    p.kv_bytes_per_block = full_bytes;
+    p.num_blocks = static_cast<int64_t>((budget - static_cast<uint64_t>(window_blocks) * p.window_bytes_per_block) /
+                                        full_bytes);
+  } else {
+    p.window_bytes_per_block = 0;
+  }
   if (o.max_blocks > 0 && o.max_blocks < p.num_blocks) {
     p.num_blocks = o.max_blocks;
     p.limited_by = "max_blocks";
@@ -90,7 +114,8 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
     return Status::resource_exhausted(fmt::format(
         "no room for a single KV block of {} bytes: {} bytes available on the smallest shard, {:.0f}% headroom",
         p.kv_bytes_per_block, p.min_available_bytes, o.headroom * 100));
-  p.planned_kv_bytes = static_cast<uint64_t>(p.num_blocks) * p.kv_bytes_per_block;
+  p.planned_kv_bytes = static_cast<uint64_t>(p.num_blocks) * p.kv_bytes_per_block +
+                      static_cast<uint64_t>(p.num_window_blocks) * p.window_bytes_per_block;
   return p;
 }
 
@@ -169,8 +194,15 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
   TESSERA_LOG_INFO("KV cache plan: {} blocks of {} tokens ({:.1f} MiB per shard, limited by {}, {:.0f}% headroom)",
                    plan_.num_blocks, plan_.block_size, static_cast<double>(plan_.planned_kv_bytes) / (1 << 20),
                    plan_.limited_by, o_.headroom * 100);
+  if (plan_.num_window_blocks > 0)
+    TESSERA_LOG_INFO("KV window pool: {} blocks for the layers with a {}-token window ({:.1f} MiB per shard; the "
+                     "other layers' blocks are {} bytes)",
+                     plan_.num_window_blocks, plan_.window,
+                     static_cast<double>(plan_.num_window_blocks * plan_.window_bytes_per_block) / (1 << 20),
+                     plan_.kv_bytes_per_block);
   for (int r = 0; r < o_.world_size; ++r) {
-    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size), o_.kv_dtype});
+    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size),
+                                                             o_.kv_dtype, plan_.num_window_blocks});
     if (!s.is_ok()) return fail(s);
   }
   last_sent_ = Clock::now();

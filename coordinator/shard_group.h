@@ -42,6 +42,9 @@ struct ShardGroupOptions {
   // smaller is refused at start-up, naming both numbers.
   int64_t step_tokens = 0;
   int64_t step_seqs = 0;
+  // The window pool (common/kv_config.h), when the shards report windowed layers: sized for
+  // step_seqs sequences whose pieces are at most prefill_chunk tokens. 0: never one.
+  int64_t prefill_chunk = 0;
 };
 
 struct MemoryPlan {
@@ -51,6 +54,11 @@ struct MemoryPlan {
   uint64_t min_available_bytes = 0;      // smallest over ranks
   uint64_t planned_kv_bytes = 0;         // per rank
   std::string limited_by;                // "memory", "max_kv_bytes", "max_blocks"
+  // The window pool: num_window_blocks > 0 when the windowed layers' KV lives apart. Then
+  // kv_bytes_per_block is the other layers' share, and planned_kv_bytes counts both pools.
+  int64_t num_window_blocks = 0;
+  int64_t window = 0;                    // tokens
+  uint64_t window_bytes_per_block = 0;   // largest over ranks
 };
 
 class ShardGroup : public StepExecutor {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,6 +118,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : 512;
   go.step_tokens = chunk;
   go.step_seqs = 1;
+  go.prefill_chunk = chunk;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
 
@@ -163,7 +165,17 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   r.max_positions = config.max_positions;
   TextStreamer streamer(tokenizer);
   std::vector<int32_t> ids;
-  Result<std::string> finish = run_single_request(**group, *blocks, metrics, r, [&](const JobEvent& ev) {
+  std::optional<BlockPool> window_blocks;
+  if ((*group)->plan().num_window_blocks > 0) {
+    auto w = BlockPool::create({(*group)->plan().num_window_blocks, static_cast<int32_t>(a.block_size), true});
+    if (!w.is_ok()) {
+      shards.terminate();
+      return fail(w.status().to_string());
+    }
+    window_blocks = std::move(w).value();
+  }
+  const WindowPool window{window_blocks ? &*window_blocks : nullptr, (*group)->plan().window};
+  Result<std::string> finish = run_single_request(**group, *blocks, window, metrics, r, [&](const JobEvent& ev) {
     for (int32_t id : ev.tokens) {
       ids.push_back(id);
       streamer.push(id);

@@ -124,7 +124,7 @@ Result<GenerateOutput> generate(LocalModel& model, const std::vector<int32_t>& p
     if (out.prompt_last_logits.empty()) out.prompt_last_logits.assign(row.begin(), row.end());
   });
   Result<std::string> finish =
-      run_single_request(model.steps(), model.blocks(), model.metrics(), r, [&](const JobEvent& ev) {
+      run_single_request(model.steps(), model.blocks(), {}, model.metrics(), r, [&](const JobEvent& ev) {
         for (size_t i = 0; i < ev.tokens.size(); ++i) {
           out.ids.push_back(ev.tokens[i]);
           if (!on_token) continue;

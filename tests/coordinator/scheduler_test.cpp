@@ -38,13 +38,24 @@ uint64_t mix(uint64_t a, uint64_t b) {
 //    copies and recomputes are right), read before anything of this step is written: a piece
 //    never depends on another piece of the same step;
 //  * no block written by one piece appears in another scheduled sequence's table;
-//  * batch and token limits.
+//  * batch and token limits;
+//  * with a window pool: the window table has an entry per slot of the table, and every
+//    position a query reads in the window layers, (start - window, start), holds the
+//    sequence's own KV in its window block; no window block a piece writes is in the live part
+//    of another scheduled sequence's window table (released slots keep stale ids, as on a real
+//    shard, and are never read).
 // A sampled token is a function of the KV identity of the last position, so a sequence's
 // output does not depend on how it was scheduled, only on its own tokens.
 class SimShard {
  public:
-  SimShard(int64_t num_blocks, int32_t bs, const SchedulerConfig& cfg)
-      : bs_(bs), num_blocks_(num_blocks), cfg_(cfg), kv_(static_cast<size_t>(num_blocks * bs), 0) {}
+  SimShard(int64_t num_blocks, int32_t bs, const SchedulerConfig& cfg, int64_t window_blocks = 0, int64_t window = 0)
+      : bs_(bs),
+        num_blocks_(num_blocks),
+        cfg_(cfg),
+        kv_(static_cast<size_t>(num_blocks * bs), 0),
+        num_wblocks_(window_blocks),
+        window_(window),
+        kvw_(static_cast<size_t>(window_blocks * bs), 0) {}
 
   StepResult execute(const StepPlan& plan) {
     StepResult r;
@@ -67,11 +78,19 @@ class SimShard {
       }
       std::copy_n(&kv_[slot(c.src, 0)], bs_, &kv_[slot(c.dst, 0)]);
     }
+    for (const BlockCopy& c : plan.window_block_copies) {
+      if (!wvalid(c.src) || !wvalid(c.dst) || c.src == c.dst) {
+        ADD_FAILURE() << at << "window copy " << c.src << "->" << c.dst;
+        continue;
+      }
+      std::copy_n(&kvw_[slot(c.src, 0)], bs_, &kvw_[slot(c.dst, 0)]);
+    }
     if (static_cast<int64_t>(plan.scheduled.size()) > cfg_.max_batch)
       ADD_FAILURE() << at << plan.scheduled.size() << " sequences, max_batch " << cfg_.max_batch;
     int64_t total = 0;
     std::set<uint64_t> ids;
     std::map<int32_t, uint64_t> written;  // block -> writer
+    std::map<int32_t, uint64_t> wwritten;  // window block -> writer
     // Tables and reads first.
     for (const ScheduledSequence& q : plan.scheduled) {
       total += q.num_tokens;
@@ -110,6 +129,33 @@ class SimShard {
         }
       }
       for (int64_t i = q.start_pos / bs_; i * bs_ < end; ++i) written[s.table[i]] = q.seq_id;
+      if (num_wblocks_ == 0) {
+        if (!q.append_window_blocks.empty()) ADD_FAILURE() << at << "window blocks without a window pool";
+        continue;
+      }
+      if (q.reset_blocks) s.wtable.clear();
+      s.wtable.insert(s.wtable.end(), q.append_window_blocks.begin(), q.append_window_blocks.end());
+      if (s.wtable.size() != s.table.size()) {
+        ADD_FAILURE() << at << "sequence " << q.seq_id << " window table of " << s.wtable.size() << " for "
+                      << s.table.size() << " blocks";
+        continue;
+      }
+      const int64_t first = std::max<int64_t>(0, q.start_pos - window_ + 1);
+      std::set<int32_t> wdistinct;
+      for (int64_t i = first / bs_; i < static_cast<int64_t>(s.wtable.size()); ++i) {
+        const int32_t w = s.wtable[static_cast<size_t>(i)];
+        if (!wvalid(w)) ADD_FAILURE() << at << "sequence " << q.seq_id << " window slot " << i << " read, block " << w;
+        else if (!wdistinct.insert(w).second) ADD_FAILURE() << at << "sequence " << q.seq_id << " repeats window block " << w;
+      }
+      for (int64_t p = first; p < q.start_pos && p < known; ++p) {
+        const int32_t w = s.wtable[static_cast<size_t>(p / bs_)];
+        if (!wvalid(w) || kvw_[slot(w, p % bs_)] != ident[p]) {
+          ADD_FAILURE() << at << "sequence " << q.seq_id << " reads wrong window KV at position " << p << " (block "
+                        << w << ")";
+          break;
+        }
+      }
+      for (int64_t i = q.start_pos / bs_; i * bs_ < end; ++i) wwritten[s.wtable[static_cast<size_t>(i)]] = q.seq_id;
     }
     if (total > cfg_.max_step_tokens) ADD_FAILURE() << at << total << " tokens, budget " << cfg_.max_step_tokens;
     for (const ScheduledSequence& q : plan.scheduled) {
@@ -119,6 +165,13 @@ class SimShard {
         auto w = written.find(b);
         if (w != written.end() && w->second != q.seq_id)
           ADD_FAILURE() << at << "block " << b << " written by " << w->second << " is in the table of " << q.seq_id;
+      }
+      const std::vector<int32_t>& wt = it->second.wtable;
+      for (size_t i = static_cast<size_t>(std::max<int64_t>(0, q.start_pos - window_ + 1) / bs_); i < wt.size(); ++i) {
+        auto w = wwritten.find(wt[i]);
+        if (w != wwritten.end() && w->second != q.seq_id)
+          ADD_FAILURE() << at << "window block " << wt[i] << " written by " << w->second << " is live in the table of "
+                        << q.seq_id;
       }
     }
     // Writes and samples.
@@ -130,6 +183,11 @@ class SimShard {
       if (static_cast<int64_t>(s.table.size()) * bs_ < end || end > static_cast<int64_t>(s.tokens.size())) continue;
       std::vector<uint64_t> ident = identities(s.tokens);
       for (int64_t p = q.start_pos; p < end; ++p) kv_[slot(s.table[p / bs_], p % bs_)] = ident[p];
+      if (num_wblocks_ > 0 && s.wtable.size() == s.table.size())
+        for (int64_t p = q.start_pos; p < end; ++p) {
+          const int32_t w = s.wtable[static_cast<size_t>(p / bs_)];
+          if (wvalid(w)) kvw_[slot(w, p % bs_)] = ident[p];
+        }
       if (q.sample) {
         const uint64_t last = kv_[slot(s.table[(end - 1) / bs_], (end - 1) % bs_)];
         const auto tok = static_cast<int32_t>(last % 50000);
@@ -150,8 +208,10 @@ class SimShard {
   struct Seq {
     std::vector<int32_t> tokens;
     std::vector<int32_t> table;
+    std::vector<int32_t> wtable;
   };
   bool valid(int32_t b) const { return b >= 0 && b < num_blocks_; }
+  bool wvalid(int32_t b) const { return b >= 0 && b < num_wblocks_; }
   size_t slot(int32_t block, int64_t off) const { return static_cast<size_t>(block * bs_ + off); }
   static std::vector<uint64_t> identities(const std::vector<int32_t>& t) {
     std::vector<uint64_t> id(t.size());
@@ -163,6 +223,8 @@ class SimShard {
   int64_t bs_, num_blocks_;
   SchedulerConfig cfg_;
   std::vector<uint64_t> kv_;
+  int64_t num_wblocks_, window_;
+  std::vector<uint64_t> kvw_;
   std::map<uint64_t, Seq> seqs_;
   std::set<uint64_t> ever_;
   uint64_t last_step_ = 0;
@@ -215,11 +277,17 @@ std::vector<int32_t> prompt_of(int32_t base, int len) {
 
 // The engine around the scheduler: runs each plan on the simulated shard, feeds the result
 // back, finishes sequences after their output length, and checks the invariants each step.
+// `window` > 0: with a window pool of exactly window_pool_blocks blocks.
 struct Harness {
-  Harness(const SchedulerConfig& cfg, int64_t num_blocks, int32_t bs = 16, bool cache = true)
+  Harness(const SchedulerConfig& cfg, int64_t num_blocks, int32_t bs = 16, bool cache = true, int64_t window = 0)
       : pool(std::move(BlockPool::create({num_blocks, bs, cache})).value()),
-        sched(cfg, pool, clock),
-        shard(num_blocks, bs, cfg) {}
+        wpool(window > 0 ? std::make_unique<BlockPool>(std::move(
+                               BlockPool::create({window_pool_blocks(window, cfg.prefill_chunk, bs, cfg.max_batch), bs,
+                                                  cache}))
+                                                           .value())
+                         : nullptr),
+        sched(cfg, pool, clock, {wpool.get(), window}),
+        shard(num_blocks, bs, cfg, wpool ? wpool->num_blocks() : 0, window) {}
 
   Status add(uint64_t id, std::vector<int32_t> prompt, int64_t out_len, int32_t priority = 0,
              bool reuse_cached_prefix = true) {
@@ -302,6 +370,7 @@ struct Harness {
 
   ManualClock clock;
   BlockPool pool;
+  std::unique_ptr<BlockPool> wpool;
   Scheduler sched;
   SimShard shard;
   int steps = 0;
@@ -919,6 +988,118 @@ TEST(SchedulerTest, RandomLoadKeepsTheContract) {
       ASSERT_TRUE(solo.add(id, requests[id].first, requests[id].second).is_ok());
       solo.run();
       EXPECT_EQ(solo.outputs[id], out) << "seed " << seed << " request " << id;
+    }
+  }
+}
+
+// ---- window pool -----------------------------------------------------------------------------
+
+TEST(SchedulerWindowPoolTest, ReleasesBlocksBehindTheWindow) {
+  // A 200-token prompt and 40 new tokens with a 32-token window: the window table keeps only
+  // the blocks the next query reads, while the block table covers the whole sequence.
+  const SchedulerConfig cfg = knobs(2, 64, 32);
+  Harness h(cfg, 40, 16, true, /*window=*/32);
+  ASSERT_TRUE(h.add(1, 200, 40).is_ok());
+  const int64_t bound = window_blocks_per_sequence(32, 32, 16);
+  int64_t most = 0, last_blocks = 0, last_window = 0;
+  while (h.sched.has_work()) {
+    h.step();
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    if (auto i = h.sched.info(1)) {
+      most = std::max(most, i->window_blocks);
+      last_blocks = i->blocks;
+      last_window = i->window_blocks;
+    }
+  }
+  EXPECT_LE(most, bound);
+  EXPECT_EQ(last_blocks, 15);  // 239 positions
+  EXPECT_LE(last_window, 4);   // (239 - 32, 239]: 3 blocks, 4 just after a boundary
+  EXPECT_EQ(h.wpool->num_used(), 0);
+  EXPECT_EQ(h.pool.num_used(), 0);
+  // Same tokens as without a window pool.
+  Harness plain(cfg, 40, 16);
+  ASSERT_TRUE(plain.add(1, 200, 40).is_ok());
+  plain.run();
+  EXPECT_EQ(plain.outputs[1], h.outputs[1]);
+}
+
+TEST(SchedulerWindowPoolTest, PrefixHitNeedsTheWindowBlocksItReads) {
+  const SchedulerConfig cfg = knobs(1, 64, 32);
+  Harness h(cfg, 100, 16, true, /*window=*/32);
+  std::vector<int32_t> prefix = prompt_of(5000, 96);
+  auto with_tail = [&](int32_t base) {
+    std::vector<int32_t> p = prefix;
+    for (int i = 0; i < 10; ++i) p.push_back(base + i);
+    return p;
+  };
+  ASSERT_TRUE(h.add(1, prefix, 1).is_ok());
+  h.run();
+  // The window blocks of slots 4 and 5 (positions 64..95) are still cached: the hit is whole.
+  ASSERT_TRUE(h.add(2, with_tail(100), 1).is_ok());
+  const std::string first = h.step();
+  EXPECT_EQ(piece_of(first, 2), "96+10s") << first;
+  h.run();
+  // An unrelated long prompt cycles the (6-block) window pool and evicts those window blocks;
+  // the 100-block pool keeps the prefix. The hit is cut to what the window pool still has.
+  ASSERT_TRUE(h.add(3, 400, 1).is_ok());
+  h.run();
+  ASSERT_TRUE(h.add(4, with_tail(200), 1).is_ok());
+  const std::string again = h.step();
+  const std::string piece = piece_of(again, 4);
+  ASSERT_FALSE(piece.empty()) << again;
+  EXPECT_LT(std::stoll(piece.substr(0, piece.find('+'))), 96) << again;
+  h.run();
+  EXPECT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(h.wpool->stats().evictions, 0);
+  EXPECT_EQ(h.wpool->num_used(), 0);
+}
+
+TEST(SchedulerWindowPoolTest, RandomLoadKeepsTheContract) {
+  // RandomLoadKeepsTheContract with a window pool of exactly window_pool_blocks blocks: the
+  // simulated shard checks the window reads of every plan; the pool never runs out (add_piece
+  // would abort), every block is free at the end, and outputs equal runs without a window pool.
+  for (const int64_t window : {20, 33}) {
+    for (uint32_t seed : {1u, 2u}) {
+      std::mt19937 rng(seed);
+      SchedulerConfig cfg = knobs(6, 64, 24, /*wait_ms=*/3, /*classes=*/3, /*aging_ms=*/200);
+      Harness h(cfg, 30, 16, true, window);
+      std::map<uint64_t, std::pair<std::vector<int32_t>, int64_t>> requests;
+      const std::vector<int32_t> shared = prompt_of(90000, 60);
+      uint64_t next = 1;
+      int64_t released = 0;
+      for (int step = 0; step < 1200; ++step) {
+        if (step < 1000 && rng() % 3 == 0) {
+          std::vector<int32_t> prompt;
+          if (rng() % 2) prompt.assign(shared.begin(), shared.begin() + 16 + rng() % 45);
+          const int extra = 1 + static_cast<int>(rng() % 90);
+          for (int i = 0; i < extra; ++i) prompt.push_back(static_cast<int32_t>(rng() % 1000));
+          const int64_t out = 1 + rng() % 60;
+          const uint64_t id = next++;
+          Status s = h.add(id, prompt, out, static_cast<int32_t>(rng() % 3));
+          if (s.is_ok()) requests[id] = {prompt, out};
+        }
+        if (rng() % 40 == 0 && next > 1) h.sched.abort(1 + rng() % (next - 1));
+        for (uint64_t id = 1; id < next; ++id)
+          if (auto i = h.sched.info(id)) released = std::max(released, i->blocks - i->window_blocks);
+        if (h.step() == "idle") h.clock.advance(*h.sched.time_until_next_decision());
+        else h.clock.advance(milliseconds(rng() % 3));
+        if (::testing::Test::HasFailure()) break;
+      }
+      h.run(5000);
+      ASSERT_FALSE(h.sched.has_work()) << "window " << window << " seed " << seed;
+      EXPECT_EQ(h.pool.num_used(), 0);
+      EXPECT_EQ(h.wpool->num_used(), 0);
+      EXPECT_GT(released, 2) << "sequences should outgrow the window";
+      EXPECT_GT(h.sched.stats().preemptions, 0);
+      EXPECT_GT(h.pool.stats().prefix_hit_rate, 0.0);
+      int checked = 0;
+      for (const auto& [id, out] : h.outputs) {
+        if (checked++ >= 8) break;
+        Harness solo(cfg, 30, 16, /*cache=*/false);
+        ASSERT_TRUE(solo.add(id, requests[id].first, requests[id].second).is_ok());
+        solo.run();
+        EXPECT_EQ(solo.outputs[id], out) << "window " << window << " seed " << seed << " request " << id;
+      }
     }
   }
 }

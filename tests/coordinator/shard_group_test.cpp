@@ -64,6 +64,43 @@ TEST(ShardGroupTest, StartsAndPlansMemoryWithHeadroom) {
   }
 }
 
+TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
+  // 18 layers of 4 bytes per token, 15 of them windowed (Gemma 3's 5:1), window 512.
+  std::vector<ShardHello> hellos = {hello(0, 1)};
+  hellos[0].kv_bytes_per_token = 72;
+  hellos[0].kv_window = 512;
+  hellos[0].kv_window_bytes_per_token = 60;
+  hellos[0].memory_available_bytes = 64ull << 20;
+  ShardGroupOptions o;
+  o.block_size = 16;
+  o.headroom = 0.0;
+  o.step_seqs = 4;
+  o.prefill_chunk = 256;
+  auto p = plan_kv_memory(hellos, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  const int64_t w = window_pool_blocks(512, 256, 16, 4);
+  EXPECT_EQ(w, 4 * ((511 + 256 + 15) / 16 + 2));
+  EXPECT_EQ(p->num_window_blocks, w);
+  EXPECT_EQ(p->window, 512);
+  EXPECT_EQ(p->window_bytes_per_block, 60u * 16);
+  EXPECT_EQ(p->kv_bytes_per_block, 12u * 16);
+  EXPECT_EQ(p->num_blocks, static_cast<int64_t>(((64ull << 20) - w * 60 * 16) / (12 * 16)));
+  EXPECT_LE(p->planned_kv_bytes, 64ull << 20);
+  // About 5.9x the tokens of one pool (72 / 12, less the window pool).
+  const int64_t one_pool = static_cast<int64_t>((64ull << 20) / (72 * 16));
+  EXPECT_GT(p->num_blocks, 5 * one_pool);
+
+  // No window pool without the scheduler's sizes, or when it would not pay.
+  o.prefill_chunk = 0;
+  EXPECT_EQ(plan_kv_memory(hellos, o)->num_window_blocks, 0);
+  EXPECT_EQ(plan_kv_memory(hellos, o)->num_blocks, one_pool);
+  o.prefill_chunk = 256;
+  hellos[0].memory_available_bytes = w * 72 * 16;  // one pool holds as many blocks as the window pool alone
+  EXPECT_EQ(plan_kv_memory(hellos, o)->num_window_blocks, 0);
+  hellos[0].kv_window_bytes_per_token = 80;
+  EXPECT_FALSE(plan_kv_memory(hellos, o).is_ok());
+}
+
 TEST(ShardGroupTest, WorldSizeMismatchNamesTheRank) {
   Status s = start_with({hello(0, 2), hello(1, 3)}, 2);
   ASSERT_FALSE(s.is_ok());
