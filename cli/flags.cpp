@@ -42,6 +42,17 @@ CLI::Option* add_block_size_flag(CLI::App& app, int64_t& block_size) {
       ->capture_default_str();
 }
 
+CLI::Option* add_window_pool_flag(CLI::App& app, bool& on) {
+  auto* v = &on;
+  return app
+      .add_option_function<std::string>(
+          "--kv-window-pool", [v](const std::string& s) { *v = s == "on"; },
+          "on: the KV of layers with a sliding window shorter than the context (Gemma 3's local layers) lives in a "
+          "pool of its own and holds only the window; off: every layer keeps its KV for the whole sequence")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
+}
+
 void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
   auto* f = &flags;
   app.add_option_function<std::string>(

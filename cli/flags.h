@@ -29,6 +29,10 @@ CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use)
 // when absent.
 CLI::Option* add_block_size_flag(CLI::App& app, int64_t& block_size);
 
+// --kv-window-pool on|off: whether the layers with a sliding window (Gemma 3's local layers) keep
+// their KV in a pool of their own that holds only the window (common/kv_config.h); default on.
+CLI::Option* add_window_pool_flag(CLI::App& app, bool& on);
+
 // --quant / --quant-lm-head: round-to-nearest quantization of float weights at load.
 // `who` starts the help text ("" for this process, "shards " for the shards a command starts).
 struct QuantFlags {

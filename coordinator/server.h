@@ -29,6 +29,7 @@ struct ServerOptions {
   bool quant_lm_head = false;
   double headroom = 0.10;
   uint64_t max_kv_bytes = 0;         // per shard; 0: 2 GiB for CPU shards, none for CUDA
+  bool kv_window_pool = true;        // the sliding-window layers' KV in a pool of its own (common/kv_config.h)
   int64_t max_queued_sequences = 4096;
   size_t max_body_bytes = 8 << 20;
   // Shards.

@@ -36,6 +36,7 @@ struct ServerCli {
     cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
     app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
     app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
+    cli::add_window_pool_flag(app, o.kv_window_pool);
     app.add_option("--max-queued", o.max_queued_sequences, "queued sequences before 429")->capture_default_str();
     app.add_option("--profile", profile, "scheduler profile: interactive or offline")->capture_default_str();
     app.add_option("--scheduler-config", scheduler_file, "JSON file of scheduler knobs");

@@ -41,6 +41,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   int threads = 0;
   int64_t block_size = 16;
+  bool kv_window_pool = true;
   int64_t prefill_chunk = 0;
   int tp = 0;                 // 0: in this process; >= 1: through a coordinator and shards
   std::string device = "auto";
@@ -118,7 +119,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : 512;
   go.step_tokens = chunk;
   go.step_seqs = 1;
-  go.prefill_chunk = chunk;
+  go.prefill_chunk = a.kv_window_pool ? chunk : 0;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
 
@@ -285,6 +286,7 @@ Runner add_generate_command(CLI::App& app) {
   app.add_flag("--ignore-eos", a->ignore_eos, "do not stop at end-of-sequence tokens");
   app.add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   add_block_size_flag(app, a->block_size);
+  add_window_pool_flag(app, a->kv_window_pool);
   add_quant_flags(app, a->quant);
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
