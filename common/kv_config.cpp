@@ -45,13 +45,14 @@ Status validate_block_size(int64_t block_size) {
       fmt::format("block size must be in {}..{} tokens, got {}", kMinBlockSize, kMaxBlockSize, block_size));
 }
 
-int64_t window_blocks_per_sequence(int64_t window, int64_t max_piece_tokens, int64_t block_size) {
-  if (window <= 0 || max_piece_tokens <= 0 || block_size <= 0) return 0;
-  return (window - 1 + max_piece_tokens + block_size - 1) / block_size + 2;
+int64_t window_blocks_per_sequence(int64_t window, int64_t block_size) {
+  if (window <= 0 || block_size <= 0) return 0;
+  return (window - 1 + block_size - 1) / block_size + 1;
 }
 
-int64_t window_pool_blocks(int64_t window, int64_t max_piece_tokens, int64_t block_size, int64_t max_batch) {
-  return window_blocks_per_sequence(window, max_piece_tokens, block_size) * std::max<int64_t>(0, max_batch);
+int64_t window_pool_blocks(int64_t window, int64_t max_step_tokens, int64_t block_size, int64_t max_batch) {
+  if (window <= 0 || block_size <= 0 || max_batch <= 0 || max_step_tokens <= 0) return 0;
+  return max_batch * (window_blocks_per_sequence(window, block_size) + 2) + (max_step_tokens + block_size - 1) / block_size;
 }
 
 }  // namespace tessera

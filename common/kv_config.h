@@ -31,13 +31,14 @@ Status validate_block_size(int64_t block_size);
 // every query the sequence will still make, so those layers hold about window + one piece of
 // tokens per sequence instead of the whole context.
 //
-// The most window-pool blocks one sequence holds at once: a piece of n <= max_piece_tokens
-// queries at [s, s + n) reads keys from s - window + 1, so its live blocks cover window - 1 + n
-// positions (at most ceil((window - 1 + n) / block) + 1 blocks), plus one copy-on-write copy
-// held while its step is planned.
-int64_t window_blocks_per_sequence(int64_t window, int64_t max_piece_tokens, int64_t block_size);
-// The window pool for max_batch sequences: window_blocks_per_sequence * max_batch. The
-// scheduler never runs out of it (no preemption is ever needed for the windowed layers).
-int64_t window_pool_blocks(int64_t window, int64_t max_piece_tokens, int64_t block_size, int64_t max_batch);
+// Between steps a sequence whose next query is at position c holds the window blocks of
+// positions [c - window + 1, c - 1]: at most window_blocks_per_sequence = ceil((window - 1) /
+// block) + 1 blocks. A step adds, per piece of n tokens, at most ceil(n / block) <= n / block + 1
+// new blocks and one copy-on-write copy; the pieces of a step hold at most max_step_tokens
+// tokens. So max_batch sequences never need more than window_pool_blocks = max_batch *
+// (window_blocks_per_sequence + 2) + ceil(max_step_tokens / block): sized so, the window pool
+// never runs out and never causes a preemption.
+int64_t window_blocks_per_sequence(int64_t window, int64_t block_size);
+int64_t window_pool_blocks(int64_t window, int64_t max_step_tokens, int64_t block_size, int64_t max_batch);
 
 }  // namespace tessera

@@ -79,10 +79,11 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock
     TESSERA_CHECK(window_.window > 0, "window pool with a window of {} tokens", window_.window);
     TESSERA_CHECK(window_.pool->block_size() == pool_.block_size(), "window pool blocks of {} tokens, block pool {}",
                   window_.pool->block_size(), pool_.block_size());
-    const int64_t need = window_pool_blocks(window_.window, config_.prefill_chunk, pool_.block_size(), config_.max_batch);
+    const int64_t need =
+        window_pool_blocks(window_.window, config_.max_step_tokens, pool_.block_size(), config_.max_batch);
     TESSERA_CHECK(window_.pool->num_blocks() >= need,
-                  "window pool of {} blocks; a window of {} tokens, prefill_chunk {} and max_batch {} need {}",
-                  window_.pool->num_blocks(), window_.window, config_.prefill_chunk, config_.max_batch, need);
+                  "window pool of {} blocks; a window of {} tokens, max_step_tokens {} and max_batch {} need {}",
+                  window_.pool->num_blocks(), window_.window, config_.max_step_tokens, config_.max_batch, need);
   }
   max_wait_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.max_wait_ms));
   aging_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.aging_ms));
@@ -670,6 +671,7 @@ Status Scheduler::on_result(const StepResult& result) {
     TESSERA_CHECK(s.state == SequenceState::kRunning, "sequence {} left running while its step was in flight", s.id);
     s.num_computed = f.end;
     register_computed_blocks(s);
+    slide_window(s, s.num_computed);  // between steps a sequence holds only its next query's window
     if (!f.sample) continue;
     if (!tok) {
       problems += fmt::format("; no sampled token for sequence {}", s.id);
@@ -772,7 +774,7 @@ Status Scheduler::check_invariants() const {
   if (!window_.pool) return Status::ok();
   // The window pool: references, and every slot the next query reads is live.
   TESSERA_RETURN_IF_ERROR(window_.pool->check_invariants());
-  const int64_t per_seq = window_blocks_per_sequence(window_.window, config_.prefill_chunk, bs);
+  const int64_t per_seq = window_blocks_per_sequence(window_.window, bs);
   std::vector<int64_t> wrefs(static_cast<size_t>(window_.pool->num_blocks()), 0);
   for (const Sequence* s : running_) {
     if (s->wblocks.size() != s->blocks.size())

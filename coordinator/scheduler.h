@@ -70,10 +70,12 @@
 //    slots wholly before s - window + 1 are released (their entries become -1: no query of the
 //    sequence reads them again); full window blocks are registered in the window pool's prefix
 //    cache under the same hash as the block-table slot, and stay there when released, until
-//    evicted. A prefix hit of k blocks is taken only as far as the window pool still holds the
-//    window blocks the first computed position reads; it is shortened to the longest k that
-//    does. Copy-on-write applies to both pools. The window pool is sized by window_pool_blocks
-//    for max_batch sequences, so it never runs out and never preempts anyone.
+//    evicted; the same release runs when a step's result is committed, so between steps a
+//    sequence holds only the window of its next query. A prefix hit of k blocks is taken only
+//    as far as the window pool still holds the window blocks the first computed position
+//    reads; it is shortened to the longest k that does. Copy-on-write applies to both pools.
+//    The window pool is sized by window_pool_blocks (max_batch, max_step_tokens), so it never
+//    runs out and never preempts anyone.
 //
 // Thread-safety: none; the engine thread owns the scheduler (DESIGN §1).
 #pragma once
@@ -111,7 +113,7 @@ enum class SequenceState { kWaiting, kRunning };
 // The window pool a scheduler manages beside its block pool: none when pool is null.
 struct WindowPool {
   BlockPool* pool = nullptr;  // same block size as the block pool; at least window_pool_blocks(window,
-                              // prefill_chunk, block_size, max_batch) blocks
+                              // max_step_tokens, block_size, max_batch) blocks
   int64_t window = 0;         // tokens: a query at p reads the windowed layers' keys in (p - window, p]
 };
 

@@ -150,7 +150,7 @@ int run_server(const ServerOptions& o) {
   go.start_timeout = std::chrono::milliseconds(o.start_timeout_ms);
   go.step_tokens = o.scheduler.max_step_tokens;
   go.step_seqs = o.scheduler.max_batch;
-  go.prefill_chunk = o.kv_window_pool ? o.scheduler.prefill_chunk : 0;
+  go.window_pool = o.kv_window_pool;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
   std::string endpoint = (*group)->endpoint();

@@ -93,9 +93,8 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
   // The window pool, when it leaves room for more blocks than one pool would.
   const int64_t window = hellos.empty() ? 0 : hellos.front().kv_window;
   const uint64_t full_bytes = p.kv_bytes_per_block - p.window_bytes_per_block;
-  const int64_t window_blocks = o.prefill_chunk > 0 && o.step_seqs > 0 && window > 0 && p.window_bytes_per_block > 0 &&
-                                        full_bytes > 0
-                                    ? window_pool_blocks(window, o.prefill_chunk, o.block_size, o.step_seqs)
+  const int64_t window_blocks = o.window_pool && p.window_bytes_per_block > 0 && full_bytes > 0
+                                    ? window_pool_blocks(window, o.step_tokens, o.block_size, o.step_seqs)
                                     : 0;
   if (window_blocks > 0 && window_blocks < p.num_blocks) {
     p.num_window_blocks = window_blocks;

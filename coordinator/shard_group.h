@@ -42,9 +42,9 @@ struct ShardGroupOptions {
   // smaller is refused at start-up, naming both numbers.
   int64_t step_tokens = 0;
   int64_t step_seqs = 0;
-  // The window pool (common/kv_config.h), when the shards report windowed layers: sized for
-  // step_seqs sequences whose pieces are at most prefill_chunk tokens. 0: never one.
-  int64_t prefill_chunk = 0;
+  // The window pool (common/kv_config.h), when the shards report windowed layers and it leaves
+  // room for more blocks than one pool: sized for step_seqs sequences and steps of step_tokens.
+  bool window_pool = false;
 };
 
 struct MemoryPlan {

@@ -119,7 +119,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : 512;
   go.step_tokens = chunk;
   go.step_seqs = 1;
-  go.prefill_chunk = a.kv_window_pool ? chunk : 0;
+  go.window_pool = a.kv_window_pool;
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
 

@@ -75,11 +75,12 @@ TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
   o.block_size = 16;
   o.headroom = 0.0;
   o.step_seqs = 4;
-  o.prefill_chunk = 256;
+  o.step_tokens = 256;
+  o.window_pool = true;
   auto p = plan_kv_memory(hellos, o);
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   const int64_t w = window_pool_blocks(512, 256, 16, 4);
-  EXPECT_EQ(w, 4 * ((511 + 256 + 15) / 16 + 2));
+  EXPECT_EQ(w, 4 * (32 + 1 + 2) + 16);
   EXPECT_EQ(p->num_window_blocks, w);
   EXPECT_EQ(p->window, 512);
   EXPECT_EQ(p->window_bytes_per_block, 60u * 16);
@@ -90,11 +91,11 @@ TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
   const int64_t one_pool = static_cast<int64_t>((64ull << 20) / (72 * 16));
   EXPECT_GT(p->num_blocks, 5 * one_pool);
 
-  // No window pool without the scheduler's sizes, or when it would not pay.
-  o.prefill_chunk = 0;
+  // No window pool when it is off, or when it would not pay.
+  o.window_pool = false;
   EXPECT_EQ(plan_kv_memory(hellos, o)->num_window_blocks, 0);
   EXPECT_EQ(plan_kv_memory(hellos, o)->num_blocks, one_pool);
-  o.prefill_chunk = 256;
+  o.window_pool = true;
   hellos[0].memory_available_bytes = w * 72 * 16;  // one pool holds as many blocks as the window pool alone
   EXPECT_EQ(plan_kv_memory(hellos, o)->num_window_blocks, 0);
   hellos[0].kv_window_bytes_per_token = 80;

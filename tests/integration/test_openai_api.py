@@ -682,5 +682,87 @@ def test_default_model_chat_uses_the_builtin_gemma_template(gemma_server):
     assert ids[0] == info["bos_token_id"] and ids.count(info["bos_token_id"]) == 1
 
 
+# ---- the window pool: Gemma 3's local layers hold only their window ----
+
+def long_text(n_chars):
+    """Real text written by people: the Python standard library's own sources."""
+    import difflib
+    import textwrap
+    text = ""
+    for mod in (textwrap, difflib):
+        with open(mod.__file__) as f:
+            text += f.read()
+    return text[:n_chars]
+
+
+def window_outputs(server, prompts, max_tokens=12):
+    """Greedy completions of each prompt, all in flight together."""
+    def one(p):
+        r = server.client.completions.create(model="test-model", prompt=p, max_tokens=max_tokens, temperature=0,
+                                             extra_body={"ignore_eos": True})
+        return r.choices[0].text
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(one, prompts))
+
+
+def wait_for_window_blocks_free(server):
+    deadline = time.time() + 10
+    while server.metric("tessera_kv_window_blocks", '{state="used"}') != 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.metric("tessera_kv_window_blocks", '{state="used"}') == 0
+
+
+@pytest.fixture(scope="module")
+def gemma3_tiny_model():
+    d = tempfile.mkdtemp(prefix="tessera_window_test_")
+    out = os.path.join(d, "gemma3-tiny.gguf")
+    subprocess.run([os.path.join(BIN, "tessera-make-model"), "--preset", "gemma3-tiny", "--format", "gguf",
+                    "--type", "f32", "--out", out], check=True, capture_output=True)
+    yield out
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_window_pool_gives_the_tokens_of_full_length_kv(gemma3_tiny_model, tp):
+    # The synthetic Gemma 3 (window 8, 5 local layers to 1 global): prompts far past the window,
+    # in chunks, several at once and sharing prefixes (prefix hits must find their window
+    # blocks), with a small pool so that some are preempted and recomputed.
+    prompts = [("the quick brown fox jumps over the lazy dog " * 9)[:300 + 37 * i] for i in range(3)]
+    prompts += [prompts[0] + " and then", prompts[1][:200]]
+    extra = ["--prefill-chunk", "48", "--max-batch", "4", "--max-kv-gb", "0.002"]
+    outs = {}
+    for pool in ("on", "off"):
+        s = Server(gemma3_tiny_model, extra=extra + ["--kv-window-pool", pool], tp=tp)
+        try:
+            outs[pool] = window_outputs(s, prompts) + window_outputs(s, prompts[:2])
+            if pool == "on":
+                assert s.metric("tessera_kv_window_tokens") == 8
+                assert s.metric("tessera_kv_window_blocks", '{state="cached"}') > 0
+                wait_for_window_blocks_free(s)
+            else:
+                try:
+                    assert s.metric("tessera_kv_window_tokens") == 0
+                except KeyError:
+                    pass  # never set: no window pool
+        finally:
+            s.stop()
+    assert outs["on"] == outs["off"]
+
+
+def test_default_model_window_pool_long_context(gemma_server):
+    # Gemma-3-270M, 15 of its 18 layers with a 512-token window: a prompt of about 1,500
+    # tokens gives the same greedy tokens with and without the window pool.
+    assert gemma_server.metric("tessera_kv_window_tokens") == 512
+    prompt = long_text(5000)
+    on = window_outputs(gemma_server, [prompt, prompt[:3000]], max_tokens=16)
+    wait_for_window_blocks_free(gemma_server)
+    off_server = Server(None, extra=["--kv-window-pool", "off"],
+                        env={**os.environ, "TESSERA_MODEL": os.path.abspath(DEFAULT_MODEL)})
+    try:
+        off = window_outputs(off_server, [prompt, prompt[:3000]], max_tokens=16)
+    finally:
+        off_server.stop()
+    assert on == off
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
