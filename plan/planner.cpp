@@ -137,7 +137,11 @@ void set_stored(PlanModel& m, const StoredBytes& s) {
   const ModelConfig& c = m.config;
   m.has_weights = s.layers > 0 && s.embed > 0;
   if (!m.has_weights) return;
-  m.stored_layers = precision_from_totals("stored", s.layers, layer_matrix_elems(c) * static_cast<uint64_t>(c.n_layers));
+  // The rows billed are hidden, q heads * head_dim and ffn long: a group of 256 would bill a row
+  // of 640 (Gemma-3-270M) as 768.
+  const int64_t row_group = std::gcd(std::gcd(std::gcd<int64_t>(256, c.hidden), c.n_heads * c.head_dim), c.ffn);
+  m.stored_layers = precision_from_totals("stored", s.layers, layer_matrix_elems(c) * static_cast<uint64_t>(c.n_layers),
+                                          row_group > 0 ? row_group : 256);
   m.stored_layers.align_elems = s.layer_block_elems;
   const uint64_t table = static_cast<uint64_t>(c.vocab) * static_cast<uint64_t>(c.hidden);
   const uint64_t head = c.tie_embeddings || s.lm_head == 0 ? 0 : table;
@@ -186,7 +190,7 @@ std::vector<std::string> precision_names() {
   return names;
 }
 
-PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t elements) {
+PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t elements, int64_t max_group_elems) {
   // bits = bytes * 8 / elements as an exact fraction; one "group" is the whole fraction reduced,
   // so row_bytes(cols) is exact when cols is a multiple of the reduced denominator.
   const uint64_t g = std::gcd(bytes, elements);
@@ -194,11 +198,12 @@ PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t e
   p.name = std::move(name);
   p.group_elems = static_cast<int64_t>(g ? elements / g : 1);
   p.group_bytes = static_cast<int64_t>(g ? bytes / g : 0);
-  // A mix of types gives a large denominator; cap it so rounding up stays below a byte per
-  // 256 elements (the error of one row is at most one group).
-  if (p.group_elems > 256) {
-    p.group_bytes = static_cast<int64_t>(std::llround(256.0 * static_cast<double>(bytes) / static_cast<double>(elements)));
-    p.group_elems = 256;
+  // A mix of types gives a large denominator; cap it so the rounding stays below half a byte per
+  // group. A group that divides every row keeps rows from rounding up on top of that.
+  const int64_t cap = std::max<int64_t>(1, max_group_elems);
+  if (p.group_elems > cap) {
+    p.group_bytes = static_cast<int64_t>(std::llround(static_cast<double>(cap) * static_cast<double>(bytes) / static_cast<double>(elements)));
+    p.group_elems = cap;
   }
   p.layout = fmt::format("as stored in the file: {:.3f} bits per weight on average", p.bits_per_weight());
   return p;
@@ -418,12 +423,38 @@ Status validate_input(const PlanInput& in) {
   if (in.batch < 1) return Status::invalid_argument(fmt::format("batch must be >= 1, got {}", in.batch));
   if (in.max_batch < 1 || in.max_step_tokens < 1)
     return Status::invalid_argument("max_batch and max_step_tokens must be >= 1");
+  if (in.prefill_chunk < 1)
+    return Status::invalid_argument(fmt::format("prefill chunk must be >= 1 tokens, got {}", in.prefill_chunk));
   if (in.context_length < 0) return Status::invalid_argument("context length must be >= 0");
   if (in.weights.group_elems < 1 || in.embeddings.group_elems < 1)
     return Status::invalid_argument("a precision has no group size");
   if (in.card.memory_bytes == 0 || in.card.memory_bandwidth <= 0 || in.card.peak_flops <= 0)
     return Status::invalid_argument(fmt::format("card '{}' has no memory, bandwidth or peak figure", in.card.name));
   return Status::ok();
+}
+
+// The coordinator's rule (coordinator/shard_group.cpp plan_kv_memory), on this rank's KV room:
+// the window pool takes what max_batch sequences can hold at once, the normal pool the rest, unless
+// the window pool alone would need the room of every block one pool could hold.
+void plan_kv_pools(const PlanInput& in, MemoryBill& m) {
+  const auto block = static_cast<uint64_t>(in.block_size);
+  const uint64_t room = m.kv_room_bytes > 0 ? static_cast<uint64_t>(m.kv_room_bytes) : 0;
+  const uint64_t all_layers_block_bytes = block * m.kv_bytes_per_token;
+  const int64_t unsplit_blocks = all_layers_block_bytes > 0 ? static_cast<int64_t>(room / all_layers_block_bytes) : 0;
+  if (m.windowed_layers > 0) {
+    m.window_blocks_per_sequence = window_blocks_per_sequence(m.window, in.prefill_chunk, in.block_size);
+    m.window_pool_blocks = window_pool_blocks(m.window, in.prefill_chunk, in.block_size, in.max_batch);
+    m.window_block_bytes = block * m.kv_bytes_per_token_windowed;
+    m.window_pool = m.window_pool_blocks < unsplit_blocks;
+  }
+  if (!m.window_pool) {
+    m.kv_block_bytes = all_layers_block_bytes;
+    m.kv_blocks = unsplit_blocks;
+    return;
+  }
+  m.window_pool_bytes = static_cast<uint64_t>(m.window_pool_blocks) * m.window_block_bytes;
+  m.kv_block_bytes = block * m.kv_bytes_per_token_global;
+  m.kv_blocks = static_cast<int64_t>((room - m.window_pool_bytes) / m.kv_block_bytes);
 }
 
 void memory_bill(const PlanInput& in, MemoryBill& m, const Split& s, const Split& whole) {
@@ -446,6 +477,10 @@ void memory_bill(const PlanInput& in, MemoryBill& m, const Split& s, const Split
   const auto kvb = static_cast<uint64_t>(kv_dtype_bytes(in.kv_dtype));
   m.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.n_layers) * static_cast<uint64_t>(s.kv_cols) * kvb;
   m.kv_bytes_per_token_model = 2 * static_cast<uint64_t>(c.n_layers * c.n_kv_heads * c.head_dim) * kvb;
+  for (bool w : windowed_kv_layers(c)) m.windowed_layers += w ? 1 : 0;
+  m.window = m.windowed_layers > 0 ? c.sliding_window : 0;
+  m.kv_bytes_per_token_windowed = 2 * static_cast<uint64_t>(m.windowed_layers) * static_cast<uint64_t>(s.kv_cols) * kvb;
+  m.kv_bytes_per_token_global = m.kv_bytes_per_token - m.kv_bytes_per_token_windowed;
 
   m.workspace_activation_bytes = static_cast<uint64_t>(in.max_step_tokens) *
                                  static_cast<uint64_t>(3 * c.hidden + 2 * s.q_cols + 2 * s.kv_cols + 2 * s.ffn) *
@@ -461,10 +496,7 @@ void memory_bill(const PlanInput& in, MemoryBill& m, const Split& s, const Split
   m.kv_room_bytes = static_cast<int64_t>(m.memory_bytes) - static_cast<int64_t>(m.headroom_bytes) -
                     static_cast<int64_t>(m.reserve_bytes) - static_cast<int64_t>(m.weight_bytes) -
                     static_cast<int64_t>(m.workspace_bytes);
-  m.kv_block_bytes = static_cast<uint64_t>(in.block_size) * m.kv_bytes_per_token;
-  m.kv_blocks = m.kv_room_bytes > 0 && m.kv_block_bytes > 0
-                    ? static_cast<int64_t>(static_cast<uint64_t>(m.kv_room_bytes) / m.kv_block_bytes)
-                    : 0;
+  plan_kv_pools(in, m);
   m.kv_tokens = m.kv_blocks * in.block_size;
   m.context_length = in.context_length > 0 ? in.context_length : c.max_positions;
   m.blocks_per_sequence = (m.context_length + in.block_size - 1) / in.block_size;
@@ -489,20 +521,25 @@ void time_bill(const PlanInput& in, const LinkSpec& link, const MemoryBill& m, c
   const uint64_t head_read = in.embeddings.matrix_bytes(s.vocab, c.hidden);
   const uint64_t fixed_read = m.layer_weight_bytes + head_read + m.vector_bytes;
   t.weight_bytes_read = fixed_read + in.embeddings.matrix_bytes(std::min(in.batch, c.vocab), c.hidden);
-  t.kv_bytes_read = static_cast<uint64_t>(t.batch) * static_cast<uint64_t>(t.context) * m.kv_bytes_per_token;
+  // A windowed layer's attention reads the last `window` keys only (whichever pool holds them).
+  const int64_t windowed_keys = m.windowed_layers > 0 ? std::min(t.context, m.window) : 0;
+  const uint64_t kv_read_per_seq = static_cast<uint64_t>(t.context) * m.kv_bytes_per_token_global +
+                                   static_cast<uint64_t>(windowed_keys) * m.kv_bytes_per_token_windowed;
+  t.kv_bytes_read = static_cast<uint64_t>(t.batch) * kv_read_per_seq;
   t.weight_read_s = static_cast<double>(t.weight_bytes_read) / card.memory_bandwidth;
   t.kv_read_s = static_cast<double>(t.kv_bytes_read) / card.memory_bandwidth;
   t.memory_s = t.weight_read_s + t.kv_read_s;
-  const double attn_flops_per_seq =
-      4.0 * static_cast<double>(c.n_layers) * static_cast<double>(s.q_cols) * static_cast<double>(t.context);
+  const double attn_keys_per_seq = static_cast<double>(c.n_layers - m.windowed_layers) * static_cast<double>(t.context) +
+                                   static_cast<double>(m.windowed_layers) * static_cast<double>(windowed_keys);
+  const double attn_flops_per_seq = 4.0 * static_cast<double>(s.q_cols) * attn_keys_per_seq;
   const double flops_per_seq = 2.0 * static_cast<double>(m.matrix_params_per_rank) + attn_flops_per_seq;
   t.flops = static_cast<double>(t.batch) * flops_per_seq;
   t.compute_s = t.flops / card.peak_flops;
   t.floor_s = std::max(t.memory_s, t.compute_s);
   t.compute_bound = t.compute_s > t.memory_s;
-  // memory(B) = fixed / bw + B * C * kv / bw;  compute(B) = B * flops_per_seq / peak.
+  // memory(B) = fixed / bw + B * kv_read_per_seq / bw;  compute(B) = B * flops_per_seq / peak.
   const double compute_slope = flops_per_seq / card.peak_flops;
-  const double memory_slope = static_cast<double>(t.context) * static_cast<double>(m.kv_bytes_per_token) / card.memory_bandwidth;
+  const double memory_slope = static_cast<double>(kv_read_per_seq) / card.memory_bandwidth;
   t.crossover_batch = compute_slope > memory_slope
                           ? static_cast<double>(fixed_read) / card.memory_bandwidth / (compute_slope - memory_slope)
                           : std::numeric_limits<double>::infinity();
@@ -565,8 +602,12 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
     warn(false, fmt::format("the time bill's batch of {} sequences at context {} needs {} KV blocks; the plan has {}",
                             t.batch, t.context, blocks_needed, m.kv_blocks));
   if (in.batch > in.max_batch)
-    warn(false, fmt::format("batch {} is above max_batch {}: the workspace's logits are sized for max_batch",
-                            in.batch, in.max_batch));
+    warn(false, fmt::format("batch {} is above max_batch {}: the workspace's logits{} are sized for max_batch",
+                            in.batch, in.max_batch, m.window_pool ? " and the window pool" : ""));
+  if (m.windowed_layers > 0 && !m.window_pool && m.kv_room_bytes > 0)
+    warn(false, fmt::format("the window pool ({} blocks for {} sequences) would take the room of every block one pool "
+                            "holds: one pool keeps all {} layers' KV for the whole context",
+                            m.window_pool_blocks, in.max_batch, in.model.n_layers));
   if (in.tp > 1) {
     for (const PrecisionSpec* p : {&in.weights}) {
       if (s.q_cols % p->alignment() != 0 || s.ffn % p->alignment() != 0)
@@ -692,25 +733,53 @@ std::string format_plan(const Plan& plan) {
                                   : "-" + bytes(static_cast<uint64_t>(-m.kv_room_bytes)));
 
   out += "\nKV CACHE\n";
+  const auto per_token = [](uint64_t b) { return fmt::format("{} B ({:.1f} KiB)", b, b / 1024.0); };
   out += row("per token",
              fmt::format("2 x {} layers x {} KV heads{} x {} x {} B", c.n_layers, m.kv_heads_per_rank,
                          m.kv_heads_replicated ? " (replicated)" : "", c.head_dim, kv_dtype_bytes(in.kv_dtype)),
-             fmt::format("{} B ({:.1f} KiB)", m.kv_bytes_per_token, m.kv_bytes_per_token / 1024.0));
-  if (c.sliding_window > 0) {
+             per_token(m.kv_bytes_per_token));
+  if (m.windowed_layers > 0) {
+    out += row("  global",
+               fmt::format("{} layers: every position of the context", c.n_layers - m.windowed_layers),
+               per_token(m.kv_bytes_per_token_global));
+    out += row("  windowed",
+               fmt::format("{} layers: the last {} positions (sliding window)", m.windowed_layers, m.window),
+               per_token(m.kv_bytes_per_token_windowed));
+    if (m.window_pool) {
+      out += row("window pool",
+                 fmt::format("{} blocks per sequence (window {} + prefill chunk {}) x max batch {}",
+                             m.window_blocks_per_sequence, m.window, in.prefill_chunk, in.max_batch),
+                 fmt::format("{} blocks", m.window_pool_blocks));
+      out += row("", fmt::format("x {} tokens x {} B; a block is released once it is behind the window",
+                                 in.block_size, m.kv_bytes_per_token_windowed),
+                 bytes(m.window_pool_bytes));
+      out += row("blocks",
+                 fmt::format("(KV room - window pool) / ({} tokens x {} B per token, global layers)", in.block_size,
+                             m.kv_bytes_per_token_global),
+                 fmt::format("{} blocks", m.kv_blocks));
+    } else {
+      out += row("window pool",
+                 fmt::format("{} blocks for max batch {} would fill the KV room: one pool, every layer's KV for "
+                             "the full context", m.window_pool_blocks, in.max_batch),
+                 "not split");
+    }
+  } else if (c.sliding_window > 0) {
     int64_t local = 0;
     for (int64_t l = 0; l < c.n_layers; ++l) local += c.is_local_layer(l) ? 1 : 0;
-    // The paged cache gives every layer the same blocks, so the local layers' KV is billed (and
-    // held) for the whole context, not for their window.
+    // No window pool (every layer windowed, or the window spans the context): the paged cache
+    // gives every layer the same blocks, so the local layers' KV is held for the whole context.
     out += row("sliding window",
                fmt::format("{} of {} layers attend over the last {} tokens; their KV is held for the full context",
                            local, c.n_layers, c.sliding_window),
                "billed above");
   }
-  out += row("blocks", fmt::format("KV room / ({} tokens x {} B per token)", in.block_size, m.kv_bytes_per_token),
-             fmt::format("{} blocks", m.kv_blocks));
+  if (!m.window_pool)
+    out += row("blocks", fmt::format("KV room / ({} tokens x {} B per token)", in.block_size, m.kv_bytes_per_token),
+               fmt::format("{} blocks", m.kv_blocks));
   out += row("tokens", "blocks x block size", fmt::format("{} tokens", m.kv_tokens));
   out += row(fmt::format("context {}", m.context_length),
-             fmt::format("{} blocks per sequence", m.blocks_per_sequence),
+             fmt::format("{} blocks per sequence{}", m.blocks_per_sequence,
+                         m.window_pool ? " (global layers; the window pool holds the rest)" : ""),
              fmt::format("{} sequences", m.sequences_at_context));
   const std::string dist = in.lengths.points.empty() ? fmt::format("fixed:{}", m.context_length) : in.lengths.description;
   out += row("fragmentation",
@@ -728,8 +797,12 @@ std::string format_plan(const Plan& plan) {
   out += row("weights read", fmt::format("{} / {}", bytes(t.weight_bytes_read), gbps(card.memory_bandwidth)),
              ms(t.weight_read_s));
   out += row("KV read",
-             fmt::format("{} x {} tokens x {} B = {} / {}", t.batch, t.context, m.kv_bytes_per_token,
-                         bytes(t.kv_bytes_read), gbps(card.memory_bandwidth)),
+             m.windowed_layers > 0
+                 ? fmt::format("{} x ({} tokens x {} B + {} tokens x {} B windowed) = {} / {}", t.batch, t.context,
+                               m.kv_bytes_per_token_global, std::min(t.context, m.window),
+                               m.kv_bytes_per_token_windowed, bytes(t.kv_bytes_read), gbps(card.memory_bandwidth))
+                 : fmt::format("{} x {} tokens x {} B = {} / {}", t.batch, t.context, m.kv_bytes_per_token,
+                               bytes(t.kv_bytes_read), gbps(card.memory_bandwidth)),
              ms(t.kv_read_s));
   out += row("compute", fmt::format("{:.4g} GFLOP / {}", t.flops / 1e9, flops_text(card.peak_flops)),
              ms(t.compute_s));
@@ -799,6 +872,8 @@ std::string plan_to_json(const Plan& plan) {
   j["tp"] = in.tp;
   j["headroom"] = in.headroom;
   j["block_size"] = in.block_size;
+  j["max_batch"] = in.max_batch;
+  j["prefill_chunk"] = in.prefill_chunk;
   std::vector<nlohmann::ordered_json> sweep;
   for (const Fragmentation& f : m.block_size_sweep)
     sweep.push_back({{"block_size", f.block_size}, {"fraction", f.fraction}});
@@ -814,6 +889,15 @@ std::string plan_to_json(const Plan& plan) {
       {"model_weight_bytes", m.model_weight_bytes},
       {"kv_bytes_per_token", m.kv_bytes_per_token},
       {"kv_bytes_per_token_model", m.kv_bytes_per_token_model},
+      {"windowed_layers", m.windowed_layers},
+      {"window", m.window},
+      {"kv_bytes_per_token_global", m.kv_bytes_per_token_global},
+      {"kv_bytes_per_token_windowed", m.kv_bytes_per_token_windowed},
+      {"window_pool", m.window_pool},
+      {"window_blocks_per_sequence", m.window_blocks_per_sequence},
+      {"window_pool_blocks", m.window_pool_blocks},
+      {"window_block_bytes", m.window_block_bytes},
+      {"window_pool_bytes", m.window_pool_bytes},
       {"workspace_activation_bytes", m.workspace_activation_bytes},
       {"workspace_logits_bytes", m.workspace_logits_bytes},
       {"workspace_bytes", m.workspace_bytes},

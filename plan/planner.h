@@ -15,10 +15,20 @@
 //   * activation bytes (the buffers of the forward pass: x, h, proj; q, attn; k, v; gate, up)
 //   + logits: max_batch * (vocab_per_rank + (tp > 1 ? tp * vocab_per_rank : 0)) * 4 (fp32; with TP
 //   the padded slices of every rank are gathered for sampling).
+// * KV pools, as the coordinator plans them (DESIGN §3): a model with windowed layers
+//   (windowed_kv_layers non-empty: Gemma 3's local layers) keeps their KV in a window pool of
+//   W = window_pool_blocks(window, prefill_chunk, block, max_batch) blocks of Wb = windowed
+//   bytes per token * block, and the global layers' KV in the normal pool of F = global bytes
+//   per token * block: with KV room R and A = F + Wb, when W < R / A the normal pool gets
+//   (R - W * Wb) / F blocks; otherwise (and for every other model) one pool of R / A blocks
+//   holds every layer's KV for the whole context. Capacity (tokens, sequences) is the normal
+//   pool's: the window pool never runs out for max_batch running sequences.
 // * Time of one decode step at batch B, context C (per rank):
-//   memory floor = (weights read + B * C * kv_bytes_per_token) / bandwidth, where weights read =
-//   layer matrices + the LM-head slice + B embedding rows + norm vectors;
-//   compute = (2 * B * matrix params + B * layers * 4 * q_heads * head_dim * C) / peak;
+//   memory floor = (weights read + B * (C * global KV per token + min(C, window) * windowed KV
+//   per token)) / bandwidth (the windowed layers' attention reads only the window), where
+//   weights read = layer matrices + the LM-head slice + B embedding rows + norm vectors;
+//   compute = (2 * B * matrix params + B * 4 * q_heads * head_dim * (global layers * C +
+//   windowed layers * min(C, window))) / peak;
 //   floor = max(memory, compute); plus launches * launch cost; plus all-reduce time.
 //   Ring all-reduce of n bytes over p ranks: 2 (p-1)/p * n / link bandwidth + 2 (p-1) hop latencies.
 //
@@ -61,7 +71,9 @@ struct PrecisionSpec {
 Result<PrecisionSpec> precision_preset(std::string_view name);
 std::vector<std::string> precision_names();
 // Makes a precision whose bits per weight equal bytes * 8 / elements (the stored model's mix).
-PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t elements);
+// A mix whose exact fraction needs a group above max_group_elems is rounded to a group of
+// max_group_elems; give a divisor of every row length billed (a row rounds up to whole groups).
+PrecisionSpec precision_from_totals(std::string name, uint64_t bytes, uint64_t elements, int64_t max_group_elems = 256);
 
 
 // Well-known configs: llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b.
@@ -127,6 +139,9 @@ struct PlanInput {
   int64_t decode_context = -1;      // context of each decoding sequence; -1: the lengths' mean
   int64_t max_batch = 32;           // logit rows in the workspace
   int64_t max_step_tokens = 2048;   // activation rows in the workspace
+  // Longest prefill piece per step (the scheduler's prefill_chunk; 512 is the interactive
+  // profile's): it sizes the window pool (window_blocks_per_sequence).
+  int64_t prefill_chunk = 512;
 };
 
 struct MemoryBill {
@@ -145,6 +160,19 @@ struct MemoryBill {
   uint64_t matrix_params_per_rank = 0;  // elements multiplied per token (layers + LM-head slice)
   uint64_t kv_bytes_per_token = 0;      // this rank: 2 * layers * kv_heads_per_rank * head_dim * dtype
   uint64_t kv_bytes_per_token_model = 0;  // all KV heads once
+  // The split of kv_bytes_per_token: the windowed layers' (windowed_kv_layers; 0 for a model
+  // without them) and the rest's (the global layers: all of them for such a model).
+  int64_t windowed_layers = 0;
+  int64_t window = 0;                           // tokens a windowed layer attends over; 0: none
+  uint64_t kv_bytes_per_token_global = 0;
+  uint64_t kv_bytes_per_token_windowed = 0;
+  // The window pool (zeros for a model without windowed layers). window_pool_blocks is what the
+  // pool needs; window_pool is whether the plan splits (else one pool holds every layer).
+  int64_t window_blocks_per_sequence = 0;
+  int64_t window_pool_blocks = 0;
+  bool window_pool = false;
+  uint64_t window_block_bytes = 0;      // block tokens * kv_bytes_per_token_windowed
+  uint64_t window_pool_bytes = 0;       // window_pool_blocks * window_block_bytes when split, else 0
   uint64_t workspace_activation_bytes = 0;
   uint64_t workspace_logits_bytes = 0;
   uint64_t workspace_bytes = 0;
@@ -152,9 +180,11 @@ struct MemoryBill {
   uint64_t reserve_bytes = 0;
   uint64_t headroom_bytes = 0;
   int64_t kv_room_bytes = 0;         // may be negative: the plan does not fit
+  // The normal pool (the only one when !window_pool): its block holds the global layers' KV
+  // when split, every layer's otherwise.
   uint64_t kv_block_bytes = 0;
   int64_t kv_blocks = 0;
-  int64_t kv_tokens = 0;
+  int64_t kv_tokens = 0;             // kv_blocks * block: tokens of context the plan holds
   int64_t context_length = 0;
   int64_t blocks_per_sequence = 0;   // ceil(context / block)
   int64_t sequences_at_context = 0;  // kv_blocks / blocks_per_sequence

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
+#include "tests/default_model_file.h"
 
 namespace tessera {
 namespace {
@@ -28,6 +29,18 @@ ModelConfig config(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_hea
   c.ffn = ffn;
   c.vocab = vocab;
   c.max_positions = max_positions;
+  return c;
+}
+
+// Gemma-3-270M's shape: 15 of 18 layers local (every 6th global), window 512, context 32768.
+ModelConfig gemma3_270m() {
+  ModelConfig c = config(640, 18, 4, 1, 2048, 262144, 32768);
+  c.arch = Architecture::kGemma3;
+  c.head_dim = 256;
+  c.qk_norm = true;
+  c.tie_embeddings = true;
+  c.sliding_window = 512;
+  c.local_layers = gemma_local_layers(18, 6);
   return c;
 }
 
@@ -402,6 +415,163 @@ TEST(PlannerTest, Article70bInt4OnA100_80) {
   EXPECT_EQ(j["memory"]["weight_bytes"].get<uint64_t>(), weights);
   EXPECT_EQ(j["warnings"].size(), p.warnings.size());
   EXPECT_EQ(real_warnings(p).size(), 0u);
+}
+
+// The window pool (common/kv_config.h): the windowed layers' KV in max_batch sequences' worth of
+// window blocks, the rest of the room in blocks of the 3 global layers.
+TEST(PlannerTest, Gemma3WindowPool) {
+  PlanInput in = input(gemma3_270m(), "Q8_0", "A100-80GB");
+  in.kv_dtype = KvDtype::kF32;
+  in.context_length = 32768;
+  in.max_batch = 32;
+  in.prefill_chunk = 512;
+  const Plan p = plan_of(in);
+  const MemoryBill& m = p.memory;
+  // 2 (K, V) x 1 KV head x 256 x 4 B per layer: 3 global, 15 windowed.
+  EXPECT_EQ(m.windowed_layers, 15);
+  EXPECT_EQ(m.window, 512);
+  EXPECT_EQ(m.kv_bytes_per_token, 2ull * 18 * 256 * 4);
+  EXPECT_EQ(m.kv_bytes_per_token_global, 2ull * 3 * 256 * 4);
+  EXPECT_EQ(m.kv_bytes_per_token_windowed, 2ull * 15 * 256 * 4);
+  // ceil((512 - 1 + 512) / 16) + 2 = 66 blocks a sequence, 32 sequences.
+  EXPECT_EQ(m.window_blocks_per_sequence, 66);
+  EXPECT_EQ(m.window_pool_blocks, window_pool_blocks(512, 512, 16, 32));
+  EXPECT_EQ(m.window_pool_blocks, 66 * 32);
+  ASSERT_TRUE(m.window_pool);
+  EXPECT_EQ(m.window_block_bytes, 16ull * 30720);
+  EXPECT_EQ(m.window_pool_bytes, 2112ull * 16 * 30720);
+  ASSERT_GT(m.kv_room_bytes, 0);
+  const auto room = static_cast<uint64_t>(m.kv_room_bytes);
+  EXPECT_EQ(m.kv_block_bytes, 16ull * 6144);
+  EXPECT_EQ(m.kv_blocks, static_cast<int64_t>((room - 2112ull * 16 * 30720) / (16 * 6144)));
+  EXPECT_EQ(m.kv_tokens, m.kv_blocks * 16);
+  // A 32k sequence needs 2048 blocks of the global layers; the windowed layers' share is in the
+  // window pool, so about 6x the sequences of one pool fit.
+  EXPECT_EQ(m.blocks_per_sequence, 2048);
+  EXPECT_EQ(m.sequences_at_context, m.kv_blocks / 2048);
+  const int64_t one_pool = static_cast<int64_t>(room / (16 * 36864)) / 2048;
+  EXPECT_GT(m.sequences_at_context, 5 * one_pool);
+  EXPECT_LE(m.sequences_at_context, static_cast<int64_t>(room / (16 * 6144)) / 2048);
+  EXPECT_DOUBLE_EQ(m.sequences_at_lengths, static_cast<double>(m.kv_blocks) / 2048);
+  // The tied Q8_0 table is billed once, and read once a step as the LM head.
+  EXPECT_EQ(m.embedding_bytes, 262144ull * 640 / 32 * 34);
+  EXPECT_EQ(m.lm_head_bytes, 0u);
+  EXPECT_TRUE(real_warnings(p).empty()) << real_warnings(p).front();
+
+  // Decode reads a windowed layer's last 512 keys only: at batch 4, context 32768 ...
+  in.batch = 4;
+  in.decode_context = 32768;
+  Plan d = plan_of(in);
+  EXPECT_EQ(d.time.kv_bytes_read, 4ull * (32768 * 6144 + 512 * 30720));
+  EXPECT_DOUBLE_EQ(d.time.kv_read_s, static_cast<double>(4ull * (32768 * 6144 + 512 * 30720)) / 2039e9);
+  EXPECT_DOUBLE_EQ(d.time.flops, 4 * (2.0 * static_cast<double>(d.memory.matrix_params_per_rank) +
+                                      4.0 * 1024 * (3.0 * 32768 + 15.0 * 512)));
+  // ... and every key below the window.
+  in.decode_context = 100;
+  d = plan_of(in);
+  EXPECT_EQ(d.time.kv_bytes_read, 4ull * 100 * 36864);
+
+  const std::string text = format_plan(p);
+  EXPECT_NE(text.find("15 layers: the last 512 positions"), std::string::npos) << text;
+  EXPECT_NE(text.find("2112 blocks"), std::string::npos) << text;
+  EXPECT_EQ(text.find("held for the full context"), std::string::npos) << text;
+  const auto j = nlohmann::json::parse(plan_to_json(p));
+  EXPECT_EQ(j["prefill_chunk"].get<int64_t>(), 512);
+  EXPECT_TRUE(j["memory"]["window_pool"].get<bool>());
+  EXPECT_EQ(j["memory"]["window_pool_blocks"].get<int64_t>(), 2112);
+  EXPECT_EQ(j["memory"]["kv_bytes_per_token_global"].get<uint64_t>(), 6144u);
+  EXPECT_EQ(j["memory"]["kv_bytes_per_token_windowed"].get<uint64_t>(), 30720u);
+  EXPECT_EQ(j["memory"]["kv_blocks"].get<int64_t>(), m.kv_blocks);
+
+  // A longer prefill chunk holds more window blocks a sequence.
+  in.prefill_chunk = 2048;
+  EXPECT_EQ(plan_of(in).memory.window_pool_blocks, window_pool_blocks(512, 2048, 16, 32));
+  in.prefill_chunk = 0;
+  EXPECT_FALSE(make_plan(in).is_ok());
+}
+
+// When the window pool for max_batch would need as much as one pool holds, the coordinator keeps
+// one pool: every layer's KV for the whole context.
+TEST(PlannerTest, Gemma3WindowPoolTooBigForTheRoomIsOnePool) {
+  PlanInput in = input(gemma3_270m(), "Q8_0", "A100-80GB");
+  in.kv_dtype = KvDtype::kF32;
+  in.max_batch = 4096;  // 66 x 4096 window blocks: more than the ~125k blocks of one pool
+  const Plan p = plan_of(in);
+  const MemoryBill& m = p.memory;
+  EXPECT_EQ(m.window_pool_blocks, 66 * 4096);
+  EXPECT_FALSE(m.window_pool);
+  EXPECT_EQ(m.window_pool_bytes, 0u);
+  EXPECT_EQ(m.kv_block_bytes, 16ull * 36864);
+  EXPECT_EQ(m.kv_blocks, static_cast<int64_t>(static_cast<uint64_t>(m.kv_room_bytes) / (16 * 36864)));
+  EXPECT_LT(m.kv_blocks, m.window_pool_blocks);
+  EXPECT_TRUE(has_warning(p, "one pool keeps all 18 layers' KV for the whole context", false));
+  EXPECT_NE(format_plan(p).find("not split"), std::string::npos);
+}
+
+// A model without windowed layers plans one pool, as before the window pool; so does one whose
+// every layer is windowed (no window pool: windowed_kv_layers is empty).
+TEST(PlannerTest, OnePoolWithoutWindowedLayers) {
+  PlanInput in = input(llama2_7b(), "F16", "A100-80GB");
+  in.batch = 8;
+  in.decode_context = 1000;
+  Plan p = plan_of(in);
+  EXPECT_EQ(p.memory.windowed_layers, 0);
+  EXPECT_FALSE(p.memory.window_pool);
+  EXPECT_EQ(p.memory.window_pool_blocks, 0);
+  EXPECT_EQ(p.memory.kv_bytes_per_token_global, p.memory.kv_bytes_per_token);
+  EXPECT_EQ(p.memory.kv_bytes_per_token_windowed, 0u);
+  EXPECT_EQ(p.memory.kv_block_bytes, 16 * p.memory.kv_bytes_per_token);
+  EXPECT_EQ(p.memory.kv_blocks, static_cast<int64_t>(static_cast<uint64_t>(p.memory.kv_room_bytes) / (16 * 524'288ull)));
+  EXPECT_EQ(p.time.kv_bytes_read, 8ull * 1000 * 524'288);
+  EXPECT_EQ(format_plan(p).find("window"), std::string::npos);
+
+  ModelConfig mistral = llama2_7b();
+  mistral.max_positions = 32768;
+  mistral.sliding_window = 4096;  // every layer
+  in = input(mistral, "F16", "A100-80GB");
+  in.batch = 2;
+  in.decode_context = 8000;
+  p = plan_of(in);
+  EXPECT_EQ(p.memory.windowed_layers, 0);
+  EXPECT_FALSE(p.memory.window_pool);
+  EXPECT_EQ(p.memory.kv_blocks, static_cast<int64_t>(static_cast<uint64_t>(p.memory.kv_room_bytes) / (16 * 524'288ull)));
+  EXPECT_EQ(p.time.kv_bytes_read, 2ull * 8000 * 524'288);
+  EXPECT_NE(format_plan(p).find("their KV is held for the full context"), std::string::npos);
+}
+
+// The stored mix's group divides the rows it bills: Gemma-3-270M's rows of 640 are not rounded up
+// to 768 (three groups of 256).
+TEST(PlannerTest, StoredPrecisionGroupDividesTheRows) {
+  const uint64_t bytes = 68'106'240, elems = 100'270'080;  // the 270M file's layer matrices
+  const PrecisionSpec g256 = precision_from_totals("stored", bytes, elems);
+  const PrecisionSpec g128 = precision_from_totals("stored", bytes, elems, 128);
+  EXPECT_EQ(g256.group_elems, 256);
+  EXPECT_EQ(g128.group_elems, 128);
+  EXPECT_EQ(g128.group_bytes, 87);  // 128 x 5.434 bits = 86.9 B
+  EXPECT_EQ(g128.row_bytes(640), 5u * 87);
+  EXPECT_EQ(g256.row_bytes(640), 3u * 174);
+}
+
+// The real file: Q8_0 embedding tied to the head, mixed Q4_K_M layers, 15 windowed layers.
+TEST(PlannerTest, Gemma3RealFile) {
+  const std::string file = testing::default_model_file();
+  if (file.empty()) GTEST_SKIP() << "no default model file";
+  auto model = load_plan_model(file);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  ASSERT_TRUE(model->has_weights);
+  EXPECT_TRUE(model->config.tie_embeddings);
+  EXPECT_DOUBLE_EQ(model->stored_embeddings.bits_per_weight(), 8.5);
+  PlanInput in = input(model->config, "Q8_0", "A100-80GB");
+  in.weights = model->stored_layers;
+  in.embeddings = model->stored_embeddings;
+  in.kv_dtype = KvDtype::kF32;
+  const Plan p = plan_of(in);
+  EXPECT_EQ(p.memory.embedding_bytes, 262144ull * 640 / 32 * 34);
+  EXPECT_EQ(p.memory.lm_head_bytes, 0u);
+  // The file's layer matrices are 68,106,240 B; the average rounds to half a byte per 128.
+  EXPECT_NEAR(static_cast<double>(p.memory.layer_weight_bytes), 68'106'240.0, 68'106'240.0 * 0.001);
+  EXPECT_EQ(p.memory.windowed_layers, 15);
+  EXPECT_TRUE(p.memory.window_pool);
 }
 
 TEST(PlannerTest, ValidatesInput) {
