@@ -55,7 +55,6 @@ struct PlanArgs {
   std::string profile = "interactive";
   int64_t max_batch = 0;
   int64_t max_step_tokens = 0;
-  int64_t prefill_chunk = 0;
   int threads = 0;
   double memory_gb = 0;
   double bandwidth_gbs = 0;
@@ -140,7 +139,6 @@ Result<PlanInput> build_input(const PlanArgs& a, const PlanModel& model) {
   TESSERA_ASSIGN_OR_RETURN(SchedulerConfig sched, scheduler_profile(a.profile));
   in.max_batch = a.max_batch > 0 ? a.max_batch : std::max<int64_t>(sched.max_batch, a.batch);
   in.max_step_tokens = a.max_step_tokens > 0 ? a.max_step_tokens : std::max<int64_t>(sched.max_step_tokens, in.max_batch);
-  in.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : sched.prefill_chunk;
   return in;
 }
 
@@ -402,13 +400,10 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--decode-context", a->decode_context,
                  "context of each decoding sequence (default: mean prompt + half the mean output, else the mean length)");
   app.add_option("--profile", a->profile,
-                 "scheduler profile for max_batch / max_step_tokens / prefill_chunk: interactive, offline")
+                 "scheduler profile for max_batch / max_step_tokens: interactive, offline")
       ->capture_default_str();
   app.add_option("--max-batch", a->max_batch, "logit rows in the workspace (default: the profile's)");
   app.add_option("--max-step-tokens", a->max_step_tokens, "activation rows in the workspace (default: the profile's)");
-  app.add_option("--prefill-chunk", a->prefill_chunk,
-                 "longest prefill piece per step, which sizes the window pool of a sliding-window model "
-                 "(default: the profile's)");
   app.add_option("--threads", a->threads, "CPU threads for --card cpu and --measure (0 = all)")->capture_default_str();
   app.add_option("--memory-gb", a->memory_gb, "override the card's memory (GB)");
   app.add_option("--bandwidth-gbs", a->bandwidth_gbs, "override the card's memory bandwidth (GB/s)");

@@ -423,8 +423,6 @@ Status validate_input(const PlanInput& in) {
   if (in.batch < 1) return Status::invalid_argument(fmt::format("batch must be >= 1, got {}", in.batch));
   if (in.max_batch < 1 || in.max_step_tokens < 1)
     return Status::invalid_argument("max_batch and max_step_tokens must be >= 1");
-  if (in.prefill_chunk < 1)
-    return Status::invalid_argument(fmt::format("prefill chunk must be >= 1 tokens, got {}", in.prefill_chunk));
   if (in.context_length < 0) return Status::invalid_argument("context length must be >= 0");
   if (in.weights.group_elems < 1 || in.embeddings.group_elems < 1)
     return Status::invalid_argument("a precision has no group size");
@@ -442,8 +440,8 @@ void plan_kv_pools(const PlanInput& in, MemoryBill& m) {
   const uint64_t all_layers_block_bytes = block * m.kv_bytes_per_token;
   const int64_t unsplit_blocks = all_layers_block_bytes > 0 ? static_cast<int64_t>(room / all_layers_block_bytes) : 0;
   if (m.windowed_layers > 0) {
-    m.window_blocks_per_sequence = window_blocks_per_sequence(m.window, in.prefill_chunk, in.block_size);
-    m.window_pool_blocks = window_pool_blocks(m.window, in.prefill_chunk, in.block_size, in.max_batch);
+    m.window_blocks_per_sequence = window_blocks_per_sequence(m.window, in.block_size);
+    m.window_pool_blocks = window_pool_blocks(m.window, in.max_step_tokens, in.block_size, in.max_batch);
     m.window_block_bytes = block * m.kv_bytes_per_token_windowed;
     m.window_pool = m.window_pool_blocks < unsplit_blocks;
   }
@@ -747,8 +745,8 @@ std::string format_plan(const Plan& plan) {
                per_token(m.kv_bytes_per_token_windowed));
     if (m.window_pool) {
       out += row("window pool",
-                 fmt::format("{} blocks per sequence (window {} + prefill chunk {}) x max batch {}",
-                             m.window_blocks_per_sequence, m.window, in.prefill_chunk, in.max_batch),
+                 fmt::format("({} blocks for a {}-token window + 2) x max batch {} + one step of {} tokens",
+                             m.window_blocks_per_sequence, m.window, in.max_batch, in.max_step_tokens),
                  fmt::format("{} blocks", m.window_pool_blocks));
       out += row("", fmt::format("x {} tokens x {} B; a block is released once it is behind the window",
                                  in.block_size, m.kv_bytes_per_token_windowed),
@@ -873,7 +871,7 @@ std::string plan_to_json(const Plan& plan) {
   j["headroom"] = in.headroom;
   j["block_size"] = in.block_size;
   j["max_batch"] = in.max_batch;
-  j["prefill_chunk"] = in.prefill_chunk;
+  j["max_step_tokens"] = in.max_step_tokens;
   std::vector<nlohmann::ordered_json> sweep;
   for (const Fragmentation& f : m.block_size_sweep)
     sweep.push_back({{"block_size", f.block_size}, {"fraction", f.fraction}});

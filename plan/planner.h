@@ -17,7 +17,7 @@
 //   the padded slices of every rank are gathered for sampling).
 // * KV pools, as the coordinator plans them (DESIGN §3): a model with windowed layers
 //   (windowed_kv_layers non-empty: Gemma 3's local layers) keeps their KV in a window pool of
-//   W = window_pool_blocks(window, prefill_chunk, block, max_batch) blocks of Wb = windowed
+//   W = window_pool_blocks(window, max_step_tokens, block, max_batch) blocks of Wb = windowed
 //   bytes per token * block, and the global layers' KV in the normal pool of F = global bytes
 //   per token * block: with KV room R and A = F + Wb, when W < R / A the normal pool gets
 //   (R - W * Wb) / F blocks; otherwise (and for every other model) one pool of R / A blocks
@@ -138,10 +138,7 @@ struct PlanInput {
   int64_t batch = 1;                // decode batch for the time bill
   int64_t decode_context = -1;      // context of each decoding sequence; -1: the lengths' mean
   int64_t max_batch = 32;           // logit rows in the workspace
-  int64_t max_step_tokens = 2048;   // activation rows in the workspace
-  // Longest prefill piece per step (the scheduler's prefill_chunk; 512 is the interactive
-  // profile's): it sizes the window pool (window_blocks_per_sequence).
-  int64_t prefill_chunk = 512;
+  int64_t max_step_tokens = 2048;   // activation rows in the workspace; with max_batch, sizes the window pool
 };
 
 struct MemoryBill {

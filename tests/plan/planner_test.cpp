@@ -424,7 +424,7 @@ TEST(PlannerTest, Gemma3WindowPool) {
   in.kv_dtype = KvDtype::kF32;
   in.context_length = 32768;
   in.max_batch = 32;
-  in.prefill_chunk = 512;
+  in.max_step_tokens = 2048;
   const Plan p = plan_of(in);
   const MemoryBill& m = p.memory;
   // 2 (K, V) x 1 KV head x 256 x 4 B per layer: 3 global, 15 windowed.
@@ -433,17 +433,18 @@ TEST(PlannerTest, Gemma3WindowPool) {
   EXPECT_EQ(m.kv_bytes_per_token, 2ull * 18 * 256 * 4);
   EXPECT_EQ(m.kv_bytes_per_token_global, 2ull * 3 * 256 * 4);
   EXPECT_EQ(m.kv_bytes_per_token_windowed, 2ull * 15 * 256 * 4);
-  // ceil((512 - 1 + 512) / 16) + 2 = 66 blocks a sequence, 32 sequences.
-  EXPECT_EQ(m.window_blocks_per_sequence, 66);
-  EXPECT_EQ(m.window_pool_blocks, window_pool_blocks(512, 512, 16, 32));
-  EXPECT_EQ(m.window_pool_blocks, 66 * 32);
+  // ceil((512 - 1) / 16) + 1 = 33 blocks a sequence between steps, + 2 for its piece, 32
+  // sequences, + a step of 2048 tokens.
+  EXPECT_EQ(m.window_blocks_per_sequence, 33);
+  EXPECT_EQ(m.window_pool_blocks, window_pool_blocks(512, 2048, 16, 32));
+  EXPECT_EQ(m.window_pool_blocks, 35 * 32 + 128);
   ASSERT_TRUE(m.window_pool);
   EXPECT_EQ(m.window_block_bytes, 16ull * 30720);
-  EXPECT_EQ(m.window_pool_bytes, 2112ull * 16 * 30720);
+  EXPECT_EQ(m.window_pool_bytes, 1248ull * 16 * 30720);
   ASSERT_GT(m.kv_room_bytes, 0);
   const auto room = static_cast<uint64_t>(m.kv_room_bytes);
   EXPECT_EQ(m.kv_block_bytes, 16ull * 6144);
-  EXPECT_EQ(m.kv_blocks, static_cast<int64_t>((room - 2112ull * 16 * 30720) / (16 * 6144)));
+  EXPECT_EQ(m.kv_blocks, static_cast<int64_t>((room - 1248ull * 16 * 30720) / (16 * 6144)));
   EXPECT_EQ(m.kv_tokens, m.kv_blocks * 16);
   // A 32k sequence needs 2048 blocks of the global layers; the windowed layers' share is in the
   // window pool, so about 6x the sequences of one pool fit.
@@ -473,20 +474,20 @@ TEST(PlannerTest, Gemma3WindowPool) {
 
   const std::string text = format_plan(p);
   EXPECT_NE(text.find("15 layers: the last 512 positions"), std::string::npos) << text;
-  EXPECT_NE(text.find("2112 blocks"), std::string::npos) << text;
+  EXPECT_NE(text.find("1248 blocks"), std::string::npos) << text;
   EXPECT_EQ(text.find("held for the full context"), std::string::npos) << text;
   const auto j = nlohmann::json::parse(plan_to_json(p));
-  EXPECT_EQ(j["prefill_chunk"].get<int64_t>(), 512);
+  EXPECT_EQ(j["max_step_tokens"].get<int64_t>(), 2048);
   EXPECT_TRUE(j["memory"]["window_pool"].get<bool>());
-  EXPECT_EQ(j["memory"]["window_pool_blocks"].get<int64_t>(), 2112);
+  EXPECT_EQ(j["memory"]["window_pool_blocks"].get<int64_t>(), 1248);
   EXPECT_EQ(j["memory"]["kv_bytes_per_token_global"].get<uint64_t>(), 6144u);
   EXPECT_EQ(j["memory"]["kv_bytes_per_token_windowed"].get<uint64_t>(), 30720u);
   EXPECT_EQ(j["memory"]["kv_blocks"].get<int64_t>(), m.kv_blocks);
 
-  // A longer prefill chunk holds more window blocks a sequence.
-  in.prefill_chunk = 2048;
-  EXPECT_EQ(plan_of(in).memory.window_pool_blocks, window_pool_blocks(512, 2048, 16, 32));
-  in.prefill_chunk = 0;
+  // A bigger step budget adds its pieces' blocks.
+  in.max_step_tokens = 8192;
+  EXPECT_EQ(plan_of(in).memory.window_pool_blocks, 35 * 32 + 512);
+  in.max_step_tokens = 0;
   EXPECT_FALSE(make_plan(in).is_ok());
 }
 
@@ -495,10 +496,10 @@ TEST(PlannerTest, Gemma3WindowPool) {
 TEST(PlannerTest, Gemma3WindowPoolTooBigForTheRoomIsOnePool) {
   PlanInput in = input(gemma3_270m(), "Q8_0", "A100-80GB");
   in.kv_dtype = KvDtype::kF32;
-  in.max_batch = 4096;  // 66 x 4096 window blocks: more than the ~125k blocks of one pool
+  in.max_batch = 4096;  // 35 x 4096 window blocks: more than the ~125k blocks of one pool
   const Plan p = plan_of(in);
   const MemoryBill& m = p.memory;
-  EXPECT_EQ(m.window_pool_blocks, 66 * 4096);
+  EXPECT_EQ(m.window_pool_blocks, window_pool_blocks(512, in.max_step_tokens, 16, 4096));
   EXPECT_FALSE(m.window_pool);
   EXPECT_EQ(m.window_pool_bytes, 0u);
   EXPECT_EQ(m.kv_block_bytes, 16ull * 36864);
