@@ -62,6 +62,7 @@ class ForwardPass : private DecoderBackend {
   // out by `layout`; `comm` joins the ranks of the TP group (all-reduce after the O and down
   // projections, all-gather of the vocabulary-parallel logits). `arch` describes the layers
   // (default: describe_architecture(config, weights)); it must validate against the weights.
+  // A cache with a window pool must hold exactly kv_window_layers(config, arch)'s layers there.
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
               ThreadPool* pool, KvCache* cache, DeviceComm* comm);
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
