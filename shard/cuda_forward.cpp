@@ -1184,13 +1184,12 @@ Status CudaForward::run_sampled(std::span<const SequenceInput> batch, std::span<
 
 void CudaForward::fill_tables(const SequenceInput* in, int64_t s, int64_t used) {
   // A window table's released slots (-1) stay -1: validate() made sure no query reads them.
-  const bool window = num_window_blocks_ > 0;
-  int32_t* table = &h_meta_[static_cast<size_t>(meta_at_.tables + s * table_stride_)];
-  int32_t* window_table = &h_meta_[static_cast<size_t>(meta_at_.window_tables + s * table_stride_)];
-  for (int64_t b = 0; b < table_stride_; ++b) {
-    table[b] = b < used ? in->block_table[static_cast<size_t>(b)] : 0;
-    if (window) window_table[b] = b < used ? in->window_block_table[static_cast<size_t>(b)] : 0;
-  }
+  int32_t* table = h_meta_.data() + meta_at_.tables + s * table_stride_;
+  for (int64_t b = 0; b < table_stride_; ++b) table[b] = b < used ? in->block_table[static_cast<size_t>(b)] : 0;
+  if (num_window_blocks_ == 0) return;
+  int32_t* window_table = h_meta_.data() + meta_at_.window_tables + s * table_stride_;
+  for (int64_t b = 0; b < table_stride_; ++b)
+    window_table[b] = b < used ? in->window_block_table[static_cast<size_t>(b)] : 0;
 }
 
 void CudaForward::set_slots(const SequenceInput* in, int64_t row, int64_t pos) {
