@@ -24,11 +24,16 @@ uint64_t mem_available_bytes() {
 CpuBackend::CpuBackend(const ModelConfig& config, const ShardLayout& layout, ShardWeights weights, ThreadPool* pool,
                        DeviceComm* comm, CpuBackendOptions options)
     : config_(config), layout_(layout), weights_(std::move(weights)), pool_(pool), comm_(comm),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      arch_(options_.arch ? *options_.arch : describe_architecture(config_, weights_.weights)),
+      window_(kv_window_layers(config_, arch_)) {}
 
 uint64_t CpuBackend::kv_bytes_per_token() const {
-  return 2ull * static_cast<uint64_t>(config_.n_layers * layout_.n_kv_heads * config_.head_dim) *
-         static_cast<uint64_t>(kv_dtype_bytes(options_.kv_dtype));
+  return tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.kv_dtype);
+}
+
+uint64_t CpuBackend::kv_window_bytes_per_token() const {
+  return tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, options_.kv_dtype);
 }
 
 Result<BackendMemory> CpuBackend::memory() const {
@@ -38,13 +43,23 @@ Result<BackendMemory> CpuBackend::memory() const {
   m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
   m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = kv_bytes_per_token();
+  m.kv_window = window_.window;
+  m.kv_window_bytes_per_token = kv_window_bytes_per_token();
   m.weight_bytes = weights_.bytes;
   return m;
 }
 
-Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
+Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) {
   if (cache_) return Status::invalid_argument("the KV cache is configured already");
+  if (num_window_blocks > 0 && window_.window == 0)
+    return Status::invalid_argument(fmt::format(
+        "a window pool of {} blocks, but this model ({}) has no sliding-window layers that could use it",
+        num_window_blocks, arch_.name));
   KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_dtype};
+  if (num_window_blocks > 0) {
+    shape.window_layers = window_.layers;
+    shape.num_window_blocks = num_window_blocks;
+  }
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   cache_ = std::make_unique<KvCache>(std::move(cache));
   const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_);
@@ -53,13 +68,19 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
   TESSERA_RETURN_IF_ERROR(arch.validate(config_, &weights_.weights));
   forward_ = std::make_unique<ForwardPass>(config_, layout_, weights_.weights, pool_, cache_.get(), comm_,
                                            std::move(arch));
-  TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", num_blocks, block_size);
+  if (num_window_blocks > 0)
+    TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens; window pool: {} blocks for {} layers (window {})", num_blocks,
+                      block_size, num_window_blocks, window_.count(), window_.window);
+  else
+    TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", num_blocks, block_size);
   return Status::ok();
 }
 
-Status CpuBackend::copy_block(int32_t src, int32_t dst) {
+Status CpuBackend::copy_block(int32_t src, int32_t dst, KvPool pool) {
   if (!cache_) return Status::invalid_argument("block copy before the KV cache exists");
-  return cache_->copy_block(src, dst);
+  if (pool == KvPool::kWindow && !cache_->shape().has_window_pool())
+    return Status::invalid_argument(fmt::format("window block copy {} -> {} without a window pool", src, dst));
+  return cache_->copy_block(src, dst, pool);
 }
 
 Status CpuBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {

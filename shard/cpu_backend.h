@@ -33,8 +33,9 @@ class CpuBackend : public ShardBackend {
 
   Result<BackendMemory> memory() const override;
   KvDtype kv_dtype() const override { return options_.kv_dtype; }
-  Status configure_kv(int64_t block_size, int64_t num_blocks) override;
-  Status copy_block(int32_t src, int32_t dst) override;
+  int64_t kv_window() const override { return window_.window; }
+  Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
+  Status copy_block(int32_t src, int32_t dst, KvPool pool) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
   uint64_t comm_micros() const override { return forward_ ? forward_->comm_micros : 0; }
   ThreadPool* host_pool() override { return pool_; }
@@ -45,6 +46,8 @@ class CpuBackend : public ShardBackend {
   // The weights the forward pass uses (after --quant conversion; re-laid once configured).
   const ModelWeights& weights() const { return weights_.weights; }
   uint64_t kv_bytes_per_token() const;
+  // Of kv_bytes_per_token(), the windowed layers' (0 when the model has none).
+  uint64_t kv_window_bytes_per_token() const;
 
  private:
   const ModelConfig& config_;
@@ -53,6 +56,8 @@ class CpuBackend : public ShardBackend {
   ThreadPool* pool_;
   DeviceComm* comm_;
   CpuBackendOptions options_;
+  ArchSpec arch_;
+  KvWindowLayers window_;  // the layers a window pool would hold, from arch_
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
 };

@@ -47,19 +47,22 @@ Result<BackendMemory> CudaBackend::memory() const {
   m.memory_available_bytes = static_cast<uint64_t>(free_bytes);
   m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = static_cast<uint64_t>(forward_->kv_bytes_per_token());
+  m.kv_window = forward_->kv_window();
+  m.kv_window_bytes_per_token = static_cast<uint64_t>(forward_->kv_window_bytes_per_token());
   m.weight_bytes = static_cast<uint64_t>(forward_->weight_bytes());
   m.max_step_tokens = options_.max_step_tokens;
   m.max_step_seqs = options_.max_step_seqs;
   return m;
 }
 
-Status CudaBackend::configure_kv(int64_t block_size, int64_t num_blocks) {
-  TESSERA_RETURN_IF_ERROR(forward_->configure_kv(block_size, num_blocks));
-  TESSERA_LOG_DEBUG("KV pool on {}: {} blocks of {} tokens", forward_->device_name(), num_blocks, block_size);
+Status CudaBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) {
+  TESSERA_RETURN_IF_ERROR(forward_->configure_kv(block_size, num_blocks, num_window_blocks));
+  TESSERA_LOG_DEBUG("KV pool on {}: {} blocks of {} tokens, window pool {} blocks", forward_->device_name(), num_blocks,
+                    block_size, num_window_blocks);
   return Status::ok();
 }
 
-Status CudaBackend::copy_block(int32_t src, int32_t dst) { return forward_->copy_block(src, dst); }
+Status CudaBackend::copy_block(int32_t src, int32_t dst, KvPool pool) { return forward_->copy_block(src, dst, pool); }
 
 Status CudaBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
   return forward_->run(batch, logits);

@@ -34,8 +34,9 @@ class CudaBackend : public ShardBackend {
 
   Result<BackendMemory> memory() const override;
   KvDtype kv_dtype() const override { return KvDtype::kF32; }  // create() refuses the others
-  Status configure_kv(int64_t block_size, int64_t num_blocks) override;
-  Status copy_block(int32_t src, int32_t dst) override;
+  int64_t kv_window() const override { return forward_->kv_window(); }
+  Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
+  Status copy_block(int32_t src, int32_t dst, KvPool pool) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
   bool greedy_on_device() const override { return true; }
   Status run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) override;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <unordered_map>
 
 #include "comm/device_comm.h"
@@ -104,6 +105,7 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
         fmt::format("CudaForward: {} layers bound, the config has {}", weights.layers.size(), config.n_layers));
   std::unique_ptr<CudaForward> f(new CudaForward(config, layout, comm, options));
   f->decoder_ = std::make_unique<Decoder>(std::move(arch), decoder_dims(config, layout));
+  f->window_ = kv_window_layers(config, f->decoder_->spec());
   TESSERA_RETURN_IF_ERROR(f->init(weights));
   return f;
 }
@@ -360,7 +362,7 @@ Status CudaForward::upload_weights(const ModelWeights& weights) {
 
 // ---- workspace and KV pool ----
 
-CudaForward::MetaLayout::MetaLayout(int64_t T, int64_t S, int64_t table_cap) {
+CudaForward::MetaLayout::MetaLayout(int64_t T, int64_t S, int64_t table_cap, bool with_window_tables) {
   tokens = 0;
   positions = tokens + T;
   out_rows = positions + T;
@@ -369,7 +371,8 @@ CudaForward::MetaLayout::MetaLayout(int64_t T, int64_t S, int64_t table_cap) {
   start_pos = query_len + S;
   seq_lens = start_pos + S;
   tables = seq_lens + S;
-  total = tables + S * table_cap;
+  window_tables = tables + S * table_cap;
+  total = window_tables + (with_window_tables ? S * table_cap : 0);
 }
 
 Status CudaForward::allocate_workspace() {
@@ -454,6 +457,10 @@ int64_t CudaForward::kv_bytes_per_token() const {
   return 2 * config_.n_layers * layout_.n_kv_heads * config_.head_dim * 4;  // K and V of every layer
 }
 
+int64_t CudaForward::kv_window_bytes_per_token() const {
+  return 2 * window_.count() * layout_.n_kv_heads * config_.head_dim * 4;
+}
+
 Result<int64_t> CudaForward::free_device_bytes() const {
   int64_t free_bytes = 0, total_bytes = 0;
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
@@ -467,7 +474,8 @@ Status CudaForward::allocate_kv_pool() {
   const int64_t bytes_per_block = options_.block_size * kv_bytes_per_token();
   // The block tables' metadata comes out of the same free memory (tables of max_positions).
   const int64_t meta_bytes = MetaLayout(options_.max_tokens_per_step, options_.max_seqs_per_step,
-                                        (config_.max_positions + options_.block_size - 1) / options_.block_size)
+                                        (config_.max_positions + options_.block_size - 1) / options_.block_size,
+                                        /*window_tables=*/false)
                                  .total *
                              4;
   const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
@@ -481,61 +489,97 @@ Status CudaForward::allocate_kv_pool() {
         "bytes free leaves no room for one KV block of {} bytes",
         options_.device, free_bytes, weight_bytes_, workspace_bytes_, options_.kv_headroom * 100.0, total_bytes,
         bytes_per_block));
-  return allocate_kv(options_.block_size, blocks);
+  return allocate_kv(options_.block_size, blocks, 0);
 }
 
-Status CudaForward::configure_kv(int64_t block_size, int64_t num_blocks) {
+Status CudaForward::configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) {
   if (kv_ready_)
     return Status::invalid_argument(fmt::format("CUDA device {}: the KV pool is already allocated ({} blocks of {})",
                                                 options_.device, num_blocks_, options_.block_size));
-  if (block_size <= 0 || num_blocks <= 0 || num_blocks > 0x7fffffff)
-    return Status::invalid_argument(
-        fmt::format("CUDA device {}: KV pool of {} blocks of {} tokens: both must be > 0 (and blocks < 2^31)",
-                    options_.device, num_blocks, block_size));
+  if (block_size <= 0 || num_blocks <= 0 || num_blocks > 0x7fffffff || num_window_blocks < 0 ||
+      num_window_blocks > 0x7fffffff)
+    return Status::invalid_argument(fmt::format(
+        "CUDA device {}: KV pool of {} blocks (window pool {}) of {} tokens: blocks and tokens must be > 0, window "
+        "blocks >= 0 (and both < 2^31)",
+        options_.device, num_blocks, num_window_blocks, block_size));
+  if (num_window_blocks > 0 && window_.window == 0)
+    return Status::invalid_argument(fmt::format(
+        "CUDA device {}: a window pool of {} blocks, but the model has no sliding-window layers that could use it",
+        options_.device, num_window_blocks));
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
-  return allocate_kv(block_size, num_blocks);
+  return allocate_kv(block_size, num_blocks, num_window_blocks);
 }
 
-Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks) {
+Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) {
   options_.block_size = block_size;
   max_table_blocks_ = (config_.max_positions + block_size - 1) / block_size;
+  const bool window_pool = num_window_blocks > 0;
   // Sized for the largest step; each step packs its regions at the front (MetaLayout of its own
   // sizes), so only what it uses is uploaded.
-  const MetaLayout meta(options_.max_tokens_per_step, options_.max_seqs_per_step, max_table_blocks_);
+  const MetaLayout meta(options_.max_tokens_per_step, options_.max_seqs_per_step, max_table_blocks_, window_pool);
   void* p = nullptr;
   TESSERA_ASSIGN_OR_RETURN(p, device_alloc(meta.total * 4, "step metadata"));
   meta_ = static_cast<int32_t*>(p);
   workspace_bytes_ += meta.total * 4;
   h_meta_.assign(static_cast<size_t>(meta.total), 0);
+  if (window_pool) {
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(options_.max_tokens_per_step * 8, "window-pool KV slots"));
+    window_slots_ = static_cast<int64_t*>(p);
+    workspace_bytes_ += options_.max_tokens_per_step * 8;
+    h_window_slots_.assign(static_cast<size_t>(options_.max_tokens_per_step), -1);
+  }
+  // Each layer's place in its pool: [its pool's layers in layer order][K|V].
+  int64_t n_window = 0;
+  pool_index_.clear();
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const bool windowed = window_pool && window_.layers[static_cast<size_t>(l)];
+    pool_index_.push_back(windowed ? n_window++ : l - n_window);
+  }
   const int64_t block_floats = block_size * layout_.n_kv_heads * config_.head_dim;
-  const int64_t bytes = num_blocks * block_size * kv_bytes_per_token();
-  const int rc = api_->device_malloc(&p, bytes);
-  if (rc != 0)
-    return Status::resource_exhausted(fmt::format(
-        "CUDA device {}: cannot allocate the KV pool of {} blocks of {} tokens ({} bytes) after {} bytes of weights "
-        "and {} of workspace: {}",
-        options_.device, num_blocks, block_size, bytes, weight_bytes_, workspace_bytes_, api_->last_error()));
-  allocations_.push_back(p);
-  kv_pool_ = static_cast<float*>(p);
+  const int64_t layer_block_bytes = 2 * block_floats * 4;  // K and V of one layer
+  const int64_t bytes = num_blocks * (config_.n_layers - n_window) * layer_block_bytes;
+  const int64_t window_bytes = num_window_blocks * n_window * layer_block_bytes;
+  for (const auto& [pool_bytes, blocks, what, out] :
+       {std::tuple{bytes, num_blocks, "KV pool", &kv_pool_},
+        std::tuple{window_bytes, num_window_blocks, "window pool", &window_pool_}}) {
+    if (pool_bytes == 0) continue;
+    const int rc = api_->device_malloc(&p, pool_bytes);
+    if (rc != 0)
+      return Status::resource_exhausted(fmt::format(
+          "CUDA device {}: cannot allocate the {} of {} blocks of {} tokens ({} bytes) after {} bytes of weights "
+          "and {} of workspace: {}",
+          options_.device, what, blocks, block_size, pool_bytes, weight_bytes_, workspace_bytes_, api_->last_error()));
+    allocations_.push_back(p);
+    *out = static_cast<float*>(p);
+  }
   num_blocks_ = num_blocks;
+  num_window_blocks_ = num_window_blocks;
   layer_kv_floats_ = num_blocks * block_floats;
-  kv_bytes_ = bytes;
+  window_layer_kv_floats_ = num_window_blocks * block_floats;
+  kv_bytes_ = bytes + window_bytes;
   kv_ready_ = true;
   return Status::ok();
 }
 
-Status CudaForward::copy_block(int32_t src, int32_t dst) {
+Status CudaForward::copy_block(int32_t src, int32_t dst, KvPool pool) {
   if (!kv_ready_) return Status::invalid_argument("CudaForward: block copy before the KV pool exists");
-  if (src < 0 || dst < 0 || src >= num_blocks_ || dst >= num_blocks_)
+  const bool window = pool == KvPool::kWindow;
+  if (window && num_window_blocks_ == 0)
+    return Status::invalid_argument(fmt::format("window block copy {} -> {} without a window pool", src, dst));
+  const int64_t blocks = window ? num_window_blocks_ : num_blocks_;
+  if (src < 0 || dst < 0 || src >= blocks || dst >= blocks)
     return Status::out_of_range(
-        fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, num_blocks_ - 1));
+        fmt::format("block copy {} -> {} outside the {} (0..{})", src, dst, kv_pool_name(pool), blocks - 1));
   const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
+  const int64_t layers = window ? window_.count() : config_.n_layers - (num_window_blocks_ > 0 ? window_.count() : 0);
+  float* const pool_base = window ? window_pool_ : kv_pool_;
+  const int64_t layer_floats = window ? window_layer_kv_floats_ : layer_kv_floats_;
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
-  for (int64_t part = 0; part < 2 * config_.n_layers; ++part) {  // [layer][K|V]
-    float* base = kv_pool_ + part * layer_kv_floats_;
+  for (int64_t part = 0; part < 2 * layers; ++part) {  // [the pool's layer][K|V]
+    float* base = pool_base + part * layer_floats;
     TESSERA_CUDA_TRY(
         api_->device_memcpy_async(base + dst * block_floats, base + src * block_floats, block_floats * 4, stream_),
-        fmt::format("copy KV block {} -> {}", src, dst));
+        fmt::format("copy {} block {} -> {}", kv_pool_name(pool), src, dst));
   }
   return Status::ok();
 }
@@ -565,6 +609,13 @@ Status CudaForward::validate(std::span<const SequenceInput> batch) const {
     for (int32_t b : in.block_table)
       if (b < 0 || b >= num_blocks_)
         return Status::out_of_range(fmt::format("block id {} outside the cache (0..{})", b, num_blocks_ - 1));
+    if (num_window_blocks_ == 0) {
+      if (!in.window_block_table.empty())
+        return Status::invalid_argument(fmt::format("sequence {}: a window table without a window pool", s));
+    } else {
+      TESSERA_RETURN_IF_ERROR(validate_window_table(in.window_block_table, s, in.start_pos, end - in.start_pos,
+                                                    window_.window, block_size, num_window_blocks_));
+    }
     n += static_cast<int64_t>(in.tokens.size());
   }
   if (n > options_.max_tokens_per_step || static_cast<int64_t>(batch.size()) > options_.max_seqs_per_step)
@@ -645,8 +696,13 @@ Status CudaForward::gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t
 Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int64_t n) {
   const bool all_decode = all_decode_;
   const MetaLayout& meta = meta_at_;
-  float* k_cache = kv_pool_ + (2 * l) * layer_kv_floats_;
-  float* v_cache = kv_pool_ + (2 * l + 1) * layer_kv_floats_;
+  // A windowed layer with a window pool: its KV, slots and tables are the window pool's.
+  const bool windowed = num_window_blocks_ > 0 && window_.layers[static_cast<size_t>(l)];
+  const int64_t i = pool_index_[static_cast<size_t>(l)];
+  const int64_t layer_floats = windowed ? window_layer_kv_floats_ : layer_kv_floats_;
+  float* k_cache = (windowed ? window_pool_ : kv_pool_) + (2 * i) * layer_floats;
+  float* v_cache = k_cache + layer_floats;
+  const int32_t* tables = meta_ + (windowed ? meta.window_tables : meta.tables);
   const int64_t hd = config_.head_dim;
 
   TesseraCudaRopeKvArgs rope{};
@@ -654,7 +710,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   rope.k = k_;
   rope.v = v_;
   rope.positions = meta_ + meta.positions;
-  rope.slots = slots_;
+  rope.slots = windowed ? window_slots_ : slots_;
   rope.inv_freq = inv_freq_[static_cast<size_t>(spec.rope_table)];
   rope.k_cache = k_cache;
   rope.v_cache = v_cache;
@@ -663,7 +719,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   rope.n_kv_heads = layout_.n_kv_heads;
   rope.head_dim = hd;
   rope.block_size = options_.block_size;
-  rope.num_blocks = num_blocks_;
+  rope.num_blocks = windowed ? num_window_blocks_ : num_blocks_;
   TESSERA_CUDA_LAUNCH(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
   ++last_step_.launches;  // the attention kernel below
 
@@ -673,7 +729,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
     a.out = attn_;
     a.k_cache = k_cache;
     a.v_cache = v_cache;
-    a.block_tables = meta_ + meta.tables;
+    a.block_tables = tables;
     a.seq_lens = meta_ + meta.seq_lens;
     a.n_seqs = n_seqs_;
     a.n_heads = layout_.n_heads;
@@ -698,7 +754,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   a.out = attn_;
   a.k_cache = k_cache;
   a.v_cache = v_cache;
-  a.block_tables = meta_ + meta.tables;
+  a.block_tables = tables;
   a.query_begin = meta_ + meta.query_begin;
   a.query_len = meta_ + meta.query_len;
   a.start_pos = meta_ + meta.start_pos;
@@ -1126,6 +1182,26 @@ Status CudaForward::run_sampled(std::span<const SequenceInput> batch, std::span<
   return run_step(batch, StepOut{.kind = Output::kSampled, .sampled = &out, .rows = rows, .penalties = penalties});
 }
 
+void CudaForward::fill_tables(const SequenceInput* in, int64_t s, int64_t used) {
+  // A window table's released slots (-1) stay -1: validate() made sure no query reads them.
+  int32_t* table = h_meta_.data() + meta_at_.tables + s * table_stride_;
+  for (int64_t b = 0; b < table_stride_; ++b) table[b] = b < used ? in->block_table[static_cast<size_t>(b)] : 0;
+  if (num_window_blocks_ == 0) return;
+  int32_t* window_table = h_meta_.data() + meta_at_.window_tables + s * table_stride_;
+  for (int64_t b = 0; b < table_stride_; ++b)
+    window_table[b] = b < used ? in->window_block_table[static_cast<size_t>(b)] : 0;
+}
+
+void CudaForward::set_slots(const SequenceInput* in, int64_t row, int64_t pos) {
+  const int64_t bs = options_.block_size;
+  const auto slot = [&](std::span<const int32_t> table) -> int64_t {
+    return in ? static_cast<int64_t>(table[static_cast<size_t>(pos / bs)]) * bs + pos % bs : -1;
+  };
+  h_slots_[static_cast<size_t>(row)] = slot(in ? in->block_table : std::span<const int32_t>{});
+  if (num_window_blocks_ > 0)
+    h_window_slots_[static_cast<size_t>(row)] = slot(in ? in->window_block_table : std::span<const int32_t>{});
+}
+
 Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut& out) {
   step_start_ = std::chrono::steady_clock::now();
   last_step_ = CudaStepStats{};
@@ -1146,7 +1222,7 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
     table_stride_ = std::max<int64_t>(table_stride_, (in.start_pos + static_cast<int64_t>(in.tokens.size()) + bs - 1) / bs);
     n_tokens += static_cast<int64_t>(in.tokens.size());
   }
-  meta_at_ = MetaLayout(n_tokens, n_seqs_, table_stride_);
+  meta_at_ = MetaLayout(n_tokens, n_seqs_, table_stride_, num_window_blocks_ > 0);
   const MetaLayout& meta = meta_at_;
   int64_t n = 0, n_out = 0;
   bool all_decode = true;
@@ -1158,16 +1234,12 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
     h_meta_[static_cast<size_t>(meta.query_len + s)] = static_cast<int32_t>(len);
     h_meta_[static_cast<size_t>(meta.start_pos + s)] = static_cast<int32_t>(in.start_pos);
     h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(in.start_pos + len);
-    const int64_t used = (in.start_pos + len + bs - 1) / bs;
-    for (int64_t b = 0; b < table_stride_; ++b)
-      h_meta_[static_cast<size_t>(meta.tables + s * table_stride_ + b)] =
-          b < used ? in.block_table[static_cast<size_t>(b)] : 0;
+    fill_tables(&in, s, (in.start_pos + len + bs - 1) / bs);
     for (int64_t i = 0; i < len; ++i, ++n) {
       const int64_t pos = in.start_pos + i;
       h_meta_[static_cast<size_t>(meta.tokens + n)] = in.tokens[static_cast<size_t>(i)];
       h_meta_[static_cast<size_t>(meta.positions + n)] = static_cast<int32_t>(pos);
-      h_slots_[static_cast<size_t>(n)] =
-          static_cast<int64_t>(in.block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs;
+      set_slots(&in, n, pos);
     }
     const int64_t first = in.all_logits ? n - len : in.want_logits ? n - 1 : n;
     for (int64_t i = first; i < n; ++i, ++n_out) h_meta_[static_cast<size_t>(meta.out_rows + n_out)] = static_cast<int32_t>(i);
@@ -1179,6 +1251,9 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), meta.total * 4, stream_),
                       "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), n * 8, stream_), "upload KV slots");
+  if (window_slots_)
+    TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(window_slots_, h_window_slots_.data(), n * 8, stream_),
+                        "upload window-pool KV slots");
   if (out.kind == Output::kSampled) TESSERA_RETURN_IF_ERROR(upload_sampling(n_out, out.penalties));
   TESSERA_RETURN_IF_ERROR(enqueue_forward(n, all_decode));
   if (out.logits) out.logits->resize(static_cast<size_t>(n_out * config_.vocab));
@@ -1219,7 +1294,7 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const Step
   // (slot -1); their outputs are never read.
   n_seqs_ = bucket;
   table_stride_ = max_table_blocks_;
-  meta_at_ = MetaLayout(bucket, bucket, table_stride_);
+  meta_at_ = MetaLayout(bucket, bucket, table_stride_, num_window_blocks_ > 0);
   const MetaLayout& meta = meta_at_;
   for (int64_t s = 0; s < bucket; ++s) {
     const bool real = s < n_real;
@@ -1229,20 +1304,20 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const Step
     h_meta_[static_cast<size_t>(meta.query_len + s)] = 1;
     h_meta_[static_cast<size_t>(meta.start_pos + s)] = static_cast<int32_t>(pos);
     h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(pos + 1);
-    const int64_t used = real ? (pos + bs) / bs : 0;
-    int32_t* table = &h_meta_[static_cast<size_t>(meta.tables + s * table_stride_)];
-    for (int64_t b = 0; b < table_stride_; ++b) table[b] = b < used ? in->block_table[static_cast<size_t>(b)] : 0;
+    fill_tables(in, s, real ? (pos + bs) / bs : 0);
     h_meta_[static_cast<size_t>(meta.tokens + s)] = real ? in->tokens[0] : 0;
     h_meta_[static_cast<size_t>(meta.positions + s)] = static_cast<int32_t>(pos);
     h_meta_[static_cast<size_t>(meta.out_rows + s)] = static_cast<int32_t>(s);
-    h_slots_[static_cast<size_t>(s)] =
-        real ? static_cast<int64_t>(in->block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs : -1;
+    set_slots(in, s, pos);
   }
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Every region the graph reads, at the bucket's offsets.
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), meta.total * 4, stream_),
                       "upload step metadata");
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), bucket * 8, stream_), "upload KV slots");
+  if (window_slots_)
+    TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(window_slots_, h_window_slots_.data(), bucket * 8, stream_),
+                        "upload window-pool KV slots");
   if (out.kind == Output::kSampled) {
     // Padding rows: greedy, no logprobs, no penalties (their tokens are dropped).
     for (int64_t s = n_real; s < bucket; ++s) h_sample_rows_[static_cast<size_t>(s)] = TesseraCudaSampleRow{};

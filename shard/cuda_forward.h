@@ -28,6 +28,11 @@
 //     (cudaMemGetInfo's free bytes minus kv_headroom * total, capped at max_kv_blocks when > 0),
 //     or, with options.defer_kv_pool, by configure_kv() with the block size and block count the
 //     coordinator chose from free_device_bytes() (the shard reports that in its hello).
+//     configure_kv() with num_window_blocks > 0 also allocates the window pool (common/
+//     kv_config.h): the windowed layers (kv_window_layers) move out of the KV pool into a second
+//     allocation of their own, [window layer][K|V][num_window_blocks][...], addressed by the
+//     sequences' window tables (a second block-table region and a second set of KV slots in the
+//     step metadata, both uploaded every step and at fixed offsets in graphed steps).
 //
 // CUDA graphs (options.cuda_graphs): a step in which every sequence decodes one token and wants
 // its logits runs as one graph launch. The batch is padded to a bucket (1, 2, 4, ... up to
@@ -150,14 +155,21 @@ class CudaForward : private DecoderBackend {
   // a KV pool may take before any headroom.
   Result<int64_t> free_device_bytes() const;
   // With options.defer_kv_pool: allocates the KV pool of exactly num_blocks blocks of
-  // block_size tokens. ResourceExhausted when it does not fit; InvalidArgument when called
-  // twice or with bad sizes.
-  Status configure_kv(int64_t block_size, int64_t num_blocks);
-  // Copy-on-write of a shared block: every layer's K and V of block src into block dst,
-  // ordered before the next run() on the forward stream. OutOfRange for bad ids.
-  Status copy_block(int32_t src, int32_t dst);
+  // block_size tokens, and with num_window_blocks > 0 the window pool of that many for the
+  // windowed layers. ResourceExhausted when they do not fit; InvalidArgument when called
+  // twice, with bad sizes, or with a window pool and kv_window() 0.
+  Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks = 0);
+  // Copy-on-write of a shared block of `pool`: the K and V of every layer stored there, of
+  // block src into block dst, ordered before the next run() on the forward stream. OutOfRange
+  // for bad ids, InvalidArgument for the window pool when there is none.
+  Status copy_block(int32_t src, int32_t dst, KvPool pool = KvPool::kMain);
   // KV bytes of one token (every layer, K and V, this rank's KV heads, fp32).
   int64_t kv_bytes_per_token() const;
+  // The window pool's figures (kv_window_layers of the config and the description): the
+  // largest window of the windowed layers, and their share of kv_bytes_per_token(). 0 and 0
+  // when the model has none.
+  int64_t kv_window() const { return window_.window; }
+  int64_t kv_window_bytes_per_token() const;
 
   const CudaStepStats& last_step() const { return last_step_; }
   // Turns graph replays of decode steps on or off from the next run() (captured graphs stay).
@@ -166,6 +178,7 @@ class CudaForward : private DecoderBackend {
   std::string device_name() const { return device_name_; }
 
   int64_t num_kv_blocks() const { return num_blocks_; }
+  int64_t num_window_blocks() const { return num_window_blocks_; }  // 0: no window pool
   int64_t block_size() const { return options_.block_size; }
   int64_t weight_bytes() const { return weight_bytes_; }       // device bytes of weights
   int64_t workspace_bytes() const { return workspace_bytes_; }
@@ -181,12 +194,13 @@ class CudaForward : private DecoderBackend {
   CudaForward(const ModelConfig& config, const ShardLayout& layout, DeviceComm* comm,
               const CudaForwardOptions& options);
   // Offsets (int32 elements) of the step metadata regions for T tokens (and as many logit rows
-  // at most), S sequences and block tables of table_cap columns.
+  // at most), S sequences and block tables of table_cap columns; with window_tables a second
+  // table region of the same shape (the window pool's), otherwise window_tables == total.
   struct MetaLayout {
     int64_t tokens = 0, positions = 0, out_rows = 0, query_begin = 0, query_len = 0, start_pos = 0, seq_lens = 0,
-            tables = 0, total = 0;
+            tables = 0, window_tables = 0, total = 0;
     MetaLayout() = default;
-    MetaLayout(int64_t T, int64_t S, int64_t table_cap);
+    MetaLayout(int64_t T, int64_t S, int64_t table_cap, bool window_tables);
   };
 
   Status init(const ModelWeights& weights);
@@ -194,7 +208,12 @@ class CudaForward : private DecoderBackend {
   Status allocate_workspace();
   Status allocate_kv_pool();
   Result<void*> device_alloc(int64_t bytes, const char* what);
-  Status allocate_kv(int64_t block_size, int64_t num_blocks);
+  Status allocate_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks);
+  // Host metadata of the step: sequence s's block table (and window table) row, its first
+  // `used` entries then zeros to table_stride_ (in null: a padding row, all zeros); the KV
+  // slot(s) of token row `row` at position pos (in null: -1, no write).
+  void fill_tables(const SequenceInput* in, int64_t s, int64_t used);
+  void set_slots(const SequenceInput* in, int64_t row, int64_t pos);
   Status validate(std::span<const SequenceInput> batch) const;
   // Enqueues embedding .. LM head (and the TP all-gather) for the metadata already on the
   // device: n token rows, n_out logit rows.
@@ -288,16 +307,23 @@ class CudaForward : private DecoderBackend {
   int32_t* meta_ = nullptr;  // tokens | positions | out_rows | query_begin | query_len | start_pos | seq_lens | tables
   MetaLayout meta_at_;       // where the current step's regions are in meta_ (and h_meta_)
   int64_t* slots_ = nullptr;
+  int64_t* window_slots_ = nullptr;  // with a window pool: the slots in it (window tables)
   int64_t max_table_blocks_ = 0;  // blocks a sequence of max_positions tokens needs
   // host mirror of the metadata, reused every step
   std::vector<int32_t> h_meta_;
-  std::vector<int64_t> h_slots_;
+  std::vector<int64_t> h_slots_, h_window_slots_;
   std::vector<float> h_gathered_;
 
   // KV pool
   float* kv_pool_ = nullptr;
   int64_t num_blocks_ = 0;
   int64_t layer_kv_floats_ = 0;  // floats of one layer's K (or V)
+  // window pool (num_window_blocks_ > 0): the layers window_.layers marks live there
+  KvWindowLayers window_;       // from the description, at create()
+  float* window_pool_ = nullptr;
+  int64_t num_window_blocks_ = 0;
+  int64_t window_layer_kv_floats_ = 0;
+  std::vector<int64_t> pool_index_;  // per layer: its index among its pool's layers
   int64_t table_stride_ = 0;     // block-table columns of the current step
   int64_t n_seqs_ = 0;
   bool kv_ready_ = false;

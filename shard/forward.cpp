@@ -59,6 +59,14 @@ ForwardPass::ForwardPass(const ModelConfig& config, const ShardLayout& layout, c
   TESSERA_CHECK(cache->shape().n_layers == config.n_layers, "cache layers");
   const Status arch_ok = decoder_.spec().validate(config, &weights);
   TESSERA_CHECK(arch_ok.is_ok(), "{}", arch_ok.to_string());
+  // The window pool's layers must be windowed layers with a window (released blocks are never
+  // read only because their queries do not reach back to them).
+  if (cache->shape().has_window_pool()) {
+    const KvWindowLayers w = kv_window_layers(config, decoder_.spec());
+    TESSERA_CHECK(w.window > 0 && w.layers == cache->shape().window_layers,
+                  "the window pool's layers are not the model's windowed layers");
+    kv_window_ = w.window;
+  }
   // A tied embedding re-laid for the LM head's kernels is looked up through a row copy.
   if (cpu::is_r16(weights.embed.type)) embed_row_.resize(row_bytes(cpu::r16_base(weights.embed.type), config.hidden));
 }
@@ -85,6 +93,13 @@ Status ForwardPass::validate(std::span<const SequenceInput> batch) const {
     for (int32_t b : in.block_table)
       if (b < 0 || b >= num_blocks)
         return Status::out_of_range(fmt::format("block id {} outside the cache (0..{})", b, num_blocks - 1));
+    if (!cache_->shape().has_window_pool()) {
+      if (!in.window_block_table.empty())
+        return Status::invalid_argument(fmt::format("sequence {}: a window table without a window pool", s));
+    } else {
+      TESSERA_RETURN_IF_ERROR(validate_window_table(in.window_block_table, s, in.start_pos, end - in.start_pos,
+                                                    kv_window_, block_size, cache_->shape().num_window_blocks));
+    }
   }
   return Status::ok();
 }
@@ -214,12 +229,15 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
   rope_apply(q_.data(), positions_.data(), n, n_heads, hd, inv_freq);
   rope_apply(k_.data(), positions_.data(), n, n_kv, hd, inv_freq);
 
+  // A windowed layer with a window pool keeps its KV there, addressed by the window tables.
+  const bool windowed = cache_->shape().pool_of(l) == KvPool::kWindow;
   PagedKvLayer kv = cache_->layer(l);
   int64_t t = 0;
   attention_args_.clear();
   for (const SequenceInput& in : batch_) {
     const auto len = static_cast<int64_t>(in.tokens.size());
-    kv_write(kv, in.block_table.data(), in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
+    const int32_t* table = windowed ? in.window_block_table.data() : in.block_table.data();
+    kv_write(kv, table, in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
              &v_[static_cast<size_t>(t * kv_dim)]);
     AttentionArgs args;
     args.q = &q_[static_cast<size_t>(t * q_dim)];
@@ -229,7 +247,7 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
     args.n_heads = n_heads;
     args.scale = scale;
     args.sliding_window = spec.sliding_window;
-    args.block_table = in.block_table.data();
+    args.block_table = table;
     attention_args_.push_back(args);
     t += len;
   }

@@ -34,6 +34,11 @@ struct SequenceInput {
   std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
   bool want_logits = true;               // logits of the last token of this piece
   bool all_logits = false;               // logits of every token of this piece (prompt logprobs)
+  // With a window pool (KvCacheShape::num_window_blocks > 0): the table of the windowed layers,
+  // block ids of the window pool for the same positions as block_table. -1 marks a released
+  // slot; the slots from first_read_slot(start_pos, window) on must be live. Empty (and
+  // unused) without a window pool.
+  std::span<const int32_t> window_block_table;
 };
 
 // Re-lays this rank's block-quantized matrices (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K and
@@ -57,6 +62,7 @@ class ForwardPass : private DecoderBackend {
   // out by `layout`; `comm` joins the ranks of the TP group (all-reduce after the O and down
   // projections, all-gather of the vocabulary-parallel logits). `arch` describes the layers
   // (default: describe_architecture(config, weights)); it must validate against the weights.
+  // A cache with a window pool must hold exactly kv_window_layers(config, arch)'s layers there.
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
               ThreadPool* pool, KvCache* cache, DeviceComm* comm);
   ForwardPass(const ModelConfig& config, const ShardLayout& layout, const ModelWeights& weights,
@@ -65,7 +71,8 @@ class ForwardPass : private DecoderBackend {
   // Runs every piece; writes fp32 logits (the full vocabulary, identical on every rank) to
   // `logits` (resized): in batch order, one row per token of a piece with all_logits, else one
   // row for a piece with want_logits. Errors: token id out of range,
-  // block table too short; the cache is not modified when the input is rejected. Every rank
+  // block table too short, a window table that validate_window_table() refuses (or one given
+  // without a window pool); the cache is not modified when the input is rejected. Every rank
   // of the group validates the same plan the same way, so all reject it together.
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
@@ -108,6 +115,7 @@ class ForwardPass : private DecoderBackend {
   std::vector<uint8_t> embed_row_;  // one embedding row back in its file layout (16-row layouts)
   std::vector<float> local_logits_, gathered_logits_;
   std::vector<AttentionArgs> attention_args_;  // one per sequence of the step
+  int64_t kv_window_ = 0;  // with a window pool: the largest window of its layers
 
  public:
   // Time spent in collectives, accumulated over run() calls (for the per-step breakdown).

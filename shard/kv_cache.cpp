@@ -9,42 +9,103 @@
 
 namespace tessera {
 
-size_t KvCache::bytes_per_block(const KvCacheShape& s) {
-  return 2 * static_cast<size_t>(s.n_layers * s.block_size * s.n_kv_heads * s.head_dim) *
-         static_cast<size_t>(kv_dtype_bytes(s.dtype));
+const char* kv_pool_name(KvPool pool) { return pool == KvPool::kWindow ? "window pool" : "KV cache"; }
+
+int64_t KvCacheShape::pool_layers(KvPool pool) const {
+  if (!has_window_pool()) return pool == KvPool::kMain ? n_layers : 0;
+  const auto windowed = static_cast<int64_t>(std::count(window_layers.begin(), window_layers.end(), true));
+  return pool == KvPool::kWindow ? windowed : n_layers - windowed;
+}
+
+uint64_t kv_bytes_per_token(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, KvDtype dtype) {
+  return 2ull * static_cast<uint64_t>(n_layers * n_kv_heads * head_dim) * static_cast<uint64_t>(kv_dtype_bytes(dtype));
+}
+
+int64_t KvWindowLayers::count() const { return static_cast<int64_t>(std::count(layers.begin(), layers.end(), true)); }
+
+KvWindowLayers kv_window_layers(const ModelConfig& config, const ArchSpec& arch) {
+  KvWindowLayers w;
+  w.layers = windowed_kv_layers(config);
+  if (w.layers.size() != arch.layers.size()) return {};
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    if (!w.layers[l]) continue;
+    // A layer the description lets see every key cannot lose its old blocks.
+    if (arch.layers[l].sliding_window <= 0) return {};
+    w.window = std::max(w.window, arch.layers[l].sliding_window);
+  }
+  if (w.window == 0) return {};
+  return w;
+}
+
+Status validate_window_table(std::span<const int32_t> table, size_t seq, int64_t start_pos, int64_t n_tokens,
+                             int64_t window, int64_t block_size, int64_t num_blocks) {
+  const int64_t end = start_pos + n_tokens;
+  if (static_cast<int64_t>(table.size()) * block_size < end)
+    return Status::invalid_argument(fmt::format("sequence {}: window table of {} blocks cannot hold {} tokens", seq,
+                                                table.size(), end));
+  for (int32_t b : table)
+    if (b < -1 || b >= num_blocks)
+      return Status::out_of_range(fmt::format("window block id {} outside the window pool (0..{}, or -1: released)",
+                                              b, num_blocks - 1));
+  const int64_t first = first_read_slot(start_pos, window, block_size), last = (end - 1) / block_size;
+  for (int64_t slot = first; slot <= last; ++slot)
+    if (table[static_cast<size_t>(slot)] < 0)
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: window table slot {} is released (-1) but positions [{}, {}) read it (window {})", seq, slot,
+          start_pos, end, window));
+  return Status::ok();
+}
+
+size_t KvCache::bytes_per_block(const KvCacheShape& s, KvPool pool) {
+  return static_cast<size_t>(kv_bytes_per_token(s.pool_layers(pool), s.n_kv_heads, s.head_dim, s.dtype)) *
+         static_cast<size_t>(s.block_size);
 }
 
 Result<KvCache> KvCache::create(const KvCacheShape& shape) {
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
-      shape.num_blocks <= 0) {
+      shape.num_blocks <= 0 || shape.num_window_blocks < 0) {
     return Status::invalid_argument(fmt::format(
-        "KV cache shape must be positive: layers {}, kv heads {}, head dim {}, block size {}, blocks {}",
-        shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks));
+        "KV cache shape must be positive: layers {}, kv heads {}, head dim {}, block size {}, blocks {}, window "
+        "blocks {}",
+        shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks,
+        shape.num_window_blocks));
   }
   if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16)
     return Status::unimplemented(
         fmt::format("--kv-dtype {}: the CPU KV cache stores fp32 or fp16", kv_dtype_name(shape.dtype)));
+  if (shape.has_window_pool() && static_cast<int64_t>(shape.window_layers.size()) != shape.n_layers)
+    return Status::invalid_argument(fmt::format("window pool: window_layers has {} entries for {} layers",
+                                                shape.window_layers.size(), shape.n_layers));
+  if (shape.has_window_pool() && shape.pool_layers(KvPool::kWindow) == 0)
+    return Status::invalid_argument(
+        fmt::format("a window pool of {} blocks, but no layer is marked windowed", shape.num_window_blocks));
   KvCache cache;
   cache.shape_ = shape;
-  cache.bytes_ = bytes_per_block(shape) * static_cast<size_t>(shape.num_blocks);
+  cache.bytes_ = bytes_per_block(shape, KvPool::kMain) * static_cast<size_t>(shape.num_blocks) +
+                 bytes_per_block(shape, KvPool::kWindow) * static_cast<size_t>(shape.num_window_blocks);
+  int64_t next[2] = {0, 0};
+  for (int64_t l = 0; l < shape.n_layers; ++l) cache.pool_index_.push_back(next[static_cast<int>(shape.pool_of(l))]++);
   void* p = ::mmap(nullptr, cache.bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return Status::resource_exhausted(fmt::format("KV cache of {} blocks ({} MiB) does not fit in memory",
-                                                  shape.num_blocks, cache.bytes_ >> 20));
+    return Status::resource_exhausted(fmt::format("KV cache of {} blocks and {} window blocks ({} MiB) does not fit "
+                                                  "in memory",
+                                                  shape.num_blocks, shape.num_window_blocks, cache.bytes_ >> 20));
   }
   cache.storage_ = p;
   return cache;
 }
 
 KvCache::KvCache(KvCache&& o) noexcept
-    : shape_(o.shape_), storage_(std::exchange(o.storage_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    : shape_(std::move(o.shape_)), storage_(std::exchange(o.storage_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+      pool_index_(std::move(o.pool_index_)) {}
 
 KvCache& KvCache::operator=(KvCache&& o) noexcept {
   if (this != &o) {
     if (storage_) ::munmap(storage_, bytes_);
-    shape_ = o.shape_;
+    shape_ = std::move(o.shape_);
     storage_ = std::exchange(o.storage_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
+    pool_index_ = std::move(o.pool_index_);
   }
   return *this;
 }
@@ -55,30 +116,37 @@ KvCache::~KvCache() {
 
 PagedKvLayer KvCache::layer(int64_t l) {
   TESSERA_CHECK(l >= 0 && l < shape_.n_layers, "layer {} of {}", l, shape_.n_layers);
-  const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.block_size *
-                                               shape_.n_kv_heads * shape_.head_dim);
+  const KvPool pool = shape_.pool_of(l);
+  const int64_t blocks = shape_.pool_blocks(pool);
+  const size_t per_array = static_cast<size_t>(blocks * shape_.block_size * shape_.n_kv_heads * shape_.head_dim);
+  // The window pool follows the main pool's blocks; within a pool, [layer][K|V].
+  const size_t pool_bytes =
+      pool == KvPool::kWindow ? bytes_per_block(shape_, KvPool::kMain) * static_cast<size_t>(shape_.num_blocks) : 0;
+  const size_t first = static_cast<size_t>(2 * pool_index_[static_cast<size_t>(l)]) * per_array;
   PagedKvLayer kv;
   if (shape_.f16()) {
-    kv.k16 = static_cast<uint16_t*>(storage_) + static_cast<size_t>(2 * l) * per_array;
+    kv.k16 = reinterpret_cast<uint16_t*>(static_cast<char*>(storage_) + pool_bytes) + first;
     kv.v16 = kv.k16 + per_array;
   } else {
-    kv.k = static_cast<float*>(storage_) + static_cast<size_t>(2 * l) * per_array;
+    kv.k = reinterpret_cast<float*>(static_cast<char*>(storage_) + pool_bytes) + first;
     kv.v = kv.k + per_array;
   }
-  kv.num_blocks = shape_.num_blocks;
+  kv.num_blocks = blocks;
   kv.block_size = shape_.block_size;
   kv.n_kv_heads = shape_.n_kv_heads;
   kv.head_dim = shape_.head_dim;
   return kv;
 }
 
-Status KvCache::copy_block(int32_t src, int32_t dst) {
-  if (src < 0 || dst < 0 || src >= shape_.num_blocks || dst >= shape_.num_blocks)
-    return Status::out_of_range(
-        fmt::format("block copy {} -> {} outside the cache (0..{})", src, dst, shape_.num_blocks - 1));
+Status KvCache::copy_block(int32_t src, int32_t dst, KvPool pool) {
+  const int64_t blocks = shape_.pool_blocks(pool);
+  if (src < 0 || dst < 0 || src >= blocks || dst >= blocks)
+    return Status::out_of_range(fmt::format("block copy {} -> {} outside the {} (0..{})", src, dst,
+                                            kv_pool_name(pool), blocks - 1));
   const size_t per_block = static_cast<size_t>(shape_.block_size * shape_.n_kv_heads * shape_.head_dim);
   const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
   for (int64_t l = 0; l < shape_.n_layers; ++l) {
+    if (shape_.pool_of(l) != pool) continue;
     PagedKvLayer kv = layer(l);
     if (shape_.f16()) {
       std::copy_n(kv.k16 + from, per_block, kv.k16 + to);

@@ -28,6 +28,11 @@ struct BackendMemory {
   uint64_t memory_available_bytes = 0;  // what a KV pool may take before the coordinator's headroom
   KvDtype kv_dtype = KvDtype::kF32;    // what its KV cache stores
   uint64_t kv_bytes_per_token = 0;    // every layer, K and V, this rank's KV heads, in kv_dtype
+  // The window pool (common/kv_config.h): the window of the layers whose KV may go there
+  // (kv_window_layers: the largest of their windows) and their share of kv_bytes_per_token.
+  // 0 and 0 when the model has no such layers (one pool only).
+  int64_t kv_window = 0;
+  uint64_t kv_window_bytes_per_token = 0;
   uint64_t weight_bytes = 0;          // this rank's weights where they are computed from
   int64_t max_step_tokens = 0;        // the largest step its workspace holds (0: no limit)
   int64_t max_step_seqs = 0;
@@ -47,11 +52,17 @@ class ShardBackend {
   virtual Result<BackendMemory> memory() const = 0;
   // What its KV cache stores (BackendMemory::kv_dtype).
   virtual KvDtype kv_dtype() const = 0;
-  // Allocates the KV pool the coordinator planned (once). The weights may be re-laid for the
-  // device's kernels here (the CPU backend does), so the executor calls it before any step.
-  virtual Status configure_kv(int64_t block_size, int64_t num_blocks) = 0;
-  // Copy-on-write of a shared block: every layer's K and V of block src into dst.
-  virtual Status copy_block(int32_t src, int32_t dst) = 0;
+  // The window of the layers that may keep their KV in a window pool (BackendMemory::kv_window);
+  // 0: none, configure_kv() takes no window pool.
+  virtual int64_t kv_window() const = 0;
+  // Allocates the KV pools the coordinator planned (once): num_blocks blocks of block_size
+  // tokens, and with num_window_blocks > 0 the window pool of that many blocks for the windowed
+  // layers (InvalidArgument when kv_window() is 0). The weights may be re-laid for the device's
+  // kernels here (the CPU backend does), so the executor calls it before any step.
+  virtual Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) = 0;
+  // Copy-on-write of a shared block of `pool`: the K and V of every layer stored there, of
+  // block src into dst. OutOfRange for ids outside the pool.
+  virtual Status copy_block(int32_t src, int32_t dst, KvPool pool) = 0;
 
   // ForwardPass::run's contract: fp32 logits of the full vocabulary, one row per token of an
   // all_logits piece and one per want_logits piece, in batch order.

@@ -19,13 +19,22 @@ uint64_t micros_since(Clock::time_point t0) {
 ShardExecutor::ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options)
     : backend_(backend), config_(config), options_(options) {}
 
-Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype) {
+Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks) {
   if (num_blocks_ > 0) return Status::invalid_argument("configured twice");
   if (kv_dtype != backend_.kv_dtype())
     return Status::invalid_argument(fmt::format("the coordinator planned a {} KV cache, this shard stores {}",
                                                 kv_dtype_name(kv_dtype), kv_dtype_name(backend_.kv_dtype())));
-  TESSERA_RETURN_IF_ERROR(backend_.configure_kv(block_size, num_blocks));
+  if (num_window_blocks < 0 || num_window_blocks > std::numeric_limits<int32_t>::max())
+    return Status::invalid_argument(fmt::format("a window pool of {} blocks", num_window_blocks));
+  if (num_window_blocks > 0 && backend_.kv_window() == 0)
+    return Status::invalid_argument(fmt::format(
+        "the coordinator planned a window pool of {} blocks, but this model has no sliding-window layers for it",
+        num_window_blocks));
+  TESSERA_RETURN_IF_ERROR(backend_.configure_kv(block_size, num_blocks, num_window_blocks));
+  block_size_ = block_size;
   num_blocks_ = num_blocks;
+  num_window_blocks_ = num_window_blocks;
+  kv_window_ = num_window_blocks > 0 ? backend_.kv_window() : 0;
   return Status::ok();
 }
 
@@ -55,6 +64,14 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
     if (bc.src < 0 || bc.dst < 0 || bc.src >= num_blocks_ || bc.dst >= num_blocks_)
       return Status::out_of_range(fmt::format("block copy {} -> {} outside the cache", bc.src, bc.dst));
   }
+  if (!plan.window_block_copies.empty() && num_window_blocks_ == 0)
+    return Status::invalid_argument(fmt::format("window_block_copies: {} copies but no window pool is configured",
+                                                plan.window_block_copies.size()));
+  for (const BlockCopy& bc : plan.window_block_copies) {
+    if (bc.src < 0 || bc.dst < 0 || bc.src >= num_window_blocks_ || bc.dst >= num_window_blocks_)
+      return Status::out_of_range(fmt::format("window_block_copies: copy {} -> {} outside the window pool (0..{})",
+                                              bc.src, bc.dst, num_window_blocks_ - 1));
+  }
   for (const ScheduledSequence& s : plan.scheduled) {
     auto it = sequences_.find(s.seq_id);
     if (it == sequences_.end()) return Status::not_found(fmt::format("unknown sequence {}", s.seq_id));
@@ -62,7 +79,46 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
     if (s.num_tokens <= 0 || s.start_pos < 0 || s.start_pos + s.num_tokens > n_tokens)
       return Status::invalid_argument(fmt::format("sequence {}: positions [{}, {}) but it has {} tokens", s.seq_id,
                                                   s.start_pos, s.start_pos + s.num_tokens, n_tokens));
+    TESSERA_RETURN_IF_ERROR(validate_window_blocks(s, it->second));
   }
+  return Status::ok();
+}
+
+// The window-table part of a scheduled piece, checked before any table changes: as many
+// entries as append_blocks with a window pool (none without), ids of the pool or -1, and no -1
+// in a slot the piece's queries read (first_read_slot .. its last position), counting the
+// entries already in the table (none after reset_blocks).
+Status ShardExecutor::validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const {
+  const std::vector<int32_t>& append = s.append_window_blocks;
+  if (num_window_blocks_ == 0) {
+    if (!append.empty())
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: append_window_blocks has {} entries but no window pool is configured", s.seq_id, append.size()));
+    return Status::ok();
+  }
+  if (append.size() != s.append_blocks.size())
+    return Status::invalid_argument(
+        fmt::format("sequence {}: append_window_blocks has {} entries, append_blocks {} (they must match)", s.seq_id,
+                    append.size(), s.append_blocks.size()));
+  for (int32_t b : append)
+    if (b < -1 || b >= num_window_blocks_)
+      return Status::out_of_range(
+          fmt::format("sequence {}: append_window_blocks entry {} is outside the window pool (0..{}, or -1: released)",
+                      s.seq_id, b, num_window_blocks_ - 1));
+  const size_t kept = s.reset_blocks ? 0 : st.window_block_table.size();
+  const auto slot_entry = [&](int64_t slot) {
+    const auto i = static_cast<size_t>(slot);
+    return i < kept ? st.window_block_table[i] : append[i - kept];
+  };
+  const int64_t end = s.start_pos + s.num_tokens;
+  const int64_t first = first_read_slot(s.start_pos, kv_window_, block_size_);
+  const auto slots = static_cast<int64_t>(kept + append.size());
+  for (int64_t slot = first; slot <= (end - 1) / block_size_ && slot < slots; ++slot)
+    if (slot_entry(slot) < 0)
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: window table slot {} is released (-1), but positions [{}, {}) read it (window {}, blocks "
+          "of {}: slots from {} on must be live)",
+          s.seq_id, slot, s.start_pos, end, kv_window_, block_size_, first));
   return Status::ok();
 }
 
@@ -74,17 +130,26 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
   Status s = prepare(plan);
   if (s.is_ok()) {
     for (const BlockCopy& bc : plan.block_copies) {
-      if (s.is_ok()) s = backend_.copy_block(bc.src, bc.dst);
+      if (s.is_ok()) s = backend_.copy_block(bc.src, bc.dst, KvPool::kMain);
+    }
+    for (const BlockCopy& bc : plan.window_block_copies) {
+      if (s.is_ok()) s = backend_.copy_block(bc.src, bc.dst, KvPool::kWindow);
     }
     batch_.clear();
     for (const ScheduledSequence& q : plan.scheduled) {
       SequenceState& st = sequences_.at(q.seq_id);
-      if (q.reset_blocks) st.block_table.clear();
+      if (q.reset_blocks) {
+        st.block_table.clear();
+        st.window_block_table.clear();
+      }
       st.block_table.insert(st.block_table.end(), q.append_blocks.begin(), q.append_blocks.end());
+      st.window_block_table.insert(st.window_block_table.end(), q.append_window_blocks.begin(),
+                                   q.append_window_blocks.end());
       SequenceInput in;
       in.tokens = std::span<const int32_t>(st.tokens.data() + q.start_pos, static_cast<size_t>(q.num_tokens));
       in.start_pos = q.start_pos;
       in.block_table = st.block_table;
+      in.window_block_table = st.window_block_table;  // empty without a window pool
       in.want_logits = q.sample;
       in.all_logits = q.prompt_logprobs;
       batch_.push_back(in);

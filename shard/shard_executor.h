@@ -39,9 +39,12 @@ class ShardExecutor {
   // `backend` and `config` must outlive the executor.
   ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options);
 
-  // The KV pool of the coordinator's plan; before any step, once. InvalidArgument when the plan's
-  // KV dtype is not the one the backend stores.
-  Status configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype);
+  // The KV pool of the coordinator's plan (ConfigureMsg); before any step, once. With
+  // num_window_blocks > 0 also the window pool: the windowed layers' KV in a pool of its own,
+  // addressed by each sequence's window table (ScheduledSequence::append_window_blocks).
+  // InvalidArgument when the plan's KV dtype is not the one the backend stores, or for a window
+  // pool on a model without windowed layers (ShardBackend::kv_window() 0).
+  Status configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks = 0);
   bool configured() const { return num_blocks_ > 0; }
 
   // Runs one plan (step ids consecutive from 1). Any error is in StepResult::error (naming the
@@ -63,10 +66,12 @@ class ShardExecutor {
     std::vector<int32_t> tokens;  // prompt, then every sampled token
     size_t n_prompt = 0;
     std::vector<int32_t> block_table;
+    std::vector<int32_t> window_block_table;  // with a window pool: same length, -1 = released
     std::unique_ptr<Sampler> sampler;
   };
 
   Status prepare(const StepPlan& plan);
+  Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
   bool plain_greedy(const StepPlan& plan) const;
   bool device_sampling_rows(const StepPlan& plan);
   void take_greedy(const StepPlan& plan, StepResult& r);
@@ -76,7 +81,10 @@ class ShardExecutor {
   ShardBackend& backend_;
   const ModelConfig& config_;
   ShardExecutorOptions options_;
+  int64_t block_size_ = 0;
   int64_t num_blocks_ = 0;
+  int64_t num_window_blocks_ = 0;  // 0: no window pool
+  int64_t kv_window_ = 0;          // with one: the backend's kv_window()
   std::map<uint64_t, SequenceState> sequences_;
   std::atomic<uint64_t> last_step_{0};
   RowObserver observer_;

@@ -176,6 +176,8 @@ class ShardWorker {
     h.memory_available_bytes = m.memory_available_bytes;
     h.kv_dtype = m.kv_dtype;
     h.kv_bytes_per_token = m.kv_bytes_per_token;
+    h.kv_window = m.kv_window;
+    h.kv_window_bytes_per_token = m.kv_window_bytes_per_token;
     h.weight_bytes = m.weight_bytes;
     if (m.max_step_tokens > 0) h.max_step_tokens = m.max_step_tokens;
     if (m.max_step_seqs > 0) h.max_step_seqs = m.max_step_seqs;
@@ -215,7 +217,7 @@ class ShardWorker {
       }
       ControlMessage& msg = *rm.message;
       if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
-        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype);
+        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype, cfg->num_window_blocks);
         if (!s.is_ok()) {
           TESSERA_LOG_ERROR("{}", s.to_string());
           (void)send(RefusedMsg{s.message()});

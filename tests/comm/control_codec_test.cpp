@@ -90,6 +90,58 @@ TEST(ControlCodecTest, KvDtypeTravelsInHelloAndConfigure) {
   EXPECT_EQ(ConfigureMsg{}.kv_dtype, KvDtype::kF32);
 }
 
+// The window pool's fields (common/kv_config.h): the hello's window and its bytes per token,
+// the configure message's window pool, each piece's window-table entries (-1: released) and
+// the plan's window copies; absent ones decode as 0 / empty (no window pool).
+TEST(ControlCodecTest, WindowPoolFieldsRoundTrip) {
+  ShardHello h;
+  h.kv_window = 512;
+  h.kv_window_bytes_per_token = 61440;
+  std::string bytes = encode_message(h);
+  auto d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_window, 512);
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_window_bytes_per_token, 61440u);
+
+  bytes = encode_message(ConfigureMsg{100, 32, KvDtype::kF16, 77});
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).num_window_blocks, 77);
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).num_blocks, 100);
+
+  StepPlan p = sample_plan();
+  p.scheduled[0].append_window_blocks = {-1, 12};
+  p.window_block_copies = {{3, 8}, {0, 2147483647}};
+  bytes = encode_message(p);
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  const auto& q = std::get<StepPlan>(*d);
+  ASSERT_EQ(q.scheduled.size(), 2u);
+  EXPECT_EQ(q.scheduled[0].append_window_blocks, (std::vector<int32_t>{-1, 12}));
+  EXPECT_TRUE(q.scheduled[1].append_window_blocks.empty());
+  ASSERT_EQ(q.window_block_copies.size(), 2u);
+  EXPECT_EQ(q.window_block_copies[0].src, 3);
+  EXPECT_EQ(q.window_block_copies[0].dst, 8);
+  EXPECT_EQ(q.window_block_copies[1].dst, 2147483647);
+  ASSERT_EQ(q.block_copies.size(), 1u);  // the main pool's copies stay apart
+  EXPECT_EQ(q.block_copies[0].src, 5);
+
+  // Without a window pool nothing is sent and nothing comes back.
+  bytes = encode_message(sample_plan());
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_TRUE(std::get<StepPlan>(*d).window_block_copies.empty());
+  bytes = encode_message(ShardHello{});
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_window, 0);
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_window_bytes_per_token, 0u);
+  bytes = encode_message(ConfigureMsg{100, 32});
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).num_window_blocks, 0);
+}
+
 TEST(ControlCodecTest, UnalignedBytesAreRead) {
   const std::string bytes = encode_message(sample_plan());
   std::string shifted = "x" + bytes;  // data() + 1 is not 8-byte aligned

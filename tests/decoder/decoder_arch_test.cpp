@@ -39,7 +39,7 @@ TEST(DecoderArch, EachDescribedFeatureChangesTheCpuLogits) {
     auto comm = make_single_rank_comm();
     ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
     CpuBackend cpu(c, m.layout, std::move(w).value(), &pool, comm.get(), co);
-    EXPECT_TRUE(cpu.configure_kv(16, 8).is_ok());
+    EXPECT_TRUE(cpu.configure_kv(16, 8, 0).is_ok());
     std::vector<int32_t> table = {7, 6, 5, 4, 3, 2, 1, 0};
     SequenceInput in{prompt, 0, table, true};
     std::vector<float> logits;

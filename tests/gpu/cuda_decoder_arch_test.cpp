@@ -60,7 +60,7 @@ TEST_F(CudaForwardToyArch, CpuAndCudaBackendsAgreeOnAToyArchitecture) {
   CpuBackendOptions co;
   co.arch = arch;
   CpuBackend cpu(c, model_.layout, std::move(cpu_weights).value(), &pool, comm.get(), co);
-  ASSERT_TRUE(cpu.configure_kv(block_size, num_blocks).is_ok());
+  ASSERT_TRUE(cpu.configure_kv(block_size, num_blocks, 0).is_ok());
 
   auto gpu_weights = model_.weights();
   ASSERT_TRUE(gpu_weights.is_ok());
@@ -174,7 +174,7 @@ TEST(CudaForwardGemma3, SyntheticModelRunsGemmaOpsAndMatchesCpu) {
   auto comm = make_single_rank_comm();
   ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
   CpuBackend cpu(c, *layout, std::move(cpu_weights).value(), &pool, comm.get(), {});
-  ASSERT_TRUE(cpu.configure_kv(block_size, num_blocks).is_ok());
+  ASSERT_TRUE(cpu.configure_kv(block_size, num_blocks, 0).is_ok());
 
   auto gpu_weights = slice();
   ASSERT_TRUE(gpu_weights.is_ok());

@@ -113,7 +113,7 @@ TEST_P(StoriesForwardTest, TinyBlocksAndChunksKeepTheReferenceLogits) {
       ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
       CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comm.get(), {});
       const auto n = static_cast<int64_t>(c.prompt.size());
-      ASSERT_TRUE(backend.configure_kv(block_size, (n + block_size - 1) / block_size).is_ok());
+      ASSERT_TRUE(backend.configure_kv(block_size, (n + block_size - 1) / block_size, 0).is_ok());
       std::vector<int32_t> table(static_cast<size_t>((n + block_size - 1) / block_size));
       for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(table.size() - 1 - b);
       std::vector<float> logits;

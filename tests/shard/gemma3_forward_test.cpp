@@ -102,7 +102,7 @@ std::vector<float> tessera_logits(const std::string& path, int tp, const std::ve
       const auto i = static_cast<size_t>(r);
       ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
       CpuBackend backend(c, layouts[i], std::move(weights[i]), &pool, comms[i].get(), {});
-      status[i] = backend.configure_kv(kBlockSize, num_blocks);
+      status[i] = backend.configure_kv(kBlockSize, num_blocks, 0);
       std::vector<int32_t> table(static_cast<size_t>(num_blocks));
       for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(table.size() - 1 - b);
       std::vector<float> logits;
