@@ -728,7 +728,7 @@ def test_window_pool_gives_the_tokens_of_full_length_kv(gemma3_tiny_model, tp):
     # blocks), with a small pool so that some are preempted and recomputed.
     prompts = [("the quick brown fox jumps over the lazy dog " * 9)[:300 + 37 * i] for i in range(3)]
     prompts += [prompts[0] + " and then", prompts[1][:200]]
-    extra = ["--prefill-chunk", "48", "--max-batch", "4", "--max-kv-gb", "0.002"]
+    extra = ["--prefill-chunk", "48", "--max-batch", "4", "--max-step-tokens", "64", "--max-kv-gb", "0.002"]
     outs = {}
     for pool in ("on", "off"):
         s = Server(gemma3_tiny_model, extra=extra + ["--kv-window-pool", pool], tp=tp)
