@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,20 +144,27 @@ def main():
                 for n in lengths:
                     if n > len(ids):
                         sys.exit(f"the text has only {len(ids)} tokens, fewer than {n}")
-                    toks, secs = s.complete(ids[:n], a.gen)
+                    try:
+                        toks, secs = s.complete(ids[:n], a.gen)
+                    except urllib.error.HTTPError as e:
+                        why = json.loads(e.read()).get("error", {}).get("message", str(e))
+                        rows.append((rnd, pool, n, plan, None, s.shard_hwm_mb(), "refused: " + why))
+                        continue
                     outputs.setdefault(n, {}).setdefault(pool, toks)
-                    rows.append((rnd, pool, n, plan, secs, s.shard_hwm_mb(), toks == outputs[n].get("on", toks)))
+                    rows.append((rnd, pool, n, plan, secs, s.shard_hwm_mb(),
+                                 "yes" if toks == outputs[n].get("on", toks) else "NO"))
             finally:
                 s.close()
-    same = all(v.get("on") == v.get("off") for v in outputs.values())
+    same = all(v.get("on") == v.get("off") for v in outputs.values() if "off" in v and "on" in v)
     lines = [f"CPU: {cpu_name()}", f"Date: {datetime.date.today().isoformat()}",
              "Command: " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]), "",
              "| window pool | prompt tokens | full-layer blocks | window-pool blocks | planned KV MiB | "
-             "context tokens planned | request s | shard peak RSS MiB | tokens equal |",
+             "context tokens planned | request s | shard peak RSS MiB | tokens equal to 'on' |",
              "|---|---|---|---|---|---|---|---|---|"]
     for rnd, pool, n, plan, secs, hwm, eq in rows:
+        took = f"{secs:.2f}" if secs is not None else "-"
         lines.append(f"| {pool} | {n} | {plan['blocks']} | {plan['window_blocks']} | {plan['mib']:.0f} | "
-                     f"{plan['blocks'] * plan['block']} | {secs:.2f} | {hwm:.0f} | {'yes' if eq else 'NO'} |")
+                     f"{plan['blocks'] * plan['block']} | {took} | {hwm:.0f} | {eq} |")
     lines.append("")
     lines.append(f"Greedy tokens with and without the window pool: {'identical' if same else 'DIFFERENT'} "
                  f"({a.gen} tokens after each prompt).")
