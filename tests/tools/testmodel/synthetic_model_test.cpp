@@ -681,7 +681,7 @@ TEST(SyntheticModel, Gemma3NormsAreExactIn16BitFiles) {
   spec.sliding_window_pattern = 2;
   ASSERT_TRUE(write_synthetic_gguf(spec, dir / "p2.gguf").is_ok());
   ASSERT_TRUE(write_synthetic_hf(spec, dir / "p2").is_ok());
-  for (const std::string path : {dir / "p2.gguf", dir / "p2"}) {
+  for (const std::string& path : {dir / "p2.gguf", dir / "p2"}) {
     auto c = load_model_config(path);
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();
     EXPECT_EQ(c->local_layers, (std::vector<bool>{true, false, true, false})) << path;
