@@ -26,10 +26,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kBlockSize = 16;
-constexpr int64_t kWindow = 24;
-constexpr int64_t kNumBlocks = 24;
-constexpr int64_t kNumWindowBlocks = 10;
+using test::kBlockSize;
+using test::kNumBlocks;
+using test::kNumWindowBlocks;
+using test::kWindow;
 
 struct Rows {
   std::vector<std::vector<float>> rows;

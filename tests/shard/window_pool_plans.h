@@ -16,6 +16,13 @@
 
 namespace tessera::test {
 
+// The geometry both window-pool tests run with: blocks of 16, a 24-token window (windows span
+// two blocks), 24 blocks in the main pool and 10 in the window pool.
+inline constexpr int64_t kBlockSize = 16;
+inline constexpr int64_t kWindow = 24;
+inline constexpr int64_t kNumBlocks = 24;
+inline constexpr int64_t kNumWindowBlocks = 10;
+
 // Block ids of two pools for the plans: reference counts (prefix sharing), LIFO free lists (a
 // released id is the next one handed out), and for each sequence both tables as the
 // coordinator sees them (a released window slot is -1 here; the shard keeps the stale id).
