@@ -50,6 +50,20 @@ int64_t window_blocks_per_sequence(int64_t window, int64_t block_size) {
   return (window - 1 + block_size - 1) / block_size + 1;
 }
 
+KvPoolSplit split_kv_budget(uint64_t budget, uint64_t all_block_bytes, uint64_t window_block_bytes,
+                            int64_t window_blocks) {
+  KvPoolSplit s;
+  s.block_bytes = all_block_bytes;
+  s.num_blocks = all_block_bytes > 0 ? static_cast<int64_t>(budget / all_block_bytes) : 0;
+  const uint64_t full_bytes = all_block_bytes - std::min(all_block_bytes, window_block_bytes);
+  if (window_blocks <= 0 || window_block_bytes == 0 || full_bytes == 0 || window_blocks >= s.num_blocks) return s;
+  s.num_window_blocks = window_blocks;
+  s.window_block_bytes = window_block_bytes;
+  s.block_bytes = full_bytes;
+  s.num_blocks = static_cast<int64_t>((budget - static_cast<uint64_t>(window_blocks) * window_block_bytes) / full_bytes);
+  return s;
+}
+
 int64_t window_pool_blocks(int64_t window, int64_t max_step_tokens, int64_t block_size, int64_t max_batch) {
   if (window <= 0 || block_size <= 0 || max_batch <= 0 || max_step_tokens <= 0) return 0;
   return max_batch * (window_blocks_per_sequence(window, block_size) + 2) + (max_step_tokens + block_size - 1) / block_size;

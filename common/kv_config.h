@@ -41,4 +41,25 @@ Status validate_block_size(int64_t block_size);
 int64_t window_blocks_per_sequence(int64_t window, int64_t block_size);
 int64_t window_pool_blocks(int64_t window, int64_t max_step_tokens, int64_t block_size, int64_t max_batch);
 
+// The first slot of a block table that a piece of queries from start_pos reads when its
+// layers see `window` keys (0: all keys, slot 0): every slot before it may have been released
+// (-1 in a window table); every slot from it to the piece's last position must be live.
+inline int64_t first_read_slot(int64_t start_pos, int64_t window, int64_t block_size) {
+  return window > 0 && start_pos - window + 1 > 0 ? (start_pos - window + 1) / block_size : 0;
+}
+
+// How a KV budget (bytes per rank) is split, the one rule of the coordinator's memory plan and
+// of `tessera plan`: with window_blocks (window_pool_blocks) > 0, the window pool gets them, in
+// blocks of window_block_bytes, and the other layers (all_block_bytes - window_block_bytes a
+// block) the rest, when that holds more blocks than one pool of all_block_bytes would;
+// otherwise one pool of budget / all_block_bytes blocks and num_window_blocks 0.
+struct KvPoolSplit {
+  int64_t num_blocks = 0;
+  uint64_t block_bytes = 0;  // of the main pool
+  int64_t num_window_blocks = 0;
+  uint64_t window_block_bytes = 0;  // 0 without a window pool
+};
+KvPoolSplit split_kv_budget(uint64_t budget, uint64_t all_block_bytes, uint64_t window_block_bytes,
+                            int64_t window_blocks);
+
 }  // namespace tessera

@@ -141,7 +141,14 @@ void Scheduler::release_blocks(Sequence& s) {
 
 // The first table slot a query at `start` (or later) reads in the windowed layers.
 int64_t Scheduler::first_window_slot(int64_t start) const {
-  return std::max<int64_t>(0, start - window_.window + 1) / pool_.block_size();
+  return first_read_slot(start, window_.window, pool_.block_size());
+}
+
+// Whether s.wblocks holds every window block a first piece at `start` after a hit of k blocks reads.
+bool Scheduler::window_covered(const Sequence& s, int64_t k, int64_t start) const {
+  for (int64_t i = first_window_slot(start); i < k; ++i)
+    if (s.wblocks[static_cast<size_t>(i)] < 0) return false;
+  return true;
 }
 
 // Releases the window blocks no query from `start` on reads again.
@@ -245,12 +252,7 @@ int64_t Scheduler::window_prefix(Sequence& s, int64_t k, int64_t n_tok) {
                                        std::span<const int32_t>(s.tokens).subspan(i * bs, bs));
     if (b) s.wblocks[static_cast<size_t>(i)] = *b;
   }
-  for (; k > 0; --k) {
-    const int64_t start = k * bs == n_tok ? n_tok - 1 : k * bs;
-    bool covered = true;
-    for (int64_t i = first_window_slot(start); i < k && covered; ++i) covered = s.wblocks[static_cast<size_t>(i)] >= 0;
-    if (covered) break;
-  }
+  while (k > 0 && !window_covered(s, k, k * bs == n_tok ? n_tok - 1 : k * bs)) --k;
   s.wblocks.resize(static_cast<size_t>(k));
   return k;
 }
@@ -488,11 +490,7 @@ bool Scheduler::admit(StepBuilder& b, Sequence& s) {
   if (pool_.num_free() < o.needed && o.start < o.k * bs) {
     // The copy-on-write needs one block more than recomputing the whole last block.
     Option alt = option(matched - 1);
-    bool covered = true;  // the window blocks the shorter hit reads
-    if (window_.pool)
-      for (int64_t i = first_window_slot(alt.start); i < alt.k && covered; ++i)
-        covered = s.wblocks[static_cast<size_t>(i)] >= 0;
-    if (pool_.num_free() >= alt.needed && covered) o = alt;
+    if (pool_.num_free() >= alt.needed && (!window_.pool || window_covered(s, alt.k, alt.start))) o = alt;
   }
   if (pool_.num_free() < o.needed) {
     std::vector<int32_t> keep(s.blocks.begin(), s.blocks.begin() + o.k);

@@ -228,6 +228,7 @@ class Scheduler {
   void register_computed_blocks(Sequence& s);
   void release_blocks(Sequence& s);
   int64_t first_window_slot(int64_t start) const;
+  bool window_covered(const Sequence& s, int64_t k, int64_t start) const;
   void slide_window(Sequence& s, int64_t start);
   int64_t window_prefix(Sequence& s, int64_t k, int64_t n_tok);
   void drop(uint64_t seq_id, bool aborted);

@@ -89,22 +89,16 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
     budget = cap;
     p.limited_by = "max_kv_bytes";
   }
-  p.num_blocks = static_cast<int64_t>(budget / p.kv_bytes_per_block);
   // The window pool, when it leaves room for more blocks than one pool would.
   const int64_t window = hellos.empty() ? 0 : hellos.front().kv_window;
-  const uint64_t full_bytes = p.kv_bytes_per_block - p.window_bytes_per_block;
-  const int64_t window_blocks = o.window_pool && p.window_bytes_per_block > 0 && full_bytes > 0
-                                    ? window_pool_blocks(window, o.step_tokens, o.block_size, o.step_seqs)
-                                    : 0;
-  if (window_blocks > 0 && window_blocks < p.num_blocks) {
-    p.num_window_blocks = window_blocks;
-    p.window = window;
-    p.kv_bytes_per_block = full_bytes;
-    p.num_blocks = static_cast<int64_t>((budget - static_cast<uint64_t>(window_blocks) * p.window_bytes_per_block) /
-                                        full_bytes);
-  } else {
-    p.window_bytes_per_block = 0;
-  }
+  const KvPoolSplit split = split_kv_budget(
+      budget, p.kv_bytes_per_block, p.window_bytes_per_block,
+      o.window_pool ? window_pool_blocks(window, o.step_tokens, o.block_size, o.step_seqs) : 0);
+  p.num_blocks = split.num_blocks;
+  p.kv_bytes_per_block = split.block_bytes;
+  p.num_window_blocks = split.num_window_blocks;
+  p.window_bytes_per_block = split.window_block_bytes;
+  p.window = split.num_window_blocks > 0 ? window : 0;
   if (o.max_blocks > 0 && o.max_blocks < p.num_blocks) {
     p.num_blocks = o.max_blocks;
     p.limited_by = "max_blocks";

@@ -437,22 +437,17 @@ Status validate_input(const PlanInput& in) {
 void plan_kv_pools(const PlanInput& in, MemoryBill& m) {
   const auto block = static_cast<uint64_t>(in.block_size);
   const uint64_t room = m.kv_room_bytes > 0 ? static_cast<uint64_t>(m.kv_room_bytes) : 0;
-  const uint64_t all_layers_block_bytes = block * m.kv_bytes_per_token;
-  const int64_t unsplit_blocks = all_layers_block_bytes > 0 ? static_cast<int64_t>(room / all_layers_block_bytes) : 0;
   if (m.windowed_layers > 0) {
     m.window_blocks_per_sequence = window_blocks_per_sequence(m.window, in.block_size);
     m.window_pool_blocks = window_pool_blocks(m.window, in.max_step_tokens, in.block_size, in.max_batch);
     m.window_block_bytes = block * m.kv_bytes_per_token_windowed;
-    m.window_pool = m.window_pool_blocks < unsplit_blocks;
   }
-  if (!m.window_pool) {
-    m.kv_block_bytes = all_layers_block_bytes;
-    m.kv_blocks = unsplit_blocks;
-    return;
-  }
-  m.window_pool_bytes = static_cast<uint64_t>(m.window_pool_blocks) * m.window_block_bytes;
-  m.kv_block_bytes = block * m.kv_bytes_per_token_global;
-  m.kv_blocks = static_cast<int64_t>((room - m.window_pool_bytes) / m.kv_block_bytes);
+  const KvPoolSplit split =
+      split_kv_budget(room, block * m.kv_bytes_per_token, m.window_block_bytes, m.window_pool_blocks);
+  m.window_pool = split.num_window_blocks > 0;
+  m.kv_block_bytes = split.block_bytes;
+  m.kv_blocks = split.num_blocks;
+  m.window_pool_bytes = static_cast<uint64_t>(split.num_window_blocks) * split.window_block_bytes;
 }
 
 void memory_bill(const PlanInput& in, MemoryBill& m, const Split& s, const Split& whole) {

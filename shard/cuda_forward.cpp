@@ -453,12 +453,14 @@ Status CudaForward::allocate_workspace() {
   return Status::ok();
 }
 
-int64_t CudaForward::kv_bytes_per_token() const {
-  return 2 * config_.n_layers * layout_.n_kv_heads * config_.head_dim * 4;  // K and V of every layer
+int64_t CudaForward::kv_bytes_per_token() const {  // K and V of every layer, fp32
+  return static_cast<int64_t>(
+      tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, KvDtype::kF32));
 }
 
 int64_t CudaForward::kv_window_bytes_per_token() const {
-  return 2 * window_.count() * layout_.n_kv_heads * config_.head_dim * 4;
+  return static_cast<int64_t>(
+      tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, KvDtype::kF32));
 }
 
 Result<int64_t> CudaForward::free_device_bytes() const {

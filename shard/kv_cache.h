@@ -63,12 +63,7 @@ struct KvWindowLayers {
 };
 KvWindowLayers kv_window_layers(const ModelConfig& config, const ArchSpec& arch);
 
-// The first slot of a block table that a piece of queries from start_pos reads when its
-// layers see `window` keys (0: all keys, slot 0): every slot before it may have been released
-// (-1 in a window table); every slot from it to the piece's last position must be live.
-inline int64_t first_read_slot(int64_t start_pos, int64_t window, int64_t block_size) {
-  return window > 0 && start_pos - window + 1 > 0 ? (start_pos - window + 1) / block_size : 0;
-}
+// first_read_slot (common/kv_config.h): the first window-table slot a piece reads.
 
 // InvalidArgument / OutOfRange naming sequence `seq` (its index in the batch) unless `table`
 // is a window table a piece of n_tokens queries from start_pos can use: it covers the piece's
