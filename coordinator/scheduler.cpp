@@ -415,7 +415,6 @@ void Scheduler::add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n)
 }
 
 void Scheduler::schedule_running(StepBuilder& b, Sequence& s, int64_t n) {
-  slide_window(s, s.num_computed);
   if (!make_room(b, s, n)) return;
   add_piece(b, s, s.num_computed, n);
 }

@@ -66,12 +66,11 @@
 //    expected to finish() it (it keeps its blocks until then).
 //  * Window pool (common/kv_config.h; optional): the sliding-window layers' KV lives in a second
 //    pool, and each sequence has a second table (the window table) with one entry per slot of
-//    its block table. Before a piece starting at position s is planned, the window blocks of
-//    slots wholly before s - window + 1 are released (their entries become -1: no query of the
-//    sequence reads them again); full window blocks are registered in the window pool's prefix
-//    cache under the same hash as the block-table slot, and stay there when released, until
-//    evicted; the same release runs when a step's result is committed, so between steps a
-//    sequence holds only the window of its next query. A prefix hit of k blocks is taken only
+//    its block table. When a step's result is committed, a sequence whose next query is at c
+//    releases the window blocks of slots wholly before c - window + 1 (their entries become -1:
+//    no query of it reads them again), so between steps it holds only that query's window.
+//    Full window blocks are registered in the window pool's prefix cache under the same hash as
+//    the block-table slot and stay there when released, until evicted. A prefix hit of k blocks is taken only
 //    as far as the window pool still holds the window blocks the first computed position
 //    reads; it is shortened to the longest k that does. Copy-on-write applies to both pools.
 //    The window pool is sized by window_pool_blocks (max_batch, max_step_tokens), so it never
