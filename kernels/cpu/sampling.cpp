@@ -295,14 +295,44 @@ int64_t top_p_cut(Candidate* cand, int64_t size, bool sorted, double target) {
   return cut > 0 ? cut : size;
 }
 
-// Top-p over the whole vocabulary without min-p, the common sampled case, without building and
-// partitioning a candidate per id: the weights (compute_weights), then the bucket masses and the
-// ids of the heaviest buckets that hold the nucleus gathered block by block (on `pool` when
-// given), sorted, and cut where the running mass first reaches top_p * mass - the same set, order
-// and cut as nucleus_bound + top_p_cut give over every candidate (both sort a superset of the
-// nucleus by Before and walk it in that order). Writes the nucleus to cand and the mass to
-// *mass_out; returns its size, or 0 when the gathered buckets fall short of the target (then the
-// caller takes the general path).
+#ifdef TESSERA_SAMPLING_AVX512
+// Appends to `out` the candidates (w[i], first + i) of w[0, n) with w[i] >= tau, in increasing i:
+// 16 compares at a time, nearly every mask empty.
+TESSERA_SAMPLING_AVX512 int64_t gather_at_least_avx512(const float* w, int64_t n, float tau, int32_t first,
+                                                       std::vector<Candidate>& out) {
+  const __m512 t = _mm512_set1_ps(tau);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t m = _mm512_cmp_ps_mask(_mm512_loadu_ps(w + i), t, _CMP_GE_OQ);
+    for (; m != 0; m &= m - 1) {
+      const int j = std::countr_zero(m);
+      out.emplace_back(w[i + j], first + static_cast<int32_t>(i + j));
+    }
+  }
+  return i;
+}
+#endif
+
+// Appends the candidates of w[0, n) (ids first + i) whose weight is at least tau, in increasing i.
+void gather_at_least(const float* w, int64_t n, float tau, int32_t first, std::vector<Candidate>& out) {
+  int64_t i = 0;
+#ifdef TESSERA_SAMPLING_AVX512
+  if (cpu::active_isa() == cpu::Isa::kAvx512) i = gather_at_least_avx512(w, n, tau, first, out);
+#endif
+  for (; i < n; ++i)
+    if (w[i] >= tau) out.emplace_back(w[i], first + static_cast<int32_t>(i));
+}
+
+// Top-p over the whole vocabulary without min-p, the common sampled case, without building a
+// candidate per id: the weights (compute_weights), then only the ids whose weight is at least
+// tau = (mass - target) / (2 n). The ids left out weigh less than tau each, under
+// (mass - target) / 2 together, so the gathered ones - a prefix of the Before order, as every one
+// of them outweighs every one left out - hold more than the target: the nucleus is a prefix of
+// them. Among those, the heaviest buckets that hold the target (nucleus_bound) are sorted and cut
+// where the running mass first reaches top_p * mass: the same set, order and cut as the general
+// path (nucleus_bound + top_p_cut over every candidate). Writes the nucleus to cand and the mass
+// to *mass_out; returns its size, or 0 when the gathered ids fall short of the target (never
+// expected; then the caller takes the general path).
 int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperature, float top_p, Candidate* cand,
                      double* mass_out, ThreadPool* pool) {
   std::vector<float>& wv = thread_weights(n);
@@ -310,29 +340,19 @@ int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperat
   const double mass = compute_weights(logits, n, max, temperature, wv.data(), pool);
   *mass_out = mass;
   const double target = static_cast<double>(top_p) * mass;
+  const float tau = static_cast<float>((mass - target) / (2.0 * static_cast<double>(n)));
+  if (!(tau > 0.0f)) return 0;  // top_p so close to 1 that every id may be in the nucleus
   const int64_t n_blocks = weight_blocks(n);
-  const int threads = runs_parallel(pool, n_blocks) ? pool->size() : 1;
-  // Bucket masses, one set per thread (a bound only: the summation order is free).
-  // (Thread-local scratch of the calling thread: the workers reach it through these pointers.)
-  thread_local std::vector<double> bucket_scratch;
-  bucket_scratch.assign(static_cast<size_t>(threads) * kBuckets, 0.0);
-  double* const bucket_mass = bucket_scratch.data();
-  for_weight_blocks(n, pool, [&](int64_t b0, int64_t b1, int t) {
-    double* m = bucket_mass + static_cast<size_t>(t) * kBuckets;
-    for (int64_t i = b0 * kWeightBlock, e = std::min(n, b1 * kWeightBlock); i < e; ++i) m[weight_bucket(w[i])] += w[i];
-  });
-  const int lowest = lowest_nucleus_bucket(bucket_mass, threads, target);
-  if (lowest == 0) return 0;
-  // The ids of those buckets, block by block, concatenated in block order.
+  // The gathered ids, block by block, concatenated in block order (the workers reach the calling
+  // thread's scratch through per_block).
   thread_local std::vector<std::vector<Candidate>> block_scratch;
   if (static_cast<int64_t>(block_scratch.size()) < n_blocks) block_scratch.resize(static_cast<size_t>(n_blocks));
   std::vector<Candidate>* const per_block = block_scratch.data();
   for_weight_blocks(n, pool, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
-      std::vector<Candidate>& out = per_block[b];
-      out.clear();
-      for (int64_t i = b * kWeightBlock, e = std::min(n, (b + 1) * kWeightBlock); i < e; ++i)
-        if (weight_bucket(w[i]) >= lowest) out.emplace_back(w[i], static_cast<int32_t>(i));
+      const int64_t at = b * kWeightBlock;
+      per_block[b].clear();
+      gather_at_least(w + at, std::min(kWeightBlock, n - at), tau, static_cast<int32_t>(at), per_block[b]);
     }
   });
   int64_t size = 0;
@@ -341,8 +361,9 @@ int64_t nucleus_fast(const float* logits, int64_t n, double max, double temperat
     std::copy(in.begin(), in.end(), cand + size);
     size += static_cast<int64_t>(in.size());
   }
-  std::sort(cand, cand + size, Before{});
-  return prefix_reaching(cand, size, target);
+  const int64_t bound = nucleus_bound(cand, size, target);
+  std::sort(cand, cand + bound, Before{});
+  return prefix_reaching(cand, bound, target);
 }
 
 uint64_t random_seed() {

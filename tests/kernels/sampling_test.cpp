@@ -621,7 +621,7 @@ namespace {
 TEST(SamplingTopP, NucleusFromBucketsEqualsTheGeneralPath) {
   const int64_t vocab = 100000;
   std::mt19937 rng(11);
-  for (float spread : {0.5f, 3.0f, 12.0f}) {
+  for (float spread : {0.5f, 3.0f, 12.0f, 40.0f}) {
     std::normal_distribution<float> normal(0.0f, spread);
     std::vector<float> logits(static_cast<size_t>(vocab));
     for (float& x : logits) x = normal(rng);
