@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/vec.h"
 #include "cli/flags.h"
 #include "local/local_model.h"
@@ -238,11 +239,13 @@ int run(int argc, char** argv) {
   nlohmann::json out;
   out["model"] = model_path;
   out["isa"] = cpu::isa_name(cpu::active_isa());
+  out["cpu"] = cpu::describe_cpu();
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
   out["quant"] = std::string(weight_quant_name(quant.quant));
   out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
-  std::printf("model %s  isa %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()));
+  std::printf("model %s  isa %s\ncpu %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()),
+              cpu::describe_cpu().c_str());
   for (int nt : threads) {
     LocalModelOptions opts;
     opts.path = model_path;

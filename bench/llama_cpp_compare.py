@@ -71,7 +71,7 @@ _LOG_CB = None
 
 
 class Llama:
-    def __init__(self, path, threads, n_ctx, f32_kv=False):
+    def __init__(self, path, threads, n_ctx, f32_kv=False, fa=None):
         import llama_cpp as L
         import numpy as np
         self.L, self.np = L, np
@@ -90,6 +90,8 @@ class Llama:
         cp.n_ubatch = 512
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        if fa is not None:
+            cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa == "on" else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if f32_kv:
             # Tessera keeps K/V in fp32 and attends in fp32; llama.cpp's defaults (flash
             # attention with an fp16 cache) round K, V and Q to fp16, which is enough to flip
@@ -139,7 +141,7 @@ class Llama:
 def llama_worker(args):
     results = {"runs": []}
     for nt in args.threads:
-        m = Llama(args.model, nt, n_ctx=max(args.prompt, args.gen) + 64)
+        m = Llama(args.model, nt, n_ctx=max(args.prompt, args.gen) + 64, fa=args.fa)
         vocab = m.n_vocab
         prompt = [(i * 7919 + 13) % vocab for i in range(args.prompt)]
         m.clear()
@@ -168,9 +170,11 @@ def llama_worker(args):
     json.dump(results, sys.stdout)
 
 
-def run_llama(py, model, threads, prompt, gen, reps, greedy_prompt=None, greedy_tokens=0):
+def run_llama(py, model, threads, prompt, gen, reps, greedy_prompt=None, greedy_tokens=0, fa=None):
     cmd = [py, os.path.abspath(__file__), "--llama-worker", "--model", model, "--threads",
            ",".join(map(str, threads)), "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps)]
+    if fa is not None:
+        cmd += ["--fa", fa]
     if greedy_tokens:
         cmd += ["--greedy-prompt", ",".join(map(str, greedy_prompt)), "--greedy-tokens", str(greedy_tokens)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -194,12 +198,13 @@ def merge_runs(runs):
     return out
 
 
-def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, bandwidth=True):
+def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, bandwidth=True, isa=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     cmd = [os.path.join(bin_dir, "tessera-bench-cpu"), "--model", model, "--threads", ",".join(map(str, threads)),
            "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps), "--batches", batches,
-           "--batch-gen", str(batch_gen), "--json", path] + ([] if bandwidth else ["--no-bandwidth"])
+           "--batch-gen", str(batch_gen), "--json", path] + ([] if bandwidth else ["--no-bandwidth"]) + \
+          (["--isa", isa] if isa else [])
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     with open(path) as f:
         data = json.load(f)
@@ -280,18 +285,28 @@ def greedy_compare(bin_dir, py, model, n, threads=2, prompt=(1, 450, 4086, 29871
 
 # ----------------------------------------------------------------------------- report
 
-def machine_note():
-    cpu = "unknown CPU"
+def cpu_identity():
+    """Model name, vendor, family / model and the SIMD flags that pick kernels, from /proc/cpuinfo."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                if not line.strip():
+                    break  # the first processor is enough
+                k, _, v = line.partition(":")
+                fields[k.strip()] = v.strip()
     except OSError:
         pass
+    flags = fields.get("flags", "").split()
+    keep = [x for x in flags if x in ("avx2", "fma", "f16c", "avx_vnni") or x.startswith(("avx512", "amx"))]
+    return (f"{fields.get('model name', 'unknown CPU')} ({fields.get('vendor_id', '?')} family "
+            f"{fields.get('cpu family', '?')} model {fields.get('model', '?')}; {' '.join(keep) or 'no AVX2'})")
+
+
+def machine_note():
     load = os.getloadavg()
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average at start {load[0]:.1f}"
+    return (f"{cpu_identity()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+            f"load average at start {load[0]:.1f}")
 
 
 def fmt(v, nd=1):
@@ -307,19 +322,26 @@ def write_report(rows, greedy, args, load_end):
     lines.append(f"Prompt processing: {args.prompt} tokens in one batch; generation: {args.gen} tokens one at a "
                  f"time from position 0 (greedy); medians of {args.reps} runs (each after a warm-up), the "
                  f"engines alternating run by run. llama.cpp is "
-                 f"{LLAMA_CPP_PYTHON} built natively (AVX-512/VNNI) with its default CPU settings.\n")
-    lines.append("| model | threads | Tessera prompt tok/s | llama.cpp prompt tok/s | ratio | Tessera gen tok/s | "
-                 "llama.cpp gen tok/s | ratio |")
+                 f"{LLAMA_CPP_PYTHON} from the interpreter given ({args.python or 'bench/.venv-llama, built natively'}) "
+                 f"with its default CPU settings except flash attention.\n")
+    lines.append(f"CPU: {cpu_identity()}. Tessera's kernels: {rows[0]['tessera'].get('cpu', '?') if rows else '?'}.\n")
+    lines.append("llama.cpp runs with flash attention off and on (alternating with Tessera); the ratios are "
+                 "against its better of the two.\n")
+    lines.append("| model | threads | Tessera prompt tok/s | llama.cpp prompt tok/s (FA off / on) | ratio | "
+                 "Tessera gen tok/s | llama.cpp gen tok/s (FA off / on) | ratio |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        for t, l in zip(r["tessera"]["runs"], r["llama"]["runs"]):
-            pr = t.get("prompt_tok_s") / l["prompt_tok_s"] if t.get("prompt_tok_s") else None
-            gr = t["gen_tok_s"] / l["gen_tok_s"]
+        for i, t in enumerate(r["tessera"]["runs"]):
+            off, on = r["llama_off"]["runs"][i], r["llama_on"]["runs"][i]
+            best_p = max(off["prompt_tok_s"], on["prompt_tok_s"])
+            best_g = max(off["gen_tok_s"], on["gen_tok_s"])
+            pr = t.get("prompt_tok_s") / best_p if t.get("prompt_tok_s") else None
+            gr = t["gen_tok_s"] / best_g
             lines.append(f"| {os.path.basename(r['model'])} | {t['threads']} | {fmt(t.get('prompt_tok_s'))} | "
-                         f"{fmt(l['prompt_tok_s'])} | {fmt(pr, 2)} | {fmt(t['gen_tok_s'])} | {fmt(l['gen_tok_s'])} | "
-                         f"{fmt(gr, 2)} |")
+                         f"{fmt(off['prompt_tok_s'])} / {fmt(on['prompt_tok_s'])} | {fmt(pr, 2)} | "
+                         f"{fmt(t['gen_tok_s'])} | {fmt(off['gen_tok_s'])} / {fmt(on['gen_tok_s'])} | {fmt(gr, 2)} |")
     lines.append("\nTessera, concurrent sequences (aggregate generation tok/s, one token per sequence per step) "
-                 "and memory bandwidth:\n")
+                 f"and memory bandwidth (CPU: {cpu_identity()}):\n")
     lines.append("| model | threads | x1 | x4 | x16 | x16 / x1 | weights MB/token | read GB/s (measured) | "
                  "batch-1 share of bandwidth |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
@@ -333,7 +355,7 @@ def write_report(rows, greedy, args, load_end):
                          f"{fmt(t.get('read_bandwidth_gb_s'))} | "
                          f"{fmt(100 * t['bandwidth_fraction'] if 'bandwidth_fraction' in t else None, 0)}% |")
     if greedy:
-        lines.append("\nGreedy tokens, Tessera vs llama.cpp:\n")
+        lines.append(f"\nGreedy tokens, Tessera vs llama.cpp (CPU: {cpu_identity()}):\n")
         lines.append("| model | tokens | identical | first divergence | llama.cpp top-2 gap there | "
                      "teacher-forced |d logprob| median / max |")
         lines.append("|---|---|---|---|---|---|")
@@ -363,11 +385,13 @@ def main():
     ap.add_argument("--out", default=None, help="markdown report path")
     ap.add_argument("--greedy", nargs="*", default=[], help="models to compare greedy tokens on")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--isa", default=None, help="cap Tessera's kernels: avx2 or avx512 (tessera-bench-cpu --isa)")
     # worker mode (internal)
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--greedy-prompt", default="", help=argparse.SUPPRESS)
     ap.add_argument("--greedy-tokens", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--fa", choices=["off", "on"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.llama_worker:
         args.threads = [int(t) for t in args.threads.split(",")]
@@ -382,19 +406,26 @@ def main():
         # Repetitions alternate between the engines (one run each, per thread count), so that
         # the load of a shared machine, which changes over minutes, weighs on both alike; the
         # medians over repetitions are reported.
-        tess_reps, llama_reps = [], []
+        tess_reps, llama_reps = [], {"off": [], "on": []}
+        tess_cpu = "?"
         for rep in range(args.reps):
             for nt in threads:
-                tess_reps.append(run_tessera(args.bin_dir, m, [nt], args.prompt, args.gen, 1, args.batches,
-                                             args.batch_gen, bandwidth=(rep == 0))["runs"][0])
-                llama_reps.append(run_llama(py, m, [nt], args.prompt, args.gen, 1)["runs"][0])
-                t, l = tess_reps[-1], llama_reps[-1]
-                print(f"   rep {rep} threads {nt}: prompt {t.get('prompt_tok_s', 0):.1f} vs {l['prompt_tok_s']:.1f}, "
-                      f"gen {t['gen_tok_s']:.1f} vs {l['gen_tok_s']:.1f} tok/s (load {os.getloadavg()[0]:.1f})",
-                      file=sys.stderr)
-        rows.append({"model": m, "tessera": {"runs": [merge_runs([r for r in tess_reps if r["threads"] == nt])
-                                                      for nt in threads]},
-                     "llama": {"runs": [merge_runs([r for r in llama_reps if r["threads"] == nt]) for nt in threads]}})
+                data = run_tessera(args.bin_dir, m, [nt], args.prompt, args.gen, 1, args.batches, args.batch_gen,
+                                   bandwidth=(rep == 0), isa=args.isa)
+                tess_cpu = data.get("cpu", tess_cpu)
+                tess_reps.append(data["runs"][0])
+                for fa in ("off", "on"):
+                    llama_reps[fa].append(run_llama(py, m, [nt], args.prompt, args.gen, 1, fa=fa)["runs"][0])
+                t, lo, ln = tess_reps[-1], llama_reps["off"][-1], llama_reps["on"][-1]
+                print(f"   rep {rep} threads {nt}: prompt {t.get('prompt_tok_s', 0):.1f} vs {lo['prompt_tok_s']:.1f} / "
+                      f"{ln['prompt_tok_s']:.1f}, gen {t['gen_tok_s']:.1f} vs {lo['gen_tok_s']:.1f} / "
+                      f"{ln['gen_tok_s']:.1f} tok/s (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+        row = {"model": m, "tessera": {"cpu": tess_cpu, "runs": [merge_runs([r for r in tess_reps if r["threads"] == nt])
+                                                                 for nt in threads]}}
+        for fa in ("off", "on"):
+            row["llama_" + fa] = {"runs": [merge_runs([r for r in llama_reps[fa] if r["threads"] == nt])
+                                           for nt in threads]}
+        rows.append(row)
     greedy = [greedy_compare(args.bin_dir, py, m, args.tokens) for m in args.greedy]
     write_report(rows, greedy, args, os.getloadavg()[0])
 

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/logging.h"
+#include "kernels/cpu/cpu_info.h"
 #include "topology/topology.h"
 
 namespace tessera {
@@ -38,8 +39,9 @@ uint64_t CpuBackend::kv_window_bytes_per_token() const {
 
 Result<BackendMemory> CpuBackend::memory() const {
   BackendMemory m;
-  m.device = fmt::format("cpu ({} threads{})", pool_->size(),
-                         options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus));
+  m.device = fmt::format("cpu ({} threads{}; {})", pool_->size(),
+                         options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus),
+                         cpu::describe_cpu());
   m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
   m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = kv_bytes_per_token();

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/qgemm.h"
 
 #if defined(__x86_64__)
@@ -521,11 +522,16 @@ TESSERA_AVX512 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int
 struct Prefetch {
   const uint8_t* p = nullptr;
   size_t left = 0;
-  size_t step = 0;  // bytes per block
+  size_t step = 0;     // bytes per block
+  bool to_l1 = false;  // T0 (ahead in an R16 stream) rather than NTA (the next row group)
   TESSERA_AVX512_INLINE void tick() {
     const size_t n = std::min(left, step);
-    // Non-temporal: each weight byte is used once per matmul; keep it out of the outer caches.
-    for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_NTA);
+    if (to_l1) {
+      for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+    } else {
+      // Non-temporal: each weight byte is used once per matmul; keep it out of the outer caches.
+      for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_NTA);
+    }
     p += n;
     left -= n;
   }
@@ -1060,6 +1066,7 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
   PackedActs packed;
   if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const int64_t nb_act = a.k / a.acts.block;
+  const size_t ahead = kernel_tuning().r16_prefetch_bytes;
   for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
     Rows rows;
@@ -1071,16 +1078,22 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
     rows.vindex = _mm512_load_si512(offs);
     rows.trailer = row_block_bytes(type, a.k);
     if (r16) rows.group = a.w + static_cast<size_t>(g0) * a.row_bytes;
-    // The next row group's bytes, prefetched a little per block (see Prefetch), for matrices
-    // read as 16 separate row streams. An R16 matrix is read as one contiguous stream, which the
-    // hardware prefetchers follow: software prefetches on top cost 10-40% of batch-1 decode on
-    // Zen 4 (bench/results/gemma3_270m_vs_llama_cpp.md), so there are none.
+    // Matrices read as 16 separate row streams: the next row group's bytes, prefetched a little
+    // per block (see Prefetch). An R16 matrix is read as one contiguous stream: prefetched
+    // `ahead` bytes in front of the read position where the CPU needs it (kernel_tuning(),
+    // kernels/cpu/cpu_info.h: Intel yes, Zen 4 no - there software prefetches cost 10-40%).
     Prefetch pf;
-    pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
-    pf.left = !r16 && g0 + kRows < r1
-                  ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes
-                  : 0;
-    pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
+    const size_t group_bytes = static_cast<size_t>(kRows) * a.row_bytes;
+    if (!r16) {
+      pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
+      pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
+    } else if (ahead > 0) {
+      const size_t at = static_cast<size_t>(g0) * a.row_bytes + ahead, end = static_cast<size_t>(r1) * a.row_bytes;
+      pf.p = a.w + at;
+      pf.left = at < end ? std::min(end - at, group_bytes) : 0;
+      pf.to_l1 = true;
+    }
+    pf.step = ((r16 ? group_bytes : pf.left) / static_cast<size_t>(nb) + 63) / 64 * 64;
     if (a.n_tokens == 1) {
       const __m512 acc = gemv_rows(type, rows, nb, Token1{a.acts.q, a.acts.d, a.acts.bsum}, pf);
       store_rows(a.y + g0, acc, n_valid);

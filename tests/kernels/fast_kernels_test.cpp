@@ -18,6 +18,7 @@
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
@@ -156,6 +157,7 @@ TEST(FastMatmul, LargeRowsAndVocabularySlices) {
 TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
   if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the R16 layouts need AVX-512";
   IsaGuard guard;
+  const size_t saved_prefetch = cpu::kernel_tuning().r16_prefetch_bytes;
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
   std::vector<QuantType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
   types.push_back(QuantType::kI8_CH);    // + a row trailer (the scale)
@@ -179,8 +181,14 @@ TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
         const std::string what =
             std::string(quant_name(r16)) + " rows " + std::to_string(rows) + " tokens " + std::to_string(n_tokens);
         const auto want = run_matmul(m, x, n_tokens, &pool);
-        ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, &pool), want)) << what;
-        ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, nullptr), want)) << what << " one thread";
+        // Every R16 prefetch variant (kernels/cpu/cpu_info.h): none, the Intel default, and
+        // one that runs past the end of the matrix within the first group.
+        for (const size_t ahead : {size_t{0}, size_t{2048}, size_t{1} << 20}) {
+          cpu::set_r16_prefetch_bytes(ahead);
+          ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, &pool), want)) << what << " prefetch " << ahead;
+          ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, nullptr), want)) << what << " one thread";
+        }
+        cpu::set_r16_prefetch_bytes(saved_prefetch);
         // Rows [16, rows - 3) into a strided output: starts on a group, ends inside one.
         if (rows < 48) continue;
         const int64_t begin = 16, end = rows - 3, stride = rows;
@@ -319,6 +327,41 @@ TEST(FastThreadPool, WakesAfterSleepingAndAfterSpinning) {
     });
     for (int h : hits) ASSERT_EQ(h, 1) << "round " << round;
   }
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The per-CPU kernel choices: the vendor's default, the environment's override, and the
+// description printed at start-up.
+TEST(CpuInfo, PrefetchDefaultsAndOverride) {
+  cpu::CpuInfo intel{.vendor = "GenuineIntel", .brand = "Xeon", .family = 6, .model = 143};
+  cpu::CpuInfo amd{.vendor = "AuthenticAMD", .brand = "EPYC", .family = 25, .model = 17};
+  EXPECT_EQ(cpu::choose_kernel_tuning(intel, nullptr).r16_prefetch_bytes, 2048u);
+  EXPECT_EQ(cpu::choose_kernel_tuning(intel, nullptr).source, "Intel default");
+  EXPECT_EQ(cpu::choose_kernel_tuning(amd, nullptr).r16_prefetch_bytes, 0u);
+  EXPECT_EQ(cpu::choose_kernel_tuning(amd, "").r16_prefetch_bytes, 0u);
+  EXPECT_EQ(cpu::choose_kernel_tuning(intel, "0").r16_prefetch_bytes, 0u);
+  EXPECT_EQ(cpu::choose_kernel_tuning(amd, "4096").r16_prefetch_bytes, 4096u);
+  EXPECT_EQ(cpu::choose_kernel_tuning(amd, "100").r16_prefetch_bytes, 128u);  // whole cache lines
+  EXPECT_EQ(cpu::choose_kernel_tuning(amd, "4096").source, "TESSERA_CPU_PREFETCH");
+  // Malformed or absurd values keep the default (with a warning on stderr).
+  for (const char* bad : {"abc", "12kb", "-5", "99999999999"}) {
+    EXPECT_EQ(cpu::choose_kernel_tuning(intel, bad).r16_prefetch_bytes, 2048u) << bad;
+    EXPECT_EQ(cpu::choose_kernel_tuning(intel, bad).source, "Intel default") << bad;
+  }
+#if defined(__x86_64__)
+  const cpu::CpuInfo& here = cpu::cpu_info();
+  EXPECT_FALSE(here.vendor.empty());
+  EXPECT_GT(here.family, 0);
+  const std::string line = cpu::describe_cpu();
+  EXPECT_NE(line.find(here.vendor), std::string::npos) << line;
+  EXPECT_NE(line.find(std::string("isa ") + cpu::isa_name(cpu::active_isa())), std::string::npos) << line;
+  EXPECT_NE(line.find("r16 prefetch"), std::string::npos) << line;
+#endif
 }
 
 }  // namespace

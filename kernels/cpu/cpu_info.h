@@ -1,0 +1,55 @@
+// What the CPU kernels know of the processor they run on, and the per-CPU choices made from it
+// (kernels/cpu/vec.h picks the instruction set; this picks the variants within it).
+//
+// Kernel variants never change results (every path computes the same bits, kernels/cpu/
+// qgemm.h); they change speed, and what is fastest differs between CPUs of the same ISA:
+//   R16 prefetch: the 16-row interleaved matrices (qgemm.h) are read as one contiguous stream.
+//     On AMD Zen 4 the hardware prefetchers keep ahead of it and software prefetches on top cost
+//     10-40% of batch-1 decode; on Intel Xeons (Sapphire / Granite Rapids class) the L2
+//     streamer stops at every 4 KiB page and one core keeps too few misses in flight: a
+//     prefetch (to L1) 2 KiB ahead of the read position doubles Q4_K_M decode
+//     (bench/results/cpu_vs_llama_cpp_intel.md).
+// The defaults come from the CPU's vendor; TESSERA_CPU_PREFETCH=<bytes> (0: none) overrides.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace tessera::cpu {
+
+struct CpuInfo {
+  std::string vendor;  // CPUID vendor string: GenuineIntel, AuthenticAMD, ...; "" off x86
+  std::string brand;   // the model name (CPUID brand string)
+  int family = 0;      // display family and model, as /proc/cpuinfo prints them
+  int model = 0;
+  bool intel() const { return vendor == "GenuineIntel"; }
+  bool amd() const { return vendor == "AuthenticAMD" || vendor == "HygonGenuine"; }
+};
+
+// Read once (CPUID).
+const CpuInfo& cpu_info();
+
+struct KernelTuning {
+  // Bytes ahead of the read position that decode prefetches (into L1) in an R16 matrix; 0: none.
+  size_t r16_prefetch_bytes = 0;
+  std::string source;  // why: "Intel default", "AMD default", "TESSERA_CPU_PREFETCH", ...
+};
+
+// The choice for `cpu` given TESSERA_CPU_PREFETCH's value `env` (nullptr: unset): the vendor's
+// default, or env's byte count rounded up to a cache line.
+KernelTuning choose_kernel_tuning(const CpuInfo& cpu, const char* env);
+
+// choose_kernel_tuning(cpu_info(), getenv("TESSERA_CPU_PREFETCH")), once; a malformed TESSERA_CPU_PREFETCH is reported
+// on stderr and ignored (the default is kept).
+const KernelTuning& kernel_tuning();
+
+// Replaces the R16 prefetch distance (tests cover both variants on any CPU; benchmarks compare
+// them). Not thread-safe with concurrent kernels; call before starting work, as set_max_isa.
+void set_r16_prefetch_bytes(size_t bytes);
+
+// One line for start-up logs and benchmark tables: model name, vendor, family / model, the
+// active ISA and the tuning, e.g. "Intel(R) Xeon(R) ... (GenuineIntel family 6 model 143),
+// isa avx512, r16 prefetch 2048 B (Intel default)".
+std::string describe_cpu();
+
+}  // namespace tessera::cpu
