@@ -1089,9 +1089,11 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
       pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
     } else if (ahead > 0) {
       const size_t at = static_cast<size_t>(g0) * a.row_bytes + ahead, end = static_cast<size_t>(r1) * a.row_bytes;
-      pf.p = a.w + at;
-      pf.left = at < end ? std::min(end - at, group_bytes) : 0;
-      pf.to_l1 = true;
+      if (at < end) {  // else nothing of this range is left to prefetch
+        pf.p = a.w + at;
+        pf.left = std::min(end - at, group_bytes);
+        pf.to_l1 = true;
+      }
     }
     pf.step = ((r16 ? group_bytes : pf.left) / static_cast<size_t>(nb) + 63) / 64 * 64;
     if (a.n_tokens == 1) {
