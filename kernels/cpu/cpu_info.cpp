@@ -19,7 +19,8 @@ namespace {
 
 // Bytes ahead in an R16 stream on Intel: measured 512..3072 on a Xeon (family 6, AVX-512 + AMX),
 // 110M Q6_K decode at 1 / 2 threads: 94 / 212, 102 / 240, 115 / 293, 119 / 337, 115 / 281 tok/s
-// (none: 72 / 165).
+// (none: 72.4 at 1 thread in the same sweep; 72.9 / 148.9 in a paired run against 114.5 / 245.6
+// with 2048).
 constexpr size_t kIntelR16Prefetch = 2048;
 
 CpuInfo read_cpu_info() {

@@ -240,9 +240,6 @@ constexpr int kBucketShift = 19;
 constexpr int kBuckets = (0x3f800000 >> kBucketShift) + 1;
 inline int weight_bucket(float w) { return static_cast<int>(std::bit_cast<uint32_t>(w) >> kBucketShift); }
 
-// Moves to the front of cand[0, size) the candidates of the heaviest buckets that together
-// hold more than `target` (with a margin for summation order); returns how many. The nucleus is
-// a prefix of them, so only they need sorting — one O(size) pass instead of repeated selection.
 // The lowest bucket such that the buckets from it up hold more than `target` (with a margin for
 // summation order), from `sets` arrays of kBuckets partial bucket masses; 0 when only the whole
 // range does (no bound).
@@ -267,6 +264,9 @@ int64_t prefix_reaching(const Candidate* cand, int64_t size, double target) {
   return 0;
 }
 
+// Moves to the front of cand[0, size) the candidates of the heaviest buckets that together
+// hold more than `target` (with a margin for summation order); returns how many. The nucleus is
+// a prefix of them, so only they need sorting — one O(size) pass instead of repeated selection.
 int64_t nucleus_bound(Candidate* cand, int64_t size, double target) {
   // Four interleaved sets of bucket sums (shorter dependency chains on the few hot buckets);
   // a bound only, so the summation order is free (the margin covers it).
