@@ -340,7 +340,7 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
 }
 
 int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {
-  if (cpu::active_isa() != cpu::Isa::kAvx512 || env_int("TESSERA_CPU_REPACK", 1) == 0) return 0;
+  if (cpu::active_isa() < cpu::Isa::kAvx2 || env_int("TESSERA_CPU_REPACK", 1) == 0) return 0;
   ModelWeights& w = sw.weights;
   // The buffers this ShardWeights owns (re-laid in place); anything else (a mapped file) is copied.
   auto owned = [&](const TensorView& v) -> bool {

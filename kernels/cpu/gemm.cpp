@@ -41,8 +41,10 @@ float* row_scratch(size_t n) {
 }
 
 void run_q(const cpu::QMatmulArgs& a, int64_t b, int64_t e) {
-  // The 16-row interleaved layouts exist only for the AVX-512 kernels (made where it is active).
-  if (cpu::is_r16(a.type)) return cpu::qmatmul_avx512(a, b, e);
+  // The 16-row interleaved layouts (made where a SIMD path is active) run on the AVX-512 or
+  // the AVX2 kernels, never the scalar ones.
+  if (cpu::is_r16(a.type))
+    return cpu::active_isa() == cpu::Isa::kAvx512 ? cpu::qmatmul_avx512(a, b, e) : cpu::qmatmul_avx2(a, b, e);
   switch (cpu::active_isa()) {
     case cpu::Isa::kAvx512: return cpu::qmatmul_avx512(a, b, e);
     case cpu::Isa::kAvx2: return cpu::qmatmul_avx2(a, b, e);
@@ -74,7 +76,7 @@ void matmul_rows(const TensorView& w, int64_t row_begin, int64_t row_end, const 
   const int64_t n_rows = row_end - row_begin;
   if (n_rows == 0 || n_tokens == 0) return;
   if (cpu::is_r16(w.type)) {
-    TESSERA_CHECK(cpu::detected_isa() == cpu::Isa::kAvx512, "matmul: {} weight {} needs AVX-512", quant_name(w.type),
+    TESSERA_CHECK(cpu::detected_isa() >= cpu::Isa::kAvx2, "matmul: {} weight {} needs AVX2", quant_name(w.type),
                   w.shape_string());
     // Any end: a group's blocks hold all 16 rows (rows % 16 == 0) and only valid rows are stored.
     TESSERA_CHECK(row_begin % cpu::kQRowGroup == 0, "matmul: rows [{}, {}) of {} weight {} must start on a group of 16",

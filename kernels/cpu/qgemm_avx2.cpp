@@ -9,7 +9,9 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -92,7 +94,39 @@ struct Rows {
   const uint8_t* p[kRows];
   __m256i vindex;
   size_t trailer = 0;  // I8_CH: byte offset of the row scale
+  // An R16 matrix (kernels/cpu/qgemm.h): the 16-row group's interleaved blocks, and which
+  // 8 of its rows these are (half 0: rows 0..7, half 1: rows 8..15).
+  const uint8_t* group = nullptr;
+  size_t half = 0;
 };
+
+// Reads of the 8 rows' bytes at byte offset `off` of every row (the same field of each row's
+// block): transposed from the rows, or, in an R16 group, loaded as stored: there dword d of
+// the field at block byte x sits at group + 16 * x + 64 * d (lane r = row r, rows 8..15 in
+// the upper 32 bytes), an fp16 field as 16 halves at group + 16 * x.
+// out[d] lane r = dword d of the 16 (x4) or 32 (x8) bytes at row r + off.
+TESSERA_AVX2_INLINE void rows8x4(const Rows& rows, size_t off, __m256i* out) {
+  if (rows.group == nullptr) return tr8x4(rows.p, off, out);
+  const uint8_t* at = rows.group + 16 * off + 32 * rows.half;
+  for (int d = 0; d < 4; ++d) out[d] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 64 * d));
+}
+TESSERA_AVX2_INLINE void rows8x8(const Rows& rows, size_t off, __m256i* out) {
+  if (rows.group == nullptr) return tr8x8(rows.p, off, out);
+  const uint8_t* at = rows.group + 16 * off + 32 * rows.half;
+  for (int d = 0; d < 8; ++d) out[d] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 64 * d));
+}
+// Lane r = the dword at row r + off.
+TESSERA_AVX2_INLINE __m256i rows_dword(const Rows& rows, size_t off) {
+  if (rows.group == nullptr) return _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows.p[0] + off), rows.vindex, 1);
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.group + 16 * off + 32 * rows.half));
+}
+// Lane r = the fp16 value at row r + off; `at_end`: the field ends its row's block (a gather
+// reads the dword before it).
+TESSERA_AVX2_INLINE __m256 rows_f16(const Rows& rows, size_t off, bool at_end = false) {
+  if (rows.group != nullptr)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.group + 16 * off + 16 * rows.half)));
+  return at_end ? gather_f16_hi(rows.p[0], rows.vindex, off) : gather_f16_lo(rows.p[0], rows.vindex, off);
+}
 
 struct TileLayout {
   size_t units_per_block;
@@ -104,7 +138,7 @@ TileLayout tile_layout(QuantType t) {
   switch (t) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K: return {8, 8 * 32 * 2 + 32 * 2};
-    case QuantType::kQ6_K: return {8, 16 * 32 + 32};
+    case QuantType::kQ6_K: return {8, 16 * 32 + 8 * 32 + 32};  // sc2[16][8], scp[8][8], d[8]
     case QuantType::kI4_G128: return {1, 64};  // dw[8] floats, -z[8] int32
     default: return {1, 32};
   }
@@ -129,18 +163,18 @@ TESSERA_AVX2 void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_
     const size_t off = static_cast<size_t>(b) * bb;
     __m256i w[8];
     if (type == QuantType::kQ8_0) {
-      tr8x8(rows.p, off + 2, w);
+      rows8x8(rows, off + 2, w);
     } else if (type == QuantType::kQ4_0) {
       __m256i d[4];
-      tr8x4(rows.p, off + 2, d);
+      rows8x4(rows, off + 2, d);
       for (int g = 0; g < 4; ++g) {
         w[g] = _mm256_and_si256(d[g], m4);
         w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
       }
     } else {
       __m256i d[4];
-      tr8x4(rows.p, off + 6, d);
-      const __m256i qh = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows.p[0] + off + 2), rows.vindex, 1);
+      rows8x4(rows, off + 6, d);
+      const __m256i qh = rows_dword(rows, off + 2);
       const __m256i spread = _mm256_set1_epi32(0x00204081);
       const __m256i ones = _mm256_set1_epi32(0x01010101);
       for (int g = 0; g < 8; ++g) {
@@ -152,7 +186,7 @@ TESSERA_AVX2 void build_q32(QuantType type, const Rows& rows, int64_t b0, int64_
       }
     }
     store_unit(tile, w);
-    _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), gather_f16_lo(rows.p[0], rows.vindex, off));
+    _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), rows_f16(rows, off));
   }
 }
 
@@ -166,10 +200,10 @@ TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, i
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const size_t off = static_cast<size_t>(b) * bb;
     __m256i qh[8];
-    if (q5) tr8x8(rows.p, off + 16, qh);
+    if (q5) rows8x8(rows, off + 16, qh);
     for (int c = 0; c < 4; ++c) {
       __m256i d[8], lo[8], hi[8];
-      tr8x8(rows.p, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
+      rows8x8(rows, off + (q5 ? 48 : 16) + 32 * static_cast<size_t>(c), d);
       for (int g = 0; g < 8; ++g) {
         lo[g] = _mm256_and_si256(d[g], m4);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
@@ -182,7 +216,7 @@ TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, i
       store_unit(tile + kUnit * (2 * c + 1), hi);
     }
     __m256i hd[4];
-    tr8x4(rows.p, off, hd);
+    rows8x4(rows, off, hd);
     auto* sc = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
     auto* mm = sc + 8 * 8;
     auto* df = reinterpret_cast<float*>(mm + 8 * 8);
@@ -211,9 +245,9 @@ TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* 
     const size_t off = static_cast<size_t>(b) * 210;
     for (int h = 0; h < 2; ++h) {
       __m256i a[8], c[8], qh[8];
-      tr8x8(rows.p, off + 64 * static_cast<size_t>(h), a);
-      tr8x8(rows.p, off + 64 * static_cast<size_t>(h) + 32, c);
-      tr8x8(rows.p, off + 128 + 32 * static_cast<size_t>(h), qh);
+      rows8x8(rows, off + 64 * static_cast<size_t>(h), a);
+      rows8x8(rows, off + 64 * static_cast<size_t>(h) + 32, c);
+      rows8x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m256i u[4][8];
       for (int g = 0; g < 8; ++g) {
         const __m256i t0 = _mm256_and_si256(qh[g], m2);
@@ -228,12 +262,20 @@ TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* 
       for (int q = 0; q < 4; ++q) store_unit(tile + kUnit * (4 * h + q), u[q]);
     }
     __m256i s[4];
-    tr8x4(rows.p, off + 192, s);
-    auto* sc = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
-    for (int g = 0; g < 16; ++g)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * g),
-                         _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24));
-    _mm256_store_ps(reinterpret_cast<float*>(sc + 128), gather_f16_hi(rows.p[0], rows.vindex, off + 208));
+    rows8x4(rows, off + 192, s);
+    auto* sc2 = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
+    auto* scp = sc2 + 16 * 8;
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    __m256i sc[16];
+    for (int g = 0; g < 16; ++g) {
+      sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc2 + 8 * g),
+                         _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
+    }
+    for (int j = 0; j < 8; ++j)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(scp + 8 * j),
+                         _mm256_or_si256(_mm256_and_si256(sc[2 * j], lo16), _mm256_slli_epi32(sc[2 * j + 1], 16)));
+    _mm256_store_ps(reinterpret_cast<float*>(scp + 8 * 8), rows_f16(rows, off + 208, /*at_end=*/true));
   }
 }
 
@@ -244,27 +286,25 @@ TESSERA_AVX2 void build_int(QuantType type, const Rows& rows, int64_t b0, int64_
   const size_t stride = tile_layout(type).block_stride();
   __m256 row_scale = _mm256_setzero_ps();
   if (type == QuantType::kI8_CH) {
-    alignas(32) float sc[kRows];
-    for (int r = 0; r < kRows; ++r) std::memcpy(&sc[r], rows.p[r] + rows.trailer, 4);
-    row_scale = _mm256_load_ps(sc);
+    row_scale = _mm256_castsi256_ps(rows_dword(rows, rows.trailer));
   }
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     __m256i w[8];
     if (type == QuantType::kI8_CH) {
-      tr8x8(rows.p, static_cast<size_t>(b) * 32, w);
+      rows8x8(rows, static_cast<size_t>(b) * 32, w);
       store_unit(tile, w);
       _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), row_scale);
       continue;
     }
     const size_t grp = static_cast<size_t>(b / 4) * 68;
     __m256i d[4];
-    tr8x4(rows.p, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
+    rows8x4(rows, grp + 4 + 16 * static_cast<size_t>(b % 4), d);
     for (int g = 0; g < 4; ++g) {
       w[g] = _mm256_and_si256(d[g], m4);
       w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(d[g], 4), m4);
     }
     store_unit(tile, w);
-    const __m256i hdr = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows.p[0] + grp), rows.vindex, 1);
+    const __m256i hdr = rows_dword(rows, grp);
     _mm256_store_ps(reinterpret_cast<float*>(tile + kUnit), f16_half(hdr, false));
     const __m256i z = _mm256_and_si256(_mm256_srli_epi32(hdr, 16), _mm256_set1_epi32(0xFF));
     _mm256_store_si256(reinterpret_cast<__m256i*>(tile + kUnit + 32), _mm256_sub_epi32(_mm256_setzero_si256(), z));
@@ -333,73 +373,131 @@ TESSERA_AVX2 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const Token
   }
 }
 
-template <int T>
-TESSERA_AVX2 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
-  const size_t stride = 8 * kUnit + 8 * 32 * 2 + 32 * 2;
-  for (int64_t b = b0; b < b1; ++b, tile += stride) {
-    const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-    const auto* mm = sc + 8 * 8;
-    const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
-    __m256i tot[T];
-    for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s) {
-      __m256i ia[T];
-      for (int t = 0; t < T; ++t) ia[t] = _mm256_setzero_si256();
-      const uint8_t* u = tile + kUnit * s;
-      for (int g = 0; g < 8; ++g) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
-        for (int t = 0; t < T; ++t)
-          ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 256 * b + 32 * s + 4 * g)));
+// ---- the K-quant super-block kernels, shared by decode and prefill (the tile of the row
+// chunk, TokenPtrs) and batched decode (PackedActs); `X` gives token t's 256 activations of
+// the block, their scale and the per-block activation sums:
+//   q(t), dx(t);  k_pair(t, j) = bsum32[2j] | bsum32[2j + 1] << 16 (int16 pairs, j = 0..3);
+//   bsum16(t, g) (g = 0..15).
+// A sub-block's dword groups are summed in int16, kSum at a time (see bk_q32), and one madd
+// with the scale in both halves of each lane gives sc * (dot) exactly: the same integers as
+// sum_s sc[s] * dot[s] taken one by one, so the same bits as the other paths.
+
+// One Q4_K / Q5_K super-block; mins as sum_j pmaddwd(m[2j] | m[2j+1] << 16, k_pair(t, j)).
+template <int T, int kSum, class X>
+TESSERA_AVX2_INLINE void k_affine_block(const uint8_t* tile, const X& x, __m256* out) {
+  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+  const auto* mm = sc + 8 * 8;
+  const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
+  __m256i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s) {
+    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
+    const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
+    __m256i p16[T];
+    const uint8_t* u = tile + kUnit * s;
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(x.q(t) + 32 * s + 4 * g));
+        p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
+        if (g % kSum == kSum - 1) tot[t] = _mm256_add_epi32(tot[t], _mm256_madd_epi16(p16[t], sc2));
       }
-      const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
-      for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
-    }
-    const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
-    for (int t = 0; t < T; ++t) {
-      __m256i ms = _mm256_setzero_si256();
-      const int16_t* bs = x.bsum[t] + 16 * b;
-      for (int s = 0; s < 8; ++s)
-        ms = _mm256_add_epi32(ms, _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 8 * s)),
-                                                     _mm256_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
-      const __m256 dx = _mm256_set1_ps(x.d[t][b]);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dx), acc[t]);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
-                               _mm256_mul_ps(dmin, dx), acc[t]);
     }
   }
+  const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
+  for (int t = 0; t < T; ++t) {
+    __m256i ms = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i mp = _mm256_or_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j)),
+                                         _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j + 8)), 16));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(x.k_pair(t, j))));
+    }
+    const __m256 dxv = _mm256_set1_ps(x.dx(t));
+    const __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dxv), out[t]);
+    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
+                             _mm256_mul_ps(dmin, dxv), acc);
+  }
+}
+
+// One Q6_K super-block: sum_g sc[g] * (dot[g] - 32 * bsum16[g]) as the scaled dots (pairs of
+// dword groups summed in int16: levels < 64) minus 32 * sum_j pmaddwd(sc pair j, bsum16 pair j);
+// the tile holds sc in both halves of each lane (sc2[16][8]) and in pairs (scp[8][8]), then d.
+template <int T, class X>
+TESSERA_AVX2_INLINE void q6_k_block(const uint8_t* tile, const X& x, __m256* out) {
+  const auto* sc2 = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
+  const auto* scp = sc2 + 16 * 8;
+  __m256i tot[T];
+  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
+  for (int grp = 0; grp < 16; ++grp) {
+    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc2 + 8 * grp));
+    const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
+    for (int g = 0; g < 4; g += 2) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g + 32));
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xq = x.q(t) + 16 * grp + 4 * g;
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast_x4(xq)), _mm256_maddubs_epi16(w1, bcast_x4(xq + 4)));
+        tot[t] = _mm256_add_epi32(tot[t], _mm256_madd_epi16(p, scv));
+      }
+    }
+  }
+  const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(scp + 8 * 8));
+  for (int t = 0; t < T; ++t) {
+    __m256i ms = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const auto pair = static_cast<int32_t>((static_cast<uint32_t>(x.bsum16(t, 2 * j)) & 0xFFFFu) |
+                                             (static_cast<uint32_t>(x.bsum16(t, 2 * j + 1)) << 16));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(scp + 8 * j)),
+                                                  _mm256_set1_epi32(pair)));
+    }
+    tot[t] = _mm256_sub_epi32(tot[t], _mm256_slli_epi32(ms, 5));
+    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(x.dx(t))), out[t]);
+  }
+}
+
+// Block b of the row tile, tokens through TokenPtrs (decode, prefill).
+struct TileBlockActs {
+  const TokenPtrs& x;
+  int64_t b;
+  const int8_t* q(int t) const { return x.q[t] + 256 * b; }
+  float dx(int t) const { return x.d[t][b]; }
+  int32_t k_pair(int t, int j) const {
+    const int16_t* bs = x.bsum[t] + 16 * b + 4 * j;
+    const int lo = bs[0] + bs[1], hi = bs[2] + bs[3];  // |.| <= 4064
+    return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+  }
+  int bsum16(int t, int g) const { return x.bsum[t][16 * b + g]; }
+};
+
+// Tokens of one block in PackedActs (batched decode): aux as qgemm.h defines it.
+struct PackedBlockActs {
+  const int8_t* q0;
+  const float* d0;
+  const int32_t* aux;
+  const int8_t* q(int t) const { return q0 + 256 * t; }
+  float dx(int t) const { return d0[t]; }
+  int32_t k_pair(int t, int j) const { return aux[4 * t + j]; }
+  int bsum16(int t, int g) const { return -(aux[16 * t + g] >> 5); }  // aux = -32 * bsum16
+};
+
+template <int T, int kSum>
+TESSERA_AVX2 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
+  const size_t stride = tile_layout(QuantType::kQ4_K).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) k_affine_block<T, kSum>(tile, TileBlockActs{x, b}, acc);
 }
 
 template <int T>
 TESSERA_AVX2 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
-  const size_t stride = 8 * kUnit + 16 * 32 + 32;
-  for (int64_t b = b0; b < b1; ++b, tile += stride) {
-    const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-    __m256i tot[T];
-    for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
-    for (int grp = 0; grp < 16; ++grp) {
-      __m256i ia[T];
-      for (int t = 0; t < T; ++t) ia[t] = _mm256_set1_epi32(-32 * x.bsum[t][16 * b + grp]);
-      const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
-      for (int g = 0; g < 4; ++g) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
-        for (int t = 0; t < T; ++t)
-          ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 256 * b + 16 * grp + 4 * g)));
-      }
-      const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * grp));
-      for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
-    }
-    const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(sc + 128));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[t][b])), acc[t]);
-  }
+  const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
+  for (int64_t b = b0; b < b1; ++b, tile += stride) q6_k_block<T>(tile, TileBlockActs{x, b}, acc);
 }
 
 template <int T>
 TESSERA_AVX2 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x,
                              __m256* acc) {
   switch (type) {
-    case QuantType::kQ4_K:
-    case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
+    case QuantType::kQ4_K: return mk_k_affine<T, 8>(tile, b0, b1, x, acc);
+    case QuantType::kQ5_K: return mk_k_affine<T, 4>(tile, b0, b1, x, acc);
     case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
     case QuantType::kQ8_0:
     case QuantType::kI8_CH: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
@@ -462,69 +560,6 @@ TESSERA_AVX2_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const int8_t*
   for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
-// One Q4_K / Q5_K super-block; mins as sum_j pmaddwd(m[2j] | m[2j+1] << 16, aux[j]) (exact).
-// A sub-block's dword groups are summed in int16, kSum at a time (see bk_q32), and one madd
-// with the scale in both halves of each lane gives sc * (dot) exactly.
-template <int T, int kSum>
-TESSERA_AVX2_INLINE void bk_k_affine(const uint8_t* tile, const int8_t* q, const float* dx, const int32_t* aux,
-                                     __m256* out) {
-  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-  const auto* mm = sc + 8 * 8;
-  const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
-  __m256i tot[T];
-  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
-  for (int s = 0; s < 8; ++s) {
-    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
-    const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
-    __m256i p16[T];
-    const uint8_t* u = tile + kUnit * s;
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
-      for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 256 * t + 32 * s + 4 * g));
-        p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
-        if (g % kSum == kSum - 1) tot[t] = _mm256_add_epi32(tot[t], _mm256_madd_epi16(p16[t], sc2));
-      }
-    }
-  }
-  const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
-  for (int t = 0; t < T; ++t) {
-    __m256i ms = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i mp = _mm256_or_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j)),
-                                         _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j + 8)), 16));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(aux[4 * t + j])));
-    }
-    const __m256 dxv = _mm256_set1_ps(dx[t]);
-    const __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dxv), out[t]);
-    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
-                             _mm256_mul_ps(dmin, dxv), acc);
-  }
-}
-
-// One Q6_K super-block; aux[g] = -32 * bsum16[g] starts each 16-element group.
-template <int T>
-TESSERA_AVX2_INLINE void bk_q6_k(const uint8_t* tile, const int8_t* q, const float* dx, const int32_t* aux,
-                                 __m256* out) {
-  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-  __m256i tot[T];
-  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
-  for (int grp = 0; grp < 16; ++grp) {
-    __m256i ia[T];
-    for (int t = 0; t < T; ++t) ia[t] = _mm256_set1_epi32(aux[16 * t + grp]);
-    const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
-    for (int g = 0; g < 4; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
-      for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(q + 256 * t + 16 * grp + 4 * g)));
-    }
-    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * grp));
-    for (int t = 0; t < T; ++t) tot[t] = _mm256_add_epi32(tot[t], _mm256_mullo_epi32(ia[t], scv));
-  }
-  const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(sc + 128));
-  for (int t = 0; t < T; ++t)
-    out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(dx[t])), out[t]);
-}
-
 // Blocks [b, b + nblk) of the chunk tile against tokens [t0, t0 + T).
 template <int T>
 TESSERA_AVX2 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, int64_t nblk, const PackedActs& x,
@@ -534,9 +569,9 @@ TESSERA_AVX2 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, in
   const float* dx = x.d + i;
   const int32_t* aux = x.aux + i * x.n_aux;
   switch (type) {
-    case QuantType::kQ4_K: return bk_k_affine<T, 8>(tile, q, dx, aux, acc);
-    case QuantType::kQ5_K: return bk_k_affine<T, 4>(tile, q, dx, aux, acc);
-    case QuantType::kQ6_K: return bk_q6_k<T>(tile, q, dx, aux, acc);
+    case QuantType::kQ4_K: return k_affine_block<T, 8>(tile, PackedBlockActs{q, dx, aux}, acc);
+    case QuantType::kQ5_K: return k_affine_block<T, 4>(tile, PackedBlockActs{q, dx, aux}, acc);
+    case QuantType::kQ6_K: return q6_k_block<T>(tile, PackedBlockActs{q, dx, aux}, acc);
     case QuantType::kQ8_0:
     case QuantType::kI8_CH: return bk_q32<T, true>(tile, nblk, q, dx, aux, x.n, acc);
     case QuantType::kI4_G128: return bk_q32<T, false, 8, true>(tile, nblk, q, dx, aux, x.n, acc);
@@ -612,7 +647,14 @@ TESSERA_AVX2 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, con
   }
 }
 
-TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
+TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) {
+  // R16 matrices run as their base format, each 16-row group as two halves of 8 rows read
+  // from the group's blocks as stored (r0 starts a group: matmul_rows checks it). Decode and
+  // batched decode walk the group's stream once, both halves per chunk, prefetched as the
+  // AVX-512 kernels do (weight_prefetch.h).
+  const bool r16 = is_r16(args.type);
+  QMatmulArgs a = args;
+  a.type = r16_base(args.type);
   const QuantType type = a.type;
   const int64_t nb = a.k / kernel_block_elems(type);
   const TileLayout lay = tile_layout(type);
@@ -625,26 +667,46 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
   PackedActs packed;
   if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const int64_t nb_act = a.k / a.acts.block;
-  for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
-    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
-    Rows rows;
-    alignas(32) int32_t offs[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      offs[r] = static_cast<int32_t>(static_cast<size_t>(std::min(r, n_valid - 1)) * a.row_bytes);
-      rows.p[r] = a.w + static_cast<size_t>(g0) * a.row_bytes + static_cast<size_t>(offs[r]);
+  const int64_t step = r16 ? kQRowGroup : kRows;
+  const size_t ahead = kernel_tuning().r16_prefetch_bytes;
+  for (int64_t g0 = r0; g0 < r1; g0 += step) {
+    // The 8-row sets of this step: one, or an R16 group's halves (the second only if it has
+    // valid rows).
+    const int n_sets = r16 && r1 - g0 > kRows ? 2 : 1;
+    Rows rows[2];
+    int n_valid[2];
+    for (int h = 0; h < n_sets; ++h) {
+      const int64_t first = g0 + kRows * h;
+      n_valid[h] = static_cast<int>(std::min<int64_t>(kRows, r1 - first));
+      alignas(32) int32_t offs[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        offs[r] = static_cast<int32_t>(static_cast<size_t>(std::min(r, n_valid[h] - 1)) * a.row_bytes);
+        rows[h].p[r] = a.w + static_cast<size_t>(first) * a.row_bytes + static_cast<size_t>(offs[r]);
+      }
+      rows[h].vindex = _mm256_load_si256(reinterpret_cast<const __m256i*>(offs));
+      rows[h].trailer = row_block_bytes(type, a.k);
+      if (r16) {
+        rows[h].group = a.w + static_cast<size_t>(g0) * a.row_bytes;  // a.w and g0 start groups
+        rows[h].half = static_cast<size_t>(h);
+      }
     }
-    rows.vindex = _mm256_load_si256(reinterpret_cast<const __m256i*>(offs));
-    rows.trailer = row_block_bytes(type, a.k);
+    WeightPrefetch pf;
+    if (r16 && !whole) pf = WeightPrefetch::r16_stream(a.w, g0, r1, a.row_bytes, kQRowGroup, nb, ahead);
     if (a.n_tokens > 1 && !whole) {
-      __m256 acc[kSmallBatch];
-      for (auto& v : acc) v = _mm256_setzero_ps();
+      __m256 acc[2][kSmallBatch];
+      for (auto& set : acc)
+        for (auto& v : set) v = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; b += chunk) {
         const int64_t e = std::min(nb, b + chunk);
-        build_tile(type, rows, b, e, tile);
-        for (int t0 = 0; t0 < packed.n; t0 += 4)
-          run_batch(type, std::min(4, packed.n - t0), tile, b, e - b, packed, t0, acc + t0);
+        for (int64_t i = b; i < e; ++i) pf.tick();
+        for (int h = 0; h < n_sets; ++h) {
+          build_tile(type, rows[h], b, e, tile);
+          for (int t0 = 0; t0 < packed.n; t0 += 4)
+            run_batch(type, std::min(4, packed.n - t0), tile, b, e - b, packed, t0, acc[h] + t0);
+        }
       }
-      for (int t = 0; t < packed.n; ++t) store_rows(a.y + t * a.y_stride + g0, acc[t], n_valid);
+      for (int h = 0; h < n_sets; ++h)
+        for (int t = 0; t < packed.n; ++t) store_rows(a.y + t * a.y_stride + g0 + kRows * h, acc[h][t], n_valid[h]);
       continue;
     }
     if (!whole) {
@@ -652,28 +714,33 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1) {
       x.q[0] = a.acts.q;
       x.d[0] = a.acts.d;
       x.bsum[0] = a.acts.bsum;
-      __m256 acc[1] = {_mm256_setzero_ps()};
+      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t b = 0; b < nb; b += chunk) {
         const int64_t e = std::min(nb, b + chunk);
-        build_tile(type, rows, b, e, tile);
-        run_tile(type, 1, tile, b, e, x, acc);
+        for (int64_t i = b; i < e; ++i) pf.tick();
+        for (int h = 0; h < n_sets; ++h) {
+          build_tile(type, rows[h], b, e, tile);
+          run_tile(type, 1, tile, b, e, x, &acc[h]);
+        }
       }
-      store_rows(a.y + g0, acc[0], n_valid);
+      for (int h = 0; h < n_sets; ++h) store_rows(a.y + g0 + kRows * h, acc[h], n_valid[h]);
       continue;
     }
-    build_tile(type, rows, 0, nb, tile);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 4) {
-      const int n_tok = static_cast<int>(std::min<int64_t>(4, a.n_tokens - t0));
-      TokenPtrs x{};
-      for (int t = 0; t < n_tok; ++t) {
-        x.q[t] = a.acts.q + (t0 + t) * a.k;
-        x.d[t] = a.acts.d + (t0 + t) * nb_act;
-        x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
+    for (int h = 0; h < n_sets; ++h) {
+      build_tile(type, rows[h], 0, nb, tile);
+      for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 4) {
+        const int n_tok = static_cast<int>(std::min<int64_t>(4, a.n_tokens - t0));
+        TokenPtrs x{};
+        for (int t = 0; t < n_tok; ++t) {
+          x.q[t] = a.acts.q + (t0 + t) * a.k;
+          x.d[t] = a.acts.d + (t0 + t) * nb_act;
+          x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
+        }
+        __m256 acc[4];
+        for (auto& v : acc) v = _mm256_setzero_ps();
+        run_tile(type, n_tok, tile, 0, nb, x, acc);
+        for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0 + kRows * h, acc[t], n_valid[h]);
       }
-      __m256 acc[4];
-      for (auto& v : acc) v = _mm256_setzero_ps();
-      run_tile(type, n_tok, tile, 0, nb, x, acc);
-      for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0, acc[t], n_valid);
     }
   }
 }

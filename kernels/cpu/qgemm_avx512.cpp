@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -519,23 +520,7 @@ TESSERA_AVX512 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int
 // The same units as the tiles, consumed in registers as soon as they are built. `pf` walks the
 // next row group's bytes (contiguous), prefetched a little per block: the 16 interleaved row
 // streams of this group are more than the hardware prefetchers keep ahead of.
-struct Prefetch {
-  const uint8_t* p = nullptr;
-  size_t left = 0;
-  size_t step = 0;     // bytes per block
-  bool to_l1 = false;  // T0 (ahead in an R16 stream) rather than NTA (the next row group)
-  TESSERA_AVX512_INLINE void tick() {
-    const size_t n = std::min(left, step);
-    if (to_l1) {
-      for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
-    } else {
-      // Non-temporal: each weight byte is used once per matmul; keep it out of the outer caches.
-      for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_NTA);
-    }
-    p += n;
-    left -= n;
-  }
-};
+using Prefetch = WeightPrefetch;  // kernels/cpu/weight_prefetch.h
 
 struct Token1 {
   const int8_t* q;
@@ -1083,19 +1068,13 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
     // `ahead` bytes in front of the read position where the CPU needs it (kernel_tuning(),
     // kernels/cpu/cpu_info.h: Intel yes, Zen 4 no - there software prefetches cost 10-40%).
     Prefetch pf;
-    const size_t group_bytes = static_cast<size_t>(kRows) * a.row_bytes;
-    if (!r16) {
+    if (r16) {
+      pf = Prefetch::r16_stream(a.w, g0, r1, a.row_bytes, kRows, nb, ahead);
+    } else {
       pf.p = a.w + static_cast<size_t>(g0 + kRows) * a.row_bytes;
       pf.left = g0 + kRows < r1 ? static_cast<size_t>(std::min<int64_t>(kRows, r1 - g0 - kRows)) * a.row_bytes : 0;
-    } else if (ahead > 0) {
-      const size_t at = static_cast<size_t>(g0) * a.row_bytes + ahead, end = static_cast<size_t>(r1) * a.row_bytes;
-      if (at < end) {  // else nothing of this range is left to prefetch
-        pf.p = a.w + at;
-        pf.left = std::min(end - at, group_bytes);
-        pf.to_l1 = true;
-      }
+      pf.step = (pf.left / static_cast<size_t>(nb) + 63) / 64 * 64;
     }
-    pf.step = ((r16 ? group_bytes : pf.left) / static_cast<size_t>(nb) + 63) / 64 * 64;
     if (a.n_tokens == 1) {
       const __m512 acc = gemv_rows(type, rows, nb, Token1{a.acts.q, a.acts.d, a.acts.bsum}, pf);
       store_rows(a.y + g0, acc, n_valid);

@@ -150,12 +150,12 @@ TEST(FastMatmul, LargeRowsAndVocabularySlices) {
 }
 
 // The 16-row interleaved layouts (Q8_0_R16 .. Q6_K_R16, I8_CH_R16, I4_G128_R16; made at load where
-// AVX-512 runs): the
-// same bits as the file's layout for decode (1 token), small batches (2..16, fused) and prefill
-// tiles (> 16), several row groups, threads, and row ranges that start on a group and end
-// anywhere; the repack is a permutation of the bytes.
+// AVX2 or AVX-512 runs): the same bits as the file's layout for decode (1 token), small batches
+// (2..16, fused) and prefill tiles (> 16), on the AVX-512 kernels and on the AVX2 ones (which
+// also take them under a scalar cap), several row groups, threads, and row ranges that start
+// on a group and end anywhere; the repack is a permutation of the bytes.
 TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
-  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the R16 layouts need AVX-512";
+  if (cpu::detected_isa() < cpu::Isa::kAvx2) GTEST_SKIP() << "the R16 layouts need AVX2";
   IsaGuard guard;
   const size_t saved_prefetch = cpu::kernel_tuning().r16_prefetch_bytes;
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
@@ -181,23 +181,37 @@ TEST(FastMatmul, SixteenRowInterleavedLayoutsGiveTheSameBits) {
         const std::string what =
             std::string(quant_name(r16)) + " rows " + std::to_string(rows) + " tokens " + std::to_string(n_tokens);
         const auto want = run_matmul(m, x, n_tokens, &pool);
-        // Every R16 prefetch variant (kernels/cpu/cpu_info.h): none, the Intel default, and
-        // one that runs past the end of the matrix within the first group.
-        for (const size_t ahead : {size_t{0}, size_t{2048}, size_t{1} << 20}) {
-          cpu::set_r16_prefetch_bytes(ahead);
-          ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, &pool), want)) << what << " prefetch " << ahead;
-          ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, nullptr), want)) << what << " one thread";
+        for (cpu::Isa isa : supported_isas()) {
+          cpu::set_max_isa(isa);
+          // Every R16 prefetch variant of the AVX-512 kernels (kernels/cpu/cpu_info.h): none,
+          // the Intel default, and one that runs past the end of the matrix within the first
+          // group.
+          for (const size_t ahead : {size_t{0}, size_t{2048}, size_t{1} << 20}) {
+            cpu::set_r16_prefetch_bytes(ahead);
+            ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, &pool), want))
+                << what << " isa " << cpu::isa_name(isa) << " prefetch " << ahead;
+            ASSERT_TRUE(same_bits(run_matmul(packed, x, n_tokens, nullptr), want))
+                << what << " isa " << cpu::isa_name(isa) << " one thread";
+            if (isa != cpu::Isa::kAvx512) break;
+          }
+          cpu::set_r16_prefetch_bytes(saved_prefetch);
         }
-        cpu::set_r16_prefetch_bytes(saved_prefetch);
+        cpu::set_max_isa(cpu::Isa::kAvx512);
         // Rows [16, rows - 3) into a strided output: starts on a group, ends inside one.
         if (rows < 48) continue;
         const int64_t begin = 16, end = rows - 3, stride = rows;
-        std::vector<float> part(static_cast<size_t>(n_tokens * stride), -7.0f);
-        matmul_rows(packed.view, begin, end, x.data(), n_tokens, part.data(), stride, &pool);
-        for (int64_t t = 0; t < n_tokens; ++t)
-          for (int64_t j = 0; j < end - begin; ++j)
-            ASSERT_EQ(part[static_cast<size_t>(t * stride + j)], want[static_cast<size_t>(t * rows + begin + j)])
-                << what << " t " << t << " row " << begin + j;
+        for (cpu::Isa isa : supported_isas()) {
+          if (isa == cpu::Isa::kScalar) continue;
+          cpu::set_max_isa(isa);
+          std::vector<float> part(static_cast<size_t>(n_tokens * stride), -7.0f);
+          matmul_rows(packed.view, begin, end, x.data(), n_tokens, part.data(), stride, &pool);
+          for (int64_t t = 0; t < n_tokens; ++t)
+            for (int64_t j = 0; j < stride; ++j)
+              ASSERT_EQ(part[static_cast<size_t>(t * stride + j)],
+                        j < end - begin ? want[static_cast<size_t>(t * rows + begin + j)] : -7.0f)
+                  << what << " isa " << cpu::isa_name(isa) << " t " << t << " row " << begin + j;
+        }
+        cpu::set_max_isa(cpu::Isa::kAvx512);
       }
     }
   }

@@ -329,6 +329,8 @@ TEST(LoadTimeQuant, LogitsStayCloseToTheFloatModel) {
 
 // Greedy generation of `max_tokens` after `prompt` with the 16-row layouts
 // (TESSERA_CPU_REPACK=1, out[1]) and with the file's (out[0]); `inspect` sees each loaded model.
+// The re-laid model is loaded and run under each SIMD path this CPU has (AVX2, AVX-512: both
+// re-lay and read the groups), which must agree with each other; out[1] is the last.
 void generate_with_both_layouts(const LocalModelOptions& options, const std::vector<int32_t>& prompt,
                                 std::optional<GenerateOutput> (&out)[2],
                                 const std::function<void(const LocalModel&, bool repacked)>& inspect = {}) {
@@ -336,23 +338,36 @@ void generate_with_both_layouts(const LocalModelOptions& options, const std::vec
   go.max_tokens = 10;
   go.ignore_eos = true;
   go.sampling.temperature = 0.0f;
+  std::vector<cpu::Isa> isas = {cpu::Isa::kAvx2};
+  if (cpu::detected_isa() >= cpu::Isa::kAvx512) isas.push_back(cpu::Isa::kAvx512);
   for (const int repack : {1, 0}) {
     ASSERT_EQ(setenv("TESSERA_CPU_REPACK", repack ? "1" : "0", 1), 0);
-    auto m = LocalModel::load(options);
-    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-    if (inspect) inspect(**m, repack == 1);
-    auto g = generate(**m, prompt, go);
-    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-    out[repack] = std::move(*g);
+    for (const cpu::Isa isa : isas) {
+      if (repack == 0 && isa != isas.back()) continue;
+      cpu::set_max_isa(isa);
+      auto m = LocalModel::load(options);
+      cpu::set_max_isa(cpu::Isa::kAvx512);
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      if (inspect) inspect(**m, repack == 1);
+      cpu::set_max_isa(isa);
+      auto g = generate(**m, prompt, go);
+      cpu::set_max_isa(cpu::Isa::kAvx512);
+      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+      if (out[repack]) {
+        EXPECT_EQ(g->ids, out[repack]->ids) << cpu::isa_name(isa);
+        EXPECT_EQ(g->prompt_last_logits, out[repack]->prompt_last_logits) << cpu::isa_name(isa);
+      }
+      out[repack] = std::move(*g);
+    }
   }
   unsetenv("TESSERA_CPU_REPACK");
 }
 
-// GGUF block matrices re-laid at load for the AVX-512 kernels (16-row groups; the default
-// there) give exactly the logits and tokens of the file's layout (TESSERA_CPU_REPACK=0), for a
+// GGUF block matrices re-laid at load for the AVX2 and AVX-512 kernels (16-row groups; the
+// default there) give exactly the logits and tokens of the file's layout (TESSERA_CPU_REPACK=0), for a
 // prompt (prefill tiles) and decode: Q8_0, Q4_0 and a Q4_K_M mix (Q4_K, Q6_K).
 TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
-  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the 16-row layouts need AVX-512";
+  if (cpu::detected_isa() < cpu::Isa::kAvx2) GTEST_SKIP() << "the 16-row layouts need AVX2";
   TempDir dir;
   for (const QuantType type : {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K}) {
     SyntheticModelSpec spec = small_spec();
@@ -389,7 +404,7 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
 // 16-row groups: one copy of the matrix (head and embedding share it), the file layout's tokens
 // and logits.
 TEST(CpuRepack, TiedEmbeddingIsReLaidOnceAndStillLooksUpRows) {
-  if (cpu::detected_isa() != cpu::Isa::kAvx512) GTEST_SKIP() << "the 16-row layouts need AVX-512";
+  if (cpu::detected_isa() < cpu::Isa::kAvx2) GTEST_SKIP() << "the 16-row layouts need AVX2";
   TempDir dir;
   for (const QuantType type : {QuantType::kQ8_0, QuantType::kQ4_K}) {
     SyntheticModelSpec spec = small_spec();
