@@ -1,7 +1,9 @@
 // tessera-bench-cpu: CPU throughput of the forward pass on one model file.
 //
 // Reports, per thread count: prompt processing (one prompt of --prompt tokens, tok/s),
-// generation at batch 1 (--gen tokens decoded one at a time from position 0, greedy, tok/s),
+// generation at batch 1 (--gen tokens decoded one at a time from position --depth (0: an empty
+// cache; D: after D tokens of context prefilled, untimed: decode attention at that depth), greedy,
+// tok/s),
 // aggregate generation with B concurrent sequences (B single-token pieces per step), the weight
 // bytes read per generated token, the machine's read bandwidth (measured here with the same
 // number of threads) and the fraction of it that batch-1 generation reaches. Every figure is
@@ -143,16 +145,27 @@ struct Runner {
     return dt;
   }
 
-  // `batch` sequences decoded together for n steps from position 0 (greedy, or with
+  // `batch` sequences decoded together for n steps from position `depth` (greedy, or with
   // `sampling` drawn through the engine's Sampler over the whole vocabulary); returns seconds.
-  double decode(int64_t batch, int64_t n, const SamplingParams* sampling = nullptr) {
+  // With depth > 0 each sequence first gets `depth` tokens of context (one prefill, untimed).
+  double decode(int64_t batch, int64_t n, const SamplingParams* sampling = nullptr, int64_t depth = 0) {
     const int64_t vocab = model.config().vocab;
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
     std::vector<int32_t> cur(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) {
-      TESSERA_CHECK(model.ensure_blocks(tables[static_cast<size_t>(b)], n),
-                    "KV blocks for {} sequences of {} tokens", batch, n);
+      std::vector<int32_t>& table = tables[static_cast<size_t>(b)];
+      TESSERA_CHECK(model.ensure_blocks(table, depth + n), "KV blocks for {} sequences of {} tokens", batch,
+                    depth + n);
       cur[static_cast<size_t>(b)] = static_cast<int32_t>((b * 104729 + 1) % vocab);
+      if (depth > 0) {
+        std::vector<int32_t> ids(static_cast<size_t>(depth));
+        for (int64_t i = 0; i < depth; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13 + b) % vocab);
+        SequenceInput in;
+        in.tokens = ids;
+        in.block_table = table;
+        const Status s = model.forward().run(std::span<const SequenceInput>(&in, 1), logits);
+        TESSERA_CHECK(s.is_ok(), "context prefill: {}", s.to_string());
+      }
     }
     std::vector<SequenceInput> ins(static_cast<size_t>(batch));
     std::vector<Sampler> samplers;
@@ -160,7 +173,7 @@ struct Runner {
     if (sampling != nullptr)
       for (int64_t b = 0; b < batch; ++b) samplers.emplace_back(*sampling);
     const auto t0 = Clock::now();
-    for (int64_t pos = 0; pos < n; ++pos) {
+    for (int64_t pos = depth; pos < depth + n; ++pos) {
       for (int64_t b = 0; b < batch; ++b) {
         SequenceInput& in = ins[static_cast<size_t>(b)];
         in.tokens = std::span<const int32_t>(&cur[static_cast<size_t>(b)], 1);
@@ -210,13 +223,14 @@ std::vector<int> parse_list(const std::string& s) {
 int run(int argc, char** argv) {
   CLI::App app{"tessera-bench-cpu: prompt / generation / batched throughput of one model file"};
   std::string model_path, threads_s = "1,2", batches_s = "1,4,16", json_path, isa_s;
-  int64_t n_prompt = 512, n_gen = 128, n_batch_gen = 64;
+  int64_t n_prompt = 512, n_gen = 128, n_batch_gen = 64, depth = 0;
   int reps = 3;
   bool no_bandwidth = false, no_prompt = false, sampled = false;
   app.add_option("--model", model_path, "GGUF file or HF directory")->required();
   app.add_option("--threads", threads_s, "comma-separated thread counts");
   app.add_option("--prompt", n_prompt, "prompt tokens for the prefill figure");
   app.add_option("--gen", n_gen, "tokens for the batch-1 generation figure");
+  app.add_option("--depth", depth, "context tokens in the cache before the batch-1 generation figure (prefilled, untimed)");
   app.add_option("--batches", batches_s, "comma-separated concurrent sequence counts (empty: skip)");
   app.add_option("--batch-gen", n_batch_gen, "decode steps for the concurrent figures");
   app.add_option("--reps", reps, "repetitions (median reported)");
@@ -242,6 +256,7 @@ int run(int argc, char** argv) {
   out["cpu"] = cpu::describe_cpu();
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
+  out["depth"] = depth;
   out["quant"] = std::string(weight_quant_name(quant.quant));
   out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
   std::printf("model %s  isa %s\ncpu %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()),
@@ -256,7 +271,7 @@ int run(int argc, char** argv) {
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).
-    opts.kv_tokens = std::max({n_prompt, n_gen, max_batch * (n_batch_gen + 16)}) + 64;
+    opts.kv_tokens = std::max({n_prompt, depth + n_gen, max_batch * (n_batch_gen + 16)}) + 64;
     auto loaded = LocalModel::load(opts);
     if (!loaded.is_ok()) {
       std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str());
@@ -277,13 +292,13 @@ int run(int argc, char** argv) {
     runner.decode(1, 8);
     std::vector<double> t;
     const double cpu0 = process_cpu_seconds();
-    for (int i = 0; i < reps; ++i) t.push_back(runner.decode(1, n_gen));
+    for (int i = 0; i < reps; ++i) t.push_back(runner.decode(1, n_gen, nullptr, depth));
     // CPU seconds per token over all threads: on a shared machine this shows the kernels' own
     // cost, which the wall clock mixes with time the threads spent descheduled.
     const double cpu_ms = (process_cpu_seconds() - cpu0) * 1e3 / static_cast<double>(reps * n_gen);
     const double gen_tok_s = static_cast<double>(n_gen) / median(t);
     r["gen_tok_s"] = gen_tok_s;
-    r["gen_cpu_ms_per_token"] = cpu_ms;
+    if (depth == 0) r["gen_cpu_ms_per_token"] = cpu_ms;  // else it includes the context prefills
     if (sampled) {
       // Temperature 0.8, top-p 0.95 over the whole vocabulary, alternating with greedy runs.
       SamplingParams sp;
@@ -293,8 +308,8 @@ int run(int argc, char** argv) {
       sp.has_seed = true;
       std::vector<double> ts, tg;
       for (int i = 0; i < reps; ++i) {
-        ts.push_back(runner.decode(1, n_gen, &sp));
-        tg.push_back(runner.decode(1, n_gen));
+        ts.push_back(runner.decode(1, n_gen, &sp, depth));
+        tg.push_back(runner.decode(1, n_gen, nullptr, depth));
       }
       r["sampled_gen_tok_s"] = static_cast<double>(n_gen) / median(ts);
       r["greedy_gen_tok_s_paired"] = static_cast<double>(n_gen) / median(tg);
@@ -312,8 +327,12 @@ int run(int argc, char** argv) {
       r["read_bandwidth_gb_s"] = bw;
       r["bandwidth_fraction"] = static_cast<double>(wbytes) * gen_tok_s / (bw * 1e9);
     }
-    std::printf("threads %d: prompt %.1f tok/s  gen %.1f tok/s (%.2f cpu-ms/token)", nt,
-                r.value("prompt_tok_s", 0.0), gen_tok_s, cpu_ms);
+    if (depth == 0)
+      std::printf("threads %d: prompt %.1f tok/s  gen %.1f tok/s (%.2f cpu-ms/token)", nt,
+                  r.value("prompt_tok_s", 0.0), gen_tok_s, cpu_ms);
+    else
+      std::printf("threads %d: prompt %.1f tok/s  gen %.1f tok/s at depth %lld", nt, r.value("prompt_tok_s", 0.0),
+                  gen_tok_s, static_cast<long long>(depth));
     if (sampled)
       std::printf("  sampled (T 0.8, top-p 0.95) %.1f tok/s vs greedy %.1f", r["sampled_gen_tok_s"].get<double>(),
                   r["greedy_gen_tok_s_paired"].get<double>());

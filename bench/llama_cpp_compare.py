@@ -2,7 +2,8 @@
 """Tessera vs llama.cpp on the same GGUF files, side by side, in one run.
 
 For every model file: prompt processing (--prompt tokens in one batch) and generation
-(--gen tokens decoded one at a time from position 0, greedy) tokens/s at each thread count,
+(--gen tokens decoded one at a time from position --depth, default 0, the context prefilled
+untimed; greedy) tokens/s at each thread count,
 for Tessera (build/bin/tessera-bench-cpu, which also reports concurrent-sequence throughput
 and the fraction of the measured read bandwidth that batch-1 generation reaches) and for
 llama.cpp (through PyPI's llama-cpp-python, low-level API, same tokens and thread counts).
@@ -141,7 +142,7 @@ class Llama:
 def llama_worker(args):
     results = {"runs": []}
     for nt in args.threads:
-        m = Llama(args.model, nt, n_ctx=max(args.prompt, args.gen) + 64, fa=args.fa)
+        m = Llama(args.model, nt, n_ctx=max(args.prompt, args.depth + args.gen) + 64, fa=args.fa)
         vocab = m.n_vocab
         prompt = [(i * 7919 + 13) % vocab for i in range(args.prompt)]
         m.clear()
@@ -155,6 +156,8 @@ def llama_worker(args):
         tg = []
         for _ in range(args.reps):
             m.clear()
+            if args.depth:  # context in the cache first, untimed (as tessera-bench-cpu --depth)
+                m.decode([(i * 7919 + 13) % vocab for i in range(args.depth)])
             tok = 1
             t0 = time.perf_counter()
             for _ in range(args.gen):
@@ -170,9 +173,10 @@ def llama_worker(args):
     json.dump(results, sys.stdout)
 
 
-def run_llama(py, model, threads, prompt, gen, reps, greedy_prompt=None, greedy_tokens=0, fa=None):
+def run_llama(py, model, threads, prompt, gen, reps, greedy_prompt=None, greedy_tokens=0, fa=None, depth=0):
     cmd = [py, os.path.abspath(__file__), "--llama-worker", "--model", model, "--threads",
-           ",".join(map(str, threads)), "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps)]
+           ",".join(map(str, threads)), "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps),
+           "--depth", str(depth)]
     if fa is not None:
         cmd += ["--fa", fa]
     if greedy_tokens:
@@ -198,13 +202,15 @@ def merge_runs(runs):
     return out
 
 
-def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, bandwidth=True, isa=None):
+def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, bandwidth=True, isa=None, depth=0,
+                kv_dtype=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     cmd = [os.path.join(bin_dir, "tessera-bench-cpu"), "--model", model, "--threads", ",".join(map(str, threads)),
            "--prompt", str(prompt), "--gen", str(gen), "--reps", str(reps), "--batches", batches,
            "--batch-gen", str(batch_gen), "--json", path] + ([] if bandwidth else ["--no-bandwidth"]) + \
-          (["--isa", isa] if isa else [])
+          (["--isa", isa] if isa else []) + (["--depth", str(depth)] if depth else []) + \
+          (["--kv-dtype", kv_dtype] if kv_dtype else [])
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     with open(path) as f:
         data = json.load(f)
@@ -319,8 +325,9 @@ def write_report(rows, greedy, args, load_end):
     lines.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine_note()}, "
                  f"at end {load_end:.1f}.\n")
     lines.append(f"Command: `bench/llama_cpp_compare.py {' '.join(sys.argv[1:])}`\n")
+    kv = f" Tessera's KV cache: {args.kv_dtype}." if args.kv_dtype else ""
     lines.append(f"Prompt processing: {args.prompt} tokens in one batch; generation: {args.gen} tokens one at a "
-                 f"time from position 0 (greedy); medians of {args.reps} runs (each after a warm-up), the "
+                 f"time from position {args.depth} (greedy{'; the context prefilled untimed' if args.depth else ''});{kv} medians of {args.reps} runs (each after a warm-up), the "
                  f"engines alternating run by run. llama.cpp is "
                  f"{LLAMA_CPP_PYTHON} from the interpreter given ({args.python or 'bench/.venv-llama, built natively'}) "
                  f"with its default CPU settings except flash attention.\n")
@@ -386,6 +393,10 @@ def main():
     ap.add_argument("--greedy", nargs="*", default=[], help="models to compare greedy tokens on")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--isa", default=None, help="cap Tessera's kernels: avx2 or avx512 (tessera-bench-cpu --isa)")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="context tokens in the cache before generation is timed (decode attention at that depth)")
+    ap.add_argument("--kv-dtype", default=None, help="Tessera's KV cache elements: fp32 or fp16 (llama.cpp: its "
+                                                     "default fp16 cache)")
     # worker mode (internal)
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -411,11 +422,12 @@ def main():
         for rep in range(args.reps):
             for nt in threads:
                 data = run_tessera(args.bin_dir, m, [nt], args.prompt, args.gen, 1, args.batches, args.batch_gen,
-                                   bandwidth=(rep == 0), isa=args.isa)
+                                   bandwidth=(rep == 0), isa=args.isa, depth=args.depth, kv_dtype=args.kv_dtype)
                 tess_cpu = data.get("cpu", tess_cpu)
                 tess_reps.append(data["runs"][0])
                 for fa in ("off", "on"):
-                    llama_reps[fa].append(run_llama(py, m, [nt], args.prompt, args.gen, 1, fa=fa)["runs"][0])
+                    llama_reps[fa].append(run_llama(py, m, [nt], args.prompt, args.gen, 1, fa=fa,
+                                                          depth=args.depth)["runs"][0])
                 t, lo, ln = tess_reps[-1], llama_reps["off"][-1], llama_reps["on"][-1]
                 print(f"   rep {rep} threads {nt}: prompt {t.get('prompt_tok_s', 0):.1f} vs {lo['prompt_tok_s']:.1f} / "
                       f"{ln['prompt_tok_s']:.1f}, gen {t['gen_tok_s']:.1f} vs {lo['gen_tok_s']:.1f} / "
