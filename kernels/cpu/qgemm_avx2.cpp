@@ -3,8 +3,10 @@
 // pair sums, so levels must stay below 128: Q8_0 keeps its signed bytes and moves the sign onto
 // the activation (|w| * sign(x, w)); the other formats' levels are at most 63.
 // Same integer sums, same float operations: bit-identical to the scalar and AVX-512 paths.
-// Decode builds a chunk of blocks into an L1 tile and runs it; batched decode (2..kSmallBatch
-// tokens) runs every token over each chunk; prefill builds the whole row tile first.
+// Decode and batched decode (1..kSmallBatch tokens) build a chunk of blocks into an L1 tile and
+// run every token over it; prefill builds the whole row tile first. The tokens always come
+// block-major (PackedActs, qgemm.h). R16 matrices (re-laid at load) are read as stored, an
+// 8-row half of a 16-row group per vector, with no transposes.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -137,18 +139,10 @@ struct TileLayout {
 TileLayout tile_layout(QuantType t) {
   switch (t) {
     case QuantType::kQ4_K:
-    case QuantType::kQ5_K: return {8, 8 * 32 * 2 + 32 * 2};
+    case QuantType::kQ5_K: return {8, 8 * 32 + 4 * 32 + 2 * 32};  // sc2[8][8], mp[4][8], d[8], dmin[8]
     case QuantType::kQ6_K: return {8, 16 * 32 + 8 * 32 + 32};  // sc2[16][8], scp[8][8], d[8]
     case QuantType::kI4_G128: return {1, 64};  // dw[8] floats, -z[8] int32
     default: return {1, 32};
-  }
-}
-
-int q32_offset(QuantType t) {
-  switch (t) {
-    case QuantType::kQ8_0: return 0;  // signed levels, see the file comment
-    case QuantType::kQ4_0: return 8;
-    default: return 16;
   }
 }
 
@@ -217,21 +211,24 @@ TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, i
     }
     __m256i hd[4];
     rows8x4(rows, off, hd);
-    auto* sc = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
-    auto* mm = sc + 8 * 8;
-    auto* df = reinterpret_cast<float*>(mm + 8 * 8);
+    __m256i sc[8], mm[8];
     const __m256i m3 = _mm256_set1_epi32(3), mf = _mm256_set1_epi32(0xF);
     for (int s = 0; s < 4; ++s) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * s), _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * s), m6));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mm + 8 * s), _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * s), m6));
+      sc[s] = _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * s), m6);
+      mm[s] = _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * s), m6);
       const __m256i lo4 = _mm256_srli_epi32(hd[3], 8 * s);
       const __m256i top_sc = _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * s + 6), m3);
       const __m256i top_m = _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * s + 6), m3);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc + 8 * (s + 4)),
-                         _mm256_or_si256(_mm256_and_si256(lo4, mf), _mm256_slli_epi32(top_sc, 4)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mm + 8 * (s + 4)),
-                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(lo4, 4), mf), _mm256_slli_epi32(top_m, 4)));
+      sc[s + 4] = _mm256_or_si256(_mm256_and_si256(lo4, mf), _mm256_slli_epi32(top_sc, 4));
+      mm[s + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(lo4, 4), mf), _mm256_slli_epi32(top_m, 4));
     }
+    // Scales in both halves of each lane (sc2[8][8]), mins in pairs (mp[4][8]: m[2j] | m[2j+1]
+    // << 16), both as the pmaddwd operands of k_affine_block; then d[8], dmin[8].
+    auto* sc2 = reinterpret_cast<__m256i*>(tile + 8 * kUnit);
+    auto* mp = sc2 + 8;
+    auto* df = reinterpret_cast<float*>(mp + 4);
+    for (int s = 0; s < 8; ++s) _mm256_store_si256(sc2 + s, _mm256_or_si256(sc[s], _mm256_slli_epi32(sc[s], 16)));
+    for (int j = 0; j < 4; ++j) _mm256_store_si256(mp + j, _mm256_or_si256(mm[2 * j], _mm256_slli_epi32(mm[2 * j + 1], 16)));
     _mm256_store_ps(df, f16_half(hd[0], false));
     _mm256_store_ps(df + 8, f16_half(hd[0], true));
   }
@@ -322,98 +319,51 @@ void build_tile(QuantType type, const Rows& rows, int64_t b0, int64_t b1, uint8_
   }
 }
 
-struct TokenPtrs {
-  const int8_t* q[8];
-  const float* d[8];
-  const int16_t* bsum[8];
+// ---- the K-quant super-block kernels (every mode: decode, batched decode, prefill). The
+// tokens of block b come from PackedActs (qgemm.h): their 256 activations at constant offsets,
+// their scales, and the per-block activation sums (aux):
+struct BlockActs {
+  const int8_t* q0;
+  const float* d0;
+  const int32_t* aux;
+  const int8_t* q(int t) const { return q0 + 256 * t; }
+  float dx(int t) const { return d0[t]; }
+  // Q4_K / Q5_K: bsum32[2j] | bsum32[2j + 1] << 16 (int16 pairs, j = 0..3).
+  int32_t k_pair(int t, int j) const { return aux[4 * t + j]; }
+  // Q6_K: bsum16[g] (aux = -32 * bsum16, g = 0..15).
+  int bsum16(int t, int g) const { return -(aux[16 * t + g] >> 5); }
 };
-
-// Exact 4-element dot per lane (levels < 128, see the file comment).
-TESSERA_AVX2_INLINE __m256i dot4(__m256i w, __m256i x) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-
-template <int T, bool kSigned>
-TESSERA_AVX2 void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x, __m256* acc) {
-  for (int64_t b = b0; b < b1; ++b, tile += kUnit + 32) {
-    __m256i ia[T];
-    for (int t = 0; t < T; ++t)
-      ia[t] = _mm256_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
-      if (kSigned) {
-        const __m256i wa = _mm256_abs_epi8(w);
-        for (int t = 0; t < T; ++t)
-          ia[t] = _mm256_add_epi32(ia[t], dot4(wa, _mm256_sign_epi8(bcast_x4(x.q[t] + 32 * b + 4 * g), w)));
-      } else {
-        for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 32 * b + 4 * g)));
-      }
-    }
-    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[t][b])), acc[t]);
-  }
-}
-
-// I4_G128: as Q4_0 with a per-row zero point (tile: unit, dw[8], -z[8]).
-template <int T>
-TESSERA_AVX2 void mk_i4(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
-  for (int64_t b = b0; b < b1; ++b, tile += kUnit + 64) {
-    const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
-    __m256i ia[T];
-    for (int t = 0; t < T; ++t)
-      ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
-      for (int t = 0; t < T; ++t) ia[t] = _mm256_add_epi32(ia[t], dot4(w, bcast_x4(x.q[t] + 32 * b + 4 * g)));
-    }
-    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[t][b])), acc[t]);
-  }
-}
-
-// ---- the K-quant super-block kernels, shared by decode and prefill (the tile of the row
-// chunk, TokenPtrs) and batched decode (PackedActs); `X` gives token t's 256 activations of
-// the block, their scale and the per-block activation sums:
-//   q(t), dx(t);  k_pair(t, j) = bsum32[2j] | bsum32[2j + 1] << 16 (int16 pairs, j = 0..3);
-//   bsum16(t, g) (g = 0..15).
 // A sub-block's dword groups are summed in int16, kSum at a time (see bk_q32), and one madd
 // with the scale in both halves of each lane gives sc * (dot) exactly: the same integers as
 // sum_s sc[s] * dot[s] taken one by one, so the same bits as the other paths.
 
 // One Q4_K / Q5_K super-block; mins as sum_j pmaddwd(m[2j] | m[2j+1] << 16, k_pair(t, j)).
-template <int T, int kSum, class X>
-TESSERA_AVX2_INLINE void k_affine_block(const uint8_t* tile, const X& x, __m256* out) {
-  const auto* sc = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-  const auto* mm = sc + 8 * 8;
-  const auto* df = reinterpret_cast<const float*>(mm + 8 * 8);
-  __m256i tot[T];
-  for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
-  for (int s = 0; s < 8; ++s) {
-    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 8 * s));
-    const __m256i sc2 = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
-    __m256i p16[T];
-    const uint8_t* u = tile + kUnit * s;
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
-      for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(x.q(t) + 32 * s + 4 * g));
-        p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
-        if (g % kSum == kSum - 1) tot[t] = _mm256_add_epi32(tot[t], _mm256_madd_epi16(p16[t], sc2));
+template <int T, int kSum>
+TESSERA_AVX2_INLINE void k_affine_block(const uint8_t* tile, const BlockActs& x, __m256* out) {
+  const auto* sc2 = reinterpret_cast<const __m256i*>(tile + 8 * kUnit);
+  const auto* mp = sc2 + 8;
+  const auto* df = reinterpret_cast<const float*>(mp + 4);
+  const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
+  // One token at a time over the block (its units reloaded from L1 per token): few live
+  // registers, where every token's int16 sums kept across the groups spilled them.
+  for (int t = 0; t < T; ++t) {
+    const int8_t* xt = x.q(t);
+    __m256i tot = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* u = tile + kUnit * s;
+      __m256i p16 = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g)),
+                                               bcast_x4(xt + 32 * s + 4 * g));
+        p16 = g % kSum == 0 ? p : _mm256_add_epi16(p16, p);
+        if (g % kSum == kSum - 1) tot = _mm256_add_epi32(tot, _mm256_madd_epi16(p16, _mm256_load_si256(sc2 + s)));
       }
     }
-  }
-  const __m256 d = _mm256_load_ps(df), dmin = _mm256_load_ps(df + 8);
-  for (int t = 0; t < T; ++t) {
     __m256i ms = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i mp = _mm256_or_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j)),
-                                         _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(mm + 16 * j + 8)), 16));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(x.k_pair(t, j))));
-    }
+    for (int j = 0; j < 4; ++j)
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(mp + j), _mm256_set1_epi32(x.k_pair(t, j))));
     const __m256 dxv = _mm256_set1_ps(x.dx(t));
-    const __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, dxv), out[t]);
+    const __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, dxv), out[t]);
     out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), ms)),
                              _mm256_mul_ps(dmin, dxv), acc);
   }
@@ -422,14 +372,16 @@ TESSERA_AVX2_INLINE void k_affine_block(const uint8_t* tile, const X& x, __m256*
 // One Q6_K super-block: sum_g sc[g] * (dot[g] - 32 * bsum16[g]) as the scaled dots (pairs of
 // dword groups summed in int16: levels < 64) minus 32 * sum_j pmaddwd(sc pair j, bsum16 pair j);
 // the tile holds sc in both halves of each lane (sc2[16][8]) and in pairs (scp[8][8]), then d.
-template <int T, class X>
-TESSERA_AVX2_INLINE void q6_k_block(const uint8_t* tile, const X& x, __m256* out) {
-  const auto* sc2 = reinterpret_cast<const int32_t*>(tile + 8 * kUnit);
-  const auto* scp = sc2 + 16 * 8;
+template <int T>
+TESSERA_AVX2_INLINE void q6_k_block(const uint8_t* tile, const BlockActs& x, __m256* out) {
+  const auto* sc2 = reinterpret_cast<const __m256i*>(tile + 8 * kUnit);
+  const auto* scp = sc2 + 16;
+  // Tokens inner (each pair of weight vectors serves all T): the int16 sums are transient
+  // here, so only the T int32 totals stay live.
   __m256i tot[T];
   for (int t = 0; t < T; ++t) tot[t] = _mm256_setzero_si256();
   for (int grp = 0; grp < 16; ++grp) {
-    const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc2 + 8 * grp));
+    const __m256i scv = _mm256_load_si256(sc2 + grp);
     const uint8_t* u = tile + kUnit * (grp / 2) + (kUnit / 2) * (grp % 2);
     for (int g = 0; g < 4; g += 2) {
       const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + 32 * g));
@@ -441,83 +393,21 @@ TESSERA_AVX2_INLINE void q6_k_block(const uint8_t* tile, const X& x, __m256* out
       }
     }
   }
-  const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(scp + 8 * 8));
+  const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(scp + 8));
   for (int t = 0; t < T; ++t) {
     __m256i ms = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const auto pair = static_cast<int32_t>((static_cast<uint32_t>(x.bsum16(t, 2 * j)) & 0xFFFFu) |
                                              (static_cast<uint32_t>(x.bsum16(t, 2 * j + 1)) << 16));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(scp + 8 * j)),
-                                                  _mm256_set1_epi32(pair)));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(scp + j), _mm256_set1_epi32(pair)));
     }
     tot[t] = _mm256_sub_epi32(tot[t], _mm256_slli_epi32(ms, 5));
     out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[t]), _mm256_mul_ps(d, _mm256_set1_ps(x.dx(t))), out[t]);
   }
 }
 
-// Block b of the row tile, tokens through TokenPtrs (decode, prefill).
-struct TileBlockActs {
-  const TokenPtrs& x;
-  int64_t b;
-  const int8_t* q(int t) const { return x.q[t] + 256 * b; }
-  float dx(int t) const { return x.d[t][b]; }
-  int32_t k_pair(int t, int j) const {
-    const int16_t* bs = x.bsum[t] + 16 * b + 4 * j;
-    const int lo = bs[0] + bs[1], hi = bs[2] + bs[3];  // |.| <= 4064
-    return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
-  }
-  int bsum16(int t, int g) const { return x.bsum[t][16 * b + g]; }
-};
-
-// Tokens of one block in PackedActs (batched decode): aux as qgemm.h defines it.
-struct PackedBlockActs {
-  const int8_t* q0;
-  const float* d0;
-  const int32_t* aux;
-  const int8_t* q(int t) const { return q0 + 256 * t; }
-  float dx(int t) const { return d0[t]; }
-  int32_t k_pair(int t, int j) const { return aux[4 * t + j]; }
-  int bsum16(int t, int g) const { return -(aux[16 * t + g] >> 5); }  // aux = -32 * bsum16
-};
-
-template <int T, int kSum>
-TESSERA_AVX2 void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
-  const size_t stride = tile_layout(QuantType::kQ4_K).block_stride();
-  for (int64_t b = b0; b < b1; ++b, tile += stride) k_affine_block<T, kSum>(tile, TileBlockActs{x, b}, acc);
-}
-
-template <int T>
-TESSERA_AVX2 void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m256* acc) {
-  const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
-  for (int64_t b = b0; b < b1; ++b, tile += stride) q6_k_block<T>(tile, TileBlockActs{x, b}, acc);
-}
-
-template <int T>
-TESSERA_AVX2 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x,
-                             __m256* acc) {
-  switch (type) {
-    case QuantType::kQ4_K: return mk_k_affine<T, 8>(tile, b0, b1, x, acc);
-    case QuantType::kQ5_K: return mk_k_affine<T, 4>(tile, b0, b1, x, acc);
-    case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
-    case QuantType::kQ8_0:
-    case QuantType::kI8_CH: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
-    case QuantType::kI4_G128: return mk_i4<T>(tile, b0, b1, x, acc);
-    default: return mk_q32<T, false>(tile, b0, b1, q32_offset(type), x, acc);
-  }
-}
-
-TESSERA_AVX2 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64_t b0, int64_t b1,
-                           const TokenPtrs& x, __m256* acc) {
-  switch (n_tok) {
-    case 1: return run_tile_t<1>(type, tile, b0, b1, x, acc);
-    case 2: return run_tile_t<2>(type, tile, b0, b1, x, acc);
-    case 3: return run_tile_t<3>(type, tile, b0, b1, x, acc);
-    default: return run_tile_t<4>(type, tile, b0, b1, x, acc);
-  }
-}
-
-// ---- batched decode (2..kSmallBatch tokens): the tile is built a chunk at a time (the decode
-// chunk: one K-quant super-block, 8 blocks of the 32-element formats) and every token runs
+// ---- the 32-element formats. In decode and batched decode (1..kSmallBatch tokens) the tile
+// is built a chunk at a time (8 blocks; one super-block for the K-quants) and every token runs
 // over it before the next chunk is built, instead of building the whole row tile first (see
 // qgemm_avx512.cpp). Tokens come block-major (PackedActs, qgemm.h), at constant offsets.
 // Unsigned levels below 2^L: a maddubs pair sum is at most 2 * (2^L - 1) * 127, so kSum = 8
@@ -525,39 +415,53 @@ TESSERA_AVX2 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64
 // the same integer as the dot4 chain, fewer instructions).
 // kRowZero: I4_G128, as Q4_0 with a per-row zero point (tile: unit, dw, -z; aux is then the
 // activation block sum, times the zero point here).
+// Exact 4-element dot per lane (levels < 128, see the file comment).
+TESSERA_AVX2_INLINE __m256i dot4(__m256i w, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
 template <int T, bool kSigned, int kSum = 1, bool kRowZero = false>
 TESSERA_AVX2_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const int8_t* q, const float* dx,
                                 const int32_t* aux, int n, __m256* out) {
+  // Accumulators in locals, loaded and stored as whole vectors (an aggregate copy of out[]
+  // is done in 16-byte halves that the full-width reloads then stall on).
   __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(out + t));
   const int64_t qstep = static_cast<int64_t>(n) * 32;
   for (int64_t b = 0; b < nblk; ++b, tile += kUnit + (kRowZero ? 64 : 32), q += qstep, dx += n, aux += n) {
-    __m256i ia[T], p16[T];
-    if constexpr (kRowZero) {
-      const __m256i nz = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32));
-      for (int t = 0; t < T; ++t) ia[t] = _mm256_mullo_epi32(nz, _mm256_set1_epi32(aux[t]));
-    } else {
-      for (int t = 0; t < T; ++t) ia[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(aux[t]);
-    }
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
-      if (kSigned) {
+    __m256i ia[T];
+    if constexpr (kSigned) {
+      for (int t = 0; t < T; ++t) ia[t] = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g));
         const __m256i wa = _mm256_abs_epi8(w);
         for (int t = 0; t < T; ++t)
           ia[t] = _mm256_add_epi32(ia[t], dot4(wa, _mm256_sign_epi8(bcast_x4(q + 32 * t + 4 * g), w)));
-      } else {
-        for (int t = 0; t < T; ++t) {
-          const __m256i p = _mm256_maddubs_epi16(w, bcast_x4(q + 32 * t + 4 * g));
-          p16[t] = g % kSum == 0 ? p : _mm256_add_epi16(p16[t], p);
-          if (g % kSum == kSum - 1) ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+      }
+    } else {
+      // One token at a time over the block's 8 dword groups (the unit is reloaded from L1 per
+      // token): few live registers, where keeping every token's int16 sums across the groups
+      // spilled them on the 16 AVX2 registers.
+      const __m256i nz = kRowZero ? _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + kUnit + 32))
+                                  : _mm256_setzero_si256();
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xt = q + 32 * t;
+        __m256i i32 = kRowZero ? _mm256_mullo_epi32(nz, _mm256_set1_epi32(aux[t])) : _mm256_set1_epi32(aux[t]);
+        __m256i p16 = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+          const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + 32 * g)),
+                                                 bcast_x4(xt + 4 * g));
+          p16 = g % kSum == 0 ? p : _mm256_add_epi16(p16, p);
+          if (g % kSum == kSum - 1) i32 = _mm256_add_epi32(i32, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
         }
+        ia[t] = i32;
       }
     }
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(tile + kUnit));
     for (int t = 0; t < T; ++t)
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), acc[t]);
   }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(reinterpret_cast<float*>(out + t), acc[t]);
 }
 
 // Blocks [b, b + nblk) of the chunk tile against tokens [t0, t0 + T).
@@ -569,9 +473,9 @@ TESSERA_AVX2 void run_batch_t(QuantType type, const uint8_t* tile, int64_t b, in
   const float* dx = x.d + i;
   const int32_t* aux = x.aux + i * x.n_aux;
   switch (type) {
-    case QuantType::kQ4_K: return k_affine_block<T, 8>(tile, PackedBlockActs{q, dx, aux}, acc);
-    case QuantType::kQ5_K: return k_affine_block<T, 4>(tile, PackedBlockActs{q, dx, aux}, acc);
-    case QuantType::kQ6_K: return q6_k_block<T>(tile, PackedBlockActs{q, dx, aux}, acc);
+    case QuantType::kQ4_K: return k_affine_block<T, 8>(tile, BlockActs{q, dx, aux}, acc);
+    case QuantType::kQ5_K: return k_affine_block<T, 4>(tile, BlockActs{q, dx, aux}, acc);
+    case QuantType::kQ6_K: return q6_k_block<T>(tile, BlockActs{q, dx, aux}, acc);
     case QuantType::kQ8_0:
     case QuantType::kI8_CH: return bk_q32<T, true>(tile, nblk, q, dx, aux, x.n, acc);
     case QuantType::kI4_G128: return bk_q32<T, false, 8, true>(tile, nblk, q, dx, aux, x.n, acc);
@@ -664,9 +568,8 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) 
   const bool whole = a.n_tokens > kSmallBatch;
   const int64_t chunk = whole ? nb : (lay.units_per_block == 1 ? 8 : 1);
   uint8_t* tile = tile_scratch(stride * static_cast<size_t>(chunk));
-  PackedActs packed;
-  if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
-  const int64_t nb_act = a.k / a.acts.block;
+  // Every mode runs the micro-kernels on block-major activations (qgemm.h, PackedActs).
+  const PackedActs packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const int64_t step = r16 ? kQRowGroup : kRows;
   const size_t ahead = kernel_tuning().r16_prefetch_bytes;
   for (int64_t g0 = r0; g0 < r1; g0 += step) {
@@ -692,7 +595,7 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) 
     }
     WeightPrefetch pf;
     if (r16 && !whole) pf = WeightPrefetch::r16_stream(a.w, g0, r1, a.row_bytes, kQRowGroup, nb, ahead);
-    if (a.n_tokens > 1 && !whole) {
+    if (!whole) {
       __m256 acc[2][kSmallBatch];
       for (auto& set : acc)
         for (auto& v : set) v = _mm256_setzero_ps();
@@ -709,36 +612,19 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) 
         for (int t = 0; t < packed.n; ++t) store_rows(a.y + t * a.y_stride + g0 + kRows * h, acc[h][t], n_valid[h]);
       continue;
     }
-    if (!whole) {
-      TokenPtrs x{};
-      x.q[0] = a.acts.q;
-      x.d[0] = a.acts.d;
-      x.bsum[0] = a.acts.bsum;
-      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t b = 0; b < nb; b += chunk) {
-        const int64_t e = std::min(nb, b + chunk);
-        for (int64_t i = b; i < e; ++i) pf.tick();
-        for (int h = 0; h < n_sets; ++h) {
-          build_tile(type, rows[h], b, e, tile);
-          run_tile(type, 1, tile, b, e, x, &acc[h]);
-        }
-      }
-      for (int h = 0; h < n_sets; ++h) store_rows(a.y + g0 + kRows * h, acc[h], n_valid[h]);
-      continue;
-    }
+    // Prefill: the whole row tile, then every token over it, 4 at a time.
+    const bool per_block = lay.units_per_block > 1;  // the K-quant kernels take one block
     for (int h = 0; h < n_sets; ++h) {
       build_tile(type, rows[h], 0, nb, tile);
-      for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 4) {
-        const int n_tok = static_cast<int>(std::min<int64_t>(4, a.n_tokens - t0));
-        TokenPtrs x{};
-        for (int t = 0; t < n_tok; ++t) {
-          x.q[t] = a.acts.q + (t0 + t) * a.k;
-          x.d[t] = a.acts.d + (t0 + t) * nb_act;
-          x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
-        }
+      for (int t0 = 0; t0 < packed.n; t0 += 4) {
+        const int n_tok = std::min(4, packed.n - t0);
         __m256 acc[4];
         for (auto& v : acc) v = _mm256_setzero_ps();
-        run_tile(type, n_tok, tile, 0, nb, x, acc);
+        if (per_block) {
+          for (int64_t b = 0; b < nb; ++b) run_batch(type, n_tok, tile + static_cast<size_t>(b) * stride, b, 1, packed, t0, acc);
+        } else {
+          run_batch(type, n_tok, tile, 0, nb, packed, t0, acc);
+        }
         for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0 + kRows * h, acc[t], n_valid[h]);
       }
     }

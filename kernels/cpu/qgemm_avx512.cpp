@@ -11,8 +11,8 @@
 // Batched decode (2..kSmallBatch tokens) does the same with every token's dot taken from each
 // unit (Q8_0 / Q4_0 / Q5_0, and Q4_K up to 4 tokens), or builds a chunk of blocks into an L1
 // tile and runs every token over it before the next chunk. Prefill builds a whole 16-row tile
-// once and runs it against up to 8 tokens at a time. Each weight byte is read from memory once
-// per matmul in every mode.
+// once and runs it against up to 8 tokens at a time, with the batched-decode micro-kernels on
+// block-major activations. Each weight byte is read from memory once per matmul in every mode.
 //
 // The load-time formats reuse the scheme: I8_CH is Q8_0 with one scale per row, I4_G128's
 // 32-element sub-blocks are Q4_0 nibbles with a per-row zero point instead of the constant 8.
@@ -186,16 +186,6 @@ TileLayout tile_layout(QuantType t) {
     case QuantType::kQ6_K: return {8, 16 * 64 + 64};
     case QuantType::kI4_G128: return {1, 128};  // dw[16] floats, -z[16] int32
     default: return {1, 64};
-  }
-}
-
-// Offset subtracted from the stored unsigned levels (level - o is the signed weight).
-int q32_offset(QuantType t) {
-  switch (t) {
-    case QuantType::kQ8_0:
-    case QuantType::kI8_CH: return 128;
-    case QuantType::kQ4_0: return 8;
-    default: return 16;  // Q5_0
   }
 }
 
@@ -379,139 +369,6 @@ TESSERA_AVX512 void build_tile(QuantType type, const Rows& rows, int64_t b0, int
     case QuantType::kQ5_K: return build_k_affine(type, rows, b0, b1, tile);
     case QuantType::kQ6_K: return build_q6_k(rows, b0, b1, tile);
     default: return build_q32(type, rows, b0, b1, tile);
-  }
-}
-
-// ------------------------------------------------------------------ micro-kernels
-//
-// Run weight blocks [b0, b1) of a tile (tile points at block b0) against T tokens, updating
-// acc[t] (16 rows each) in the canonical order.
-struct TokenPtrs {
-  const int8_t* q[8];
-  const float* d[8];
-  const int16_t* bsum[8];
-};
-
-// Q8_0 / Q4_0 / Q5_0 (tile: unit, dw[16]; a constant level offset) and, kRowZero, I4_G128 (as
-// Q4_0 with a per-row zero point; tile: unit, dw[16], -z[16]).
-template <int T, bool kRowZero>
-TESSERA_AVX512_INLINE void mk_q32(const uint8_t* tile, int64_t b0, int64_t b1, int offset, const TokenPtrs& x,
-                                  __m512* out) {
-  // Accumulators in locals: `tile` is a byte pointer that may alias `out`, so updating out[]
-  // in the loop would make the compiler store and reload it every block.
-  __m512 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  for (int64_t b = b0; b < b1; ++b, tile += 512 + (kRowZero ? 128 : 64)) {
-    __m512i ia[T];
-    if constexpr (kRowZero) {
-      const __m512i nz = _mm512_load_si512(tile + 576);
-      for (int t = 0; t < T; ++t)
-        ia[t] = _mm512_mullo_epi32(nz, _mm512_set1_epi32(x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
-    } else {
-      for (int t = 0; t < T; ++t)
-        ia[t] = _mm512_set1_epi32(-offset * (x.bsum[t][2 * b] + x.bsum[t][2 * b + 1]));
-    }
-    for (int g = 0; g < 8; ++g) {
-      const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(tile + 64 * g));
-      for (int t = 0; t < T; ++t) ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 32 * b + 4 * g));
-    }
-    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(tile + 512));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-template <int T>
-TESSERA_AVX512_INLINE void mk_k_affine(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
-  __m512 acc[T];  // locals, as in mk_q32
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  const size_t stride = 8 * 512 + 8 * 64 * 2 + 64 * 2;
-  for (int64_t b = b0; b < b1; ++b, tile += stride) {
-    const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
-    const auto* mm = sc + 8 * 16;
-    const auto* df = reinterpret_cast<const float*>(mm + 8 * 16);
-    __m512i tot[T];
-    for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
-    for (int s = 0; s < 8; ++s) {
-      __m512i ia[T];
-      for (int t = 0; t < T; ++t) ia[t] = _mm512_setzero_si512();
-      const uint8_t* u = tile + 512 * s;
-      for (int g = 0; g < 8; ++g) {
-        const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
-        for (int t = 0; t < T; ++t)
-          ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 256 * b + 32 * s + 4 * g));
-      }
-      const __m512i scv = _mm512_load_si512(sc + 16 * s);
-      for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
-    }
-    const __m512 d = _mm512_load_ps(df), dmin = _mm512_load_ps(df + 16);
-    for (int t = 0; t < T; ++t) {
-      __m512i ms = _mm512_setzero_si512();
-      const int16_t* bs = x.bsum[t] + 16 * b;
-      for (int s = 0; s < 8; ++s)
-        ms = _mm512_add_epi32(ms, _mm512_mullo_epi32(_mm512_load_si512(mm + 16 * s),
-                                                     _mm512_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
-      const __m512 dx = _mm512_set1_ps(x.d[t][b]);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, dx), acc[t]);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), ms)),
-                               _mm512_mul_ps(dmin, dx), acc[t]);
-    }
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-template <int T>
-TESSERA_AVX512_INLINE void mk_q6_k(const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x, __m512* out) {
-  __m512 acc[T];  // locals, as in mk_q32
-  for (int t = 0; t < T; ++t) acc[t] = out[t];
-  const size_t stride = 8 * 512 + 16 * 64 + 64;
-  for (int64_t b = b0; b < b1; ++b, tile += stride) {
-    const auto* sc = reinterpret_cast<const int32_t*>(tile + 4096);
-    __m512i tot[T];
-    for (int t = 0; t < T; ++t) tot[t] = _mm512_setzero_si512();
-    for (int grp = 0; grp < 16; ++grp) {
-      __m512i ia[T];
-      for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(-32 * x.bsum[t][16 * b + grp]);
-      const uint8_t* u = tile + 512 * (grp / 2) + 256 * (grp % 2);
-      for (int g = 0; g < 4; ++g) {
-        const __m512i w = _mm512_load_si512(reinterpret_cast<const __m512i*>(u + 64 * g));
-        for (int t = 0; t < T; ++t)
-          ia[t] = _mm512_dpbusd_epi32(ia[t], w, bcast_x4(x.q[t] + 256 * b + 16 * grp + 4 * g));
-      }
-      const __m512i scv = _mm512_load_si512(sc + 16 * grp);
-      for (int t = 0; t < T; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(ia[t], scv));
-    }
-    const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(sc + 256));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[t]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][b])), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
-}
-
-template <int T>
-TESSERA_AVX512 void run_tile_t(QuantType type, const uint8_t* tile, int64_t b0, int64_t b1, const TokenPtrs& x,
-                               __m512* acc) {
-  switch (type) {
-    case QuantType::kQ4_K:
-    case QuantType::kQ5_K: return mk_k_affine<T>(tile, b0, b1, x, acc);
-    case QuantType::kQ6_K: return mk_q6_k<T>(tile, b0, b1, x, acc);
-    case QuantType::kI4_G128: return mk_q32<T, true>(tile, b0, b1, 0, x, acc);
-    default: return mk_q32<T, false>(tile, b0, b1, q32_offset(type), x, acc);
-  }
-}
-
-TESSERA_AVX512 void run_tile(QuantType type, int n_tok, const uint8_t* tile, int64_t b0, int64_t b1,
-                             const TokenPtrs& x, __m512* acc) {
-  switch (n_tok) {
-    case 1: return run_tile_t<1>(type, tile, b0, b1, x, acc);
-    case 2: return run_tile_t<2>(type, tile, b0, b1, x, acc);
-    case 3: return run_tile_t<3>(type, tile, b0, b1, x, acc);
-    case 4: return run_tile_t<4>(type, tile, b0, b1, x, acc);
-    case 5: return run_tile_t<5>(type, tile, b0, b1, x, acc);
-    case 6: return run_tile_t<6>(type, tile, b0, b1, x, acc);
-    case 7: return run_tile_t<7>(type, tile, b0, b1, x, acc);
-    default: return run_tile_t<8>(type, tile, b0, b1, x, acc);
   }
 }
 
@@ -729,10 +586,13 @@ TESSERA_AVX512 void store_rows(float* y, __m512 v, int n_valid) {
 // out of the general-purpose registers. Same integer sums, same float operations in the same
 // order as the other paths.
 // Q8_0 / Q4_0 / Q5_0 (aux: the offset term, precomputed) and, kRowZero, I4_G128 (aux: the
-// activation block sum, times the row's zero point here); tiles as in mk_q32.
+// activation block sum, times the row's zero point here); tiles: unit, dw[16] (, -z[16]).
+// These micro-kernels also run prefill over its whole-row tile (8 tokens at a time).
 template <int T, bool kRowZero>
 TESSERA_AVX512_INLINE void bk_q32(const uint8_t* tile, int64_t nblk, const PackedActs& x, int t0, __m512* out) {
-  __m512 acc[T];  // locals, as in mk_q32
+  // Accumulators in locals: `tile` is a byte pointer that may alias `out`, so updating out[]
+  // in the loop would make the compiler store and reload it every block.
+  __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = out[t];
   const int8_t* q = x.q + static_cast<int64_t>(t0) * 32;
   const float* dx = x.d + t0;
@@ -1049,8 +909,7 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
   const bool whole = a.n_tokens > kSmallBatch;
   uint8_t* tile = whole ? tile_scratch(stride * static_cast<size_t>(nb)) : nullptr;
   PackedActs packed;
-  if (a.n_tokens > 1 && !whole) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
-  const int64_t nb_act = a.k / a.acts.block;
+  if (a.n_tokens > 1) packed = pack_acts(a, pack_scratch(packed_acts_bytes(a)));
   const size_t ahead = kernel_tuning().r16_prefetch_bytes;
   for (int64_t g0 = r0; g0 < r1; g0 += kRows) {
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - g0));
@@ -1095,17 +954,18 @@ TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t 
         build_tile(type, rows, b, e, tile + static_cast<size_t>(b) * stride);
       }
     }
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 8) {
-      const int n_tok = static_cast<int>(std::min<int64_t>(8, a.n_tokens - t0));
-      TokenPtrs x{};
-      for (int t = 0; t < n_tok; ++t) {
-        x.q[t] = a.acts.q + (t0 + t) * a.k;
-        x.d[t] = a.acts.d + (t0 + t) * nb_act;
-        x.bsum[t] = a.acts.bsum + (t0 + t) * (a.k / 16);
-      }
+    // Every token over the tile, 8 at a time, through the batched-decode micro-kernels on the
+    // block-major activations (one pointer per block, tokens at constant offsets).
+    const bool per_block = lay.units_per_block > 1;  // the K-quant kernels take one block
+    for (int t0 = 0; t0 < packed.n; t0 += 8) {
+      const int n_tok = std::min(8, packed.n - t0);
       __m512 acc[8];
       for (auto& v : acc) v = _mm512_setzero_ps();
-      run_tile(type, n_tok, tile, 0, nb, x, acc);
+      if (per_block) {
+        for (int64_t b = 0; b < nb; ++b) run_batch(type, n_tok, tile + static_cast<size_t>(b) * stride, b, 1, packed, t0, acc);
+      } else {
+        run_batch(type, n_tok, tile, 0, nb, packed, t0, acc);
+      }
       for (int t = 0; t < n_tok; ++t) store_rows(a.y + (t0 + t) * a.y_stride + g0, acc[t], n_valid);
     }
   }
