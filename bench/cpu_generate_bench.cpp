@@ -26,6 +26,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_info.h"
+#include "kernels/cpu/kernel_tune.h"
 #include "kernels/cpu/vec.h"
 #include "cli/flags.h"
 #include "local/local_model.h"
@@ -247,6 +248,7 @@ int run(int argc, char** argv) {
   if (isa_s == "scalar") cpu::set_max_isa(cpu::Isa::kScalar);
   if (isa_s == "avx2") cpu::set_max_isa(cpu::Isa::kAvx2);
   if (isa_s == "avx512") cpu::set_max_isa(cpu::Isa::kAvx512);
+  cpu::tune_kernels();  // as the CPU backend does, so that the line printed below is the one in effect
   const std::vector<int> threads = parse_list(threads_s);
   const std::vector<int> batches = batches_s.empty() ? std::vector<int>{} : parse_list(batches_s);
 

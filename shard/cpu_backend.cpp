@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "kernels/cpu/cpu_info.h"
+#include "kernels/cpu/kernel_tune.h"
 #include "topology/topology.h"
 
 namespace tessera {
@@ -27,7 +28,9 @@ CpuBackend::CpuBackend(const ModelConfig& config, const ShardLayout& layout, Sha
     : config_(config), layout_(layout), weights_(std::move(weights)), pool_(pool), comm_(comm),
       options_(std::move(options)),
       arch_(options_.arch ? *options_.arch : describe_architecture(config_, weights_.weights)),
-      window_(kv_window_layers(config_, arch_)) {}
+      window_(kv_window_layers(config_, arch_)) {
+  cpu::tune_kernels();  // the measured kernel variants (once per process, cached per CPU)
+}
 
 uint64_t CpuBackend::kv_bytes_per_token() const {
   return tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.kv_dtype);

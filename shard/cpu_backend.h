@@ -27,7 +27,7 @@ struct CpuBackendOptions {
 class CpuBackend : public ShardBackend {
  public:
   // `config`, `pool` and `comm` must outlive the backend; it owns `weights` (re-laid
-  // for the AVX-512 kernels by configure_kv, see relayout_for_cpu_kernels).
+  // for the SIMD kernels by configure_kv, see relayout_for_cpu_kernels).
   CpuBackend(const ModelConfig& config, const ShardLayout& layout, ShardWeights weights, ThreadPool* pool,
              DeviceComm* comm, CpuBackendOptions options);
 

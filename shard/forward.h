@@ -43,8 +43,8 @@ struct SequenceInput {
 
 // Re-lays this rank's block-quantized matrices (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K and
 // the load-time I8_CH / I4_G128; rows a multiple of 16) into the 16-row interleaved layouts of
-// the AVX-512 kernels (kernels/cpu/qgemm.h, repack_r16: same results, no per-block transposes),
-// where those kernels are active; a no-op elsewhere and with TESSERA_CPU_REPACK=0. Buffers the
+// the SIMD kernels (kernels/cpu/qgemm.h, repack_r16: same results, no per-block transposes),
+// where AVX-512 or AVX2 is active; a no-op on the scalar path and with TESSERA_CPU_REPACK=0. Buffers the
 // ShardWeights owns are re-laid in place (sw.full's views of them are stale after); a matrix
 // mapped from the file is copied into sw.owned and its file pages are dropped from memory. A
 // tied embedding is re-laid once and shared with the head (ForwardPass::embed unpacks its rows)

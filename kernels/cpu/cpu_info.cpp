@@ -100,6 +100,11 @@ void set_r16_prefetch_bytes(size_t bytes) {
   tuning_slot().source = "set by the caller";
 }
 
+void set_kernel_tuning(const KernelTuning& tuning) {
+  tuning_slot() = tuning;
+  tuning_slot().r16_prefetch_bytes = (tuning.r16_prefetch_bytes + 63) / 64 * 64;
+}
+
 std::string describe_cpu() {
   const CpuInfo& c = cpu_info();
   const KernelTuning& t = kernel_tuning();

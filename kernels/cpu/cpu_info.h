@@ -9,7 +9,8 @@
 //     streamer stops at every 4 KiB page and one core keeps too few misses in flight: a
 //     prefetch (to L1) 2 KiB ahead of the read position doubles Q4_K_M decode
 //     (bench/results/cpu_vs_llama_cpp_intel.md).
-// The defaults come from the CPU's vendor; TESSERA_CPU_PREFETCH=<bytes> (0: none) overrides.
+// The defaults come from the CPU's vendor; a measurement on the machine may replace them
+// (kernels/cpu/kernel_tune.h, cached per CPU); TESSERA_CPU_PREFETCH=<bytes> (0: none) overrides.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +47,8 @@ const KernelTuning& kernel_tuning();
 // Replaces the R16 prefetch distance (tests cover both variants on any CPU; benchmarks compare
 // them). Not thread-safe with concurrent kernels; call before starting work, as set_max_isa.
 void set_r16_prefetch_bytes(size_t bytes);
+// Replaces the whole choice (kernels/cpu/kernel_tune.h: a measured or cached one), same caveat.
+void set_kernel_tuning(const KernelTuning& tuning);
 
 // One line for start-up logs and benchmark tables: model name, vendor, family / model, the
 // active ISA and the tuning, e.g. "Intel(R) Xeon(R) ... (GenuineIntel family 6 model 143),

@@ -80,22 +80,24 @@ struct QMatmulArgs {
   int64_t y_stride = 0;
 };
 
-// Rows a thread should take at a time (the AVX-512 kernels work on 16 rows).
+// Rows a thread should take at a time (the AVX-512 kernels work on 16 rows, the R16 groups).
 constexpr int64_t kQRowGroup = 16;
 
-// ---- the 16-row interleaved layouts (QuantType k*_R16), AVX-512 only
+// ---- the 16-row interleaved layouts (QuantType k*_R16), for the SIMD kernels
 //
-// The AVX-512 kernels take 16 rows at a time and transpose each field of a block of the 16
-// rows into vectors whose lane r belongs to row r (tr16x4 / tr16x8, gathers) before the integer
-// dots: tens of shuffles, inserts and loads per block, which single-thread decode is bound by.
-// Re-laid at load, a block of a group of 16 rows is one contiguous piece of 16 * block_bytes
-// with every field already transposed: the field at block byte x sits at 16 * x, as 64-byte
-// vectors of dwords (vector d, lane r = bytes [x + 4d, x + 4d + 4) of row r) or, for an fp16
+// The AVX-512 kernels take 16 rows at a time (AVX2: 8) and transpose each field of a block of
+// the rows into vectors whose lane r belongs to row r (tr16x4 / tr16x8, gathers) before the
+// integer dots: tens of shuffles, inserts and loads per block, which single-thread decode is
+// bound by. Re-laid at load, a block of a group of 16 rows is one contiguous piece of
+// 16 * block_bytes with every field already transposed: the field at block byte x sits at
+// 16 * x, as 64-byte vectors of dwords (vector d, lane r = bytes [x + 4d, x + 4d + 4) of row r;
+// its lower and upper 32 bytes are the AVX2 vectors of rows 0..7 and 8..15) or, for an fp16
 // field (the Q8_0 / Q4_0 / Q5_0 scale, the Q6_K d), as the 16 rows' halves. Group g, block b
 // starts at (g * nb + b) * 16 * block_bytes: a group takes the bytes of its 16 rows in the
 // file, so sizes and row-range pointers (at multiples of 16 rows) are unchanged. The
-// arithmetic is the base format's (same bits); matmul runs these on the AVX-512 kernels
-// whatever the ISA cap, so they are only made where AVX-512 is active.
+// arithmetic is the base format's (same bits); matmul runs these on the AVX-512 kernels when
+// AVX-512 is active and on the AVX2 ones otherwise (also under a scalar cap), so they are made
+// where either is active.
 bool is_r16(QuantType type);
 QuantType r16_base(QuantType type);  // kQ4_0_R16 -> kQ4_0, ...; other types unchanged
 // The R16 type of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K / I8_CH / I4_G128 matrix of `rows`
@@ -113,12 +115,14 @@ void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
 
-// ---- batched decode (2..kSmallBatch tokens)
+// ---- block-major activations (batched decode, 2..kSmallBatch tokens, and prefill; AVX2 also
+// decode)
 //
-// The SIMD paths run a few tokens against each weight block right after building it, with the
-// tokens' activations re-laid block-major so that a micro-kernel reaches token t of block b at
-// a constant offset from one pointer, and with the per-block integer terms that depend only on
-// the activations computed once per call (aux, exact int32):
+// The SIMD paths run a few tokens against each weight block right after building it (prefill:
+// against the whole-row tile, a few tokens per pass), with the tokens' activations re-laid
+// block-major so that a micro-kernel reaches token t of block b at a constant offset from one
+// pointer, and with the per-block integer terms that depend only on the activations computed
+// once per call (aux, exact int32):
 //   Q8_0 / Q4_0 / Q5_0 / I8_CH: aux[0] = -offset * bsum32 (offset 128, 8, 16, 128: the signed
 //     level is the stored unsigned level minus it; AVX2 keeps Q8_0 / I8_CH levels signed and
 //     does not use it);  I4_G128: aux[0] = bsum32;

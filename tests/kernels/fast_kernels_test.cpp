@@ -4,13 +4,18 @@
 // paged_attention.cpp), so the ISA, the thread count and the batch composition must not change
 // a single bit of any result.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -19,6 +24,7 @@
 #include "common/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/cpu_info.h"
+#include "kernels/cpu/kernel_tune.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
@@ -376,6 +382,68 @@ TEST(CpuInfo, PrefetchDefaultsAndOverride) {
   EXPECT_NE(line.find(std::string("isa ") + cpu::isa_name(cpu::active_isa())), std::string::npos) << line;
   EXPECT_NE(line.find("r16 prefetch"), std::string::npos) << line;
 #endif
+}
+
+// The measured choice (kernels/cpu/kernel_tune.h): the cache file's lines per CPU key, the pick
+// (the default unless clearly beaten), and a real measurement that returns every candidate.
+TEST(KernelTune, CacheLinesAndThePick) {
+  cpu::CpuInfo intel{.vendor = "GenuineIntel", .brand = "Xeon\tX", .family = 6, .model = 143};
+  const std::string key = cpu::tuning_cache_key(intel, "avx512");
+  EXPECT_EQ(key, "GenuineIntel/6/143/avx512/Xeon X");
+  const std::string other = cpu::tuning_cache_key(intel, "avx2");
+  EXPECT_FALSE(cpu::cached_r16_prefetch("", key).has_value());
+  std::string text = cpu::with_cached_r16_prefetch("", key, 2048);
+  text = cpu::with_cached_r16_prefetch(text, other, 0);
+  EXPECT_EQ(cpu::cached_r16_prefetch(text, key), std::optional<size_t>(2048));
+  EXPECT_EQ(cpu::cached_r16_prefetch(text, other), std::optional<size_t>(0));
+  text = cpu::with_cached_r16_prefetch(text, key, 1024);  // replaced, not appended
+  EXPECT_EQ(cpu::cached_r16_prefetch(text, key), std::optional<size_t>(1024));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+  // A key that is a prefix of another does not match it; malformed values are ignored.
+  EXPECT_FALSE(cpu::cached_r16_prefetch(key + "Z\tr16_prefetch=64\n", key).has_value());
+  for (const char* bad : {"abc", "100", "-64", "99999999999", ""})
+    EXPECT_FALSE(cpu::cached_r16_prefetch(key + "\tr16_prefetch=" + bad + "\n", key).has_value()) << bad;
+
+  using T = cpu::PrefetchTiming;
+  EXPECT_EQ(cpu::pick_r16_prefetch({T{0, 1.00}, T{2048, 0.60}}, 0, 0.05), 2048u);  // clearly faster
+  EXPECT_EQ(cpu::pick_r16_prefetch({T{0, 1.00}, T{2048, 0.97}}, 0, 0.05), 0u);     // close: the default
+  EXPECT_EQ(cpu::pick_r16_prefetch({T{0, 1.00}, T{2048, 0.97}}, 2048, 0.05), 2048u);
+  EXPECT_EQ(cpu::pick_r16_prefetch({T{0, 0.5}, T{1024, 0.9}}, 4096, 0.05), 0u);     // default not timed
+  EXPECT_EQ(cpu::pick_r16_prefetch({}, 4096, 0.05), 4096u);
+
+  if (cpu::detected_isa() < cpu::Isa::kAvx2) GTEST_SKIP() << "the R16 kernels need AVX2";
+  const size_t before = cpu::kernel_tuning().r16_prefetch_bytes;
+  const auto timings = cpu::time_r16_prefetch({0, 2048}, 64, 512, 2);
+  ASSERT_EQ(timings.size(), 2u);
+  EXPECT_EQ(timings[0].bytes, 0u);
+  EXPECT_EQ(timings[1].bytes, 2048u);
+  for (const auto& t : timings) EXPECT_GT(t.seconds, 0.0);
+  EXPECT_EQ(cpu::kernel_tuning().r16_prefetch_bytes, before);  // restored
+}
+
+// tune_kernels() with TESSERA_CPU_TUNE=cached measures once, writes the cache, and the
+// description names the measurement; a cached value is then taken as it is.
+TEST(KernelTune, MeasuresOnceAndCaches) {
+  if (cpu::detected_isa() < cpu::Isa::kAvx2) GTEST_SKIP() << "the R16 kernels need AVX2";
+  const std::string dir = ::testing::TempDir() + "/tessera-tune-" + std::to_string(::getpid());
+  ASSERT_EQ(setenv("TESSERA_CACHE_DIR", dir.c_str(), 1), 0);
+  ASSERT_EQ(setenv("TESSERA_CPU_TUNE", "cached", 1), 0);
+  unsetenv("TESSERA_CPU_PREFETCH");
+  EXPECT_EQ(cpu::tuning_cache_path(), dir + "/cpu-tuning.tsv");
+  cpu::tune_kernels();
+  std::ifstream f(cpu::tuning_cache_path());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string key = cpu::tuning_cache_key(cpu::cpu_info(), cpu::isa_name(cpu::active_isa()));
+  const std::optional<size_t> cached = cpu::cached_r16_prefetch(ss.str(), key);
+  ASSERT_TRUE(cached.has_value()) << ss.str();
+  EXPECT_EQ(cpu::kernel_tuning().r16_prefetch_bytes, *cached);
+  EXPECT_NE(cpu::describe_cpu().find("measure"), std::string::npos) << cpu::describe_cpu();
+  cpu::tune_kernels();  // once per process: nothing changes
+  EXPECT_EQ(cpu::kernel_tuning().r16_prefetch_bytes, *cached);
+  std::filesystem::remove_all(dir);
+  unsetenv("TESSERA_CACHE_DIR");
+  unsetenv("TESSERA_CPU_TUNE");
 }
 
 }  // namespace
