@@ -406,6 +406,61 @@ TESSERA_AVX2_INLINE void q6_k_block(const uint8_t* tile, const BlockActs& x, __m
   }
 }
 
+TESSERA_AVX2_INLINE __m256i r16_dvec(const uint8_t* at, size_t field, int d) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 16 * field + 64 * d));
+}
+
+// One Q6_K super-block of an R16 group's half against one token, the levels unpacked in
+// registers and consumed at once (decode): no tile stores and reloads. Same integers and float
+// operations as build_q6_k + q6_k_block<1>.
+TESSERA_AVX2_INLINE void q6_k_fused(const Rows& rows, int64_t b, const BlockActs& x, __m256* out) {
+  const size_t off = static_cast<size_t>(b) * 210;
+  const uint8_t* at = rows.group + 16 * off + 32 * rows.half;  // dword vector d of byte x: at + 16x + 64d
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), lo16 = _mm256_set1_epi32(0xFFFF);
+  alignas(32) int32_t sc2[16][8], scp[8][8];
+  {
+    __m256i s4[4], sc[16];
+    for (int d = 0; d < 4; ++d) s4[d] = r16_dvec(at, 192, d);
+    for (int g = 0; g < 16; ++g) {
+      sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s4[g / 4], 24 - 8 * (g % 4)), 24);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc2[g]), _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
+    }
+    for (int j = 0; j < 8; ++j)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(scp[j]),
+                         _mm256_or_si256(_mm256_and_si256(sc[2 * j], lo16), _mm256_slli_epi32(sc[2 * j + 1], 16)));
+  }
+  const int8_t* xq = x.q(0);
+  __m256i tot = _mm256_setzero_si256();
+  for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < 8; g += 2) {
+      __m256i u[4][2];
+      for (int i = 0; i < 2; ++i) {
+        const __m256i a = r16_dvec(at, 64 * h, g + i), c = r16_dvec(at, 64 * h + 32, g + i), qh = r16_dvec(at, 128 + 32 * h, g + i);
+        u[0][i] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        u[1][i] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        u[2][i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        u[3][i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      }
+      for (int q = 0; q < 4; ++q) {
+        const int8_t* xg = xq + 32 * (4 * h + q) + 4 * g;
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[q][0], bcast_x4(xg)), _mm256_maddubs_epi16(u[q][1], bcast_x4(xg + 4)));
+        tot = _mm256_add_epi32(tot, _mm256_madd_epi16(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(sc2[8 * h + 2 * q + g / 4]))));
+      }
+    }
+  }
+  __m256i ms = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const auto pair = static_cast<int32_t>((static_cast<uint32_t>(x.bsum16(0, 2 * j)) & 0xFFFFu) |
+                                           (static_cast<uint32_t>(x.bsum16(0, 2 * j + 1)) << 16));
+    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(scp[j])), _mm256_set1_epi32(pair)));
+  }
+  tot = _mm256_sub_epi32(tot, _mm256_slli_epi32(ms, 5));
+  const __m256 d = rows_f16(rows, off + 208, /*at_end=*/true);
+  out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(x.dx(0))), out[0]);
+}
+
 // ---- the 32-element formats. In decode and batched decode (1..kSmallBatch tokens) the tile
 // is built a chunk at a time (8 blocks; one super-block for the K-quants) and every token runs
 // over it before the next chunk is built, instead of building the whole row tile first (see
@@ -596,6 +651,8 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) 
     WeightPrefetch pf;
     if (r16 && !whole) pf = WeightPrefetch::r16_stream(a.w, g0, r1, a.row_bytes, kQRowGroup, nb, ahead);
     if (!whole) {
+      // R16 Q6_K decode unpacks in registers (q6_k_fused); everything else builds the chunk tile.
+      const bool fused_q6 = r16 && type == QuantType::kQ6_K && packed.n == 1;
       __m256 acc[2][kSmallBatch];
       for (auto& set : acc)
         for (auto& v : set) v = _mm256_setzero_ps();
@@ -603,6 +660,12 @@ TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) 
         const int64_t e = std::min(nb, b + chunk);
         for (int64_t i = b; i < e; ++i) pf.tick();
         for (int h = 0; h < n_sets; ++h) {
+          if (fused_q6) {
+            const int64_t i = b * packed.n;
+            q6_k_fused(rows[h], b, BlockActs{packed.q + i * packed.block, packed.d + i, packed.aux + i * packed.n_aux},
+                       acc[h]);
+            continue;
+          }
           build_tile(type, rows[h], b, e, tile);
           for (int t0 = 0; t0 < packed.n; t0 += 4)
             run_batch(type, std::min(4, packed.n - t0), tile, b, e - b, packed, t0, acc[h] + t0);
