@@ -234,6 +234,23 @@ TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, i
   }
 }
 
+// The 16 signed scales of a Q6_K block's 8 rows, as the pmaddwd operands of q6_k_block: in both
+// halves of each lane (sc2[16][8]), then in pairs (scp[8][8]: sc[2j] | sc[2j + 1] << 16).
+TESSERA_AVX2_INLINE void store_q6_scales(const Rows& rows, size_t off, int32_t* out) {
+  __m256i s[4];
+  rows8x4(rows, off + 192, s);
+  const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+  __m256i sc[16];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8 * g),
+                       _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
+  }
+  for (int j = 0; j < 8; ++j)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8 * (16 + j)),
+                       _mm256_or_si256(_mm256_and_si256(sc[2 * j], lo16), _mm256_slli_epi32(sc[2 * j + 1], 16)));
+}
+
 TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m2 = _mm256_set1_epi8(0x03);
@@ -258,21 +275,9 @@ TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* 
       }
       for (int q = 0; q < 4; ++q) store_unit(tile + kUnit * (4 * h + q), u[q]);
     }
-    __m256i s[4];
-    rows8x4(rows, off + 192, s);
-    auto* sc2 = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
-    auto* scp = sc2 + 16 * 8;
-    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
-    __m256i sc[16];
-    for (int g = 0; g < 16; ++g) {
-      sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc2 + 8 * g),
-                         _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
-    }
-    for (int j = 0; j < 8; ++j)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(scp + 8 * j),
-                         _mm256_or_si256(_mm256_and_si256(sc[2 * j], lo16), _mm256_slli_epi32(sc[2 * j + 1], 16)));
-    _mm256_store_ps(reinterpret_cast<float*>(scp + 8 * 8), rows_f16(rows, off + 208, /*at_end=*/true));
+    auto* scales = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
+    store_q6_scales(rows, off, scales);
+    _mm256_store_ps(reinterpret_cast<float*>(scales + 24 * 8), rows_f16(rows, off + 208, /*at_end=*/true));
   }
 }
 
@@ -416,19 +421,11 @@ TESSERA_AVX2_INLINE __m256i r16_dvec(const uint8_t* at, size_t field, int d) {
 TESSERA_AVX2_INLINE void q6_k_fused(const Rows& rows, int64_t b, const BlockActs& x, __m256* out) {
   const size_t off = static_cast<size_t>(b) * 210;
   const uint8_t* at = rows.group + 16 * off + 32 * rows.half;  // dword vector d of byte x: at + 16x + 64d
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), lo16 = _mm256_set1_epi32(0xFFFF);
-  alignas(32) int32_t sc2[16][8], scp[8][8];
-  {
-    __m256i s4[4], sc[16];
-    for (int d = 0; d < 4; ++d) s4[d] = r16_dvec(at, 192, d);
-    for (int g = 0; g < 16; ++g) {
-      sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s4[g / 4], 24 - 8 * (g % 4)), 24);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc2[g]), _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
-    }
-    for (int j = 0; j < 8; ++j)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(scp[j]),
-                         _mm256_or_si256(_mm256_and_si256(sc[2 * j], lo16), _mm256_slli_epi32(sc[2 * j + 1], 16)));
-  }
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  alignas(32) int32_t scales[24 * 8];
+  store_q6_scales(rows, off, scales);
+  const int32_t(*sc2)[8] = reinterpret_cast<const int32_t(*)[8]>(scales);
+  const int32_t(*scp)[8] = sc2 + 16;
   const int8_t* xq = x.q(0);
   __m256i tot = _mm256_setzero_si256();
   for (int h = 0; h < 2; ++h) {
