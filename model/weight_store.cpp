@@ -273,7 +273,7 @@ class Binder {
           "{}: tensor '{}' has {} columns, not a multiple of {} as --quant {} needs",
           s_.source_file(name), name, cols, be, weight_quant_name(q)));
     const size_t rb = row_bytes(type, cols);
-    std::vector<uint8_t> bytes(rb * static_cast<size_t>(rows));
+    WeightBytes bytes(rb * static_cast<size_t>(rows));
     const TensorView src = *m;
     auto work = [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(cols));

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/huge_pages.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "model/model_config.h"
@@ -92,7 +93,7 @@ struct ModelWeights {
   TensorView lm_head;             // [vocab, hidden] (the embedding when tied)
   std::vector<LayerWeights> layers;
   std::vector<std::vector<float>> owned_f32;  // storage for converted vectors
-  std::vector<std::vector<uint8_t>> owned_bytes;  // storage for matrices quantized at load
+  std::vector<WeightBytes> owned_bytes;       // storage for matrices quantized at load (huge pages)
 };
 
 // Round-to-nearest quantization of float (F32 / F16 / BF16) linear weights at load

@@ -345,9 +345,9 @@ int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {
   // The buffers this ShardWeights owns (re-laid in place); anything else (a mapped file) is copied.
   auto owned = [&](const TensorView& v) -> bool {
     const auto* p = static_cast<const uint8_t*>(v.data);
-    auto inside = [&](const std::vector<uint8_t>& b) { return p >= b.data() && p + v.nbytes() <= b.data() + b.size(); };
+    auto inside = [&](const WeightBytes& b) { return p >= b.data() && p + v.nbytes() <= b.data() + b.size(); };
     for (const auto* list : {&sw.owned, &sw.full.owned_bytes, &w.owned_bytes})
-      for (const std::vector<uint8_t>& b : *list)
+      for (const WeightBytes& b : *list)
         if (inside(b)) return true;
     return false;
   };
@@ -377,7 +377,7 @@ int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {
         }
       });
     } else {
-      std::vector<uint8_t>& bytes = sw.owned.emplace_back(v.nbytes());
+      WeightBytes& bytes = sw.owned.emplace_back(v.nbytes());
       const auto* src = static_cast<const uint8_t*>(v.data);
       // In slices of a few MB: a mapped matrix used by nothing else has its file pages dropped
       // slice by slice, so the load's peak holds the copy and one slice of the file, not both

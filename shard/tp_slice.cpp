@@ -19,7 +19,7 @@ TensorView row_slice(const TensorView& w, int64_t begin, int64_t count) {
 // on block boundaries only (for I4_G128 a block is a quantization group of 128 inputs, so a
 // group never straddles two ranks); a per-row trailer (I8_CH's scale) is copied with each row.
 Result<TensorView> column_slice(const TensorView& w, int64_t begin, int64_t count, const char* name,
-                                std::vector<std::vector<uint8_t>>& owned) {
+                                std::vector<WeightBytes>& owned) {
   const QuantTraits& tr = quant_traits(w.type);
   if (begin % tr.block_elems != 0 || count % tr.block_elems != 0) {
     const bool groups = w.type == QuantType::kI4_G128;
@@ -33,7 +33,7 @@ Result<TensorView> column_slice(const TensorView& w, int64_t begin, int64_t coun
   const size_t trailer = static_cast<size_t>(tr.row_extra_bytes);
   const size_t src_trailer = row_block_bytes(w.type, w.cols());
   const size_t dst_row = row_bytes(w.type, count);
-  std::vector<uint8_t> bytes(dst_row * static_cast<size_t>(w.rows()));
+  WeightBytes bytes(dst_row * static_cast<size_t>(w.rows()));
   for (int64_t r = 0; r < w.rows(); ++r) {
     uint8_t* dst = bytes.data() + static_cast<size_t>(r) * dst_row;
     std::memcpy(dst, w.row_ptr(r) + src_off, data_bytes);

@@ -43,7 +43,7 @@ Result<ShardLayout> plan_shard_layout(const ModelConfig& config, const TpConfig&
 struct ShardWeights {
   ModelWeights full;                        // the whole model's views (owns converted vectors)
   ModelWeights weights;                     // this rank's slice
-  std::vector<std::vector<uint8_t>> owned;  // copied row-parallel slices
+  std::vector<WeightBytes> owned;           // copied row-parallel slices, re-laid matrices (huge pages)
   uint64_t bytes = 0;                       // bytes of weights this rank uses
 };
 

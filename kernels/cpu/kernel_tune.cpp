@@ -12,22 +12,31 @@
 
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <fmt/format.h>
 
 #include "common/dtype.h"
+#include "common/huge_pages.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 
 namespace tessera::cpu {
 namespace {
 
-constexpr std::string_view kField = "\tr16_prefetch=";
+// "dram": timed with the matrix evicted from the caches before every pass (earlier versions
+// timed it cache-resident, which picked 4 KiB on a Zen 4 where DRAM-sized models run fastest
+// with none); lines of the older field are not read, so such a cache is measured again.
+constexpr std::string_view kField = "\tr16_prefetch_dram=";
 
 // The candidates measured: none, and 1..4 KiB ahead (the Intel sweep of cpu_info.cpp found its
 // best at 2 KiB, within a few percent of 1.5 and 3 KiB).
 const std::vector<size_t> kCandidates = {0, 1024, 2048, 4096};
 
-// A measurement matrix past every L2 (8192 x 4096 Q4_K: 18.9 MB), a few passes per candidate.
+// A measurement matrix past every L2 (8192 x 4096 Q4_K: 18.9 MB), a few passes per candidate,
+// each read from DRAM as decode reads a model larger than the caches.
 constexpr int64_t kRows = 8192, kCols = 4096;
 constexpr int kReps = 5;
 constexpr double kMinGain = 0.05;
@@ -58,6 +67,18 @@ void write_file(const std::string& path, const std::string& text) {
     std::fprintf(stderr, "warning: cannot write the CPU tuning cache %s: %s\n", path.c_str(), ec.message().c_str());
     std::filesystem::remove(tmp, ec);
   }
+}
+
+// Writes back and drops the lines of [p, p + n) from every cache level, so the next pass streams
+// them from memory.
+void evict(const uint8_t* p, size_t n) {
+#if defined(__x86_64__)
+  for (size_t i = 0; i < n; i += 64) _mm_clflush(p + i);
+  _mm_mfence();
+#else
+  (void)p;
+  (void)n;
+#endif
 }
 
 }  // namespace
@@ -132,7 +153,9 @@ std::vector<PrefetchTiming> time_r16_prefetch(const std::vector<size_t>& candida
   if (isa == Isa::kScalar || rows <= 0 || rows % kQRowGroup != 0 || k <= 0 || k % 256 != 0) return out;
   // Random Q4_K blocks with finite scales (d, dmin = 2^-10), re-laid in 16-row groups.
   const size_t rb = row_bytes(QuantType::kQ4_K, k);
-  std::vector<uint8_t> file(static_cast<size_t>(rows) * rb), w(file.size());
+  // w on huge pages as the model's re-laid weights are (common/huge_pages.h).
+  std::vector<uint8_t> file(static_cast<size_t>(rows) * rb);
+  WeightBytes w(file.size());
   std::mt19937 rng(7);
   for (size_t i = 0; i < file.size(); i += 4) {
     const uint32_t v = rng();
@@ -171,6 +194,7 @@ std::vector<PrefetchTiming> time_r16_prefetch(const std::vector<size_t>& candida
   for (int r = 0; r < reps; ++r) {
     for (PrefetchTiming& t : out) {
       set_r16_prefetch_bytes(t.bytes);
+      evict(w.data(), w.size());
       const auto t0 = std::chrono::steady_clock::now();
       pass();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

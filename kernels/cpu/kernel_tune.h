@@ -44,7 +44,8 @@ struct PrefetchTiming {
   double seconds = 0;  // the best of the repetitions, one pass over the matrix
 };
 // Times one-token matmuls over a Q4_K matrix of rows x k (rows % 16 == 0, k % 256 == 0) in the
-// R16 layout, single-threaded, on the active ISA, for each prefetch distance; repetitions
+// R16 layout, single-threaded, on the active ISA, for each prefetch distance, each pass read
+// from memory (the matrix, on huge pages, evicted from the caches first); repetitions
 // alternate between the candidates. The tuning in effect is restored. Empty off the SIMD paths.
 std::vector<PrefetchTiming> time_r16_prefetch(const std::vector<size_t>& candidates, int64_t rows, int64_t k,
                                               int reps);

@@ -400,9 +400,10 @@ TEST(KernelTune, CacheLinesAndThePick) {
   EXPECT_EQ(cpu::cached_r16_prefetch(text, key), std::optional<size_t>(1024));
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
   // A key that is a prefix of another does not match it; malformed values are ignored.
-  EXPECT_FALSE(cpu::cached_r16_prefetch(key + "Z\tr16_prefetch=64\n", key).has_value());
+  EXPECT_FALSE(cpu::cached_r16_prefetch(key + "Z\tr16_prefetch_dram=64\n", key).has_value());
+  EXPECT_FALSE(cpu::cached_r16_prefetch(key + "\tr16_prefetch=64\n", key).has_value());  // the cache-resident field
   for (const char* bad : {"abc", "100", "-64", "99999999999", ""})
-    EXPECT_FALSE(cpu::cached_r16_prefetch(key + "\tr16_prefetch=" + bad + "\n", key).has_value()) << bad;
+    EXPECT_FALSE(cpu::cached_r16_prefetch(key + "\tr16_prefetch_dram=" + bad + "\n", key).has_value()) << bad;
 
   using T = cpu::PrefetchTiming;
   EXPECT_EQ(cpu::pick_r16_prefetch({T{0, 1.00}, T{2048, 0.60}}, 0, 0.05), 2048u);  // clearly faster
