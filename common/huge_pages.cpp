@@ -1,7 +1,7 @@
 #include "common/huge_pages.h"
 
-#include <cstdlib>
-#include <cstring>
+#include "common/env.h"
+
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -14,10 +14,7 @@ constexpr size_t kSmallPage = 4096;
 }  // namespace
 
 bool huge_pages_enabled() {
-  static const bool kOn = [] {
-    const char* v = std::getenv("TESSERA_HUGE_PAGES");
-    return v == nullptr || *v == '\0' || std::strcmp(v, "0") != 0;
-  }();
+  static const bool kOn = env_int("TESSERA_HUGE_PAGES", 1) != 0;
   return kOn;
 }
 
