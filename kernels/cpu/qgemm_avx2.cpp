@@ -257,23 +257,31 @@ TESSERA_AVX2 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* 
   const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const size_t off = static_cast<size_t>(b) * 210;
+    // In address order (see q6_k_fused): ql's nibbles into the quarters' units, then qh's
+    // bits 4..5 ORed in, then the scales and d.
     for (int h = 0; h < 2; ++h) {
-      __m256i a[8], c[8], qh[8];
+      __m256i a[8], c[8];
       rows8x8(rows, off + 64 * static_cast<size_t>(h), a);
       rows8x8(rows, off + 64 * static_cast<size_t>(h) + 32, c);
-      rows8x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m256i u[4][8];
       for (int g = 0; g < 8; ++g) {
-        const __m256i t0 = _mm256_and_si256(qh[g], m2);
-        const __m256i t1 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2);
-        const __m256i t2 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 4), m2);
-        const __m256i t3 = _mm256_and_si256(_mm256_srli_epi16(qh[g], 6), m2);
-        u[0][g] = _mm256_or_si256(_mm256_and_si256(a[g], m4), _mm256_slli_epi16(t0, 4));
-        u[1][g] = _mm256_or_si256(_mm256_and_si256(c[g], m4), _mm256_slli_epi16(t1, 4));
-        u[2][g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a[g], 4), m4), _mm256_slli_epi16(t2, 4));
-        u[3][g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[g], 4), m4), _mm256_slli_epi16(t3, 4));
+        u[0][g] = _mm256_and_si256(a[g], m4);
+        u[1][g] = _mm256_and_si256(c[g], m4);
+        u[2][g] = _mm256_and_si256(_mm256_srli_epi16(a[g], 4), m4);
+        u[3][g] = _mm256_and_si256(_mm256_srli_epi16(c[g], 4), m4);
       }
       for (int q = 0; q < 4; ++q) store_unit(tile + kUnit * (4 * h + q), u[q]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i qh[8];
+      rows8x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
+      for (int q = 0; q < 4; ++q) {
+        auto* unit = reinterpret_cast<__m256i*>(tile + kUnit * (4 * h + q));
+        for (int g = 0; g < 8; ++g) {
+          const __m256i hq = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[g], 2 * q), m2), 4);
+          _mm256_store_si256(unit + g, _mm256_or_si256(_mm256_load_si256(unit + g), hq));
+        }
+      }
     }
     auto* scales = reinterpret_cast<int32_t*>(tile + 8 * kUnit);
     store_q6_scales(rows, off, scales);
@@ -416,44 +424,58 @@ TESSERA_AVX2_INLINE __m256i r16_dvec(const uint8_t* at, size_t field, int d) {
 }
 
 // One Q6_K super-block of an R16 group's half against one token, the levels unpacked in
-// registers and consumed at once (decode): no tile stores and reloads. Same integers and float
-// operations as build_q6_k + q6_k_block<1>.
+// registers and consumed at once (decode): no tile stores and reloads. The block is read in
+// address order (ql, then qh, then the scales and d), as gemv_q6_k_r16 of the AVX-512 path
+// does: reading the scales at the block's end first defeats the hardware streamers (Zen 4:
+// 3.7 GB/s from DRAM in that order). So the scales come last: each of the 16 groups keeps
+// its dot minus 32 * bsum16 in int32 (acc[g]; ql's nibbles and qh's 2-bit parts summed apart,
+// in int16 over a group's 4 dword vectors: < 2^15), and sum_g sc[g] * acc[g] ends the block.
+// The same integer as build_q6_k + q6_k_block<1>, the same float operations: the same bits.
 TESSERA_AVX2_INLINE void q6_k_fused(const Rows& rows, int64_t b, const BlockActs& x, __m256* out) {
   const size_t off = static_cast<size_t>(b) * 210;
   const uint8_t* at = rows.group + 16 * off + 32 * rows.half;  // dword vector d of byte x: at + 16x + 64d
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-  alignas(32) int32_t scales[24 * 8];
-  store_q6_scales(rows, off, scales);
-  const int32_t(*sc2)[8] = reinterpret_cast<const int32_t(*)[8]>(scales);
-  const int32_t(*scp)[8] = sc2 + 16;
+  const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   const int8_t* xq = x.q(0);
-  __m256i tot = _mm256_setzero_si256();
+  __m256i acc[16];
+  // ql: byte 64h + 32j + 4g + i holds element 128h + 32(j + 2n) + 4g + i in nibble n (quarter
+  // q = j + 2n, group 8h + 2q + g / 4).
   for (int h = 0; h < 2; ++h) {
-    for (int g = 0; g < 8; g += 2) {
-      __m256i u[4][2];
-      for (int i = 0; i < 2; ++i) {
-        const __m256i a = r16_dvec(at, 64 * h, g + i), c = r16_dvec(at, 64 * h + 32, g + i), qh = r16_dvec(at, 128 + 32 * h, g + i);
-        u[0][i] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        u[1][i] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        u[2][i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-        u[3][i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-      }
-      for (int q = 0; q < 4; ++q) {
-        const int8_t* xg = xq + 32 * (4 * h + q) + 4 * g;
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[q][0], bcast_x4(xg)), _mm256_maddubs_epi16(u[q][1], bcast_x4(xg + 4)));
-        tot = _mm256_add_epi32(tot, _mm256_madd_epi16(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(sc2[8 * h + 2 * q + g / 4]))));
+    for (int j = 0; j < 2; ++j) {
+      for (int gq = 0; gq < 2; ++gq) {
+        __m256i lo16 = _mm256_setzero_si256(), hi16 = _mm256_setzero_si256();
+        for (int g = 4 * gq; g < 4 * gq + 4; ++g) {
+          const __m256i v = r16_dvec(at, 64 * h + 32 * j, g);
+          lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), bcast_x4(xq + 32 * (4 * h + j) + 4 * g)));
+          hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                             bcast_x4(xq + 32 * (4 * h + j + 2) + 4 * g)));
+        }
+        const int glo = 8 * h + 2 * j + gq, ghi = glo + 4;
+        acc[glo] = _mm256_add_epi32(_mm256_madd_epi16(lo16, ones), _mm256_set1_epi32(x.aux[glo]));
+        acc[ghi] = _mm256_add_epi32(_mm256_madd_epi16(hi16, ones), _mm256_set1_epi32(x.aux[ghi]));
       }
     }
   }
-  __m256i ms = _mm256_setzero_si256();
-  for (int j = 0; j < 8; ++j) {
-    const auto pair = static_cast<int32_t>((static_cast<uint32_t>(x.bsum16(0, 2 * j)) & 0xFFFFu) |
-                                           (static_cast<uint32_t>(x.bsum16(0, 2 * j + 1)) << 16));
-    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(scp[j])), _mm256_set1_epi32(pair)));
+  // qh: byte 128 + 32h + 4g + i holds bits 4..5 of element 128h + 32q + 4g + i at bits 2q..2q+1.
+  for (int h = 0; h < 2; ++h) {
+    for (int gq = 0; gq < 2; ++gq) {
+      __m256i t16[4];
+      for (auto& t : t16) t = _mm256_setzero_si256();
+      for (int g = 4 * gq; g < 4 * gq + 4; ++g) {
+        const __m256i v = r16_dvec(at, 128 + 32 * h, g);
+        for (int q = 0; q < 4; ++q)
+          t16[q] = _mm256_add_epi16(t16[q], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 2 * q), m2),
+                                                                 bcast_x4(xq + 32 * (4 * h + q) + 4 * g)));
+      }
+      for (int q = 0; q < 4; ++q) acc[8 * h + 2 * q + gq] = _mm256_add_epi32(acc[8 * h + 2 * q + gq], _mm256_madd_epi16(t16[q], sixteen));
+    }
   }
-  tot = _mm256_sub_epi32(tot, _mm256_slli_epi32(ms, 5));
+  __m256i tot = _mm256_setzero_si256();
+  for (int d = 0; d < 4; ++d) {
+    const __m256i s4 = r16_dvec(at, 192, d);
+    for (int i = 0; i < 4; ++i)
+      tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(acc[4 * d + i], _mm256_srai_epi32(_mm256_slli_epi32(s4, 24 - 8 * i), 24)));
+  }
   const __m256 d = rows_f16(rows, off + 208, /*at_end=*/true);
   out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(x.dx(0))), out[0]);
 }

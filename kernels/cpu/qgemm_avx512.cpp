@@ -307,16 +307,40 @@ TESSERA_AVX512_INLINE void q6_unpack(const __m512i* a, const __m512i* c, const _
 
 TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t* tile) {
   const size_t stride = tile_layout(QuantType::kQ6_K).block_stride();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
   for (int64_t b = b0; b < b1; ++b, tile += stride) {
     const size_t off = static_cast<size_t>(b) * 210;
+    // In address order, as gemv_q6_k_r16 reads (the streamers follow an R16 group's blocks):
+    // the nibbles of ql into the four quarters' units, then qh's bits 4..5 ORed in, then the
+    // scales and d. The same units as q6_unpack gives.
     for (int h = 0; h < 2; ++h) {
-      __m512i a[8], c[8], qh[8];
+      __m512i a[8], c[8];
       rows16x8(rows, off + 64 * static_cast<size_t>(h), a);
       rows16x8(rows, off + 64 * static_cast<size_t>(h) + 32, c);
-      rows16x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
       __m512i u[4][8];
-      q6_unpack(a, c, qh, u);
+      for (int g = 0; g < 8; ++g) {
+        u[0][g] = _mm512_and_si512(a[g], m4);
+        u[1][g] = _mm512_and_si512(c[g], m4);
+        u[2][g] = _mm512_and_si512(_mm512_srli_epi16(a[g], 4), m4);
+        u[3][g] = _mm512_and_si512(_mm512_srli_epi16(c[g], 4), m4);
+      }
       for (int q = 0; q < 4; ++q) store_unit(tile + 512 * (4 * h + q), u[q]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m512i qh[8];
+      rows16x8(rows, off + 128 + 32 * static_cast<size_t>(h), qh);
+      for (int q = 0; q < 4; ++q) {
+        auto* unit = reinterpret_cast<__m512i*>(tile + 512 * (4 * h + q));
+        for (int g = 0; g < 8; ++g) {
+          const __m512i hq = q == 0   ? _mm512_slli_epi16(qh[g], 4)
+                             : q == 1 ? _mm512_slli_epi16(qh[g], 2)
+                             : q == 2 ? qh[g]
+                                      : _mm512_srli_epi16(qh[g], 2);
+          // ternlog 0xF8 = A | (B & C): the unit's nibbles, qh's bits 4..5 (C = 0x30) ORed in.
+          _mm512_store_si512(unit + g, _mm512_ternarylogic_epi32(_mm512_load_si512(unit + g), hq, m30, 0xF8));
+        }
+      }
     }
     __m512i s[4];
     rows16x4(rows, off + 192, s);
