@@ -4,7 +4,7 @@
 // processed together, so every K and V row of the cache is loaded once per item. Items are
 // spread over the pool in an order that mixes short and long causal spans (balanced prefill).
 //
-// Prefill on AVX-512 (>= kTileMinTokens query tokens): item = (tile of consecutive tokens, KV
+// Prefill on AVX-512 and AVX2 (>= kTileMinTokens query tokens): item = (tile of consecutive tokens, KV
 // head), up to kTileRows query rows (tokens x GQA heads). Each thread keeps a transposed copy of
 // the head's keys for the whole call (built once, blocks of 16 positions), so scores need no
 // horizontal reductions, and each loaded value row serves several rows; per-token items had
@@ -387,7 +387,7 @@ TESSERA_AVX2 void values_avx2(const Item<T>& it, const float* inv) {
   }
 }
 
-// ---- prefill tiles (AVX-512): several query rows (tokens x GQA heads) against one KV head.
+// ---- prefill tiles (AVX-512; AVX2 below): several query rows (tokens x GQA heads) against one KV head.
 //
 // Scores use a transposed copy of the keys, blocks of 16 keys as [head_dim_padded][16], so a
 // vector holds one dim lane of 16 keys: lane l of dot16 for 16 keys is the fma chain over the
@@ -565,6 +565,117 @@ constexpr ValuesRunFn<T> kValuesRuns[2][8] = {
     {&values_run_avx512<1, true, T>, &values_run_avx512<2, true, T>, &values_run_avx512<3, true, T>,
      &values_run_avx512<4, true, T>, &values_run_avx512<5, true, T>, &values_run_avx512<6, true, T>,
      &values_run_avx512<7, true, T>, &values_run_avx512<8, true, T>}};
+
+// ---- prefill tiles on AVX2: the same tiles and the same arithmetic, a block of 16 keys as two
+// 8-key halves. Scores: kRb rows (1 or 2) against one block, the chains of lanes i and i + 8
+// per half interleaved as in scores_block_avx512 (14 of the 16 registers).
+template <int kNc, int kRb>
+TESSERA_AVX2 void scores_block_avx2(const float* q, const float* kt, int64_t hdp, float* s, int64_t ld, float scale) {
+  __m256 t[8][kRb][2];
+  for (int i = 0; i < 8; ++i) {
+    __m256 a[kRb][2], b[kRb][2];
+    for (int r = 0; r < kRb; ++r)
+      for (int h = 0; h < 2; ++h) a[r][h] = b[r][h] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < kNc; ++c) {
+      __m256 ka[2], kb[2];
+      for (int h = 0; h < 2; ++h) {
+        ka[h] = _mm256_loadu_ps(kt + (16 * c + i) * 16 + 8 * h);
+        kb[h] = _mm256_loadu_ps(kt + (16 * c + i + 8) * 16 + 8 * h);
+      }
+      for (int r = 0; r < kRb; ++r) {
+        const __m256 qa = _mm256_set1_ps(q[r * hdp + 16 * c + i]);
+        const __m256 qb = _mm256_set1_ps(q[r * hdp + 16 * c + i + 8]);
+        for (int h = 0; h < 2; ++h) {
+          a[r][h] = _mm256_fmadd_ps(qa, ka[h], a[r][h]);
+          b[r][h] = _mm256_fmadd_ps(qb, kb[h], b[r][h]);
+        }
+      }
+    }
+    for (int r = 0; r < kRb; ++r)
+      for (int h = 0; h < 2; ++h) t[i][r][h] = _mm256_add_ps(a[r][h], b[r][h]);
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int r = 0; r < kRb; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      __m256 u[4];
+      for (int i = 0; i < 4; ++i) u[i] = _mm256_add_ps(t[i][r][h], t[i + 4][r][h]);
+      const __m256 v0 = _mm256_add_ps(u[0], u[2]), v1 = _mm256_add_ps(u[1], u[3]);
+      _mm256_storeu_ps(s + r * ld + 8 * h, _mm256_mul_ps(_mm256_add_ps(v0, v1), sc));
+    }
+  }
+}
+
+template <int kNc>
+TESSERA_AVX2 void scores_tile_avx2(const TileScores& t) {
+  const int64_t ld = 16 * t.blocks, kb = 16 * t.hdp;
+  for (int64_t b = 0; b < t.blocks; ++b) {
+    int64_t r = 0;
+    for (; r + 2 <= t.rows; r += 2) scores_block_avx2<kNc, 2>(t.q + r * t.hdp, t.kt + b * kb, t.hdp, t.s + r * ld + 16 * b, ld, t.scale);
+    if (r < t.rows) scores_block_avx2<kNc, 1>(t.q + r * t.hdp, t.kt + b * kb, t.hdp, t.s + r * ld + 16 * b, ld, t.scale);
+  }
+}
+
+TESSERA_AVX2 void scale_row_avx2(float* s, int64_t n, float inv) {
+  const __m256 iv = _mm256_set1_ps(inv);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), iv));
+  for (; j < n; ++j) s[j] *= inv;
+}
+
+// Rows r0 .. r0 + kR - 1, dims 8 * c0 .. 8 * (c0 + kC) - 1, over keys j0 .. j1 - 1 (as
+// values_rows_avx512; head_dim % 8 == 0 on this path).
+template <int kC, int kR, bool kCheck, typename T>
+TESSERA_AVX2 void values_rows_avx2(const TileValues& t, int64_t r0, int64_t c0, int64_t j0, int64_t j1, const T* v,
+                                   int64_t stride) {
+  float* o = t.o + r0 * t.hdp + 8 * c0;
+  v += 8 * c0;
+  __m256 acc[kR][kC];
+  for (int r = 0; r < kR; ++r)
+    for (int c = 0; c < kC; ++c) acc[r][c] = _mm256_loadu_ps(o + r * t.hdp + 8 * c);
+  const float* p = t.p + r0 * t.ld - t.base;
+  for (int64_t j = j0; j < j1; ++j, v += stride) {
+    __m256 vv[kC];
+    for (int c = 0; c < kC; ++c) vv[c] = load8(v + 8 * c);
+    for (int r = 0; r < kR; ++r) {
+      if (kCheck && (j < t.first[r0 + r] || j > t.last[r0 + r])) continue;
+      const __m256 pv = _mm256_set1_ps(p[r * t.ld + j]);
+      for (int c = 0; c < kC; ++c) acc[r][c] = _mm256_fmadd_ps(pv, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kR; ++r)
+    for (int c = 0; c < kC; ++c) _mm256_storeu_ps(o + r * t.hdp + 8 * c, acc[r][c]);
+}
+
+template <typename T>
+using ValuesSliceFn = void (*)(const TileValues&, int64_t, int64_t, int64_t, int64_t, const T*, int64_t);
+template <bool kCheck, typename T>
+constexpr ValuesSliceFn<T> kValuesSlices[2][4] = {
+    {&values_rows_avx2<1, 1, kCheck, T>, &values_rows_avx2<2, 1, kCheck, T>, &values_rows_avx2<3, 1, kCheck, T>,
+     &values_rows_avx2<4, 1, kCheck, T>},
+    {&values_rows_avx2<1, 2, kCheck, T>, &values_rows_avx2<2, 2, kCheck, T>, &values_rows_avx2<3, 2, kCheck, T>,
+     &values_rows_avx2<4, 2, kCheck, T>}};
+
+// Pairs of rows x slices of 4 dim chunks of 8: 8 accumulators and 4 value vectors.
+template <typename T>
+TESSERA_AVX2 void values_run_avx2(const TileValues& t, bool check, int64_t rows, int64_t j0, int64_t j1, const T* v,
+                                  int64_t stride) {
+  const int64_t n8 = t.hd / 8;
+  for (int64_t r = 0; r < rows; r += 2) {
+    const int nr = rows - r >= 2 ? 2 : 1;
+    for (int64_t c0 = 0; c0 < n8; c0 += 4) {
+      const auto nc = static_cast<size_t>(std::min<int64_t>(4, n8 - c0));
+      const ValuesSliceFn<T> fn = check ? kValuesSlices<true, T>[nr - 1][nc - 1] : kValuesSlices<false, T>[nr - 1][nc - 1];
+      fn(t, r, c0, j0, j1, v, stride);
+    }
+  }
+}
+
+template <int kNc>
+constexpr ScoresTileFn kScoresTileAvx2 = &scores_tile_avx2<kNc>;
+constexpr ScoresTileFn kScoresTilesAvx2[8] = {kScoresTileAvx2<1>, kScoresTileAvx2<2>, kScoresTileAvx2<3>,
+                                              kScoresTileAvx2<4>, kScoresTileAvx2<5>, kScoresTileAvx2<6>,
+                                              kScoresTileAvx2<7>, kScoresTileAvx2<8>};
 #endif  // TESSERA_ATT_X86
 
 template <typename T>
@@ -697,8 +808,10 @@ int64_t tile_tokens(int64_t group) { return std::max<int64_t>(1, kTileRows / gro
 
 bool use_tiles(const PagedKvLayer& kv, const AttentionArgs& args) {
 #ifdef TESSERA_ATT_X86
-  return cpu::active_isa() == cpu::Isa::kAvx512 && args.n_tokens >= kTileMinTokens &&
-         kv.head_dim <= kTileMaxHeadDim;
+  // AVX2 tiles read value rows 8 floats at a time: head_dim % 8 == 0 there.
+  const cpu::Isa isa = cpu::active_isa();
+  return (isa == cpu::Isa::kAvx512 || (isa == cpu::Isa::kAvx2 && kv.head_dim % 8 == 0)) &&
+         args.n_tokens >= kTileMinTokens && kv.head_dim <= kTileMaxHeadDim;
 #else
   return false;
 #endif
@@ -752,11 +865,17 @@ void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int
     rows[i] =
         p < real_lo || p >= real_hi ? nullptr : cache_array<T>(kv, false) + slot_offset(kv, block_table, p) + kvh * hd;
   }
+  const bool avx512 = cpu::active_isa() == cpu::Isa::kAvx512;
   for (int64_t c = 0; c < hdp; c += 16) {
     const int64_t n = std::min<int64_t>(16, hd - c);
     const T* chunk[16];
     for (int i = 0; i < 16; ++i) chunk[i] = rows[i] != nullptr ? rows[i] + c : nullptr;
-    transpose16_avx512(chunk, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
+    if (avx512) {
+      transpose16_avx512(chunk, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
+      continue;
+    }
+    for (int64_t j = 0; j < 16; ++j)
+      for (int i = 0; i < 16; ++i) dst[(c + j) * 16 + i] = chunk[i] != nullptr && j < n ? widen(chunk[i][j]) : 0.0f;
   }
 }
 
@@ -814,11 +933,15 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   float* sc = s.tile_scores.data();
   const TileScores ts{s.tile_q.data(), &s.kt[static_cast<size_t>((base - s.kt_lo) * hdp)], rows, blocks, hdp, sc,
                       args.scale};
-  kScoresTiles[nc - 1](ts);
+  const bool avx512 = cpu::active_isa() == cpu::Isa::kAvx512;
+  (avx512 ? kScoresTiles : kScoresTilesAvx2)[nc - 1](ts);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t f = s.tile_first[static_cast<size_t>(r)], len = s.tile_last[static_cast<size_t>(r)] - f + 1;
     float* row = sc + r * ld + (f - base);
-    scale_row_avx512(row, len, softmax_avx512(row, len));
+    if (avx512)
+      scale_row_avx512(row, len, softmax_avx512(row, len));
+    else
+      scale_row_avx2(row, len, softmax_avx2(row, len));
   }
   std::fill(s.tile_out.begin(), s.tile_out.begin() + rows * hdp, 0.0f);
   const TileValues tv{sc, ld, base, s.tile_first.data(), s.tile_last.data(), s.tile_out.data(), hdp, hd};
@@ -830,7 +953,10 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
     for (int64_t j = j0; j < j1;) {
       const int64_t run = std::min(j1 - j, kv.block_size - j % kv.block_size);
       const T* v = cache_array<T>(kv, true) + slot_offset(kv, args.block_table, j) + kvh * hd;
-      kValuesRuns<T>[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
+      if (avx512)
+        kValuesRuns<T>[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
+      else
+        values_run_avx2<T>(tv, check, rows, j, j + run, v, row_stride);
       j += run;
     }
   };
