@@ -54,7 +54,7 @@ enum class QuantType : uint8_t {
 // How the CPU backend's matmul reads a weight of this type (kernels/cpu/gemm.cpp).
 enum class CpuMatmul : uint8_t {
   kFloat,   // the float kernels, as stored (kernels/cpu/fgemm.h)
-  kIntDot,  // an integer-dot kernel, as stored (kernels/cpu/qgemm.h); the R16 layouts AVX-512 only
+  kIntDot,  // an integer-dot kernel, as stored (kernels/cpu/qgemm.h); the R16 layouts on AVX-512 or AVX2
   kWiden,   // widened to fp32 one row at a time (dequantize_row), then the F32 kernel
 };
 
