@@ -661,13 +661,11 @@ template <typename T>
 TESSERA_AVX2 void values_run_avx2(const TileValues& t, bool check, int64_t rows, int64_t j0, int64_t j1, const T* v,
                                   int64_t stride) {
   const int64_t n8 = t.hd / 8;
+  const auto& fns = check ? kValuesSlices<true, T> : kValuesSlices<false, T>;
+  const auto tail = static_cast<size_t>((n8 - 1) % 4);  // slice width - 1 of the last slice
   for (int64_t r = 0; r < rows; r += 2) {
-    const int nr = rows - r >= 2 ? 2 : 1;
-    for (int64_t c0 = 0; c0 < n8; c0 += 4) {
-      const auto nc = static_cast<size_t>(std::min<int64_t>(4, n8 - c0));
-      const ValuesSliceFn<T> fn = check ? kValuesSlices<true, T>[nr - 1][nc - 1] : kValuesSlices<false, T>[nr - 1][nc - 1];
-      fn(t, r, c0, j0, j1, v, stride);
-    }
+    const auto& by_width = fns[rows - r >= 2 ? 1 : 0];
+    for (int64_t c0 = 0; c0 < n8; c0 += 4) by_width[c0 + 4 < n8 ? 3 : tail](t, r, c0, j0, j1, v, stride);
   }
 }
 
@@ -857,7 +855,7 @@ TESSERA_AVX512 void transpose16_avx512(const T* const* rows, __mmask16 n, float*
 // [hdp][16]; positions outside [real_lo, real_hi) and dims past head_dim are zero.
 template <typename T>
 void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int64_t kvh, int64_t p0, int64_t real_lo,
-                         int64_t real_hi, int64_t hdp, float* dst) {
+                         int64_t real_hi, int64_t hdp, bool avx512, float* dst) {
   const int64_t hd = kv.head_dim;
   const T* rows[16];
   for (int64_t i = 0; i < 16; ++i) {
@@ -865,7 +863,6 @@ void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int
     rows[i] =
         p < real_lo || p >= real_hi ? nullptr : cache_array<T>(kv, false) + slot_offset(kv, block_table, p) + kvh * hd;
   }
-  const bool avx512 = cpu::active_isa() == cpu::Isa::kAvx512;
   for (int64_t c = 0; c < hdp; c += 16) {
     const int64_t n = std::min<int64_t>(16, hd - c);
     const T* chunk[16];
@@ -882,7 +879,7 @@ void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int
 // Makes s.kt cover positions [lo, hi) (multiples of 16) with real keys from real_lo on.
 template <typename T>
 void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, int64_t kvh, uint64_t call, int64_t lo,
-                            int64_t hi, int64_t real_lo, Scratch& s) {
+                            int64_t hi, int64_t real_lo, bool avx512, Scratch& s) {
   const int64_t hdp = (kv.head_dim + 15) / 16 * 16;
   const int64_t end = args.start_pos + args.n_tokens;  // positions below are written
   if (s.kt_call != call || s.kt_k != cache_array<T>(kv, false) || s.kt_kvh != kvh || lo < s.kt_lo ||
@@ -897,21 +894,23 @@ void ensure_transposed_keys(const PagedKvLayer& kv, const AttentionArgs& args, i
   const auto need = static_cast<size_t>((hi - s.kt_lo) * hdp);
   if (s.kt.size() < need) s.kt.resize(std::max(need, 2 * s.kt.size()));
   for (int64_t p0 = s.kt_hi; p0 < hi; p0 += 16)
-    transpose_key_block<T>(kv, args.block_table, kvh, p0, s.kt_real_lo, end, hdp,
+    transpose_key_block<T>(kv, args.block_table, kvh, p0, s.kt_real_lo, end, hdp, avx512,
                            &s.kt[static_cast<size_t>((p0 - s.kt_lo) * hdp)]);
   s.kt_hi = hi;
 }
 
-// Query tokens t0 .. t0 + n - 1 of KV head kvh: rows r = t * group + g.
+// Query tokens t0 .. t0 + n - 1 of KV head kvh: rows r = t * group + g. avx512: the ISA of the
+// call's kernels (AVX2 otherwise), read once per call.
 template <typename T>
-void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, int64_t n, int64_t kvh, uint64_t call) {
+void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, int64_t n, int64_t kvh, uint64_t call,
+                 bool avx512) {
   const int64_t hd = kv.head_dim, nc = (hd + 15) / 16, hdp = 16 * nc;
   const int64_t group = args.n_heads / kv.n_kv_heads, rows = n * group;
   const int64_t pos0 = args.start_pos + t0, pos1 = pos0 + n - 1;
   const int64_t lo = span_first(args, pos0);          // union of the rows' spans: lo .. pos1
   const int64_t base = lo / 16 * 16, blocks = (pos1 - base) / 16 + 1, ld = 16 * blocks;
   Scratch& s = scratch();
-  ensure_transposed_keys<T>(kv, args, kvh, call, base, base + ld, lo, s);
+  ensure_transposed_keys<T>(kv, args, kvh, call, base, base + ld, lo, avx512, s);
   auto grow = [](auto& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
   };
@@ -933,7 +932,6 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   float* sc = s.tile_scores.data();
   const TileScores ts{s.tile_q.data(), &s.kt[static_cast<size_t>((base - s.kt_lo) * hdp)], rows, blocks, hdp, sc,
                       args.scale};
-  const bool avx512 = cpu::active_isa() == cpu::Isa::kAvx512;
   (avx512 ? kScoresTiles : kScoresTilesAvx2)[nc - 1](ts);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t f = s.tile_first[static_cast<size_t>(r)], len = s.tile_last[static_cast<size_t>(r)] - f + 1;
@@ -975,7 +973,7 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
 }
 #else
 template <typename T>
-void attend_tile(const PagedKvLayer&, const AttentionArgs&, int64_t, int64_t, int64_t, uint64_t) {
+void attend_tile(const PagedKvLayer&, const AttentionArgs&, int64_t, int64_t, int64_t, uint64_t, bool) {
   TESSERA_CHECK(false, "paged_attention: prefill tiles need x86");
 }
 #endif  // TESSERA_ATT_X86
@@ -1027,12 +1025,14 @@ struct SeqPlan {
   int64_t units = 0, tile = 0, items = 0, item_begin = 0;
   double cost = 0, cost_begin = 0;
   uint64_t call = 0;
+  bool avx512 = false;  // the tiles' ISA (AVX2 otherwise)
 };
 
 SeqPlan plan_sequence(const PagedKvLayer& kv, const AttentionArgs& args) {
   SeqPlan p;
   const int64_t group = args.n_heads / kv.n_kv_heads;
   p.tile = use_tiles(kv, args) ? tile_tokens(group) : 0;
+  p.avx512 = cpu::active_isa() == cpu::Isa::kAvx512;
   p.units = p.tile > 0 ? (args.n_tokens + p.tile - 1) / p.tile : args.n_tokens;
   p.items = p.units * kv.n_kv_heads;
   // Mean span of the sequence's queries, plus a fixed cost per item.
@@ -1052,12 +1052,12 @@ void run_sequence_items(const PagedKvLayer& kv, const AttentionArgs& args, const
     const int64_t t0 = u * p.tile, nt = std::min(p.tile, args.n_tokens - t0);
     if (kv.k16 != nullptr) {
       if (p.tile > 0)
-        attend_tile<uint16_t>(kv, args, t0, nt, kvh, p.call);
+        attend_tile<uint16_t>(kv, args, t0, nt, kvh, p.call, p.avx512);
       else
         attend<uint16_t>(kv, args, u, kvh, p.call);
     } else {
       if (p.tile > 0)
-        attend_tile<float>(kv, args, t0, nt, kvh, p.call);
+        attend_tile<float>(kv, args, t0, nt, kvh, p.call, p.avx512);
       else
         attend<float>(kv, args, u, kvh, p.call);
     }

@@ -234,6 +234,9 @@ TESSERA_AVX2 void build_k_affine(QuantType type, const Rows& rows, int64_t b0, i
   }
 }
 
+// Byte i (0..3) of each 32-bit lane of v, sign-extended: the Q6_K scales, four to a lane.
+TESSERA_AVX2_INLINE __m256i lane_sbyte(__m256i v, int i) { return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i), 24); }
+
 // The 16 signed scales of a Q6_K block's 8 rows, as the pmaddwd operands of q6_k_block: in both
 // halves of each lane (sc2[16][8]), then in pairs (scp[8][8]: sc[2j] | sc[2j + 1] << 16).
 TESSERA_AVX2_INLINE void store_q6_scales(const Rows& rows, size_t off, int32_t* out) {
@@ -242,7 +245,7 @@ TESSERA_AVX2_INLINE void store_q6_scales(const Rows& rows, size_t off, int32_t* 
   const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
   __m256i sc[16];
   for (int g = 0; g < 16; ++g) {
-    sc[g] = _mm256_srai_epi32(_mm256_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24);
+    sc[g] = lane_sbyte(s[g / 4], g % 4);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8 * g),
                        _mm256_or_si256(_mm256_and_si256(sc[g], lo16), _mm256_slli_epi32(sc[g], 16)));
   }
@@ -474,7 +477,7 @@ TESSERA_AVX2_INLINE void q6_k_fused(const Rows& rows, int64_t b, const BlockActs
   for (int d = 0; d < 4; ++d) {
     const __m256i s4 = r16_dvec(at, 192, d);
     for (int i = 0; i < 4; ++i)
-      tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(acc[4 * d + i], _mm256_srai_epi32(_mm256_slli_epi32(s4, 24 - 8 * i), 24)));
+      tot = _mm256_add_epi32(tot, _mm256_mullo_epi32(acc[4 * d + i], lane_sbyte(s4, i)));
   }
   const __m256 d = rows_f16(rows, off + 208, /*at_end=*/true);
   out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(x.dx(0))), out[0]);

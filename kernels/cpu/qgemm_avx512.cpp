@@ -39,6 +39,9 @@ namespace {
 
 constexpr int kRows = 16;
 
+// Byte i (0..3) of each 32-bit lane of v, sign-extended: the Q6_K scales, four to a lane.
+TESSERA_AVX512_INLINE __m512i lane_sbyte(__m512i v, int i) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * i), 24); }
+
 // ------------------------------------------------------------------ transposes
 
 // out[d] lane r = dword d of the 16 bytes at p[r] + off (d = 0..3).
@@ -346,7 +349,7 @@ TESSERA_AVX512 void build_q6_k(const Rows& rows, int64_t b0, int64_t b1, uint8_t
     rows16x4(rows, off + 192, s);
     auto* sc = reinterpret_cast<int32_t*>(tile + 4096);
     for (int g = 0; g < 16; ++g)
-      _mm512_store_si512(sc + 16 * g, _mm512_srai_epi32(_mm512_slli_epi32(s[g / 4], 24 - 8 * (g % 4)), 24));
+      _mm512_store_si512(sc + 16 * g, lane_sbyte(s[g / 4], g % 4));
     _mm512_store_ps(reinterpret_cast<float*>(sc + 256), rows_f16(rows, off + 208, /*at_end=*/true));
   }
 }
@@ -519,7 +522,7 @@ TESSERA_AVX512 __m512 gemv_q6_k(const Rows& rows, int64_t nb, const Token1& x, P
           const int grp = 8 * h + 2 * q + half;  // 16-element group
           __m512i ia = _mm512_set1_epi32(-32 * bs[grp]);
           for (int g = 4 * half; g < 4 * half + 4; ++g) ia = _mm512_dpbusd_epi32(ia, u[q][g], bcast_x4(xb + 32 * (4 * h + q) + 4 * g));
-          const __m512i scv = _mm512_srai_epi32(_mm512_slli_epi32(s4[grp / 4], 24 - 8 * (grp % 4)), 24);
+          const __m512i scv = lane_sbyte(s4[grp / 4], grp % 4);
           tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(ia, scv));
         }
       }
@@ -577,7 +580,7 @@ TESSERA_AVX512 __m512 gemv_q6_k_r16(const Rows& rows, int64_t nb, const Token1& 
     for (int d = 0; d < 4; ++d) {
       const __m512i s4 = _mm512_loadu_si512(at + kRows * 192 + 64 * d);
       for (int i = 0; i < 4; ++i)
-        tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(ia[4 * d + i], _mm512_srai_epi32(_mm512_slli_epi32(s4, 24 - 8 * i), 24)));
+        tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(ia[4 * d + i], lane_sbyte(s4, i)));
     }
     const __m512 d = rows_f16(rows, static_cast<size_t>(b) * 210 + 208, /*at_end=*/true);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(d, _mm512_set1_ps(x.d[b])), acc);
