@@ -129,6 +129,8 @@ struct Writer {
       if (!s.append_window_blocks.empty())
         fill_list(sched[i].initAppendWindowBlocks(static_cast<unsigned>(s.append_window_blocks.size())),
                   s.append_window_blocks);
+      if (!s.draft_tokens.empty())
+        fill_list(sched[i].initDraftTokens(static_cast<unsigned>(s.draft_tokens.size())), s.draft_tokens);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
     auto copies = b.initBlockCopies(static_cast<unsigned>(p.block_copies.size()));
@@ -230,6 +232,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.append_blocks = read_list<int32_t>(s.getAppendBlocks());
         q.banned_tokens = read_list<int32_t>(s.getBannedTokens());
         q.append_window_blocks = read_list<int32_t>(s.getAppendWindowBlocks());
+        q.draft_tokens = read_list<int32_t>(s.getDraftTokens());
         p.scheduled.push_back(std::move(q));
       }
       p.finished = read_list<uint64_t>(r.getFinished());

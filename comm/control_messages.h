@@ -64,6 +64,13 @@ struct ScheduledSequence {
   // slot whose window block was released: every position in it is behind every window the
   // sequence's queries will see, and it is never read. Empty without a window pool.
   std::vector<int32_t> append_window_blocks;
+  // Speculation (sample is then set): k proposed tokens that follow the last known token. The
+  // piece is the last known token and the k drafts (num_tokens = k + 1, start_pos + 1 = the
+  // token list's length). The shard samples row i as an ordinary decode would, accepts draft i
+  // while the sample equals it, and reports every token it drew (1 .. k + 1, in order); then it
+  // cuts its tables to the blocks that hold the computed positions (start_pos + tokens drawn),
+  // as the coordinator's block pool does.
+  std::vector<int32_t> draft_tokens;
 };
 
 struct BlockCopy {

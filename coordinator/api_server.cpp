@@ -386,6 +386,7 @@ struct ApiServer::Impl {
     job.ignore_eos = p.ignore_eos;
     job.min_tokens = p.min_tokens;
     job.priority = p.priority;
+    if (!p.speculation.empty()) job.speculation = *parse_spec_mode(p.speculation);
     job.want_logprobs = logprobs;
   }
 

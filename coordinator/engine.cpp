@@ -42,6 +42,8 @@ struct Engine::SeqState {
   bool scheduled_once = false;
   bool finished = false;
   bool prompt_only = false;             // echo with max_tokens 0: run the prompt for its logprobs only
+  SpecMode spec = SpecMode::kOff;
+  int32_t cls = 0;                      // traffic class for the speculation gate (its priority)
   int64_t next_prompt_logprob_pos = 1;  // prompt logprobs already passed on end here (recomputes repeat them)
   WallClock::time_point last_token;
 };
@@ -68,6 +70,18 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_gauge("tessera_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up");
   m.declare_gauge("tessera_kv_fragmentation", "Unused slots in the last blocks of sequences, as a fraction of used slots");
   m.declare_gauge("tessera_healthy", "1 while every shard answers");
+  m.declare_counter("tessera_spec_proposed_tokens_total", "Speculative drafts sent to the shards, by traffic class");
+  m.declare_counter("tessera_spec_accepted_tokens_total", "Speculative drafts the shards kept, by traffic class");
+  m.declare_gauge("tessera_spec_acceptance",
+                  "Per-position draft acceptance the gate measures (decayed), by traffic class");
+  m.declare_gauge("tessera_spec_enabled", "1 while the gate lets a traffic class speculate");
+  m.declare_counter("tessera_spec_switches_total", "Times the gate switched a traffic class on or off");
+  m.declare_gauge("tessera_spec_predicted_gain",
+                  "The gate's predicted decode rate with drafts over the rate without, by traffic class");
+  m.declare_gauge("tessera_spec_depth", "Drafts per sequence in the last step of a class that had any");
+  m.declare_gauge("tessera_spec_time_saved_seconds",
+                  "Decode time speculation saved so far (plain-step time for the tokens drawn minus the time taken; "
+                  "negative when it cost)");
   m.declare_histogram("tessera_time_to_first_token_seconds", "Arrival to first token", latency_buckets_s());
   m.declare_histogram("tessera_inter_token_latency_seconds", "Time between consecutive tokens of a sequence",
                       latency_buckets_s());
@@ -81,8 +95,9 @@ void declare_engine_metrics(MetricsRegistry& m) {
 Engine::Engine(const EngineOptions& options, StepExecutor& shards, BlockPool& pool, const Tokenizer* tokenizer,
                MetricsRegistry& metrics)
     : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics),
-      next_seq_id_(options.first_seq_id) {
+      spec_(options.scheduler.speculation, options.scheduler.priority_classes), next_seq_id_(options.first_seq_id) {
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_, options_.window);
+  spec_reported_.assign(static_cast<size_t>(spec_.num_classes()), {});
   metrics_.set("tessera_healthy", 1);
   metrics_.set("tessera_kv_block_size", pool_.block_size());
   if (options_.window.pool) metrics_.set("tessera_kv_window_tokens", static_cast<double>(options_.window.window));
@@ -107,6 +122,9 @@ Result<uint64_t> Engine::submit(Job job) {
   if (!healthy_) return Status::unavailable("the engine is unhealthy: " + failure());
   if (tokenizer_ == nullptr && !job.stop.empty())
     return Status::invalid_argument("stop strings need a tokenizer, and this model has none");
+  if (job.speculation.value_or(options_.scheduler.speculation.mode) == SpecMode::kDraft)
+    return Status::invalid_argument(
+        "speculation \"draft\" needs a draft model, and this server has none; use \"ngram\", \"auto\" or \"off\"");
   const auto n = static_cast<int64_t>(job.sequences.size());
   if (queued_.load() + n > options_.max_queued_sequences)
     return Status::resource_exhausted(
@@ -158,6 +176,9 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     // Prompt logprobs need every prompt position computed, not taken from the prefix cache.
     r.reuse_cached_prefix = !job->job.want_prompt_logprobs;
     r.priority = std::min(job->job.priority, options_.scheduler.priority_classes - 1);
+    s->spec = job->job.speculation.value_or(options_.scheduler.speculation.mode);
+    s->cls = r.priority;
+    if (s->spec != SpecMode::kOff) ++speculating_;
     r.arrival = job->arrival;
     job->seq_ids.push_back(s->seq_id);
     SeqState& ref = *s;
@@ -178,6 +199,8 @@ void Engine::admit(std::shared_ptr<JobState> job) {
 void Engine::finish_seq(SeqState& s, const std::string& reason, const std::string& error) {
   if (s.finished) return;
   s.finished = true;
+  if (s.spec != SpecMode::kOff) --speculating_;
+  spec_.forget(s.seq_id);
   JobEvent ev;
   ev.choice = s.choice;
   if (reason != "error" && reason != "abort") {
@@ -337,6 +360,27 @@ void Engine::update_gauges() {
   metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.cached_blocks), "state=\"cached\"");
   metrics_.set("tessera_prefix_cache_hit_rate", st.kv.prefix_hit_rate);
   metrics_.set("tessera_kv_fragmentation", st.kv.fragmentation);
+  for (int32_t c = 0; c < spec_.num_classes(); ++c) {
+    const SpeculationController::ClassStats& cs = spec_.class_stats(c);
+    const std::string label = fmt::format("class=\"{}\"", c);
+    // Counters: what this engine added (a registry may outlive several engines).
+    SpecReported& seen = spec_reported_[static_cast<size_t>(c)];
+    metrics_.add("tessera_spec_proposed_tokens_total", static_cast<double>(cs.proposed - seen.proposed), label);
+    metrics_.add("tessera_spec_accepted_tokens_total", static_cast<double>(cs.accepted - seen.accepted), label);
+    metrics_.add("tessera_spec_switches_total", static_cast<double>(cs.switches - seen.switches), label);
+    metrics_.set("tessera_spec_acceptance", cs.acceptance, label);
+    metrics_.set("tessera_spec_enabled", cs.on ? 1 : 0, label);
+    metrics_.set("tessera_spec_predicted_gain", cs.predicted_gain, label);
+    metrics_.set("tessera_spec_depth", static_cast<double>(cs.depth), label);
+    if (cs.switches != seen.switches) {
+      TESSERA_LOG_INFO("speculation for class {} switched {}: acceptance {:.3f} over {:.0f} recent positions, "
+                       "predicted gain {:.3f} ({} drafts proposed, {} kept so far)",
+                       c, cs.on ? "on" : "off", cs.acceptance, cs.trials, cs.predicted_gain, cs.proposed, cs.accepted);
+    }
+    seen = {cs.proposed, cs.accepted, cs.switches};
+  }
+  metrics_.add("tessera_spec_time_saved_seconds", spec_.time_saved_seconds() - spec_saved_reported_);
+  spec_saved_reported_ = spec_.time_saved_seconds();
   if (options_.window.pool) {
     metrics_.set("tessera_kv_window_usage", st.kv_window.usage);
     metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.used_blocks), "state=\"used\"");
@@ -345,7 +389,30 @@ void Engine::update_gauges() {
   }
 }
 
+// Drafts for the sequences that decode in the next step, as the gate decides.
+void Engine::propose_drafts() {
+  const std::vector<uint64_t> decoders = scheduler_->decoders();
+  spec_candidates_.clear();
+  for (uint64_t id : decoders) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    const SeqState& s = *it->second;
+    const Job& job = s.job->job;
+    // Until min_tokens, EOS is banned at this step only: no drafts (their rows would need it too).
+    if (s.finished || s.spec == SpecMode::kOff || s.prompt_only || s.generated < job.min_tokens) continue;
+    const std::vector<int32_t>& tokens = scheduler_->tokens(id);
+    int64_t most = job.max_tokens - s.generated - 1;
+    if (options_.max_positions > 0)
+      most = std::min<int64_t>(most, options_.max_positions - static_cast<int64_t>(tokens.size()) - 1);
+    if (most <= 0) continue;
+    spec_candidates_.push_back({id, s.cls, s.spec, tokens, most});
+  }
+  spec_.plan(spec_candidates_, static_cast<int64_t>(decoders.size()), spec_drafts_);
+  for (auto& [id, draft] : spec_drafts_) scheduler_->set_draft(id, std::move(draft));
+}
+
 void Engine::step() {
+  if (speculating_ > 0) propose_drafts();
   std::optional<StepPlan> plan = scheduler_->schedule();
   if (!plan) return;
   const auto now = WallClock::now();
@@ -364,7 +431,8 @@ void Engine::step() {
   }
   const auto t0 = WallClock::now();
   auto result = shards_.run_step(*plan);
-  metrics_.observe("tessera_step_seconds", seconds_between(t0, WallClock::now()));
+  const double step_seconds = seconds_between(t0, WallClock::now());
+  metrics_.observe("tessera_step_seconds", step_seconds);
   metrics_.add("tessera_steps_total");
   if (!result.is_ok()) {
     const std::vector<uint64_t> ids = scheduler_->on_step_failed();
@@ -382,6 +450,7 @@ void Engine::step() {
   }
   Status s = scheduler_->on_result(*result);
   if (!s.is_ok()) TESSERA_LOG_WARN("step result: {}", s.to_string());
+  spec_.on_step(*plan, *result, step_seconds);
   handle_tokens(*plan, *result);
   update_gauges();
 }
@@ -396,6 +465,7 @@ Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, 
       static_cast<int32_t>(r.prefill_chunk > 0 ? r.prefill_chunk : std::max<size_t>(1, r.prompt.size()));
   eo.scheduler.max_step_tokens = eo.scheduler.prefill_chunk;
   eo.scheduler.priority_classes = 1;
+  eo.scheduler.speculation = r.speculation;
   eo.eos_ids = r.eos_ids;
   eo.max_positions = r.max_positions;
   eo.first_seq_id = r.seq_id;

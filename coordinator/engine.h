@@ -25,6 +25,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/speculation.h"
 #include "comm/step_executor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -61,6 +62,9 @@ struct Job {
   int32_t priority = 0;
   bool want_logprobs = false;
   bool want_prompt_logprobs = false;
+  // Speculative decoding for this request (coordinator/speculation.h); none: the scheduler
+  // config's mode. kDraft needs a draft proposer, which this engine does not have yet.
+  std::optional<SpecMode> speculation;
   std::function<void(const JobEvent&)> on_event;  // engine thread; called until each choice finishes
 };
 
@@ -101,6 +105,8 @@ class Engine {
   std::string failure() const;
   int64_t queued() const { return queued_.load(); }
   const SchedulerConfig& scheduler_config() const { return options_.scheduler; }
+  // The speculation gate's state (engine thread, or after run_until_idle returned).
+  const SpeculationController& speculation() const { return spec_; }
 
  private:
   struct JobState;
@@ -113,6 +119,7 @@ class Engine {
   void finish_seq(SeqState& s, const std::string& reason, const std::string& error = "");
   void fail_all(const std::string& error);
   void update_gauges();
+  void propose_drafts();
 
   void mark_unhealthy(const std::string& error);
 
@@ -123,6 +130,15 @@ class Engine {
   MetricsRegistry& metrics_;
   SteadyClock clock_;
   std::unique_ptr<Scheduler> scheduler_;
+  SpeculationController spec_;
+  int64_t speculating_ = 0;  // live sequences whose mode is not off
+  struct SpecReported {
+    int64_t proposed = 0, accepted = 0, switches = 0;
+  };
+  std::vector<SpecReported> spec_reported_;  // per class: what /metrics has of it
+  double spec_saved_reported_ = 0;
+  std::vector<SpeculationController::Candidate> spec_candidates_;
+  std::vector<std::pair<uint64_t, std::vector<int32_t>>> spec_drafts_;
 
   std::mutex mu_;  // guards inbox_, cancels_, failure_
   std::condition_variable cv_;
@@ -156,6 +172,7 @@ struct SingleRequest {
   std::vector<int32_t> eos_ids;
   int64_t max_positions = 0;
   uint64_t seq_id = 1;  // the shards' key: unique among the sequences `executor` has seen
+  SpeculationConfig speculation;  // drafts (n-gram, gated by default) and the gate's knobs
 };
 // Events as Job::on_event. Returns the "stop" / "length" finish reason; an error or abort finish
 // is an Internal error with its message.

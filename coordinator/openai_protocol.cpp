@@ -1,5 +1,7 @@
 #include "coordinator/openai_protocol.h"
 
+#include "coordinator/speculation.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -138,6 +140,10 @@ Status parse_common(const json& j, GenerationParams& p) {
     TESSERA_RETURN_IF_ERROR(get_bool(*it, "include_usage", p.include_usage));
   }
   TESSERA_RETURN_IF_ERROR(get_int(j, "priority", p.priority, 0, 7));
+  TESSERA_RETURN_IF_ERROR(get_string(j, "speculation", p.speculation));
+  if (!p.speculation.empty() && !parse_spec_mode(p.speculation).is_ok())
+    return field_error("speculation", fmt::format("must be \"off\", \"auto\", \"ngram\" or \"draft\", got \"{}\"",
+                                                  p.speculation));
   TESSERA_RETURN_IF_ERROR(parse_logit_bias(j, s.logit_bias));
   if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
     std::string type;

@@ -38,6 +38,7 @@ struct GenerationParams {
   bool stream = false;
   bool include_usage = false;
   int32_t priority = 0;              // 0: interactive (default), larger: lower priority
+  std::string speculation;           // "off" | "auto" | "ngram" | "draft"; empty: the server's setting
 };
 
 struct CompletionRequest {

@@ -34,6 +34,7 @@ struct Scheduler::Sequence {
   std::vector<int32_t> wblocks;
   int64_t wlive_from = 0;
   std::vector<BlockHash> hashes;  // hash chain of the full blocks of `tokens`, grown lazily
+  std::vector<int32_t> draft;     // proposed tokens for the next decode (set_draft; cleared by schedule())
   int64_t preemptions = 0;
   int64_t cached_prompt_tokens = 0;
   // Scratch for the step being built.
@@ -51,6 +52,7 @@ struct Scheduler::Piece {
   bool is_new = false;       // carries the sequence's NewSequence
   bool dropped = false;      // its sequence was preempted later in the same step
   bool force_reset = false;  // copy-on-write replaced a block the shards already hold
+  std::vector<int32_t> draft;  // speculation: the drafts this decode piece verifies (n = 1 + draft.size())
   std::vector<BlockCopy> copies;
   std::vector<BlockCopy> wcopies;  // in the window pool
 };
@@ -414,9 +416,27 @@ void Scheduler::add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n)
   b.pieces.push_back(std::move(p));
 }
 
-void Scheduler::schedule_running(StepBuilder& b, Sequence& s, int64_t n) {
+void Scheduler::schedule_running(StepBuilder& b, Sequence& s, int64_t n, std::vector<int32_t> draft) {
   if (!make_room(b, s, n)) return;
   add_piece(b, s, s.num_computed, n);
+  b.pieces.back().draft = std::move(draft);
+}
+
+// How many of s's drafts its decode piece can carry: within max_tokens (every draft kept plus
+// the token after it must still be allowed), prefill_chunk (the window pool's sizing), the
+// tokens the step has left after `decoders_after` more one-token decodes, and the blocks that
+// are free beyond `reserve` (what those decodes need): speculation never preempts anyone.
+int64_t Scheduler::draft_room(const StepBuilder& b, const Sequence& s, int64_t decoders_after, int64_t reserve) const {
+  int64_t k = std::min<int64_t>(static_cast<int64_t>(s.draft.size()), s.max_tokens - s.generated() - 1);
+  k = std::min<int64_t>({k, config_.prefill_chunk - 1, b.tokens_left - 1 - decoders_after});
+  const int64_t c = s.num_computed;
+  const int64_t base = blocks_needed(s, c, c + 1);
+  while (k > 0 && blocks_needed(s, c, c + 1 + k) - base > pool_.num_free() - reserve - base) --k;
+  if (k > 0 && window_.pool) {
+    const int64_t wnew = ceil_div(c + 1 + k, pool_.block_size()) - static_cast<int64_t>(s.wblocks.size());
+    if (wnew > window_.pool->num_free()) k = 0;
+  }
+  return std::max<int64_t>(0, k);
 }
 
 bool Scheduler::should_hold(const StepBuilder& b) const {
@@ -542,17 +562,34 @@ std::optional<StepPlan> Scheduler::schedule() {
   auto ready = [&](const Sequence* s) {
     return s->state == SequenceState::kRunning && s->step_mark != b.step_id && schedulable(*s);
   };
-  // 1. Decodes: one token each, highest rank first.
+  // 1. Decodes: one token each (plus its drafts, where it has some and there is room), highest
+  // rank first.
+  auto decodes = [&](const Sequence* s) { return ready(s) && remaining(*s) == 1 && s->num_computed > 0; };
+  int64_t decoders_left = 0, reserve = 0;
   for (Sequence* s : order) {
-    if (!ready(s) || remaining(*s) != 1 || s->num_computed == 0) continue;
-    if (b.tokens_left < 1) break;
-    schedule_running(b, *s, 1);
+    if (!decodes(s)) continue;
+    ++decoders_left;
+    reserve += blocks_needed(*s, s->num_computed, s->num_computed + 1);
   }
+  for (Sequence* s : order) {
+    if (!decodes(s)) continue;
+    if (b.tokens_left < 1) break;
+    --decoders_left;
+    std::vector<int32_t> draft;
+    reserve -= blocks_needed(*s, s->num_computed, s->num_computed + 1);
+    if (!s->draft.empty()) {
+      const int64_t k = draft_room(b, *s, decoders_left, reserve);
+      draft.assign(s->draft.begin(), s->draft.begin() + k);
+    }
+    const auto n = static_cast<int64_t>(1 + draft.size());
+    schedule_running(b, *s, n, std::move(draft));
+  }
+  for (auto& [id, s] : seqs_) s->draft.clear();
   // 2. Prefills and recomputes already under way: one piece each.
   for (Sequence* s : order) {
     if (!ready(s)) continue;
     if (b.tokens_left < 1) break;
-    schedule_running(b, *s, std::min({remaining(*s), static_cast<int64_t>(config_.prefill_chunk), b.tokens_left}));
+    schedule_running(b, *s, std::min({remaining(*s), static_cast<int64_t>(config_.prefill_chunk), b.tokens_left}), {});
   }
   // 3. Admissions, strictly in rank order.
   stats_.held = 0;
@@ -586,11 +623,13 @@ std::optional<StepPlan> Scheduler::schedule() {
     if (p.dropped) continue;
     Sequence& s = *p.seq;
     const int64_t end = p.start + p.n;
+    const auto k = static_cast<int64_t>(p.draft.size());
     ScheduledSequence q;
     q.seq_id = s.id;
     q.start_pos = p.start;
     q.num_tokens = static_cast<int32_t>(p.n);
-    q.sample = end == static_cast<int64_t>(s.tokens.size());
+    q.sample = end - k == static_cast<int64_t>(s.tokens.size());
+    q.draft_tokens = p.draft;
     q.reset_blocks = s.table_stale || p.force_reset;
     const int64_t from = q.reset_blocks ? 0 : s.shard_table_len;
     q.append_blocks.assign(s.blocks.begin() + from, s.blocks.end());
@@ -612,9 +651,10 @@ std::optional<StepPlan> Scheduler::schedule() {
     const int64_t fresh_prompt = std::max<int64_t>(0, std::min(end, s.prompt_len) - std::max(p.start, s.high_water));
     stats_.recompute_tokens += recompute;
     stats_.prefill_tokens += fresh_prompt;
-    stats_.decode_tokens += p.n - recompute - fresh_prompt;
-    s.high_water = std::max(s.high_water, end);
-    in_flight_pieces_.push_back({s.id, s.serial, end, q.sample});
+    stats_.decode_tokens += p.n - k - recompute - fresh_prompt;
+    stats_.draft_tokens += k;
+    s.high_water = std::max(s.high_water, end - k);
+    in_flight_pieces_.push_back({s.id, s.serial, end, q.sample, k});
     plan.scheduled.push_back(std::move(q));
     ++batch;
     step_tokens += p.n;
@@ -648,33 +688,41 @@ Status Scheduler::on_result(const StepResult& result) {
   tokens.reserve(result.tokens.size());
   for (const StepToken& t : result.tokens) tokens.push_back(&t);
   std::string problems;
-  auto take_token = [&](uint64_t id) -> const StepToken* {
-    const StepToken* found = nullptr;
+  // A piece's tokens in order: one for a plain sampling piece, 1 .. draft + 1 for a speculative one.
+  std::vector<int32_t> got;
+  auto take_tokens = [&](uint64_t id, int64_t most) {
+    got.clear();
     for (auto& t : tokens) {
       if (t && t->seq_id == id) {
-        if (found) problems += fmt::format("; sequence {} got two tokens", id);
-        else found = t;
+        got.push_back(t->token);
         t = nullptr;
       }
     }
-    return found;
+    if (static_cast<int64_t>(got.size()) > most) {
+      problems += most == 1 ? fmt::format("; sequence {} got {} tokens", id, got.size())
+                            : fmt::format("; sequence {} got {} tokens for {} drafts", id, got.size(), most - 1);
+      got.resize(static_cast<size_t>(most));
+    }
   };
   for (const InFlight& f : in_flight_pieces_) {
     auto it = seqs_.find(f.seq_id);
     const bool live = it != seqs_.end() && it->second->serial == f.serial;
-    const StepToken* tok = f.sample ? take_token(f.seq_id) : nullptr;
+    if (f.sample) take_tokens(f.seq_id, 1 + f.draft);
     if (!live) continue;  // finished or aborted while the step ran
     Sequence& s = *it->second;
     TESSERA_CHECK(s.state == SequenceState::kRunning, "sequence {} left running while its step was in flight", s.id);
-    s.num_computed = f.end;
+    if (f.sample && got.empty()) problems += fmt::format("; no sampled token for sequence {}", s.id);
+    if (f.draft > 0) {
+      // Positions computed: the last known token and the drafts kept (one fewer than the
+      // tokens drawn); the rejected drafts' slots are given back.
+      s.num_computed = f.end - f.draft - 1 + std::max<int64_t>(1, static_cast<int64_t>(got.size()));
+      trim_blocks(s);
+    } else {
+      s.num_computed = f.end;
+    }
+    if (f.sample) s.tokens.insert(s.tokens.end(), got.begin(), got.end());
     register_computed_blocks(s);
     slide_window(s, s.num_computed);  // between steps a sequence holds only its next query's window
-    if (!f.sample) continue;
-    if (!tok) {
-      problems += fmt::format("; no sampled token for sequence {}", s.id);
-      continue;
-    }
-    s.tokens.push_back(tok->token);
   }
   for (const StepToken* t : tokens)
     if (t) problems += fmt::format("; unexpected token for sequence {}", t->seq_id);
@@ -682,6 +730,40 @@ Status Scheduler::on_result(const StepResult& result) {
   if (!problems.empty())
     return Status::invalid_argument(fmt::format("step {}: result does not match the plan{}", result.step_id, problems));
   return Status::ok();
+}
+
+// After a speculative piece: the table keeps the blocks that hold the computed positions (the
+// shards cut theirs the same way); the blocks taken for rejected drafts go back to the pool.
+void Scheduler::trim_blocks(Sequence& s) {
+  const int64_t bs = pool_.block_size();
+  const int64_t keep = ceil_div(s.num_computed, bs);
+  while (static_cast<int64_t>(s.blocks.size()) > keep) {
+    pool_.release(s.blocks.back());
+    s.blocks.pop_back();
+    if (window_.pool) {
+      if (s.wblocks.back() >= 0) window_.pool->release(s.wblocks.back());
+      s.wblocks.pop_back();
+    }
+  }
+  s.shard_table_len = std::min(s.shard_table_len, keep);
+  if (keep > 0) {
+    const auto fill = static_cast<int32_t>(s.num_computed - (keep - 1) * bs);
+    pool_.set_fill(s.blocks[static_cast<size_t>(keep - 1)], fill);
+    if (window_.pool && s.wblocks[static_cast<size_t>(keep - 1)] >= 0)
+      window_.pool->set_fill(s.wblocks[static_cast<size_t>(keep - 1)], fill);
+  }
+}
+
+void Scheduler::set_draft(uint64_t seq_id, std::vector<int32_t> draft) {
+  auto it = seqs_.find(seq_id);
+  if (it != seqs_.end()) it->second->draft = std::move(draft);
+}
+
+std::vector<uint64_t> Scheduler::decoders() const {
+  std::vector<uint64_t> ids;
+  for (const Sequence* s : running_)
+    if (schedulable(*s) && remaining(*s) == 1 && s->num_computed > 0) ids.push_back(s->id);
+  return ids;
 }
 
 std::vector<uint64_t> Scheduler::on_step_failed() {

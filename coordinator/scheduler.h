@@ -142,6 +142,7 @@ struct SchedulerStats {
   int64_t aborted = 0;           // abort() of live sequences (total)
   int64_t prefill_tokens = 0;    // prompt tokens computed for the first time (total)
   int64_t decode_tokens = 0;     // one-token decode pieces (total)
+  int64_t draft_tokens = 0;      // speculative drafts sent with decode pieces (total)
   int64_t recompute_tokens = 0;  // tokens computed again after a preemption (total)
   int64_t prefix_waits = 0;      // admissions put off a step for a prefix another sequence is computing (total)
   BlockPoolStats kv;
@@ -173,6 +174,15 @@ class Scheduler {
   // by max_wait_ms, or sequences waiting to be finished). A plan with only `finished` ids is
   // emitted when there is nothing else to do, so the shards drop their state promptly.
   std::optional<StepPlan> schedule();
+  // Speculation: tokens proposed to follow seq_id's last token, for the next schedule() only
+  // (which clears every draft). A decode piece carries as many of them as fit (draft_room:
+  // max_tokens, prefill_chunk, the step's tokens, free blocks; never a preemption) and
+  // on_result then takes 1 .. k + 1 tokens for it, keeps the drafts the shards accepted and
+  // releases the blocks of the rejected ones. Ignored for an id that is not live.
+  void set_draft(uint64_t seq_id, std::vector<int32_t> draft);
+  // The running sequences whose next piece is a decode (their drafts would be used), in
+  // admission order.
+  std::vector<uint64_t> decoders() const;
   // Commits the in-flight plan: computed positions advance, full blocks join the prefix cache,
   // sampled tokens are appended. InvalidArgument if the result is inconsistent with the plan
   // (a sampled token missing, unexpected or duplicated; the rest is still committed), or if
@@ -216,7 +226,9 @@ class Scheduler {
   bool make_room(StepBuilder& b, Sequence& s, int64_t n);
   Sequence* pick_victim(const StepBuilder& b, const Sequence& s) const;
   void preempt(StepBuilder& b, Sequence& victim);
-  void schedule_running(StepBuilder& b, Sequence& s, int64_t n);
+  void schedule_running(StepBuilder& b, Sequence& s, int64_t n, std::vector<int32_t> draft);
+  int64_t draft_room(const StepBuilder& b, const Sequence& s, int64_t decoders_after, int64_t reserve) const;
+  void trim_blocks(Sequence& s);
   void add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n);
   bool should_hold(const StepBuilder& b) const;
   bool admit(StepBuilder& b, Sequence& s);
@@ -250,8 +262,9 @@ class Scheduler {
   struct InFlight {
     uint64_t seq_id;
     uint64_t serial;
-    int64_t end;  // positions computed once the step returns
+    int64_t end;  // positions computed once the step returns (with drafts: if all are kept)
     bool sample;
+    int64_t draft;  // drafts the piece verifies
   };
   bool in_flight_ = false;
   std::vector<InFlight> in_flight_pieces_;

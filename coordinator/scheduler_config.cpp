@@ -81,6 +81,12 @@ constexpr KnobInfo kKnobs[] = {
     {"prefill_chunk", "Longest prefill piece per step, in tokens."},
     {"priority_classes", "Number of request priority classes (0 is served first)."},
     {"aging_ms", "Milliseconds in the system after which a request's class improves by one."},
+    {"spec_depth", "Most speculative drafts per sequence per step (0: never)."},
+    {"spec_ngram_max", "Longest suffix the n-gram proposer looks up."},
+    {"spec_ngram_min", "Shortest suffix the n-gram proposer looks up."},
+    {"spec_probe_interval", "Steps between probes of a traffic class whose speculation is off."},
+    {"spec_probe_steps", "Steps of a speculation probe."},
+    {"spec_hysteresis", "Speculation goes off below 1 - h of plain speed and on again above 1 + h."},
 };
 
 double knob_value(const SchedulerConfig& c, std::string_view name) {
@@ -89,6 +95,12 @@ double knob_value(const SchedulerConfig& c, std::string_view name) {
   if (name == "max_wait_ms") return c.max_wait_ms;
   if (name == "prefill_chunk") return c.prefill_chunk;
   if (name == "priority_classes") return c.priority_classes;
+  if (name == "spec_depth") return c.speculation.max_depth;
+  if (name == "spec_ngram_max") return c.speculation.ngram_max;
+  if (name == "spec_ngram_min") return c.speculation.ngram_min;
+  if (name == "spec_probe_interval") return c.speculation.probe_interval;
+  if (name == "spec_probe_steps") return c.speculation.probe_steps;
+  if (name == "spec_hysteresis") return c.speculation.hysteresis;
   return c.aging_ms;
 }
 
@@ -131,7 +143,7 @@ Status validate_scheduler_config(const SchedulerConfig& c) {
   if (c.priority_classes < 1 || c.priority_classes > 16)
     return bad("priority_classes", c.priority_classes, "must be in 1..16");
   if (!std::isfinite(c.aging_ms) || c.aging_ms <= 0) return bad("aging_ms", c.aging_ms, "must be > 0");
-  return Status::ok();
+  return validate_speculation_config(c.speculation);
 }
 
 Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::string_view value) {
@@ -146,6 +158,19 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
   if (name == "prefill_chunk") return parse_int(name, value, c.prefill_chunk);
   if (name == "priority_classes") return parse_int(name, value, c.priority_classes);
   if (name == "aging_ms") return parse_double(name, value, c.aging_ms);
+  SpeculationConfig& sp = c.speculation;
+  if (name == "speculation") {
+    auto mode = parse_spec_mode(value);
+    if (!mode.is_ok()) return mode.status().with_context("scheduler knob speculation");
+    sp.mode = *mode;
+    return Status::ok();
+  }
+  if (name == "spec_depth") return parse_int(name, value, sp.max_depth);
+  if (name == "spec_ngram_max") return parse_int(name, value, sp.ngram_max);
+  if (name == "spec_ngram_min") return parse_int(name, value, sp.ngram_min);
+  if (name == "spec_probe_interval") return parse_int(name, value, sp.probe_interval);
+  if (name == "spec_probe_steps") return parse_int(name, value, sp.probe_steps);
+  if (name == "spec_hysteresis") return parse_double(name, value, sp.hysteresis);
   return Status::invalid_argument(fmt::format("unknown scheduler knob '{}'", raw_name));
 }
 
@@ -222,7 +247,8 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
     const std::string key = normalize(name);
     const bool ours = key == "scheduler_profile" || key == "scheduler_config" || key == "max_batch" ||
                       key == "max_step_tokens" || key == "max_wait_ms" || key == "prefill_chunk" ||
-                      key == "priority_classes" || key == "aging_ms";
+                      key == "priority_classes" || key == "aging_ms" || key == "speculation" ||
+                      key.rfind("spec_", 0) == 0;
     if (!ours) {
       if (!rest) return Status::invalid_argument(fmt::format("unknown flag '{}'", a));
       rest->push_back(a);
@@ -252,8 +278,10 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
 std::string format_scheduler_config(const SchedulerConfig& c) {
   return fmt::format(
       "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} priority_classes={} "
-      "aging_ms={}",
-      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.priority_classes, c.aging_ms);
+      "aging_ms={} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}",
+      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.priority_classes, c.aging_ms,
+      spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,
+      c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis);
 }
 
 std::string scheduler_config_prometheus(const SchedulerConfig& c) {
@@ -263,6 +291,10 @@ std::string scheduler_config_prometheus(const SchedulerConfig& c) {
     out += fmt::format("# HELP tessera_scheduler_{} {}\n# TYPE tessera_scheduler_{} gauge\n", k.name, k.help, k.name);
     out += fmt::format("tessera_scheduler_{}{{profile=\"{}\"}} {}\n", k.name, label, knob_value(c, k.name));
   }
+  out += "# HELP tessera_scheduler_speculation The speculation mode of requests without the field (1 on its label)\n"
+         "# TYPE tessera_scheduler_speculation gauge\n";
+  out += fmt::format("tessera_scheduler_speculation{{profile=\"{}\",mode=\"{}\"}} 1\n", label,
+                     spec_mode_name(c.speculation.mode));
   return out;
 }
 

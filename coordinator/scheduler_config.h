@@ -10,6 +10,9 @@
 //     --scheduler-config FILE         JSON object: {"profile": "offline", "max_batch": 128, ...}
 //     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --prefill-chunk N
 //     --priority-classes N  --aging-ms MS
+//     --speculation off|auto|ngram|draft  --spec-depth N  --spec-ngram-max N  --spec-ngram-min N
+//     --spec-probe-interval STEPS  --spec-probe-steps STEPS  --spec-hysteresis H
+//   (coordinator/speculation.h says what the speculation knobs do)
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/speculation.h"
 
 namespace tessera {
 
@@ -29,6 +33,7 @@ struct SchedulerConfig {
   int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
   int32_t priority_classes = 2;         // request priority in [0, classes); 0 is served first
   double aging_ms = 5000.0;             // a request's class improves by one per aging_ms in the system
+  SpeculationConfig speculation;        // drafts and their gate; mode: what a request without the field gets
 };
 
 // "interactive" or "offline"; NotFound listing the known names otherwise.
@@ -37,7 +42,8 @@ std::vector<std::string> scheduler_profile_names();
 
 // InvalidArgument naming the knob and value: max_batch < 1, max_step_tokens < max_batch
 // (every running sequence must be able to decode in each step), prefill_chunk < 1,
-// max_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values.
+// max_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values, and the
+// speculation knobs (validate_speculation_config).
 Status validate_scheduler_config(const SchedulerConfig& config);
 
 // Sets one knob by name ("max_batch" or "max-batch", ...; "profile" resets every knob to that

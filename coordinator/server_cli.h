@@ -42,6 +42,12 @@ struct ServerCli {
     app.add_option("--scheduler-config", scheduler_file, "JSON file of scheduler knobs");
     for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "prefill-chunk", "priority-classes", "aging-ms"})
       app.add_option(std::string("--") + knob, knobs[knob], std::string("scheduler knob ") + knob);
+    app.add_option("--speculation", knobs["speculation"],
+                   "speculative decoding for requests without the field: off, auto (gated by measured acceptance), "
+                   "ngram (always)");
+    for (const char* knob : {"spec-depth", "spec-ngram-max", "spec-ngram-min", "spec-probe-interval", "spec-probe-steps",
+                             "spec-hysteresis"})
+      app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
     app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
     app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "declare a silent shard dead")->capture_default_str();
     if (spawns_shards) {

@@ -51,6 +51,8 @@ struct GenerateArgs {
   std::vector<std::string> shard_args;
   QuantFlags quant;
   KvDtypeFlag kv_dtype;
+  SpeculationConfig speculation;
+  std::string speculation_mode = "auto";
 };
 
 // Streams text pieces to stdout as tokens arrive.
@@ -77,6 +79,18 @@ class TextStreamer {
   }
   std::unique_ptr<IncrementalDecoder> decoder_;
 };
+
+// On stderr after a run with speculation: what the drafts did (class 0: generate's one request).
+void print_speculation(const GenerateArgs& a, const MetricsRegistry& m) {
+  if (a.speculation.mode == SpecMode::kOff) return;
+  const std::string cls = "class=\"0\"";
+  const double proposed = m.value("tessera_spec_proposed_tokens_total", cls);
+  const double kept = m.value("tessera_spec_accepted_tokens_total", cls);
+  std::fprintf(stderr, "speculation %s: %.0f drafts proposed, %.0f kept (%.0f%%), %.0f steps, gate %s\n",
+               std::string(spec_mode_name(a.speculation.mode)).c_str(), proposed, kept,
+               proposed > 0 ? 100.0 * kept / proposed : 0.0, m.value("tessera_steps_total"),
+               m.value("tessera_spec_enabled", cls) > 0 ? "on" : "off");
+}
 
 void print_ids(const std::vector<int32_t>& ids) {
   std::string line;
@@ -162,6 +176,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   r.max_tokens = a.max_tokens;
   r.ignore_eos = a.ignore_eos;
   r.prefill_chunk = chunk;
+  r.speculation = a.speculation;
   r.eos_ids = config.eos_ids;
   r.max_positions = config.max_positions;
   TextStreamer streamer(tokenizer);
@@ -191,6 +206,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   streamer.finish();
   (*group)->shutdown("generation finished");
   if (!shards.wait_for(std::chrono::milliseconds(5000))) shards.terminate();
+  print_speculation(a, metrics);
   if (a.print_ids) print_ids(ids);
   return 0;
 }
@@ -256,6 +272,7 @@ int run_generate(const GenerateArgs& a) {
   go.ignore_eos = a.ignore_eos;
   go.prefill_chunk = a.prefill_chunk;
   go.sampling = sampling_of(a);
+  go.speculation = a.speculation;
   TextStreamer streamer(tokenizer.get());
   auto out = generate(**model, prompt, go, [&](const SampledToken& t) { streamer.push(t.id); });
   if (!out.is_ok()) {
@@ -263,6 +280,7 @@ int run_generate(const GenerateArgs& a) {
     return fail(out.status().to_string());
   }
   streamer.finish();
+  print_speculation(a, (*model)->metrics());
   if (a.print_ids) print_ids(out->ids);
   return 0;
 }
@@ -290,6 +308,11 @@ Runner add_generate_command(CLI::App& app) {
   add_quant_flags(app, a->quant);
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
+  app.add_option("--speculation", a->speculation_mode,
+                 "speculative decoding: off, auto (n-gram drafts gated by measured acceptance), ngram (always)")
+      ->check(CLI::IsMember({"off", "auto", "ngram"}))
+      ->capture_default_str();
+  app.add_option("--spec-depth", a->speculation.max_depth, "most drafts per step")->capture_default_str();
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
   app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -302,6 +325,9 @@ Runner add_generate_command(CLI::App& app) {
   return [a] {
     const Status model = resolve_model_flag(a->model);
     if (!model.is_ok()) return fail(model.to_string());
+    a->speculation.mode = *parse_spec_mode(a->speculation_mode);
+    const Status spec = validate_speculation_config(a->speculation);
+    if (!spec.is_ok()) return fail(spec.message());
     return run_generate(*a);
   };
 }

@@ -116,6 +116,7 @@ Result<GenerateOutput> generate(LocalModel& model, const std::vector<int32_t>& p
   r.max_tokens = options.max_tokens;
   r.ignore_eos = options.ignore_eos;
   r.prefill_chunk = options.prefill_chunk;
+  r.speculation = options.speculation;
   r.eos_ids = c.eos_ids;
   r.max_positions = c.max_positions;
   r.seq_id = model.next_seq_id_++;

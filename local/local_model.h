@@ -16,6 +16,7 @@
 #include "common/thread_pool.h"
 #include "coordinator/block_pool.h"
 #include "coordinator/metrics.h"
+#include "coordinator/speculation.h"
 #include "kernels/sampling.h"
 #include "local/in_process_shard.h"
 #include "model/weight_store.h"
@@ -40,6 +41,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool ignore_eos = false;        // otherwise stop after a token in config().eos_ids
   int64_t prefill_chunk = 0;      // >0: prefill in pieces of this many tokens
+  SpeculationConfig speculation;  // coordinator/speculation.h (default: n-gram drafts, gated)
 };
 
 struct GenerateOutput {

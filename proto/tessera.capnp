@@ -77,6 +77,7 @@ struct ScheduledSequence {
   promptLogprobs @6 :Bool;       # report the logprob of every prompt token this piece predicts
   bannedTokens @7 :List(Int32);  # never sampled this step (EOS until min_tokens is reached)
   appendWindowBlocks @8 :List(Int32);  # the window table's entries for the same blocks (-1: released)
+  draftTokens @9 :List(Int32);   # speculation: proposed tokens after the last known one, verified this step
 }
 
 struct BlockCopy {

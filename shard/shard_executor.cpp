@@ -76,11 +76,32 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
     auto it = sequences_.find(s.seq_id);
     if (it == sequences_.end()) return Status::not_found(fmt::format("unknown sequence {}", s.seq_id));
     const auto n_tokens = static_cast<int64_t>(it->second.tokens.size());
-    if (s.num_tokens <= 0 || s.start_pos < 0 || s.start_pos + s.num_tokens > n_tokens)
+    if (!s.draft_tokens.empty()) {
+      TESSERA_RETURN_IF_ERROR(validate_draft(s, n_tokens));
+    } else if (s.num_tokens <= 0 || s.start_pos < 0 || s.start_pos + s.num_tokens > n_tokens) {
       return Status::invalid_argument(fmt::format("sequence {}: positions [{}, {}) but it has {} tokens", s.seq_id,
                                                   s.start_pos, s.start_pos + s.num_tokens, n_tokens));
+    }
     TESSERA_RETURN_IF_ERROR(validate_window_blocks(s, it->second));
   }
+  return Status::ok();
+}
+
+// A speculative piece: the last known token and its drafts, sampled, no prompt logprobs, drafts
+// inside the vocabulary.
+Status ShardExecutor::validate_draft(const ScheduledSequence& s, int64_t n_tokens) const {
+  const auto k = static_cast<int64_t>(s.draft_tokens.size());
+  if (!s.sample || s.prompt_logprobs)
+    return Status::invalid_argument(
+        fmt::format("sequence {}: {} draft tokens on a piece that does not sample (or wants prompt logprobs)", s.seq_id, k));
+  if (s.start_pos + 1 != n_tokens || s.num_tokens != k + 1)
+    return Status::invalid_argument(fmt::format(
+        "sequence {}: {} draft tokens need the piece [{}, {}) (its last known token and the drafts), not [{}, {})",
+        s.seq_id, k, n_tokens - 1, n_tokens + k, s.start_pos, s.start_pos + s.num_tokens));
+  for (int32_t id : s.draft_tokens)
+    if (id < 0 || id >= config_.vocab)
+      return Status::out_of_range(fmt::format("sequence {}: draft token id {} is outside the vocabulary (0..{})",
+                                              s.seq_id, id, config_.vocab - 1));
   return Status::ok();
 }
 
@@ -145,13 +166,15 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
       st.block_table.insert(st.block_table.end(), q.append_blocks.begin(), q.append_blocks.end());
       st.window_block_table.insert(st.window_block_table.end(), q.append_window_blocks.begin(),
                                    q.append_window_blocks.end());
+      // The drafts join the token list for this step's input; sample() takes them out again.
+      st.tokens.insert(st.tokens.end(), q.draft_tokens.begin(), q.draft_tokens.end());
       SequenceInput in;
       in.tokens = std::span<const int32_t>(st.tokens.data() + q.start_pos, static_cast<size_t>(q.num_tokens));
       in.start_pos = q.start_pos;
       in.block_table = st.block_table;
       in.window_block_table = st.window_block_table;  // empty without a window pool
       in.want_logits = q.sample;
-      in.all_logits = q.prompt_logprobs;
+      in.all_logits = q.prompt_logprobs || !q.draft_tokens.empty();
       batch_.push_back(in);
     }
     // Steps whose every sampled row is plain greedy take the argmax on the device when the
@@ -170,6 +193,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
         s = backend_.run(batch_, logits_);
     }
     r.comm_micros = backend_.comm_micros() - comm_before;
+    if (!s.is_ok()) drop_drafts(plan);
     if (s.is_ok()) {
       if (greedy)
         take_greedy(plan, r);
@@ -190,7 +214,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
 // do with the logits is then exactly the device's greedy choice).
 bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.banned_tokens.empty()) return false;
+    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.draft_tokens.empty()) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
     if (it == sequences_.end()) return false;
@@ -207,7 +231,7 @@ bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
 bool ShardExecutor::device_sampling_rows(const StepPlan& plan) {
   sample_requests_.clear();
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs) return false;
+    if (q.prompt_logprobs || !q.draft_tokens.empty()) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
     if (it == sequences_.end()) return false;
@@ -270,6 +294,11 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
     } else if (!q.sample) {
       continue;
     }
+    if (!q.draft_tokens.empty()) {
+      verify(q, st, row, r);
+      row += q.num_tokens;
+      continue;
+    }
     float* logits = &logits_[static_cast<size_t>(row * vocab)];
     if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
     for (const int32_t id : q.banned_tokens) {
@@ -280,6 +309,45 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
     // Recompute after preemption re-samples only when the plan covers every known token.
     if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
     if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
+  }
+}
+
+// Speculation: rows row .. row + k of the logits are the last known token's and the k drafts'.
+// Each row is sampled exactly as a plain decode step at that output position would sample it
+// (same sampler state, same seeded uniform), and draft i is kept while the draw equals it, so
+// the tokens are the ones decoding without drafts would produce: the output distribution is
+// unchanged at any temperature (the drafts are deterministic proposals). Then the tables keep
+// only the blocks of the computed positions: the rejected drafts' slots go back to the pool.
+void ShardExecutor::verify(const ScheduledSequence& q, SequenceState& st, int64_t row, StepResult& r) {
+  const int64_t vocab = config_.vocab;
+  const auto k = static_cast<int64_t>(q.draft_tokens.size());
+  st.tokens.resize(static_cast<size_t>(q.start_pos + 1));
+  int64_t drawn = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    float* logits = &logits_[static_cast<size_t>((row + i) * vocab)];
+    if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
+    for (const int32_t id : q.banned_tokens) {
+      if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+    }
+    SampledToken tok = st.sampler->sample(logits, vocab, backend_.host_pool());
+    st.tokens.push_back(tok.id);
+    ++drawn;
+    const bool accepted = i < k && tok.id == q.draft_tokens[static_cast<size_t>(i)];
+    if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
+    if (!accepted) break;
+  }
+  const auto keep = static_cast<size_t>((q.start_pos + drawn + block_size_ - 1) / block_size_);
+  if (st.block_table.size() > keep) st.block_table.resize(keep);
+  if (st.window_block_table.size() > keep) st.window_block_table.resize(keep);
+}
+
+// A failed step: the drafts leave the token lists again (nothing was verified).
+void ShardExecutor::drop_drafts(const StepPlan& plan) {
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (q.draft_tokens.empty()) continue;
+    auto it = sequences_.find(q.seq_id);
+    if (it != sequences_.end() && static_cast<int64_t>(it->second.tokens.size()) > q.start_pos + 1)
+      it->second.tokens.resize(static_cast<size_t>(q.start_pos + 1));
   }
 }
 

@@ -72,6 +72,9 @@ class ShardExecutor {
 
   Status prepare(const StepPlan& plan);
   Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
+  Status validate_draft(const ScheduledSequence& s, int64_t n_tokens) const;
+  void verify(const ScheduledSequence& q, SequenceState& st, int64_t row, StepResult& r);
+  void drop_drafts(const StepPlan& plan);
   bool plain_greedy(const StepPlan& plan) const;
   bool device_sampling_rows(const StepPlan& plan);
   void take_greedy(const StepPlan& plan, StepResult& r);

@@ -119,6 +119,7 @@ TEST(ControlCodecTest, WindowPoolFieldsRoundTrip) {
   ASSERT_EQ(q.scheduled.size(), 2u);
   EXPECT_EQ(q.scheduled[0].append_window_blocks, (std::vector<int32_t>{-1, 12}));
   EXPECT_TRUE(q.scheduled[1].append_window_blocks.empty());
+  EXPECT_TRUE(q.scheduled[0].draft_tokens.empty());
   ASSERT_EQ(q.window_block_copies.size(), 2u);
   EXPECT_EQ(q.window_block_copies[0].src, 3);
   EXPECT_EQ(q.window_block_copies[0].dst, 8);
@@ -140,6 +141,17 @@ TEST(ControlCodecTest, WindowPoolFieldsRoundTrip) {
   d = decode_message(bytes.data(), bytes.size());
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(std::get<ConfigureMsg>(*d).num_window_blocks, 0);
+}
+
+TEST(ControlCodecTest, DraftTokensRoundTrip) {
+  StepPlan p = sample_plan();
+  p.scheduled[1].draft_tokens = {7, 0, 262143, 7};
+  const std::string bytes = encode_message(p);
+  auto d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  const auto& q = std::get<StepPlan>(*d);
+  EXPECT_TRUE(q.scheduled[0].draft_tokens.empty());
+  EXPECT_EQ(q.scheduled[1].draft_tokens, (std::vector<int32_t>{7, 0, 262143, 7}));
 }
 
 TEST(ControlCodecTest, UnalignedBytesAreRead) {

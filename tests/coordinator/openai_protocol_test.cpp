@@ -24,7 +24,8 @@ TEST(OpenAiProtocolTest, CompletionPromptForms) {
   EXPECT_EQ(c->prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   auto d = parse_completion_request(R"({"prompt": [[1, 2], [3]], "n": 2, "stop": ["x", "y"], "seed": 7,
                                        "stream": true, "stream_options": {"include_usage": true}, "logprobs": 3,
-                                       "echo": true, "priority": 1, "top_k": 5, "min_p": 0.1})");
+                                       "echo": true, "priority": 1, "top_k": 5, "min_p": 0.1,
+                                       "speculation": "ngram"})");
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   EXPECT_EQ(d->prompts.size(), 2u);
   EXPECT_EQ(d->params.n, 2);
@@ -34,6 +35,8 @@ TEST(OpenAiProtocolTest, CompletionPromptForms) {
   EXPECT_EQ(d->logprobs, 3);
   EXPECT_TRUE(d->echo);
   EXPECT_EQ(d->params.priority, 1);
+  EXPECT_EQ(d->params.speculation, "ngram");
+  EXPECT_TRUE(c->params.speculation.empty()) << "absent: the server's setting";
 }
 
 TEST(OpenAiProtocolTest, InvalidValuesNameTheField) {
@@ -53,7 +56,9 @@ TEST(OpenAiProtocolTest, InvalidValuesNameTheField) {
                                          {R"({"prompt": 5})", "'prompt'"},
                                          {R"({"prompt": [1, -2]})", "'prompt'"},
                                          {R"({"prompt": "x", "logprobs": 50})", "'logprobs'"},
-                                         {R"({"prompt": "x", "stream_options": 3})", "'stream_options'"}}) {
+                                         {R"({"prompt": "x", "stream_options": 3})", "'stream_options'"},
+                                         {R"({"prompt": "x", "speculation": "maybe"})", "'speculation'"},
+                                         {R"({"prompt": "x", "speculation": 1})", "'speculation'"}}) {
     auto r = parse_completion_request(c.body);
     ASSERT_FALSE(r.is_ok()) << c.body;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

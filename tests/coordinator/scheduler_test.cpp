@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -103,10 +104,14 @@ class SimShard {
       Seq& s = it->second;
       const int64_t end = q.start_pos + q.num_tokens;
       const auto known = static_cast<int64_t>(s.tokens.size());
-      if (q.num_tokens < 1 || q.start_pos < 0 || end > known)
+      const auto k = static_cast<int64_t>(q.draft_tokens.size());
+      if (k > 0 && (!q.sample || q.start_pos + 1 != known || q.num_tokens != k + 1))
+        ADD_FAILURE() << at << "sequence " << q.seq_id << " drafts " << k << " on [" << q.start_pos << ", " << end
+                      << ") of " << known;
+      if (q.num_tokens < 1 || q.start_pos < 0 || end - k > known)
         ADD_FAILURE() << at << "sequence " << q.seq_id << " positions [" << q.start_pos << ", " << end << ") of "
                       << known;
-      if (q.sample != (end == known))
+      if (q.sample != (end - k == known))
         ADD_FAILURE() << at << "sequence " << q.seq_id << " sample=" << q.sample << " ends at " << end << " of "
                       << known;
       if (q.reset_blocks) s.table.clear();
@@ -180,15 +185,37 @@ class SimShard {
       if (it == seqs_.end()) continue;
       Seq& s = it->second;
       const int64_t end = q.start_pos + q.num_tokens;
-      if (static_cast<int64_t>(s.table.size()) * bs_ < end || end > static_cast<int64_t>(s.tokens.size())) continue;
-      std::vector<uint64_t> ident = identities(s.tokens);
+      // Drafts join the token list for this step's KV (a rejected draft's slots hold its KV
+      // until they are written again, as on a real shard).
+      std::vector<int32_t> toks = s.tokens;
+      toks.insert(toks.end(), q.draft_tokens.begin(), q.draft_tokens.end());
+      if (static_cast<int64_t>(s.table.size()) * bs_ < end || end > static_cast<int64_t>(toks.size())) continue;
+      std::vector<uint64_t> ident = identities(toks);
       for (int64_t p = q.start_pos; p < end; ++p) kv_[slot(s.table[p / bs_], p % bs_)] = ident[p];
       if (num_wblocks_ > 0 && s.wtable.size() == s.table.size())
         for (int64_t p = q.start_pos; p < end; ++p) {
           const int32_t w = s.wtable[static_cast<size_t>(p / bs_)];
           if (wvalid(w)) kvw_[slot(w, p % bs_)] = ident[p];
         }
-      if (q.sample) {
+      if (q.sample && !q.draft_tokens.empty()) {
+        // Verification: row i's token follows position start + i; draft i is kept while it
+        // equals it. Then the tables keep only the computed positions' blocks.
+        const auto k = static_cast<int64_t>(q.draft_tokens.size());
+        int64_t drawn = 0;
+        for (int64_t i = 0; i <= k; ++i) {
+          const int64_t pos = q.start_pos + i;
+          const auto tok = static_cast<int32_t>(kv_[slot(s.table[pos / bs_], pos % bs_)] % 50000);
+          s.tokens.push_back(tok);
+          r.tokens.push_back({q.seq_id, tok, -0.5f, {}});
+          ++drawn;
+          if (i == k || tok != q.draft_tokens[static_cast<size_t>(i)]) break;
+        }
+        const auto keep = static_cast<size_t>((q.start_pos + drawn + bs_ - 1) / bs_);
+        if (s.table.size() > keep) s.table.resize(keep);
+        if (s.wtable.size() > keep) s.wtable.resize(keep);
+        ++verified_;
+        kept_ += drawn - 1;
+      } else if (q.sample) {
         const uint64_t last = kv_[slot(s.table[(end - 1) / bs_], (end - 1) % bs_)];
         const auto tok = static_cast<int32_t>(last % 50000);
         s.tokens.push_back(tok);
@@ -203,6 +230,18 @@ class SimShard {
     return it == seqs_.end() ? nullptr : &it->second.tokens;
   }
   size_t live() const { return seqs_.size(); }
+  int64_t verified() const { return verified_; }
+  int64_t kept() const { return kept_; }
+  // The n tokens this shard would sample after `tokens` (what a perfect proposer proposes).
+  static std::vector<int32_t> continuation(std::vector<int32_t> tokens, int64_t n) {
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto tok = static_cast<int32_t>(identities(tokens).back() % 50000);
+      out.push_back(tok);
+      tokens.push_back(tok);
+    }
+    return out;
+  }
 
  private:
   struct Seq {
@@ -228,6 +267,7 @@ class SimShard {
   std::map<uint64_t, Seq> seqs_;
   std::set<uint64_t> ever_;
   uint64_t last_step_ = 0;
+  int64_t verified_ = 0, kept_ = 0;
 };
 
 std::string summarize(const StepPlan& p) {
@@ -316,6 +356,8 @@ struct Harness {
       const int64_t known = info->prompt_tokens + info->generated_tokens;
       (known - info->computed_tokens == 1 && info->computed_tokens > 0 ? decoding : prefilling).push_back(id);
     }
+    if (drafter)
+      for (uint64_t id : sched.decoders()) sched.set_draft(id, drafter(sched.tokens(id)));
     std::optional<StepPlan> plan = sched.schedule();
     if (wpool) peak_window_used = std::max(peak_window_used, wpool->num_used());
     if (!plan) {
@@ -369,6 +411,8 @@ struct Harness {
     return lines;
   }
 
+  // Speculation: drafts for every decoding sequence before each schedule() (none when empty).
+  std::function<std::vector<int32_t>(const std::vector<int32_t>&)> drafter;
   ManualClock clock;
   BlockPool pool;
   std::unique_ptr<BlockPool> wpool;
@@ -1109,6 +1153,162 @@ TEST(SchedulerWindowPoolTest, RandomLoadKeepsTheContract) {
   }
 }
 
+// ---- speculation -----------------------------------------------------------------------------
+
+// Drafts whose first `good` tokens are what the shard will sample and the rest wrong.
+std::function<std::vector<int32_t>(const std::vector<int32_t>&)> drafts_with(std::mt19937& rng, int most) {
+  return [&rng, most](const std::vector<int32_t>& tokens) {
+    const int k = static_cast<int>(rng() % static_cast<uint32_t>(most + 1));
+    const int good = static_cast<int>(rng() % static_cast<uint32_t>(k + 1));
+    std::vector<int32_t> d = SimShard::continuation(tokens, k);
+    for (int i = good; i < k; ++i) d[static_cast<size_t>(i)] = 60000 + i;  // never sampled (tokens < 50000)
+    return d;
+  };
+}
+
+TEST(SchedulerSpeculationTest, DraftsRideOnTheDecodeAndRejectedOnesGiveTheirBlocksBack) {
+  // Blocks of 16 tokens: a decode at position 13 with 6 drafts spans positions 13..19 (2
+  // blocks); all drafts wrong: 1 token comes back, 14 positions are computed, and the table
+  // shrinks to 1 block.
+  Harness h(knobs(4, 64, 64), 32, 16);
+  ASSERT_TRUE(h.add(1, 13, 20).is_ok());
+  EXPECT_EQ(h.step(), "+1 1:0+13s");
+  h.sched.set_draft(1, {60001, 60002, 60003, 60004, 60005, 60006});
+  std::optional<StepPlan> plan = h.sched.schedule();
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->scheduled.size(), 1u);
+  const ScheduledSequence& q = plan->scheduled[0];
+  EXPECT_EQ(q.start_pos, 13);
+  EXPECT_EQ(q.num_tokens, 7);
+  EXPECT_TRUE(q.sample);
+  EXPECT_EQ(q.draft_tokens, (std::vector<int32_t>{60001, 60002, 60003, 60004, 60005, 60006}));
+  EXPECT_EQ(h.sched.info(1)->blocks, 2);
+  StepResult r = h.shard.execute(*plan);
+  ASSERT_EQ(r.tokens.size(), 1u);
+  ASSERT_TRUE(h.sched.on_result(r).is_ok());
+  EXPECT_EQ(h.sched.info(1)->computed_tokens, 14);
+  EXPECT_EQ(h.sched.info(1)->blocks, 1);
+  EXPECT_EQ(h.pool.num_used(), 1);
+  EXPECT_TRUE(h.sched.check_invariants().is_ok());
+  // Right drafts: all kept plus the token after them (5 tokens for 4 drafts).
+  h.sched.set_draft(1, SimShard::continuation(h.sched.tokens(1), 4));
+  plan = h.sched.schedule();
+  ASSERT_TRUE(plan.has_value());
+  r = h.shard.execute(*plan);
+  EXPECT_EQ(r.tokens.size(), 5u);
+  ASSERT_TRUE(h.sched.on_result(r).is_ok());
+  EXPECT_EQ(h.sched.info(1)->generated_tokens, 7);
+  EXPECT_EQ(h.sched.info(1)->computed_tokens, 19);
+  EXPECT_EQ(*h.shard.tokens(1), h.sched.tokens(1));
+  EXPECT_TRUE(h.sched.check_invariants().is_ok());
+  // A draft set for one schedule() only: the next decode carries none.
+  plan = h.sched.schedule();
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_TRUE(plan->scheduled[0].draft_tokens.empty());
+  EXPECT_EQ(plan->scheduled[0].num_tokens, 1);
+  ASSERT_TRUE(h.sched.on_result(h.shard.execute(*plan)).is_ok());
+}
+
+TEST(SchedulerSpeculationTest, DraftsAreTrimmedToMaxTokensTheBudgetAndFreeBlocks) {
+  // max_tokens: 3 tokens to go after the first leaves room for 2 drafts.
+  {
+    Harness h(knobs(4, 64, 64), 32, 16);
+    ASSERT_TRUE(h.add(1, 5, 4).is_ok());
+    h.step();
+    h.sched.set_draft(1, std::vector<int32_t>(10, 60000));
+    const std::optional<StepPlan> plan = h.sched.schedule();
+    ASSERT_TRUE(plan.has_value());
+    EXPECT_EQ(plan->scheduled[0].draft_tokens.size(), 2u);
+    ASSERT_TRUE(h.sched.on_result(h.shard.execute(*plan)).is_ok());
+  }
+  // The step's token budget keeps one token for every other decode: 2 decoders, 6 tokens.
+  {
+    Harness h(knobs(2, 6, 6), 32, 16);
+    ASSERT_TRUE(h.add(1, 3, 20).is_ok());
+    ASSERT_TRUE(h.add(2, 3, 20).is_ok());
+    h.step();
+    h.sched.set_draft(1, std::vector<int32_t>(10, 60000));
+    h.sched.set_draft(2, std::vector<int32_t>(10, 60000));
+    const std::optional<StepPlan> plan = h.sched.schedule();
+    ASSERT_TRUE(plan.has_value());
+    ASSERT_EQ(plan->scheduled.size(), 2u);
+    EXPECT_EQ(plan->scheduled[0].num_tokens + plan->scheduled[1].num_tokens, 6);
+    EXPECT_EQ(plan->scheduled[0].draft_tokens.size(), 4u);
+    EXPECT_EQ(plan->scheduled[1].draft_tokens.size(), 0u);
+    ASSERT_TRUE(h.sched.on_result(h.shard.execute(*plan)).is_ok());
+  }
+  // Blocks: drafts take only free blocks, never a preemption. 4 blocks of 16: two sequences of
+  // 31 prompt tokens hold 2 each; drafts that would need a third block are cut to the block.
+  {
+    Harness h(knobs(2, 64, 64), 4, 16);
+    ASSERT_TRUE(h.add(1, 31, 20).is_ok());
+    ASSERT_TRUE(h.add(2, 31, 20).is_ok());
+    h.step();
+    EXPECT_EQ(h.pool.num_free(), 0);
+    h.sched.set_draft(1, std::vector<int32_t>(10, 60000));
+    const std::optional<StepPlan> plan = h.sched.schedule();
+    ASSERT_TRUE(plan.has_value());
+    ASSERT_EQ(plan->scheduled.size(), 2u);
+    EXPECT_EQ(plan->scheduled[0].draft_tokens.size(), 0u);  // position 31 ends its last block
+    EXPECT_EQ(h.sched.stats().preemptions, 0);
+    ASSERT_TRUE(h.sched.on_result(h.shard.execute(*plan)).is_ok());
+  }
+}
+
+TEST(SchedulerSpeculationTest, RandomLoadWithDraftsKeepsTheContract) {
+  // RandomLoadKeepsTheContract with drafts on every decode (0..6 of them, a random number of
+  // them right): the simulated shard checks every plan and verifies the drafts; at the end no
+  // block is used (many rejections gave theirs back), and every request produced what it
+  // produces alone without drafts. With and without a window pool.
+  for (const int64_t window : {0, 20}) {
+    for (uint32_t seed : {1u, 2u}) {
+      std::mt19937 rng(seed);
+      SchedulerConfig cfg = knobs(6, 64, 24, /*wait_ms=*/3, /*classes=*/3, /*aging_ms=*/200);
+      Harness h(cfg, 28, 16, true, window);
+      std::mt19937 drng(seed + 100);
+      h.drafter = drafts_with(drng, 6);
+      std::map<uint64_t, std::pair<std::vector<int32_t>, int64_t>> requests;
+      uint64_t next = 1;
+      for (int step = 0; step < 1000; ++step) {
+        if (step < 800 && rng() % 3 == 0) {
+          std::vector<int32_t> prompt;
+          const int len = 1 + static_cast<int>(rng() % 70);
+          for (int i = 0; i < len; ++i) prompt.push_back(static_cast<int32_t>(rng() % 1000));
+          const int64_t out = 1 + rng() % 50;
+          const uint64_t id = next++;
+          Status s = h.add(id, prompt, out, static_cast<int32_t>(rng() % 3));
+          if (s.is_ok()) requests[id] = {prompt, out};
+        }
+        if (rng() % 50 == 0 && next > 1) h.sched.abort(1 + rng() % (next - 1));
+        if (h.step() == "idle") h.clock.advance(*h.sched.time_until_next_decision());
+        else h.clock.advance(milliseconds(rng() % 3));
+        if (::testing::Test::HasFailure()) break;
+      }
+      h.run(5000);
+      ASSERT_FALSE(h.sched.has_work()) << "seed " << seed;
+      EXPECT_EQ(h.pool.num_used(), 0) << "seed " << seed;
+      if (h.wpool) EXPECT_EQ(h.wpool->num_used(), 0);
+      EXPECT_EQ(h.shard.live(), 0u);
+      const SchedulerStats st = h.sched.stats();
+      EXPECT_GT(st.draft_tokens, 0);
+      EXPECT_GT(h.shard.kept(), 0);
+      EXPECT_LT(h.shard.kept(), st.draft_tokens) << "some drafts must have been rejected";
+      std::printf("window %lld seed %u: %zu completed, %lld steps, %lld drafts, %lld kept, %lld preemptions\n",
+                  static_cast<long long>(window), seed, h.outputs.size(), static_cast<long long>(st.steps),
+                  static_cast<long long>(st.draft_tokens), static_cast<long long>(h.shard.kept()),
+                  static_cast<long long>(st.preemptions));
+      int checked = 0;
+      for (const auto& [id, out] : h.outputs) {
+        if (checked++ >= 10) break;
+        Harness solo(cfg, 28, 16, /*cache=*/false);
+        ASSERT_TRUE(solo.add(id, requests[id].first, requests[id].second).is_ok());
+        solo.run();
+        EXPECT_EQ(solo.outputs[id], out) << "seed " << seed << " request " << id;
+      }
+    }
+  }
+}
+
 // ---- config ----------------------------------------------------------------------------------
 
 TEST(SchedulerConfigTest, ProfilesAndValidation) {
@@ -1190,7 +1390,8 @@ TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   SchedulerConfig c = *scheduler_profile("interactive");
   EXPECT_EQ(format_scheduler_config(c),
             "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 prefill_chunk=512 "
-            "priority_classes=2 aging_ms=5000");
+            "priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
+            "spec_hysteresis=0.03");
   const std::string prom = scheduler_config_prometheus(c);
   EXPECT_NE(prom.find("tessera_scheduler_max_batch{profile=\"interactive\"} 32\n"), std::string::npos) << prom;
   EXPECT_NE(prom.find("# TYPE tessera_scheduler_max_wait_ms gauge\n"), std::string::npos) << prom;

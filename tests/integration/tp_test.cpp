@@ -67,6 +67,30 @@ TEST_F(TpTest, StoriesReferenceAtTp1AndTp2) {
   }
 }
 
+// Speculation (n-gram drafts on every decode, verified by the shards) changes no token at TP 1
+// or 2: each rank verifies the same rows of the same gathered logits and cuts its tables alike.
+TEST_F(TpTest, SpeculationKeepsTheStoriesReferenceAtTp1AndTp2) {
+  const std::string stories = testdata_dir() + "/stories260K";
+  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  std::ifstream in(stories + "/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  int kept = 0;
+  for (const auto& c : ref["cases"]) {
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    for (const char* tp : {"1", "2"}) {
+      const ProcessResult r = run(bin("tessera") + " generate --model " + quote(stories + "/stories260K-f32.gguf") +
+                                  " --prompt-ids " + join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) +
+                                  " --max-tokens " + std::to_string(greedy.size()) +
+                                  " --temperature 0 --ignore-eos --print-ids --speculation ngram --tp " + tp);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(last_line(r.output), join_ids(greedy)) << "TP " << tp << " " << c["name"];
+      std::smatch m;
+      if (std::regex_search(r.output, m, std::regex("drafts proposed, ([0-9]+) kept"))) kept += std::stoi(m[1]);
+    }
+  }
+  EXPECT_GT(kept, 0) << "drafts must have been kept";
+}
+
 // The number of leading comma-separated ids two greedy runs share.
 static size_t common_prefix_ids(const std::string& a, const std::string& b) {
   size_t n = 0;

@@ -1,0 +1,302 @@
+#include "coordinator/speculation.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+namespace tessera {
+namespace {
+
+constexpr double kClassDecay = 0.93;  // per verified position: a class remembers ~15 positions
+constexpr double kSeqDecay = 0.85;    // a request ~7
+constexpr double kSeqPrior = 4.0;     // a request's estimate counts its class as this many positions
+constexpr double kPriorAcceptance = 0.5;
+constexpr int64_t kMinProbeTrials = 8;  // verified positions a probe wants before it decides
+
+void decay_add(double& succ, double& trials, double s, double t, double decay) {
+  const double f = std::pow(decay, t);
+  succ = succ * f + s;
+  trials = trials * f + t;
+}
+
+}  // namespace
+
+Result<SpecMode> parse_spec_mode(std::string_view name) {
+  if (name == "off") return SpecMode::kOff;
+  if (name == "auto") return SpecMode::kAuto;
+  if (name == "ngram") return SpecMode::kNgram;
+  if (name == "draft") return SpecMode::kDraft;
+  return Status::invalid_argument(fmt::format("speculation '{}' is not one of off, auto, ngram, draft", name));
+}
+
+std::string_view spec_mode_name(SpecMode mode) {
+  switch (mode) {
+    case SpecMode::kOff: return "off";
+    case SpecMode::kAuto: return "auto";
+    case SpecMode::kNgram: return "ngram";
+    case SpecMode::kDraft: return "draft";
+  }
+  return "?";
+}
+
+Status validate_speculation_config(const SpeculationConfig& c) {
+  auto bad = [](std::string_view knob, auto value, std::string_view why) {
+    return Status::invalid_argument(fmt::format("scheduler knob {} = {}: {}", knob, value, why));
+  };
+  if (c.max_depth < 0 || c.max_depth > 16) return bad("spec_depth", c.max_depth, "must be in 0..16");
+  if (c.ngram_min < 1) return bad("spec_ngram_min", c.ngram_min, "must be at least 1");
+  if (c.ngram_max < c.ngram_min || c.ngram_max > 16)
+    return bad("spec_ngram_max", c.ngram_max, fmt::format("must be in spec_ngram_min ({})..16", c.ngram_min));
+  if (c.probe_interval < 1) return bad("spec_probe_interval", c.probe_interval, "must be at least 1");
+  if (c.probe_steps < 1) return bad("spec_probe_steps", c.probe_steps, "must be at least 1");
+  if (!std::isfinite(c.hysteresis) || c.hysteresis < 0 || c.hysteresis >= 0.5)
+    return bad("spec_hysteresis", c.hysteresis, "must be in [0, 0.5)");
+  return Status::ok();
+}
+
+// ---- n-gram proposer --------------------------------------------------------------------------
+
+NgramProposer::NgramProposer(int32_t ngram_max, int32_t ngram_min) : max_n_(ngram_max), min_n_(ngram_min) {}
+
+void NgramProposer::propose(std::span<const int32_t> t, int64_t k, std::vector<int32_t>& out) {
+  out.clear();
+  const auto len = static_cast<int64_t>(t.size());
+  if (k <= 0) return;
+  for (int64_t n = std::min<int64_t>(max_n_, len - 1); n >= min_n_; --n) {
+    const int32_t* key = t.data() + (len - n);
+    // The most recent earlier occurrence: start j < len - n, so at least one token follows it.
+    for (int64_t j = len - n - 1; j >= 0; --j) {
+      if (t[static_cast<size_t>(j)] != key[0] || !std::equal(key, key + n, t.data() + j)) continue;
+      const int64_t from = j + n, to = std::min(len, from + k);
+      out.assign(t.begin() + from, t.begin() + to);
+      return;
+    }
+  }
+}
+
+// ---- step cost ---------------------------------------------------------------------------------
+
+void StepCostModel::observe(int64_t tokens, double seconds) {
+  if (tokens <= 0 || !(seconds >= 0)) return;
+  Mean& m = by_tokens_[tokens];
+  ++m.n;
+  const double w = std::max(1.0 / static_cast<double>(m.n), 0.1);
+  m.value += w * (seconds - m.value);
+}
+
+std::optional<double> StepCostModel::predict(int64_t tokens) const {
+  if (by_tokens_.empty()) return std::nullopt;
+  if (auto it = by_tokens_.find(tokens); it != by_tokens_.end()) return it->second.value;
+  auto hi = by_tokens_.upper_bound(tokens);
+  const bool has_hi = hi != by_tokens_.end(), has_lo = hi != by_tokens_.begin();
+  auto line = [&](auto a, auto b) {
+    const double slope = std::max(0.0, (b->second.value - a->second.value) / static_cast<double>(b->first - a->first));
+    return std::max(0.0, a->second.value + slope * static_cast<double>(tokens - a->first));
+  };
+  if (has_hi && has_lo) return line(std::prev(hi), hi);
+  if (has_lo) {  // beyond the largest size seen: the last two
+    auto b = std::prev(hi);
+    if (b == by_tokens_.begin()) return std::nullopt;
+    return line(std::prev(b), b);
+  }
+  auto n = std::next(hi);  // below the smallest
+  if (n == by_tokens_.end()) return std::nullopt;
+  return line(hi, n);
+}
+
+double expected_tokens(double a, int64_t k) {
+  a = std::clamp(a, 0.0, 1.0);
+  double e = 1, p = 1;
+  for (int64_t i = 0; i < k; ++i) e += (p *= a);
+  return e;
+}
+
+double break_even_acceptance(int64_t k, double cost_ratio) {
+  if (k <= 0 || expected_tokens(1.0, k) < cost_ratio) return 1.0;
+  double lo = 0, hi = 1;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (expected_tokens(mid, k) < cost_ratio ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+// ---- the gate ----------------------------------------------------------------------------------
+
+SpeculationController::SpeculationController(const SpeculationConfig& config, int32_t classes)
+    : config_(config), ngram_(config.ngram_max, config.ngram_min),
+      class_state_(static_cast<size_t>(std::max(1, classes))), classes_(class_state_.size()) {
+  // A new engine knows nothing yet: every class starts on, measuring.
+  for (ClassState& c : class_state_) c.probe_left = config_.probe_steps;
+}
+
+double SpeculationController::acceptance_of(const SeqStats* s, const ClassState& c) const {
+  const double cls = c.stats.trials > 0 ? c.succ / c.stats.trials : kPriorAcceptance;
+  if (s == nullptr) return cls;
+  return (s->succ + kSeqPrior * cls) / (s->trials + kSeqPrior);
+}
+
+void SpeculationController::plan(std::span<const Candidate> candidates, int64_t decoders,
+                                 std::vector<std::pair<uint64_t, std::vector<int32_t>>>& drafts) {
+  drafts.clear();
+  const int64_t b = std::max<int64_t>(1, decoders);
+  last_decoders_ = b;
+  if (config_.max_depth == 0) return;
+  // Without a plain step of this size measured, this one is plain: it is the baseline.
+  const std::optional<double> t0 = cost_.predict(b);
+  struct Pick {
+    const Candidate* c;
+    double acceptance;
+  };
+  std::vector<Pick> picks;
+  for (const Candidate& c : candidates) {
+    if (c.mode != SpecMode::kAuto && c.mode != SpecMode::kNgram) continue;
+    const size_t cls = static_cast<size_t>(std::clamp<int32_t>(c.cls, 0, num_classes() - 1));
+    auto it = seqs_.find(c.seq_id);
+    if (it == seqs_.end()) it = seqs_.emplace(c.seq_id, SeqStats{static_cast<int32_t>(cls)}).first;
+    picks.push_back({&c, acceptance_of(&it->second, class_state_[cls])});
+  }
+  std::stable_sort(picks.begin(), picks.end(), [](const Pick& x, const Pick& y) { return x.acceptance > y.acceptance; });
+  double tokens = static_cast<double>(b);  // expected tokens of the step
+  int64_t extra = 0;                       // drafts in it
+  for (const Pick& p : picks) {
+    const Candidate& c = *p.c;
+    const int64_t most = std::min<int64_t>(config_.max_depth, c.max_drafts);
+    if (most <= 0) continue;
+    ClassState& cs = class_state_[static_cast<size_t>(std::clamp<int32_t>(c.cls, 0, num_classes() - 1))];
+    const bool forced = c.mode == SpecMode::kNgram;
+    const bool probing = cs.probe_left > 0;
+    if (!forced && !cs.stats.on && !probing) continue;
+    if (!forced && !t0) continue;
+    ngram_.propose(c.tokens, most, scratch_);
+    if (scratch_.empty()) continue;
+    auto k = static_cast<int64_t>(scratch_.size());
+    if (!forced && !probing) {
+      // The class is on (its switch decides whether drafts pay): the depth that maximises the
+      // step's rate at this request's acceptance, at least one draft so that the class's
+      // acceptance stays measured.
+      int64_t best = 1;
+      double best_rate = 0;
+      for (int64_t d = 1; d <= k; ++d) {
+        const std::optional<double> t = cost_.predict(b + extra + d);
+        if (!t || *t <= 0) {  // no measurement that far: take the depth as a probe
+          best = d;
+          break;
+        }
+        const double rate = (tokens + expected_tokens(p.acceptance, d) - 1) / *t;
+        if (rate > best_rate * 1.001) {
+          best = d;
+          best_rate = rate;
+        }
+      }
+      k = best;
+    }
+    if (k == 0) continue;
+    scratch_.resize(static_cast<size_t>(k));
+    tokens += expected_tokens(p.acceptance, k) - 1;
+    extra += k;
+    cs.stats.depth = k;
+    drafts.emplace_back(c.seq_id, scratch_);
+  }
+}
+
+void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
+  const double a = c.stats.trials > 0 ? c.succ / c.stats.trials : kPriorAcceptance;
+  const int64_t b = last_decoders_;
+  const std::optional<double> t0 = cost_.predict(b);
+  std::optional<double> gain;
+  if (t0 && *t0 > 0) {
+    const int64_t n = std::max<int64_t>(1, per_class);
+    for (int64_t k = 1; k <= config_.max_depth; ++k) {
+      const std::optional<double> t = cost_.predict(b + n * k);
+      if (!t || *t <= 0) break;
+      const double g = (static_cast<double>(b) + static_cast<double>(n) * (expected_tokens(a, k) - 1)) / *t /
+                       (static_cast<double>(b) / *t0);
+      gain = std::max(gain.value_or(0.0), g);
+    }
+  }
+  if (gain) c.stats.predicted_gain = *gain;
+  // No switch on less evidence than a probe wants (a class whose requests found no drafts yet).
+  if (c.stats.trials < static_cast<double>(kMinProbeTrials)) gain.reset();
+  if (c.probe_left > 0) {
+    ++c.probe_done;
+    // A probe lasts probe_steps steps, longer (up to 4x) until it has verified enough positions
+    // to judge by, and until the costs it needs were measured.
+    const bool enough = c.probe_trials >= kMinProbeTrials || c.probe_done >= 4 * config_.probe_steps;
+    if (--c.probe_left > 0) return;
+    if ((!enough || !gain) && c.probe_done < 4 * config_.probe_steps) {
+      c.probe_left = 1;
+      return;
+    }
+    c.probe_done = 0;
+    c.probe_trials = 0;
+    if (!gain) return;
+    // A probe ends: on if drafts pay, else off until the next one.
+    const bool on = c.stats.on ? *gain >= 1 - config_.hysteresis : *gain > 1 + config_.hysteresis;
+    if (on != c.stats.on) ++c.stats.switches;
+    c.stats.on = on;
+    c.steps_off = 0;
+    return;
+  }
+  if (c.stats.on) {
+    if (gain && *gain < 1 - config_.hysteresis) {
+      c.stats.on = false;
+      ++c.stats.switches;
+      c.steps_off = 0;
+    }
+    return;
+  }
+  if (++c.steps_off >= config_.probe_interval) {
+    c.probe_left = config_.probe_steps;
+    c.steps_off = 0;
+  }
+}
+
+void SpeculationController::on_step(const StepPlan& plan, const StepResult& result, double seconds) {
+  int64_t step_tokens = 0, drafts = 0, decoders = 0, drawn_by_decoders = 0;
+  std::unordered_map<uint64_t, int64_t> drawn;
+  for (const StepToken& t : result.tokens) ++drawn[t.seq_id];
+  std::vector<int64_t> per_class(class_state_.size(), 0);
+  for (const ScheduledSequence& q : plan.scheduled) {
+    step_tokens += q.num_tokens;
+    const auto k = static_cast<int64_t>(q.draft_tokens.size());
+    if (q.sample && q.num_tokens - k == 1) {
+      ++decoders;
+      auto d = drawn.find(q.seq_id);
+      drawn_by_decoders += d == drawn.end() ? 0 : d->second;
+    }
+    auto s = seqs_.find(q.seq_id);
+    if (s != seqs_.end()) ++per_class[static_cast<size_t>(s->second.cls)];
+    if (k == 0 || s == seqs_.end()) continue;
+    drafts += k;
+    auto d = drawn.find(q.seq_id);
+    const int64_t m = d == drawn.end() ? 0 : d->second;
+    if (m == 0) continue;  // no result for it (finished meanwhile): nothing learned
+    const int64_t kept = std::min(k, m - 1);
+    const int64_t trials = kept + (kept < k ? 1 : 0);
+    ClassState& c = class_state_[static_cast<size_t>(s->second.cls)];
+    c.stats.proposed += k;
+    c.stats.accepted += kept;
+    if (c.probe_left > 0) c.probe_trials += trials;
+    decay_add(c.succ, c.stats.trials, static_cast<double>(kept), static_cast<double>(trials), kClassDecay);
+    decay_add(s->second.succ, s->second.trials, static_cast<double>(kept), static_cast<double>(trials), kSeqDecay);
+  }
+  if (drafts > 0 && decoders > 0) {
+    // What plain steps would have taken for the decoders' tokens, minus what this one took.
+    if (const auto plain = cost_.predict(step_tokens - drafts))
+      time_saved_ += static_cast<double>(drawn_by_decoders) / static_cast<double>(decoders) * *plain - seconds;
+  }
+  cost_.observe(step_tokens, seconds);
+  for (size_t i = 0; i < class_state_.size(); ++i) {
+    if (per_class[i] > 0) update_switch(class_state_[i], per_class[i]);
+    ClassState& c = class_state_[i];
+    c.stats.acceptance = c.stats.trials > 0 ? c.succ / c.stats.trials : 0;
+    classes_[i] = c.stats;
+  }
+}
+
+void SpeculationController::forget(uint64_t seq_id) { seqs_.erase(seq_id); }
+
+}  // namespace tessera

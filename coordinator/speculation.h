@@ -1,0 +1,176 @@
+// Speculative decoding's control (DESIGN §6 "Speculation that pays for itself"): the proposers
+// that run in the coordinator and the gate that decides, step by step, which decoding sequences
+// carry drafts and how many.
+//
+// A draft is verified by the shards in the same step as the sequence's next token (the step
+// plan's draft_tokens, comm/control_messages.h): every row is sampled exactly as plain decoding
+// would sample it, so the output is the same with or without speculation; only the time differs.
+// A step with k drafts computes k more tokens and yields 1 + (drafts kept) tokens. Whether that
+// pays depends on how often drafts are kept and on what the extra tokens cost on this model and
+// machine, so the gate measures both as the engine runs:
+//
+//  * Acceptance: per verified position (a draft kept is a success; the first draft rejected is a
+//    failure; drafts after it are never tried), per request and per traffic class (the request's
+//    priority), as exponentially decayed counts. A request's own estimate is shrunk toward its
+//    class's until it has history.
+//  * Cost: the wall time of steps by the number of tokens they compute (step_cost), interpolated
+//    between the step sizes seen. Plain decode steps and steps with drafts are the samples.
+//  * Expected tokens of a piece with k drafts at per-position acceptance a: 1 + a + a^2 + ... + a^k.
+//    A step with B decoders and K drafts in all yields B + sum(expected - 1) tokens in T(B + K);
+//    drafts are added per sequence (highest acceptance first, depth chosen to maximise the rate)
+//    while the rate tokens / T rises. With acceptance a and T(n + k) / T(n) = c, break-even is
+//    where the expected tokens equal c.
+//  * The class's switch: on while its predicted gain (best rate with drafts / rate without) is
+//    above 1 - hysteresis; off below it; when off, re-probed every probe_interval steps for
+//    probe_steps steps (drafts sent whatever the prediction, to measure), back on when the gain
+//    is above 1 + hysteresis. Requests in "ngram" mode always carry drafts (no gate).
+//
+// Thread-safety: none; the engine thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/control_messages.h"
+#include "common/status.h"
+
+namespace tessera {
+
+enum class SpecMode { kOff, kAuto, kNgram, kDraft };
+
+// "off", "auto", "ngram", "draft"; InvalidArgument listing them otherwise.
+Result<SpecMode> parse_spec_mode(std::string_view name);
+std::string_view spec_mode_name(SpecMode mode);
+
+// The speculation knobs (SchedulerConfig carries them; scheduler_config.h shows how they are set).
+struct SpeculationConfig {
+  SpecMode mode = SpecMode::kAuto;  // a request without a "speculation" field gets this
+  int32_t max_depth = 4;            // most drafts per sequence per step
+  int32_t ngram_max = 3;            // longest suffix the n-gram proposer looks up
+  int32_t ngram_min = 1;            // shortest
+  int32_t probe_interval = 64;      // steps between probes of a class that is off
+  int32_t probe_steps = 4;          // steps of a probe
+  double hysteresis = 0.03;         // off below 1 - h of plain speed, on again above 1 + h
+};
+
+// InvalidArgument naming the knob: max_depth outside 0..16 (0: never draft), ngram_min < 1,
+// ngram_max < ngram_min or > 16, probe_interval < 1, probe_steps < 1, hysteresis outside [0, 0.5).
+Status validate_speculation_config(const SpeculationConfig& config);
+
+// What proposes drafts for a sequence. Proposals must be deterministic functions of what the
+// proposer was given (verification keeps a draft exactly when the target's draw equals it).
+// A draft model in the shards (--draft-model, a low-bit copy) implements the same contract on
+// the shard side; proposers here run in the coordinator.
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual std::string_view name() const = 0;
+  // Up to k tokens that may follow `tokens` (the prompt and the output so far), into `out`
+  // (cleared first; empty: no proposal).
+  virtual void propose(std::span<const int32_t> tokens, int64_t k, std::vector<int32_t>& out) = 0;
+};
+
+// Prompt lookup: the longest suffix of the token list (ngram_max .. ngram_min tokens) that
+// occurred earlier in it, at its most recent earlier occurrence; the tokens that followed it
+// there are the proposal. No second model.
+class NgramProposer final : public Proposer {
+ public:
+  NgramProposer(int32_t ngram_max, int32_t ngram_min);
+  std::string_view name() const override { return "ngram"; }
+  void propose(std::span<const int32_t> tokens, int64_t k, std::vector<int32_t>& out) override;
+
+ private:
+  int32_t max_n_, min_n_;
+};
+
+// Mean step wall time by the number of tokens the step computes (exponentially weighted per
+// size), interpolated linearly between the sizes seen and extrapolated from the nearest two.
+class StepCostModel {
+ public:
+  void observe(int64_t tokens, double seconds);
+  // Seconds for a step of `tokens`; nullopt until two sizes were seen (or `tokens` itself was).
+  std::optional<double> predict(int64_t tokens) const;
+  size_t sizes() const { return by_tokens_.size(); }
+
+ private:
+  struct Mean {
+    double value = 0;
+    int64_t n = 0;
+  };
+  std::map<int64_t, Mean> by_tokens_;
+};
+
+// Expected tokens of a piece with k drafts at per-position acceptance a (1 + a + ... + a^k).
+double expected_tokens(double acceptance, int64_t k);
+// The acceptance at which k drafts break even when they make the step cost_ratio times as long.
+double break_even_acceptance(int64_t k, double cost_ratio);
+
+class SpeculationController {
+ public:
+  SpeculationController(const SpeculationConfig& config, int32_t classes);
+
+  // A sequence that decodes in the next step, with what the gate needs to know about it.
+  struct Candidate {
+    uint64_t seq_id = 0;
+    int32_t cls = 0;
+    SpecMode mode = SpecMode::kOff;
+    std::span<const int32_t> tokens;  // prompt and output so far
+    int64_t max_drafts = 0;           // max_tokens / max_positions left (the scheduler trims further)
+  };
+  // The drafts for the next step (seq id, tokens), decided as the file's comment says.
+  // `decoders`: sequences decoding in that step, candidates or not.
+  void plan(std::span<const Candidate> candidates, int64_t decoders,
+            std::vector<std::pair<uint64_t, std::vector<int32_t>>>& drafts);
+  // The step that ran: its plan (drafts as sent), result (tokens drawn) and wall time.
+  void on_step(const StepPlan& plan, const StepResult& result, double seconds);
+  void forget(uint64_t seq_id);
+
+  struct ClassStats {
+    int64_t proposed = 0;       // drafts sent
+    int64_t accepted = 0;       // drafts kept
+    double acceptance = 0;      // decayed per-position estimate (successes / trials)
+    double trials = 0;          // decayed trials behind it
+    bool on = true;             // the gate's switch
+    int64_t switches = 0;
+    double predicted_gain = 0;  // last prediction: best rate with drafts / rate without (0: none yet)
+    int64_t depth = 0;          // drafts per sequence in the last step that had any
+  };
+  const ClassStats& class_stats(int32_t cls) const { return classes_.at(static_cast<size_t>(cls)); }
+  int32_t num_classes() const { return static_cast<int32_t>(classes_.size()); }
+  double time_saved_seconds() const { return time_saved_; }
+  const StepCostModel& cost() const { return cost_; }
+  const SpeculationConfig& config() const { return config_; }
+
+ private:
+  struct SeqStats {
+    int32_t cls = 0;
+    double succ = 0, trials = 0;  // decayed
+  };
+  struct ClassState {
+    ClassStats stats;
+    double succ = 0;
+    int64_t steps_off = 0;    // decode steps with candidates since it went off / its last probe
+    int64_t probe_left = 0;   // steps of the current probe
+    int64_t probe_done = 0;   // steps it has run
+    int64_t probe_trials = 0; // positions it has verified
+  };
+  double acceptance_of(const SeqStats* s, const ClassState& c) const;
+  void update_switch(ClassState& c, int64_t decoders);
+
+  SpeculationConfig config_;
+  NgramProposer ngram_;
+  std::vector<ClassState> class_state_;
+  std::vector<ClassStats> classes_;  // snapshots for readers
+  std::unordered_map<uint64_t, SeqStats> seqs_;
+  StepCostModel cost_;
+  double time_saved_ = 0;
+  int64_t last_decoders_ = 1;
+  std::vector<int32_t> scratch_;
+};
+
+}  // namespace tessera
