@@ -26,23 +26,22 @@ import datetime
 import inspect
 import json
 import os
-import platform
-import shutil
 import socket
 import statistics
 import subprocess
+import tempfile
 import sys
 import threading
 import time
 import urllib.request
 
-CODE_FUNCS = [
+CODE_FUNCS = [  # pure-Python functions (frozen modules such as posixpath have no source)
     ("textwrap", "dedent", "undent"),
-    ("posixpath", "relpath", "relative_path"),
     ("difflib", "get_close_matches", "close_matches"),
     ("heapq", "nsmallest", "smallest_n"),
-    ("shlex", "split", "split_words"),
+    ("json", "dumps", "to_json"),
     ("fnmatch", "translate", "pattern_to_regex"),
+    ("textwrap", "indent", "add_prefix"),
 ]
 
 STORIES = [
@@ -124,8 +123,9 @@ class Tessera:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10).read().decode()
         out = {}
         for line in text.splitlines():
-            if line.startswith("tessera_spec_") and 'class="0"' in line:
-                name = line.split("{")[0]
+            if (line.startswith("tessera_spec_") and 'class="0"' in line) or \
+                    line.startswith("tessera_generation_tokens_total"):
+                name = line.split("{")[0].split(" ")[0]
                 out[name] = float(line.rsplit(" ", 1)[1])
         return out
 
@@ -164,7 +164,10 @@ class LlamaCpp:
         if lookup:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
             kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
-        self.llm = Llama(model_path=model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
+            # Its verification writes a row of scores per drafted position: with logits_all off the
+            # score buffer holds one batch only and overflows past position n_batch.
+            kw["logits_all"] = True
+        self.llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
 
     def complete(self, prompt, max_tokens, temperature, seed=None):
         times, text = [], []
@@ -177,10 +180,6 @@ class LlamaCpp:
                 times.append(time.perf_counter())
                 text.append(piece)
         return result(t0, times, "".join(text))
-
-
-def tokens_of(tessera_text_len, r):
-    return r["chunks"]
 
 
 def med(xs):
@@ -197,6 +196,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=3, help="prompts per workload at batch 1")
     ap.add_argument("--lookup", type=int, default=10, help="llama.cpp prompt-lookup num_pred_tokens")
+    ap.add_argument("--batch-reps", type=int, default=2, help="repetitions of the 16-concurrent runs (llama.cpp: 1)")
+    ap.add_argument("--no-llama-batch", action="store_true", help="leave llama.cpp out of the 16-concurrent runs")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: batch1,mixed,batch")
     ap.add_argument("--out", default="")
     ap.add_argument("--json", default="")
@@ -208,8 +209,9 @@ def main():
     lines = [f"cpu: {cpu}", f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
              f"command: {' '.join(sys.argv)}", f"model: {a.model}, max_tokens {a.max_tokens}, threads {a.threads}"]
     print("\n".join(lines), flush=True)
-    log = open(os.path.join(os.path.dirname(os.path.abspath(a.out or "x")), "spec_bench_server.log"), "w") \
-        if a.out else subprocess.DEVNULL
+    log_path = os.path.join(tempfile.gettempdir(), f"spec_bench_server_{os.getpid()}.log")
+    log = open(log_path, "w")
+    print(f"server log: {log_path} (the gate's switches are logged there)")
     server = Tessera(a.bin_dir, a.model, a.threads, "auto", log)
     llamas = {}
     try:
@@ -251,13 +253,26 @@ def main():
             # The gate's view over a trace: code requests, then stories (auto), sampled per request.
             trace = [(p, 0.0, "code") for p in code] + [(p, 1.0, "story") for p in stories]
             t_start = time.perf_counter()
+            # /metrics sampled every 0.2 s while the trace runs: the gate over time.
+            sampling = {"on": True}
+            def sampler():
+                while sampling["on"]:
+                    try:
+                        m = server.metrics()
+                        report.setdefault("timeline", []).append({"t": time.perf_counter() - t_start, **m})
+                    except Exception:
+                        pass
+                    time.sleep(0.2)
+            sampler_thread = threading.Thread(target=sampler, daemon=True)
+            sampler_thread.start()
             for mode in ("auto", "off"):
                 for i, (p, temp, kind) in enumerate(trace):
                     before = server.metrics()
+                    t_req = time.perf_counter() - t_start
                     r = server.complete(p, a.max_tokens, temp, mode, 77 + i)
                     m = server.metrics()
                     report["mixed"].append({
-                        "mode": mode, "i": i, "kind": kind, "t": time.perf_counter() - t_start,
+                        "mode": mode, "i": i, "kind": kind, "t0": t_req, "t": time.perf_counter() - t_start,
                         "decode_tps": r["decode_tps"], "acceptance": m.get("tessera_spec_acceptance", 0),
                         "enabled": m.get("tessera_spec_enabled", 0),
                         "proposed": m.get("tessera_spec_proposed_tokens_total", 0) -
@@ -268,11 +283,13 @@ def main():
                     print(f"  mixed {mode} {i} {kind}: {e['decode_tps']:.1f} tok/s, acceptance {e['acceptance']:.2f}, "
                           f"gate {'on' if e['enabled'] else 'off'}, drafts {e['proposed']:.0f}/{e['kept']:.0f}",
                           flush=True)
+            sampling["on"] = False
+            sampler_thread.join()
         if "batch" not in skip:
             for wname, (prompts, temp) in workloads.items():
                 batch_prompts = [workloads[wname][0][i % len(workloads[wname][0])] for i in range(16)]
                 out = {}
-                for rep in range(a.reps):
+                for rep in range(a.batch_reps):
                     for m in ("off", "auto", "ngram"):
                         res = [None] * 16
                         def go(j):
@@ -285,7 +302,7 @@ def main():
                             t.join()
                         wall = time.perf_counter() - t0
                         out.setdefault(m, []).append(sum(x["chunks"] for x in res) / wall)
-                    for name, llm in llamas.items():
+                    for name, llm in llamas.items() if rep == 0 and not a.no_llama_batch else []:
                         t0 = time.perf_counter()
                         n = sum(llm.complete(p, a.max_tokens, temp, 500 + j)["chunks"] for j, p in enumerate(batch_prompts))
                         out.setdefault(name + " (sequential)", []).append(n / (time.perf_counter() - t0))
@@ -309,7 +326,8 @@ def main():
             md.append(f"| {k} | {med(v):.1f} | {med(v) / off:.2f} | {dtext} |")
         md.append("")
     for wname, d in report["batch"].items():
-        md.append(f"#### 16 concurrent, {wname} (output tok/s over the batch's wall time, median of {a.reps})")
+        md.append(f"#### 16 concurrent, {wname} (output tok/s over the batch's wall time, median of {a.batch_reps}"
+                  + ("" if a.no_llama_batch or not llamas else "; llama.cpp: one run") + ")")
         md.append("")
         md.append("| engine / mode | tok/s | vs Tessera off |")
         md.append("|---|---|---|")
@@ -332,8 +350,6 @@ def main():
         with open(a.out, "w") as f:
             f.write(text + "\n")
     if a.json:
-        for w in report["batch1"].values():
-            pass
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
     if a.plot and report["mixed"]:
@@ -344,6 +360,33 @@ def main():
         except ImportError:
             print("(no matplotlib: no plot)")
             return
+        tl = report.get("timeline", [])
+        if tl:
+            # Over time: tok/s from the generated-token counter, the gate's acceptance and state;
+            # the trace runs once with auto, then once with off (the boundaries marked).
+            fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+            ts = [x["t"] for x in tl]
+            rate = [float("nan")] + [
+                (b.get("tessera_generation_tokens_total", 0) - a_.get("tessera_generation_tokens_total", 0)) /
+                max(1e-9, b["t"] - a_["t"]) for a_, b in zip(tl, tl[1:])]
+            ax[0].plot(ts, rate, lw=0.8)
+            ax[1].plot(ts, [x.get("tessera_spec_acceptance", 0) for x in tl], lw=0.8)
+            ax[2].step(ts, [x.get("tessera_spec_enabled", 0) for x in tl], where="post", lw=0.8)
+            for e in report["mixed"]:
+                if e["i"] == 0 or e["i"] == len(CODE_FUNCS):
+                    for x in ax:
+                        x.axvline(e["t0"], color="grey", lw=0.5, ls=":")
+            first_off = next((e for e in report["mixed"] if e["mode"] == "off"), None)
+            for x in ax:
+                if first_off:
+                    x.axvspan(first_off["t0"], ts[-1], color="0.93")
+            ax[0].set_ylabel("tokens/s")
+            ax[1].set_ylabel("acceptance (gate)")
+            ax[2].set_ylabel("gate on")
+            ax[2].set_xlabel("seconds (white: the trace with auto: code, then stories; grey: the same trace with off)")
+            fig.suptitle(f"Speculation gate over a mixed trace, /metrics every 0.2 s\n{cpu}", fontsize=9)
+            fig.tight_layout()
+            fig.savefig(a.plot + "-timeline.png", dpi=110)
         fig, ax = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
         for mode, style in (("auto", "o-"), ("off", "s--")):
             es = [e for e in report["mixed"] if e["mode"] == mode]

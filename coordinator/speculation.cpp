@@ -9,11 +9,15 @@
 namespace tessera {
 namespace {
 
-constexpr double kClassDecay = 0.93;  // per verified position: a class remembers ~15 positions
+// A class's estimate decays per step that verified drafts (a batch of 16 verifies many positions
+// a step: a per-position decay would forget everything but the last step); a request's per
+// position.
+constexpr double kClassDecay = 0.85;  // per step: a class remembers ~7 steps
 constexpr double kSeqDecay = 0.85;    // a request ~7
 constexpr double kSeqPrior = 4.0;     // a request's estimate counts its class as this many positions
 constexpr double kPriorAcceptance = 0.5;
-constexpr int64_t kMinProbeTrials = 8;  // verified positions a probe wants before it decides
+constexpr int64_t kMinProbeTrials = 4;  // verified positions a probe wants before it decides
+constexpr int64_t kProbeSequences = 2;  // sequences of a class that is off that probe in one step
 
 void decay_add(double& succ, double& trials, double s, double t, double decay) {
   const double f = std::pow(decay, t);
@@ -106,30 +110,13 @@ std::optional<double> StepCostModel::predict(int64_t tokens) const {
   return line(hi, n);
 }
 
-double expected_tokens(double a, int64_t k) {
-  a = std::clamp(a, 0.0, 1.0);
-  double e = 1, p = 1;
-  for (int64_t i = 0; i < k; ++i) e += (p *= a);
-  return e;
-}
-
-double break_even_acceptance(int64_t k, double cost_ratio) {
-  if (k <= 0 || expected_tokens(1.0, k) < cost_ratio) return 1.0;
-  double lo = 0, hi = 1;
-  for (int i = 0; i < 60; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    (expected_tokens(mid, k) < cost_ratio ? lo : hi) = mid;
-  }
-  return hi;
-}
-
 // ---- the gate ----------------------------------------------------------------------------------
 
 SpeculationController::SpeculationController(const SpeculationConfig& config, int32_t classes)
     : config_(config), ngram_(config.ngram_max, config.ngram_min),
       class_state_(static_cast<size_t>(std::max(1, classes))), classes_(class_state_.size()) {
   // A new engine knows nothing yet: every class starts on, measuring.
-  for (ClassState& c : class_state_) c.probe_left = config_.probe_steps;
+  for (ClassState& c : class_state_) c.probe_left = 4 * config_.probe_steps;
 }
 
 double SpeculationController::acceptance_of(const SeqStats* s, const ClassState& c) const {
@@ -161,6 +148,7 @@ void SpeculationController::plan(std::span<const Candidate> candidates, int64_t 
   std::stable_sort(picks.begin(), picks.end(), [](const Pick& x, const Pick& y) { return x.acceptance > y.acceptance; });
   double tokens = static_cast<double>(b);  // expected tokens of the step
   int64_t extra = 0;                       // drafts in it
+  std::vector<int64_t> probed(class_state_.size(), 0);  // sequences probing per class this step
   for (const Pick& p : picks) {
     const Candidate& c = *p.c;
     const int64_t most = std::min<int64_t>(config_.max_depth, c.max_drafts);
@@ -170,8 +158,15 @@ void SpeculationController::plan(std::span<const Candidate> candidates, int64_t 
     const bool probing = cs.probe_left > 0;
     if (!forced && !cs.stats.on && !probing) continue;
     if (!forced && !t0) continue;
-    ngram_.propose(c.tokens, most, scratch_);
+    // A class that is off probes with a few of its sequences (kProbeSequences), not a batch.
+    const auto ci = static_cast<size_t>(&cs - class_state_.data());
+    const bool off_probe = !forced && !cs.stats.on;
+    if (off_probe && probed[ci] >= kProbeSequences) continue;
+    // A probe of a class that is off only measures acceptance: two drafts a step are enough
+    // and cost little when they are rejected.
+    ngram_.propose(c.tokens, off_probe ? std::min<int64_t>(most, 2) : most, scratch_);
     if (scratch_.empty()) continue;
+    if (off_probe) ++probed[ci];
     auto k = static_cast<int64_t>(scratch_.size());
     if (!forced && !probing) {
       // The class is on (its switch decides whether drafts pay): the depth that maximises the
@@ -221,15 +216,16 @@ void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
   // No switch on less evidence than a probe wants (a class whose requests found no drafts yet).
   if (c.stats.trials < static_cast<double>(kMinProbeTrials)) gain.reset();
   if (c.probe_left > 0) {
+    // A probe runs until it has verified enough positions to judge by (and the costs it needs
+    // are measured): at least probe_steps steps for the first probe of a class that is on, as
+    // few as one for a class that is off (its probes are what it pays while off), at most
+    // 4 x probe_steps.
     ++c.probe_done;
-    // A probe lasts probe_steps steps, longer (up to 4x) until it has verified enough positions
-    // to judge by, and until the costs it needs were measured.
-    const bool enough = c.probe_trials >= kMinProbeTrials || c.probe_done >= 4 * config_.probe_steps;
-    if (--c.probe_left > 0) return;
-    if ((!enough || !gain) && c.probe_done < 4 * config_.probe_steps) {
-      c.probe_left = 1;
-      return;
-    }
+    --c.probe_left;
+    const bool enough = c.probe_trials >= kMinProbeTrials && gain &&
+                        c.probe_done >= (c.stats.on ? config_.probe_steps : 1);
+    if (!enough && c.probe_left > 0) return;
+    c.probe_left = 0;
     c.probe_done = 0;
     c.probe_trials = 0;
     if (!gain) return;
@@ -249,7 +245,7 @@ void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
     return;
   }
   if (++c.steps_off >= config_.probe_interval) {
-    c.probe_left = config_.probe_steps;
+    c.probe_left = 4 * config_.probe_steps;
     c.steps_off = 0;
   }
 }
@@ -259,6 +255,7 @@ void SpeculationController::on_step(const StepPlan& plan, const StepResult& resu
   std::unordered_map<uint64_t, int64_t> drawn;
   for (const StepToken& t : result.tokens) ++drawn[t.seq_id];
   std::vector<int64_t> per_class(class_state_.size(), 0);
+  std::vector<std::pair<double, double>> step_counts(class_state_.size(), {0.0, 0.0});  // successes, trials
   for (const ScheduledSequence& q : plan.scheduled) {
     step_tokens += q.num_tokens;
     const auto k = static_cast<int64_t>(q.draft_tokens.size());
@@ -280,7 +277,8 @@ void SpeculationController::on_step(const StepPlan& plan, const StepResult& resu
     c.stats.proposed += k;
     c.stats.accepted += kept;
     if (c.probe_left > 0) c.probe_trials += trials;
-    decay_add(c.succ, c.stats.trials, static_cast<double>(kept), static_cast<double>(trials), kClassDecay);
+    step_counts[static_cast<size_t>(s->second.cls)].first += static_cast<double>(kept);
+    step_counts[static_cast<size_t>(s->second.cls)].second += static_cast<double>(trials);
     decay_add(s->second.succ, s->second.trials, static_cast<double>(kept), static_cast<double>(trials), kSeqDecay);
   }
   if (drafts > 0 && decoders > 0) {
@@ -290,6 +288,11 @@ void SpeculationController::on_step(const StepPlan& plan, const StepResult& resu
   }
   cost_.observe(step_tokens, seconds);
   for (size_t i = 0; i < class_state_.size(); ++i) {
+    if (step_counts[i].second > 0) {
+      ClassState& c = class_state_[i];
+      c.succ = c.succ * kClassDecay + step_counts[i].first;
+      c.stats.trials = c.stats.trials * kClassDecay + step_counts[i].second;
+    }
     if (per_class[i] > 0) update_switch(class_state_[i], per_class[i]);
     ClassState& c = class_state_[i];
     c.stats.acceptance = c.stats.trials > 0 ? c.succ / c.stats.trials : 0;

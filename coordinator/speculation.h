@@ -11,8 +11,9 @@
 //
 //  * Acceptance: per verified position (a draft kept is a success; the first draft rejected is a
 //    failure; drafts after it are never tried), per request and per traffic class (the request's
-//    priority), as exponentially decayed counts. A request's own estimate is shrunk toward its
-//    class's until it has history.
+//    priority), as exponentially decayed counts: a request's per position, a class's per step
+//    (a batch verifies many positions a step). A request's own estimate is shrunk toward its
+//    class's until it has history; it sets the request's depth, the class's sets the switch.
 //  * Cost: the wall time of steps by the number of tokens they compute (step_cost), interpolated
 //    between the step sizes seen. Plain decode steps and steps with drafts are the samples.
 //  * Expected tokens of a piece with k drafts at per-position acceptance a: 1 + a + a^2 + ... + a^k.
@@ -21,9 +22,11 @@
 //    while the rate tokens / T rises. With acceptance a and T(n + k) / T(n) = c, break-even is
 //    where the expected tokens equal c.
 //  * The class's switch: on while its predicted gain (best rate with drafts / rate without) is
-//    above 1 - hysteresis; off below it; when off, re-probed every probe_interval steps for
-//    probe_steps steps (drafts sent whatever the prediction, to measure), back on when the gain
-//    is above 1 + hysteresis. Requests in "ngram" mode always carry drafts (no gate).
+//    above 1 - hysteresis; off below it; when off, re-probed every probe_interval steps (two of
+//    its sequences send two drafts a step whatever the prediction, until enough positions are
+//    verified to judge by), back on when the gain is above 1 + hysteresis. A new engine starts
+//    each class on, with a probe of at least probe_steps steps. Requests in "ngram" mode always
+//    carry drafts (no gate).
 //
 // Thread-safety: none; the engine thread owns it.
 #pragma once
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "comm/control_messages.h"
+#include "common/speculation_math.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -105,10 +109,6 @@ class StepCostModel {
   std::map<int64_t, Mean> by_tokens_;
 };
 
-// Expected tokens of a piece with k drafts at per-position acceptance a (1 + a + ... + a^k).
-double expected_tokens(double acceptance, int64_t k);
-// The acceptance at which k drafts break even when they make the step cost_ratio times as long.
-double break_even_acceptance(int64_t k, double cost_ratio);
 
 class SpeculationController {
  public:

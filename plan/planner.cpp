@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "common/kv_config.h"
+#include "common/speculation_math.h"
 #include "common/strings.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -623,6 +624,25 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
 
 }  // namespace
 
+void speculation_bill(const PlanInput& in, const LinkSpec& link, const Split& s, const TimeBill& t,
+                      std::vector<SpeculationRow>& rows) {
+  const double plain = t.step_graph_s;
+  for (const int64_t k : {1, 2, 4, 8}) {
+    const double q = static_cast<double>(k + 1);
+    const double floor = std::max(t.memory_s, t.compute_s * q);
+    const auto reduce_bytes = static_cast<uint64_t>(static_cast<double>(t.all_reduce_bytes) * q);
+    const double reduce = t.all_reduces_per_step * ring_all_reduce_s(reduce_bytes, in.tp, link);
+    const double gather =
+        ring_all_gather_s(static_cast<uint64_t>(static_cast<double>(t.batch * s.vocab) * 4 * q), in.tp, link);
+    SpeculationRow r;
+    r.drafts = k;
+    r.verify_s = floor + t.launch_graph_s + reduce + gather;
+    r.cost_ratio = plain > 0 ? r.verify_s / plain : 0;
+    r.break_even = break_even_acceptance(k, r.cost_ratio);
+    rows.push_back(r);
+  }
+}
+
 Result<Plan> make_plan(const PlanInput& input) {
   TESSERA_RETURN_IF_ERROR(validate_input(input));
   Plan plan;
@@ -643,6 +663,7 @@ Result<Plan> make_plan(const PlanInput& input) {
   const Split whole{c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn, c.vocab};
   memory_bill(input, m, s, whole);
   time_bill(input, plan.link, m, s, plan.time);
+  speculation_bill(input, plan.link, s, plan.time, plan.speculation);
   add_warnings(input, plan, s);
   return plan;
 }
@@ -830,6 +851,14 @@ std::string format_plan(const Plan& plan) {
   if (card.graph_node_s > 0) out += row("", "with CUDA graphs", ms(t.step_graph_s));
   out += row("throughput", fmt::format("{} tokens per step", t.batch), fmt::format("{:.1f} tokens/s", t.tokens_per_s));
 
+  out += fmt::format("\nSPECULATION, k drafts per sequence verified in one step (batch {}, context {})\n", t.batch,
+                     t.context);
+  for (const SpeculationRow& r : plan.speculation)
+    out += row(fmt::format("k = {}", r.drafts),
+               fmt::format("{} per step ({:.2f}x plain): pays above acceptance {:.2f}", ms(r.verify_s), r.cost_ratio,
+                           r.break_even),
+               r.break_even >= 1.0 ? std::string("never pays") : fmt::format("{:.0f}% break-even", r.break_even * 100));
+
   if (!plan.warnings.empty()) {
     out += "\nWARNINGS\n";
     for (const PlanWarning& w : plan.warnings) out += fmt::format("  {}: {}\n", w.fatal ? "ERROR" : "warning", w.message);
@@ -936,6 +965,11 @@ std::string plan_to_json(const Plan& plan) {
       {"step_graph_s", t.step_graph_s},
       {"tokens_per_s", t.tokens_per_s},
   };
+  std::vector<nlohmann::ordered_json> spec;
+  for (const SpeculationRow& r : plan.speculation)
+    spec.push_back({{"drafts", r.drafts}, {"verify_s", r.verify_s}, {"cost_ratio", r.cost_ratio},
+                    {"break_even_acceptance", r.break_even}});
+  j["speculation"] = spec;
   std::vector<nlohmann::ordered_json> warnings;
   for (const PlanWarning& w : plan.warnings) warnings.push_back({{"fatal", w.fatal}, {"message", w.message}});
   j["warnings"] = warnings;

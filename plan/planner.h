@@ -217,6 +217,18 @@ struct TimeBill {
   double tokens_per_s = 0;           // batch / step_graph_s (step_s on the CPU)
 };
 
+// Speculative decoding on this plan (common/speculation_math.h): a step where each of the batch's
+// sequences verifies k drafts computes batch * (k + 1) tokens; the weights and the KV are read
+// once as in a plain step, the matrix and attention FLOPs, the all-reduce bytes and the logits
+// gathered grow k + 1 times. Break-even: the per-position acceptance at which the expected
+// tokens (1 + a + ... + a^k) equal verify_s / plain step.
+struct SpeculationRow {
+  int64_t drafts = 0;
+  double verify_s = 0;
+  double cost_ratio = 0;
+  double break_even = 0;
+};
+
 struct PlanWarning {
   bool fatal = false;                // the plan cannot run at all
   std::string message;
@@ -227,6 +239,7 @@ struct Plan {
   LinkSpec link;
   MemoryBill memory;
   TimeBill time;
+  std::vector<SpeculationRow> speculation;  // k = 1, 2, 4, 8
   std::vector<PlanWarning> warnings;
 };
 

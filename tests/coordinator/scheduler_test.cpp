@@ -1287,7 +1287,9 @@ TEST(SchedulerSpeculationTest, RandomLoadWithDraftsKeepsTheContract) {
       h.run(5000);
       ASSERT_FALSE(h.sched.has_work()) << "seed " << seed;
       EXPECT_EQ(h.pool.num_used(), 0) << "seed " << seed;
-      if (h.wpool) EXPECT_EQ(h.wpool->num_used(), 0);
+      if (h.wpool) {
+        EXPECT_EQ(h.wpool->num_used(), 0);
+      }
       EXPECT_EQ(h.shard.live(), 0u);
       const SchedulerStats st = h.sched.stats();
       EXPECT_GT(st.draft_tokens, 0);

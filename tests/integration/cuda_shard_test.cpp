@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,40 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
       EXPECT_NE(r.output.find("decode as CUDA graphs"), std::string::npos) << r.output;
     }
   }
+}
+
+// Speculation on CUDA shards: the pieces with drafts (k + 1 rows of logits, verified on the
+// host) beside graphed plain decode steps; the reference greedy ids at TP 1 and 2, and seeded
+// sampling draws the same tokens with and without drafts.
+TEST_F(CudaShardFakeBackend, SpeculationKeepsTheTokens) {
+  const std::string stories = testdata_dir() + "/stories260K";
+  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  std::ifstream in(stories + "/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  int kept = 0;
+  for (const auto& c : ref["cases"]) {
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    for (const char* tp : {"1", "2"}) {
+      const ProcessResult r = run(env_ + bin("tessera") + " generate --model " +
+                                  quote(stories + "/stories260K-f32.gguf") + " --prompt-ids " +
+                                  join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +
+                                  std::to_string(greedy.size()) +
+                                  " --temperature 0 --ignore-eos --print-ids --speculation ngram --device cuda --tp " + tp);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(last_line(r.output), join_ids(greedy)) << "TP " << tp << " " << c["name"];
+      std::smatch m;
+      if (std::regex_search(r.output, m, std::regex("drafts proposed, ([0-9]+) kept"))) kept += std::stoi(m[1]);
+    }
+  }
+  EXPECT_GT(kept, 0);
+  const std::string sampled = " generate --model " + quote(stories + "/hf") +
+                              " --prompt 'Once upon a time' --max-tokens 48 --temperature 0.9 --top-k 40 --seed 3"
+                              " --ignore-eos --print-ids --tp 1 --device cuda --speculation ";
+  const ProcessResult off = run(env_ + bin("tessera") + sampled + "off");
+  const ProcessResult on = run(env_ + bin("tessera") + sampled + "ngram");
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  EXPECT_EQ(last_line(on.output), last_line(off.output));
 }
 
 TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "coordinator/engine.h"
+#include "tests/default_model_file.h"
 #include "local/local_model.h"
 #include "tests/shard/stories_reference.h"
 #include "tokenizer/tokenizer.h"
@@ -37,7 +38,7 @@ class SpeculationStoriesTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(SpeculationStoriesTest, GreedyIdsWithDraftsAreTheReferenceIds) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 2});
+  auto model = LocalModel::load({.path = model_path(), .threads = 1});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const int32_t depth : {1, 4, 8}) {
     for (const RefCase& c : load_cases()) {
@@ -66,7 +67,7 @@ TEST_P(SpeculationStoriesTest, SampledOutputsAreTheSameTokensWithAndWithoutDraft
   // Every row of a verified piece is drawn exactly as plain decoding draws it (same sampler
   // state, same seeded uniform for that output position), so each seed gives the same tokens:
   // the output distribution is unchanged, not just close. Penalties and truncation included.
-  auto model = LocalModel::load({.path = model_path(), .threads = 2});
+  auto model = LocalModel::load({.path = model_path(), .threads = 1});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   const std::vector<RefCase> cases = load_cases();
   int differing = 0, runs = 0;
@@ -120,7 +121,7 @@ class SpeculationEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
-    auto model = LocalModel::load({.path = stories_dir() + "/hf", .threads = 2});
+    auto model = LocalModel::load({.path = stories_dir() + "/hf", .threads = 1});
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     model_ = std::move(model).value();
     auto tok = load_tokenizer_for_model(stories_dir() + "/hf");
@@ -132,6 +133,9 @@ class SpeculationEngineTest : public ::testing::Test {
   struct Out {
     std::vector<int32_t> ids;
     std::string text, finish;
+    std::vector<std::pair<int32_t, float>> logprobs;
+    std::vector<std::vector<std::pair<int32_t, float>>> top;
+    int events = 0;
   };
 
   // Runs `jobs` together in a fresh engine; their outputs in order.
@@ -150,6 +154,9 @@ class SpeculationEngineTest : public ::testing::Test {
       jobs[i].on_event = [&outs, i](const JobEvent& ev) {
         outs[i].ids.insert(outs[i].ids.end(), ev.tokens.begin(), ev.tokens.end());
         outs[i].text += ev.text;
+        outs[i].logprobs.insert(outs[i].logprobs.end(), ev.token_logprobs.begin(), ev.token_logprobs.end());
+        outs[i].top.insert(outs[i].top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
+        ++outs[i].events;
         if (ev.finish_reason) outs[i].finish = *ev.finish_reason;
       };
       EXPECT_TRUE(engine.submit(std::move(jobs[i])).is_ok());
@@ -193,6 +200,35 @@ TEST_F(SpeculationEngineTest, MixedBatchGivesEveryRequestItsOwnTokens) {
   EXPECT_EQ(model_->blocks().num_used(), 0);
 }
 
+TEST_F(SpeculationEngineTest, LogprobsAndEventsPerTokenWhenSeveralArriveInOneStep) {
+  // Every token of a step with kept drafts gets its own event (streaming), its own logprob and
+  // top logprobs, equal to those without drafts.
+  const std::vector<RefCase> cases = load_cases();
+  auto with_logprobs = [&](SpecMode mode) {
+    Job j = job(cases[3].prompt, 64, mode);
+    j.want_logprobs = true;
+    j.sampling.return_logprob = true;
+    j.sampling.n_logprobs = 3;
+    return j;
+  };
+  const Out off = run({with_logprobs(SpecMode::kOff)}, SpecMode::kOff)[0];
+  const Out on = run({with_logprobs(SpecMode::kNgram)}, SpecMode::kNgram)[0];
+  EXPECT_GT(spec_.accepted, 0);
+  EXPECT_EQ(on.ids, off.ids);
+  ASSERT_EQ(on.logprobs.size(), on.ids.size());
+  ASSERT_EQ(on.top.size(), on.ids.size());
+  EXPECT_EQ(on.events, off.events);
+  for (size_t i = 0; i < on.ids.size(); ++i) {
+    EXPECT_EQ(on.logprobs[i].first, on.ids[i]);
+    EXPECT_FLOAT_EQ(on.logprobs[i].second, off.logprobs[i].second) << "token " << i;
+    ASSERT_EQ(on.top[i].size(), 3u);
+    for (size_t t = 0; t < 3; ++t) {
+      EXPECT_EQ(on.top[i][t].first, off.top[i][t].first) << "token " << i;
+      EXPECT_FLOAT_EQ(on.top[i][t].second, off.top[i][t].second) << "token " << i;
+    }
+  }
+}
+
 TEST_F(SpeculationEngineTest, StopStringIsCutInTheMiddleOfKeptDrafts) {
   const std::vector<RefCase> cases = load_cases();
   const std::vector<int32_t>& prompt = cases.back().prompt;  // "Once upon a time"
@@ -217,6 +253,49 @@ TEST_F(SpeculationEngineTest, StopStringIsCutInTheMiddleOfKeptDrafts) {
   EXPECT_GE(checked, 3);
   EXPECT_GT(kept_total_, 0) << "drafts must have been kept for the cut to be tested";
   EXPECT_EQ(model_->blocks().num_used(), 0);
+}
+
+// The real default model (Gemma 3 270M Q4_K_M, when present): code that copies its prompt keeps
+// many drafts, and the tokens are the ones decoding without drafts gives, greedy and sampled.
+TEST(SpeculationGemmaTest, SameTokensOnTheDefaultModelWithManyDraftsKept) {
+  const std::string path = testing::default_model_file();
+  if (path.empty()) GTEST_SKIP() << "no default model file";
+  auto model = LocalModel::load({.path = path, .threads = 1});
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto tok = load_tokenizer_for_model(path);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const std::string code =
+      "def dedent(text):\n    lines = text.split('\\n')\n    margin = None\n    for line in lines:\n"
+      "        stripped = line.lstrip()\n        if not stripped:\n            continue\n"
+      "        indent = len(line) - len(stripped)\n        margin = indent if margin is None else min(margin, indent)\n"
+      "    return '\\n'.join(line[margin or 0:] for line in lines)\n";
+  const std::vector<int32_t> prompt = (*tok)->encode(
+      "Here is a Python function:\n\n```python\n" + code + "```\n\nThe same function, renamed to `undent`:\n\n"
+      "```python\ndef undent(",
+      /*add_special=*/true);
+  for (const float temperature : {0.0f, 1.0f}) {
+    GenerateOptions go;
+    go.max_tokens = 64;
+    go.ignore_eos = true;
+    go.sampling.temperature = temperature;
+    go.sampling.seed = 11;
+    go.sampling.has_seed = true;
+    go.speculation.mode = SpecMode::kOff;
+    auto plain = generate(**model, prompt, go);
+    go.speculation = forced();
+    const double kept_before = metric(**model, "tessera_spec_accepted_tokens_total");
+    const double proposed_before = metric(**model, "tessera_spec_proposed_tokens_total");
+    auto spec = generate(**model, prompt, go);
+    ASSERT_TRUE(plain.is_ok() && spec.is_ok());
+    EXPECT_EQ(spec->ids, plain->ids) << "temperature " << temperature;
+    const double kept = metric(**model, "tessera_spec_accepted_tokens_total") - kept_before;
+    const double proposed = metric(**model, "tessera_spec_proposed_tokens_total") - proposed_before;
+    std::printf("temperature %.0f: %.0f drafts proposed, %.0f kept\n", temperature, proposed, kept);
+    if (temperature == 0.0f) {
+      EXPECT_GT(kept, 0.25 * proposed) << "the copy should keep many drafts";
+    }
+    EXPECT_EQ((*model)->blocks().num_used(), 0);
+  }
 }
 
 TEST_F(SpeculationEngineTest, DraftModeIsRefusedWithAClearError) {
