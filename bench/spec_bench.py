@@ -16,6 +16,11 @@ without it only Tessera is measured. Workloads:
          half way; the gate's acceptance, state and the decode rate are sampled per request.
   batch  16 concurrent requests of each workload (llama-cpp-python serves one at a time: its
          column is the same 16 requests in sequence).
+  greedy-story  the stories at temperature 0 (--workloads code,story,greedy-story).
+
+With --draft-layers N the server has the self-draft (the model's first N layers and a head of
+--draft-vocab frequent ids plus the context's; N = all layers: the same model with a cheap
+draft head) and the mode draft joins off / auto / ngram.
 
 Decode rate = (tokens - 1) / (time of the last token - time of the first), from streamed
 tokens, so prefill is not in it. Engines and modes alternate within each repetition; medians
@@ -96,10 +101,12 @@ def free_port():
 
 
 class Tessera:
-    def __init__(self, bin_dir, model, threads, mode, log):
+    def __init__(self, bin_dir, model, threads, mode, log, draft_layers=0, draft_vocab=0):
         self.port = free_port()
         cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", str(self.port), "--threads",
                str(threads), "--speculation", mode, "--max-batch", "16"]
+        if draft_layers > 0:
+            cmd += ["--spec-draft-layers", str(draft_layers), "--spec-draft-vocab", str(draft_vocab)]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -122,11 +129,19 @@ class Tessera:
     def metrics(self):
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10).read().decode()
         out = {}
+        # Class 0's figures: counters summed over the proposers, gauges per proposer (the n-gram's
+        # under the plain name, the self-draft's as NAME:draft).
         for line in text.splitlines():
             if (line.startswith("tessera_spec_") and 'class="0"' in line) or \
                     line.startswith("tessera_generation_tokens_total"):
                 name = line.split("{")[0].split(" ")[0]
-                out[name] = float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
+                if name.endswith("_total"):
+                    out[name] = out.get(name, 0) + value
+                elif 'proposer="draft"' in line:
+                    out[name + ":draft"] = value
+                else:
+                    out[name] = value
         return out
 
     def complete(self, prompt, max_tokens, temperature, mode, seed=None):
@@ -199,6 +214,11 @@ def main():
     ap.add_argument("--batch-reps", type=int, default=2, help="repetitions of the 16-concurrent runs (llama.cpp: 1)")
     ap.add_argument("--no-llama-batch", action="store_true", help="leave llama.cpp out of the 16-concurrent runs")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: batch1,mixed,batch")
+    ap.add_argument("--draft-layers", type=int, default=0,
+                    help="> 0: serve with the self-draft over this many layers and add the mode draft")
+    ap.add_argument("--draft-vocab", type=int, default=16384, help="the self-draft head's fixed rows")
+    ap.add_argument("--modes", default="", help="Tessera modes to run (default: off,auto,ngram and draft with --draft-layers)")
+    ap.add_argument("--workloads", default="code,story", help="batch-1 and batch workloads: code,story,greedy-story")
     ap.add_argument("--out", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="", help="PREFIX: PREFIX-mixed.png (acceptance, state, rate over the trace)")
@@ -212,7 +232,7 @@ def main():
     log_path = os.path.join(tempfile.gettempdir(), f"spec_bench_server_{os.getpid()}.log")
     log = open(log_path, "w")
     print(f"server log: {log_path} (the gate's switches are logged there)")
-    server = Tessera(a.bin_dir, a.model, a.threads, "auto", log)
+    server = Tessera(a.bin_dir, a.model, a.threads, "auto", log, a.draft_layers, a.draft_vocab)
     llamas = {}
     try:
         import llama_cpp  # noqa: F401
@@ -223,8 +243,12 @@ def main():
     try:
         code = [code_prompt(*f) for f in CODE_FUNCS]
         stories = [story_prompt(s) for s in STORIES]
-        workloads = {"code": (code[:a.prompts], 0.0), "story": (stories[:a.prompts], 1.0)}
-        modes = ["off", "auto", "ngram"]
+        workloads = {"code": (code[:a.prompts], 0.0), "story": (stories[:a.prompts], 1.0),
+                     "greedy-story": (stories[:a.prompts], 0.0)}
+        workloads = {k: v for k, v in workloads.items() if k in a.workloads.split(",")}
+        modes = ["off", "auto", "ngram"] + (["draft"] if a.draft_layers > 0 else [])
+        if a.modes:
+            modes = a.modes.split(",")
         if "batch1" not in skip:
             for wname, (prompts, temp) in workloads.items():
                 rows = {m: [] for m in modes + list(llamas)}
@@ -290,7 +314,7 @@ def main():
                 batch_prompts = [workloads[wname][0][i % len(workloads[wname][0])] for i in range(16)]
                 out = {}
                 for rep in range(a.batch_reps):
-                    for m in ("off", "auto", "ngram"):
+                    for m in modes:
                         res = [None] * 16
                         def go(j):
                             res[j] = server.complete(batch_prompts[j], a.max_tokens, temp, m, 500 + j)

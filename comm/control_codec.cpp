@@ -103,6 +103,9 @@ struct Writer {
     b.setBlockSize(c.block_size);
     b.setKvDtype(static_cast<proto::KvDtype>(c.kv_dtype));
     b.setNumWindowBlocks(c.num_window_blocks);
+    b.setDraftLayers(c.draft_layers);
+    b.setDraftVocab(c.draft_vocab);
+    if (!c.draft_ids.empty()) fill_list(b.initDraftIds(static_cast<unsigned>(c.draft_ids.size())), c.draft_ids);
   }
   void operator()(const StepPlan& p) {
     auto b = env.initStep();
@@ -153,6 +156,7 @@ struct Writer {
     b.setError(r.error);
     b.setComputeMicros(r.compute_micros);
     b.setCommMicros(r.comm_micros);
+    b.setDraftMicros(r.draft_micros);
     auto pls = b.initPromptLogprobs(static_cast<unsigned>(r.prompt_logprobs.size()));
     for (unsigned i = 0; i < r.prompt_logprobs.size(); ++i) {
       const PromptLogprob& p = r.prompt_logprobs[i];
@@ -213,7 +217,11 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
     }
     case proto::Envelope::CONFIGURE: {
       auto r = env.getConfigure();
-      return ConfigureMsg{r.getNumBlocks(), r.getBlockSize(), read_kv_dtype(r.getKvDtype()), r.getNumWindowBlocks()};
+      ConfigureMsg c{r.getNumBlocks(), r.getBlockSize(), read_kv_dtype(r.getKvDtype()), r.getNumWindowBlocks()};
+      c.draft_layers = r.getDraftLayers();
+      c.draft_vocab = r.getDraftVocab();
+      c.draft_ids = read_list<int32_t>(r.getDraftIds());
+      return c;
     }
     case proto::Envelope::STEP: {
       auto r = env.getStep();
@@ -248,6 +256,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       res.error = r.getError();
       res.compute_micros = r.getComputeMicros();
       res.comm_micros = r.getCommMicros();
+      res.draft_micros = r.getDraftMicros();
       for (auto t : r.getTokens()) {
         StepToken st{t.getSeqId(), t.getToken(), t.getLogprob(), {}};
         for (auto tl : t.getTopLogprobs()) st.top_logprobs.emplace_back(tl.getToken(), tl.getLogprob());

@@ -42,7 +42,15 @@ struct ConfigureMsg {
   // block_size tokens, addressed by each sequence's window table (ScheduledSequence); the other
   // layers use num_blocks. 0: every layer uses the one pool and the one table.
   int64_t num_window_blocks = 0;
+  // > 0: speculation's self-draft (shard/self_draft.h) over the model's first draft_layers
+  // layers, its head's fixed rows the ids below draft_vocab. 0: the shard builds no drafter.
+  int32_t draft_layers = 0;
+  int32_t draft_vocab = 0;
+  std::vector<int32_t> draft_ids;  // the head's fixed rows (the tokenizer's frequent_ids); empty: ids below draft_vocab
 };
+
+// A draft token the shard's own drafter proposes (ScheduledSequence::draft_tokens).
+inline constexpr int32_t kShardDraftToken = -1;
 
 struct NewSequence {
   uint64_t seq_id = 0;
@@ -69,7 +77,8 @@ struct ScheduledSequence {
   // token list's length). The shard samples row i as an ordinary decode would, accepts draft i
   // while the sample equals it, and reports every token it drew (1 .. k + 1, in order); then it
   // cuts its tables to the blocks that hold the computed positions (start_pos + tokens drawn),
-  // as the coordinator's block pool does.
+  // as the coordinator's block pool does. Drafts that are all kShardDraftToken are proposed by
+  // the shard's drafter (ConfigureMsg::draft_layers) in the same step, before the verification.
   std::vector<int32_t> draft_tokens;
 };
 
@@ -110,6 +119,7 @@ struct StepResult {
   uint64_t compute_micros = 0;
   uint64_t comm_micros = 0;
   std::vector<PromptLogprob> prompt_logprobs;
+  uint64_t draft_micros = 0;  // of compute_micros, the shard drafter's time
 };
 
 struct Heartbeat {

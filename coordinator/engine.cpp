@@ -70,14 +70,17 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_gauge("tessera_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up");
   m.declare_gauge("tessera_kv_fragmentation", "Unused slots in the last blocks of sequences, as a fraction of used slots");
   m.declare_gauge("tessera_healthy", "1 while every shard answers");
-  m.declare_counter("tessera_spec_proposed_tokens_total", "Speculative drafts sent to the shards, by traffic class");
-  m.declare_counter("tessera_spec_accepted_tokens_total", "Speculative drafts the shards kept, by traffic class");
+  m.declare_counter("tessera_spec_proposed_tokens_total",
+                    "Speculative drafts verified by the shards, by traffic class and proposer (ngram, draft)");
+  m.declare_counter("tessera_spec_accepted_tokens_total", "Speculative drafts the shards kept, by traffic class and proposer");
   m.declare_gauge("tessera_spec_acceptance",
                   "Per-position draft acceptance the gate measures (decayed), by traffic class");
   m.declare_gauge("tessera_spec_enabled", "1 while the gate lets a traffic class speculate");
   m.declare_counter("tessera_spec_switches_total", "Times the gate switched a traffic class on or off");
   m.declare_gauge("tessera_spec_predicted_gain",
                   "The gate's predicted decode rate with drafts over the rate without, by traffic class");
+  m.declare_counter("tessera_spec_draft_seconds_total",
+                    "Time the shards' self-draft took (its rounds and, through every layer, the verification)");
   m.declare_gauge("tessera_spec_depth", "Drafts per sequence in the last step of a class that had any");
   m.declare_gauge("tessera_spec_time_saved_seconds",
                   "Decode time speculation saved so far (plain-step time for the tokens drawn minus the time taken; "
@@ -97,7 +100,7 @@ Engine::Engine(const EngineOptions& options, StepExecutor& shards, BlockPool& po
     : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics),
       spec_(options.scheduler.speculation, options.scheduler.priority_classes), next_seq_id_(options.first_seq_id) {
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_, options_.window);
-  spec_reported_.assign(static_cast<size_t>(spec_.num_classes()), {});
+  spec_reported_.assign(static_cast<size_t>(kProposals * spec_.num_classes()), {});
   metrics_.set("tessera_healthy", 1);
   metrics_.set("tessera_kv_block_size", pool_.block_size());
   if (options_.window.pool) metrics_.set("tessera_kv_window_tokens", static_cast<double>(options_.window.window));
@@ -122,9 +125,10 @@ Result<uint64_t> Engine::submit(Job job) {
   if (!healthy_) return Status::unavailable("the engine is unhealthy: " + failure());
   if (tokenizer_ == nullptr && !job.stop.empty())
     return Status::invalid_argument("stop strings need a tokenizer, and this model has none");
-  if (job.speculation.value_or(options_.scheduler.speculation.mode) == SpecMode::kDraft)
+  if (job.speculation.value_or(options_.scheduler.speculation.mode) == SpecMode::kDraft && !spec_.has_drafter())
     return Status::invalid_argument(
-        "speculation \"draft\" needs a draft model, and this server has none; use \"ngram\", \"auto\" or \"off\"");
+        "speculation \"draft\" needs the shards' self-draft, and this server has none (start it with "
+        "--spec-draft-layers N); use \"ngram\", \"auto\" or \"off\"");
   const auto n = static_cast<int64_t>(job.sequences.size());
   if (queued_.load() + n > options_.max_queued_sequences)
     return Status::resource_exhausted(
@@ -360,24 +364,28 @@ void Engine::update_gauges() {
   metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.cached_blocks), "state=\"cached\"");
   metrics_.set("tessera_prefix_cache_hit_rate", st.kv.prefix_hit_rate);
   metrics_.set("tessera_kv_fragmentation", st.kv.fragmentation);
-  for (int32_t c = 0; c < spec_.num_classes(); ++c) {
-    const SpeculationController::ClassStats& cs = spec_.class_stats(c);
-    const std::string label = fmt::format("class=\"{}\"", c);
-    // Counters: what this engine added (a registry may outlive several engines).
-    SpecReported& seen = spec_reported_[static_cast<size_t>(c)];
-    metrics_.add("tessera_spec_proposed_tokens_total", static_cast<double>(cs.proposed - seen.proposed), label);
-    metrics_.add("tessera_spec_accepted_tokens_total", static_cast<double>(cs.accepted - seen.accepted), label);
-    metrics_.add("tessera_spec_switches_total", static_cast<double>(cs.switches - seen.switches), label);
-    metrics_.set("tessera_spec_acceptance", cs.acceptance, label);
-    metrics_.set("tessera_spec_enabled", cs.on ? 1 : 0, label);
-    metrics_.set("tessera_spec_predicted_gain", cs.predicted_gain, label);
-    metrics_.set("tessera_spec_depth", static_cast<double>(cs.depth), label);
-    if (cs.switches != seen.switches) {
-      TESSERA_LOG_INFO("speculation for class {} switched {}: acceptance {:.3f} over {:.0f} recent positions, "
-                       "predicted gain {:.3f} ({} drafts proposed, {} kept so far)",
-                       c, cs.on ? "on" : "off", cs.acceptance, cs.trials, cs.predicted_gain, cs.proposed, cs.accepted);
+  for (int p = 0; p < (spec_.has_drafter() ? kProposals : 1); ++p) {
+    const auto proposal = static_cast<Proposal>(p);
+    for (int32_t c = 0; c < spec_.num_classes(); ++c) {
+      const SpeculationController::ClassStats& cs = spec_.class_stats(c, proposal);
+      const std::string label = fmt::format("class=\"{}\",proposer=\"{}\"", c, proposal_name(proposal));
+      // Counters: what this engine added (a registry may outlive several engines).
+      SpecReported& seen = spec_reported_[static_cast<size_t>(p * spec_.num_classes() + c)];
+      metrics_.add("tessera_spec_proposed_tokens_total", static_cast<double>(cs.proposed - seen.proposed), label);
+      metrics_.add("tessera_spec_accepted_tokens_total", static_cast<double>(cs.accepted - seen.accepted), label);
+      metrics_.add("tessera_spec_switches_total", static_cast<double>(cs.switches - seen.switches), label);
+      metrics_.set("tessera_spec_acceptance", cs.acceptance, label);
+      metrics_.set("tessera_spec_enabled", cs.on ? 1 : 0, label);
+      metrics_.set("tessera_spec_predicted_gain", cs.predicted_gain, label);
+      metrics_.set("tessera_spec_depth", static_cast<double>(cs.depth), label);
+      if (cs.switches != seen.switches) {
+        TESSERA_LOG_INFO("speculation ({} drafts) for class {} switched {}: acceptance {:.3f} over {:.0f} recent "
+                         "positions, predicted gain {:.3f} ({} drafts proposed, {} kept so far)",
+                         proposal_name(proposal), c, cs.on ? "on" : "off", cs.acceptance, cs.trials,
+                         cs.predicted_gain, cs.proposed, cs.accepted);
+      }
+      seen = {cs.proposed, cs.accepted, cs.switches};
     }
-    seen = {cs.proposed, cs.accepted, cs.switches};
   }
   metrics_.add("tessera_spec_time_saved_seconds", spec_.time_saved_seconds() - spec_saved_reported_);
   spec_saved_reported_ = spec_.time_saved_seconds();
@@ -451,6 +459,8 @@ void Engine::step() {
   Status s = scheduler_->on_result(*result);
   if (!s.is_ok()) TESSERA_LOG_WARN("step result: {}", s.to_string());
   spec_.on_step(*plan, *result, step_seconds);
+  if (result->draft_micros > 0)
+    metrics_.add("tessera_spec_draft_seconds_total", static_cast<double>(result->draft_micros) * 1e-6);
   handle_tokens(*plan, *result);
   update_gauges();
 }

@@ -135,7 +135,7 @@ class Engine {
   struct SpecReported {
     int64_t proposed = 0, accepted = 0, switches = 0;
   };
-  std::vector<SpecReported> spec_reported_;  // per class: what /metrics has of it
+  std::vector<SpecReported> spec_reported_;  // per proposer and class: what /metrics has of it
   double spec_saved_reported_ = 0;
   std::vector<SpeculationController::Candidate> spec_candidates_;
   std::vector<std::pair<uint64_t, std::vector<int32_t>>> spec_drafts_;

@@ -87,6 +87,8 @@ constexpr KnobInfo kKnobs[] = {
     {"spec_probe_interval", "Steps between probes of a traffic class whose speculation is off."},
     {"spec_probe_steps", "Steps of a speculation probe."},
     {"spec_hysteresis", "Speculation goes off below 1 - h of plain speed and on again above 1 + h."},
+    {"spec_draft_layers", "Layers of the shards' self-draft (0: none; the draft proposer)."},
+    {"spec_draft_vocab", "Fixed head rows of the self-draft (token ids below it, plus each context's ids)."},
 };
 
 double knob_value(const SchedulerConfig& c, std::string_view name) {
@@ -101,6 +103,8 @@ double knob_value(const SchedulerConfig& c, std::string_view name) {
   if (name == "spec_probe_interval") return c.speculation.probe_interval;
   if (name == "spec_probe_steps") return c.speculation.probe_steps;
   if (name == "spec_hysteresis") return c.speculation.hysteresis;
+  if (name == "spec_draft_layers") return c.speculation.draft_layers;
+  if (name == "spec_draft_vocab") return c.speculation.draft_vocab;
   return c.aging_ms;
 }
 
@@ -171,6 +175,8 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
   if (name == "spec_probe_interval") return parse_int(name, value, sp.probe_interval);
   if (name == "spec_probe_steps") return parse_int(name, value, sp.probe_steps);
   if (name == "spec_hysteresis") return parse_double(name, value, sp.hysteresis);
+  if (name == "spec_draft_layers") return parse_int(name, value, sp.draft_layers);
+  if (name == "spec_draft_vocab") return parse_int(name, value, sp.draft_vocab);
   return Status::invalid_argument(fmt::format("unknown scheduler knob '{}'", raw_name));
 }
 
@@ -278,10 +284,13 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
 std::string format_scheduler_config(const SchedulerConfig& c) {
   return fmt::format(
       "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} priority_classes={} "
-      "aging_ms={} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}",
+      "aging_ms={} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}{}",
       c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.priority_classes, c.aging_ms,
       spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,
-      c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis);
+      c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis,
+      c.speculation.draft_layers > 0
+          ? fmt::format(" spec_draft_layers={} spec_draft_vocab={}", c.speculation.draft_layers, c.speculation.draft_vocab)
+          : std::string());
 }
 
 std::string scheduler_config_prometheus(const SchedulerConfig& c) {

@@ -151,6 +151,14 @@ int run_server(const ServerOptions& o) {
   go.step_tokens = o.scheduler.max_step_tokens;
   go.step_seqs = o.scheduler.max_batch;
   go.window_pool = o.kv_window_pool;
+  if (const SpeculationConfig& sc = o.scheduler.speculation; sc.draft_layers > 0) {
+    if (sc.draft_layers > config.n_layers)
+      return fail(fmt::format("--spec-draft-layers {}: the self-draft runs 1..{} of the model's layers",
+                              sc.draft_layers, config.n_layers));
+    go.draft_layers = sc.draft_layers;
+    go.draft_vocab = sc.draft_vocab;
+    go.draft_ids = (*tokenizer)->frequent_ids(sc.draft_vocab);
+  }
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
   std::string endpoint = (*group)->endpoint();

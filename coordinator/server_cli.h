@@ -44,9 +44,9 @@ struct ServerCli {
       app.add_option(std::string("--") + knob, knobs[knob], std::string("scheduler knob ") + knob);
     app.add_option("--speculation", knobs["speculation"],
                    "speculative decoding for requests without the field: off, auto (gated by measured acceptance), "
-                   "ngram (always)");
+                   "ngram (always), draft (the self-draft, always; needs --spec-draft-layers)");
     for (const char* knob : {"spec-depth", "spec-ngram-max", "spec-ngram-min", "spec-probe-interval", "spec-probe-steps",
-                             "spec-hysteresis"})
+                             "spec-hysteresis", "spec-draft-layers", "spec-draft-vocab"})
       app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
     app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
     app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "declare a silent shard dead")->capture_default_str();

@@ -194,8 +194,11 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
                      static_cast<double>(plan_.num_window_blocks * plan_.window_bytes_per_block) / (1 << 20),
                      plan_.kv_bytes_per_block);
   for (int r = 0; r < o_.world_size; ++r) {
-    Status s = server_->send(shard_identity(r), ConfigureMsg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size),
-                                                             o_.kv_dtype, plan_.num_window_blocks});
+    ConfigureMsg cfg{plan_.num_blocks, static_cast<int32_t>(plan_.block_size), o_.kv_dtype, plan_.num_window_blocks};
+    cfg.draft_layers = o_.draft_layers;
+    cfg.draft_vocab = o_.draft_vocab;
+    cfg.draft_ids = o_.draft_ids;
+    Status s = server_->send(shard_identity(r), cfg);
     if (!s.is_ok()) return fail(s);
   }
   last_sent_ = Clock::now();

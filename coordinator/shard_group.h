@@ -45,6 +45,10 @@ struct ShardGroupOptions {
   // The window pool (common/kv_config.h), when the shards report windowed layers and it leaves
   // room for more blocks than one pool: sized for step_seqs sequences and steps of step_tokens.
   bool window_pool = false;
+  // Speculation's self-draft in every shard (ConfigureMsg::draft_layers; 0: none).
+  int32_t draft_layers = 0;
+  int32_t draft_vocab = 0;
+  std::vector<int32_t> draft_ids;  // its head's fixed rows (Tokenizer::frequent_ids)
 };
 
 struct MemoryPlan {

@@ -55,6 +55,9 @@ Status validate_speculation_config(const SpeculationConfig& c) {
     return bad("spec_ngram_max", c.ngram_max, fmt::format("must be in spec_ngram_min ({})..16", c.ngram_min));
   if (c.probe_interval < 1) return bad("spec_probe_interval", c.probe_interval, "must be at least 1");
   if (c.probe_steps < 1) return bad("spec_probe_steps", c.probe_steps, "must be at least 1");
+  if (c.draft_layers < 0 || c.draft_layers > 1024)
+    return bad("spec_draft_layers", c.draft_layers, "must be in 0..1024 (0: no self-draft)");
+  if (c.draft_vocab < 0) return bad("spec_draft_vocab", c.draft_vocab, "must be at least 0");
   if (!std::isfinite(c.hysteresis) || c.hysteresis < 0 || c.hysteresis >= 0.5)
     return bad("spec_hysteresis", c.hysteresis, "must be in [0, 0.5)");
   return Status::ok();
@@ -91,6 +94,15 @@ void StepCostModel::observe(int64_t tokens, double seconds) {
 }
 
 std::optional<double> StepCostModel::predict(int64_t tokens) const {
+  std::optional<double> t = interpolate(tokens);
+  if (!t) return t;
+  // A step with more tokens never costs less: noisy means (a size seen in a quiet moment) must
+  // not make drafts look free.
+  for (auto it = by_tokens_.begin(); it != by_tokens_.end() && it->first <= tokens; ++it) t = std::max(*t, it->second.value);
+  return t;
+}
+
+std::optional<double> StepCostModel::interpolate(int64_t tokens) const {
   if (by_tokens_.empty()) return std::nullopt;
   if (auto it = by_tokens_.find(tokens); it != by_tokens_.end()) return it->second.value;
   auto hi = by_tokens_.upper_bound(tokens);
@@ -112,17 +124,29 @@ std::optional<double> StepCostModel::predict(int64_t tokens) const {
 
 // ---- the gate ----------------------------------------------------------------------------------
 
+std::string_view proposal_name(Proposal p) { return p == Proposal::kDraft ? "draft" : "ngram"; }
+
 SpeculationController::SpeculationController(const SpeculationConfig& config, int32_t classes)
-    : config_(config), ngram_(config.ngram_max, config.ngram_min),
-      class_state_(static_cast<size_t>(std::max(1, classes))), classes_(class_state_.size()) {
+    : config_(config), ngram_(config.ngram_max, config.ngram_min), classes_n_(std::max(1, classes)),
+      class_state_(static_cast<size_t>(kProposals * classes_n_)), classes_(class_state_.size()) {
   // A new engine knows nothing yet: every class starts on, measuring.
   for (ClassState& c : class_state_) c.probe_left = 4 * config_.probe_steps;
 }
 
-double SpeculationController::acceptance_of(const SeqStats* s, const ClassState& c) const {
+double SpeculationController::acceptance_of(const SeqStats* s, const ClassState& c, Proposal p) const {
   const double cls = c.stats.trials > 0 ? c.succ / c.stats.trials : kPriorAcceptance;
   if (s == nullptr) return cls;
-  return (s->succ + kSeqPrior * cls) / (s->trials + kSeqPrior);
+  const auto i = static_cast<size_t>(p);
+  return (s->succ[i] + kSeqPrior * cls) / (s->trials[i] + kSeqPrior);
+}
+
+std::optional<double> SpeculationController::step_time(int64_t tokens, int64_t rounds, int64_t drafting) const {
+  // tokens: the step's tokens other than self-drafts; the self-draft's rounds are priced apart.
+  const std::optional<double> t = cost_.predict(tokens);
+  if (!t || rounds == 0) return t;
+  const std::optional<double> d = draft_cost_.predict(std::max<int64_t>(1, drafting));
+  if (!d) return std::nullopt;
+  return *t + static_cast<double>(rounds) * *d;
 }
 
 void SpeculationController::plan(std::span<const Candidate> candidates, int64_t decoders,
@@ -135,69 +159,90 @@ void SpeculationController::plan(std::span<const Candidate> candidates, int64_t 
   const std::optional<double> t0 = cost_.predict(b);
   struct Pick {
     const Candidate* c;
-    double acceptance;
+    double acceptance;  // the n-gram's for auto and ngram, the self-draft's for draft
   };
   std::vector<Pick> picks;
   for (const Candidate& c : candidates) {
-    if (c.mode != SpecMode::kAuto && c.mode != SpecMode::kNgram) continue;
-    const size_t cls = static_cast<size_t>(std::clamp<int32_t>(c.cls, 0, num_classes() - 1));
+    if (c.mode == SpecMode::kOff || (c.mode == SpecMode::kDraft && !has_drafter())) continue;
+    const Proposal p = c.mode == SpecMode::kDraft ? Proposal::kDraft : Proposal::kNgram;
     auto it = seqs_.find(c.seq_id);
-    if (it == seqs_.end()) it = seqs_.emplace(c.seq_id, SeqStats{static_cast<int32_t>(cls)}).first;
-    picks.push_back({&c, acceptance_of(&it->second, class_state_[cls])});
+    if (it == seqs_.end())
+      it = seqs_.emplace(c.seq_id, SeqStats{std::clamp<int32_t>(c.cls, 0, classes_n_ - 1)}).first;
+    picks.push_back({&c, acceptance_of(&it->second, class_state_[index(c.cls, p)], p)});
   }
   std::stable_sort(picks.begin(), picks.end(), [](const Pick& x, const Pick& y) { return x.acceptance > y.acceptance; });
   double tokens = static_cast<double>(b);  // expected tokens of the step
-  int64_t extra = 0;                       // drafts in it
-  std::vector<int64_t> probed(class_state_.size(), 0);  // sequences probing per class this step
-  for (const Pick& p : picks) {
-    const Candidate& c = *p.c;
+  int64_t extra = 0;                       // n-gram drafts in it (verified in the step's tokens)
+  int64_t rounds = 0, drafting = 0;        // its self-draft: rounds (the deepest), sequences
+  std::vector<int64_t> probed(class_state_.size(), 0);  // sequences probing per gate this step
+  for (const Pick& pk : picks) {
+    const Candidate& c = *pk.c;
     const int64_t most = std::min<int64_t>(config_.max_depth, c.max_drafts);
     if (most <= 0) continue;
-    ClassState& cs = class_state_[static_cast<size_t>(std::clamp<int32_t>(c.cls, 0, num_classes() - 1))];
-    const bool forced = c.mode == SpecMode::kNgram;
-    const bool probing = cs.probe_left > 0;
-    if (!forced && !cs.stats.on && !probing) continue;
-    if (!forced && !t0) continue;
-    // A class that is off probes with a few of its sequences (kProbeSequences), not a batch.
-    const auto ci = static_cast<size_t>(&cs - class_state_.data());
-    const bool off_probe = !forced && !cs.stats.on;
-    if (off_probe && probed[ci] >= kProbeSequences) continue;
-    // A probe of a class that is off only measures acceptance: two drafts a step are enough
-    // and cost little when they are rejected.
-    ngram_.propose(c.tokens, off_probe ? std::min<int64_t>(most, 2) : most, scratch_);
-    if (scratch_.empty()) continue;
-    if (off_probe) ++probed[ci];
-    auto k = static_cast<int64_t>(scratch_.size());
-    if (!forced && !probing) {
-      // The class is on (its switch decides whether drafts pay): the depth that maximises the
-      // step's rate at this request's acceptance, at least one draft so that the class's
-      // acceptance stays measured.
-      int64_t best = 1;
-      double best_rate = 0;
-      for (int64_t d = 1; d <= k; ++d) {
-        const std::optional<double> t = cost_.predict(b + extra + d);
-        if (!t || *t <= 0) {  // no measurement that far: take the depth as a probe
-          best = d;
-          break;
-        }
-        const double rate = (tokens + expected_tokens(p.acceptance, d) - 1) / *t;
-        if (rate > best_rate * 1.001) {
-          best = d;
-          best_rate = rate;
-        }
+    // The proposers this candidate may use, in order: auto tries the n-gram lookup first.
+    const Proposal order[2] = {c.mode == SpecMode::kDraft ? Proposal::kDraft : Proposal::kNgram, Proposal::kDraft};
+    const int n_order = c.mode == SpecMode::kAuto && has_drafter() ? 2 : 1;
+    for (int o = 0; o < n_order; ++o) {
+      const Proposal p = order[o];
+      const size_t gi = index(c.cls, p);
+      ClassState& cs = class_state_[gi];
+      const bool forced = c.mode != SpecMode::kAuto;
+      const bool probing = cs.probe_left > 0;
+      if (!forced && !cs.stats.on && !probing) continue;
+      if (!forced && !t0) continue;
+      // A class that is off probes with a few of its sequences (kProbeSequences), not a batch.
+      const bool off_probe = !forced && !cs.stats.on;
+      if (off_probe && probed[gi] >= kProbeSequences) continue;
+      // A probe of a class that is off only measures acceptance: two drafts a step are enough
+      // and cost little when they are rejected.
+      // The self-draft's probes take one (each of its drafts costs a round through the trunk).
+      const int64_t want = off_probe ? std::min<int64_t>(most, p == Proposal::kDraft ? 1 : 2) : most;
+      if (p == Proposal::kNgram) {
+        ngram_.propose(c.tokens, want, scratch_);
+      } else {
+        scratch_.assign(static_cast<size_t>(want), kShardDraftToken);
       }
-      k = best;
+      if (scratch_.empty()) continue;
+      const double acc = o == 0 ? pk.acceptance : acceptance_of(&seqs_.at(c.seq_id), cs, p);
+      const bool self = p == Proposal::kDraft;
+      auto k = static_cast<int64_t>(scratch_.size());
+      if (!forced && !probing) {
+        // The gate is on (its switch decides whether drafts pay): the depth that maximises the
+        // step's rate at this request's acceptance, at least one draft so that the acceptance
+        // stays measured.
+        int64_t best = 1;
+        double best_rate = 0;
+        for (int64_t d = 1; d <= k; ++d) {
+          const std::optional<double> t = self ? step_time(b + extra, std::max(rounds, d), drafting + 1)
+                                               : step_time(b + extra + d, rounds, drafting);
+          if (!t || *t <= 0) {  // no measurement that far: take the depth as a probe
+            best = d;
+            break;
+          }
+          const double rate = (tokens + expected_tokens(acc, d) - 1) / *t;
+          if (rate > best_rate * 1.001) {
+            best = d;
+            best_rate = rate;
+          }
+        }
+        k = best;
+      }
+      if (off_probe) ++probed[gi];
+      scratch_.resize(static_cast<size_t>(k));
+      tokens += expected_tokens(acc, k) - 1;
+      if (!self) extra += k;
+      if (self) {
+        rounds = std::max(rounds, k);
+        ++drafting;
+      }
+      cs.stats.depth = k;
+      drafts.emplace_back(c.seq_id, scratch_);
+      break;
     }
-    if (k == 0) continue;
-    scratch_.resize(static_cast<size_t>(k));
-    tokens += expected_tokens(p.acceptance, k) - 1;
-    extra += k;
-    cs.stats.depth = k;
-    drafts.emplace_back(c.seq_id, scratch_);
   }
 }
 
-void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
+void SpeculationController::update_switch(ClassState& c, Proposal p, int64_t per_class) {
   const double a = c.stats.trials > 0 ? c.succ / c.stats.trials : kPriorAcceptance;
   const int64_t b = last_decoders_;
   const std::optional<double> t0 = cost_.predict(b);
@@ -205,7 +250,8 @@ void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
   if (t0 && *t0 > 0) {
     const int64_t n = std::max<int64_t>(1, per_class);
     for (int64_t k = 1; k <= config_.max_depth; ++k) {
-      const std::optional<double> t = cost_.predict(b + n * k);
+      const std::optional<double> t =
+          p == Proposal::kDraft ? step_time(b, k, n) : step_time(b + n * k, 0, 0);
       if (!t || *t <= 0) break;
       const double g = (static_cast<double>(b) + static_cast<double>(n) * (expected_tokens(a, k) - 1)) / *t /
                        (static_cast<double>(b) / *t0);
@@ -244,57 +290,94 @@ void SpeculationController::update_switch(ClassState& c, int64_t per_class) {
     }
     return;
   }
-  if (++c.steps_off >= config_.probe_interval) {
+  // Probes are paid while off: a gate whose probe step costs more than a tenth of a plain step
+  // over plain (the self-draft's rounds) waits proportionally longer, so that probing costs
+  // about the same fraction of the time whatever the proposer.
+  double interval = config_.probe_interval;
+  if (t0 && *t0 > 0) {
+    const std::optional<double> probe = p == Proposal::kDraft ? step_time(b, 1, 1) : step_time(b + 2, 0, 0);
+    if (probe) interval *= std::max(1.0, (*probe - *t0) / (0.1 * *t0));
+  }
+  if (++c.steps_off >= interval) {
     c.probe_left = 4 * config_.probe_steps;
     c.steps_off = 0;
   }
 }
 
 void SpeculationController::on_step(const StepPlan& plan, const StepResult& result, double seconds) {
-  int64_t step_tokens = 0, drafts = 0, decoders = 0, drawn_by_decoders = 0;
+  int64_t step_tokens = 0, drafts = 0, decoders = 0, drawn_by_decoders = 0, rounds = 0, drafting = 0,
+          self_drafts = 0;
   std::unordered_map<uint64_t, int64_t> drawn;
   for (const StepToken& t : result.tokens) ++drawn[t.seq_id];
-  std::vector<int64_t> per_class(class_state_.size(), 0);
-  std::vector<std::pair<double, double>> step_counts(class_state_.size(), {0.0, 0.0});  // successes, trials
+  const size_t gates = class_state_.size();
+  std::vector<int64_t> per_class(gates, 0);  // by gate: the decoders of its class (the proposer's gates share them)
+  std::vector<std::pair<double, double>> step_counts(gates, {0.0, 0.0});  // successes, trials
+  bool decode_only = true;  // every token a logits row: one decoded token or a verified piece each
   for (const ScheduledSequence& q : plan.scheduled) {
     step_tokens += q.num_tokens;
     const auto k = static_cast<int64_t>(q.draft_tokens.size());
+    if (!q.sample || q.num_tokens - k != 1) decode_only = false;
     if (q.sample && q.num_tokens - k == 1) {
       ++decoders;
       auto d = drawn.find(q.seq_id);
       drawn_by_decoders += d == drawn.end() ? 0 : d->second;
     }
     auto s = seqs_.find(q.seq_id);
-    if (s != seqs_.end()) ++per_class[static_cast<size_t>(s->second.cls)];
-    if (k == 0 || s == seqs_.end()) continue;
+    if (s != seqs_.end())
+      for (int p = 0; p < kProposals; ++p) ++per_class[index(s->second.cls, static_cast<Proposal>(p))];
+    if (k == 0) continue;
+    const Proposal p = q.draft_tokens.front() == kShardDraftToken ? Proposal::kDraft : Proposal::kNgram;
+    if (p == Proposal::kDraft) {
+      rounds = std::max(rounds, k);
+      ++drafting;
+      self_drafts += k;
+    }
+    if (s == seqs_.end()) continue;
     drafts += k;
     auto d = drawn.find(q.seq_id);
     const int64_t m = d == drawn.end() ? 0 : d->second;
     if (m == 0) continue;  // no result for it (finished meanwhile): nothing learned
     const int64_t kept = std::min(k, m - 1);
     const int64_t trials = kept + (kept < k ? 1 : 0);
-    ClassState& c = class_state_[static_cast<size_t>(s->second.cls)];
+    const size_t gi = index(s->second.cls, p);
+    ClassState& c = class_state_[gi];
     c.stats.proposed += k;
     c.stats.accepted += kept;
     if (c.probe_left > 0) c.probe_trials += trials;
-    step_counts[static_cast<size_t>(s->second.cls)].first += static_cast<double>(kept);
-    step_counts[static_cast<size_t>(s->second.cls)].second += static_cast<double>(trials);
-    decay_add(s->second.succ, s->second.trials, static_cast<double>(kept), static_cast<double>(trials), kSeqDecay);
+    step_counts[gi].first += static_cast<double>(kept);
+    step_counts[gi].second += static_cast<double>(trials);
+    const auto pi = static_cast<size_t>(p);
+    decay_add(s->second.succ[pi], s->second.trials[pi], static_cast<double>(kept), static_cast<double>(trials),
+              kSeqDecay);
   }
   if (drafts > 0 && decoders > 0) {
     // What plain steps would have taken for the decoders' tokens, minus what this one took.
     if (const auto plain = cost_.predict(step_tokens - drafts))
       time_saved_ += static_cast<double>(drawn_by_decoders) / static_cast<double>(decoders) * *plain - seconds;
   }
-  cost_.observe(step_tokens, seconds);
-  for (size_t i = 0; i < class_state_.size(); ++i) {
+  // A step with self-drafts: what it took beyond the step without them (the step-size model's
+  // price for its other tokens) is the self-draft's, per round (its rounds run one token per
+  // drafting sequence; the verification of their rows is part of it). Only steps without
+  // self-drafts price step sizes.
+  // Steps with prefill pieces are not priced: a prefill token costs no LM-head row, a verified
+  // draft costs a full one (on a large vocabulary the head is most of a decode token's cost),
+  // so prefill chunks would make verification look cheap.
+  if (!decode_only) {
+  } else if (rounds > 0) {
+    if (const auto rest = cost_.predict(step_tokens - self_drafts))
+      draft_cost_.observe(drafting, std::max(0.0, seconds - *rest) / static_cast<double>(rounds));
+  } else {
+    cost_.observe(step_tokens, seconds);
+  }
+  for (size_t i = 0; i < gates; ++i) {
+    ClassState& c = class_state_[i];
     if (step_counts[i].second > 0) {
-      ClassState& c = class_state_[i];
       c.succ = c.succ * kClassDecay + step_counts[i].first;
       c.stats.trials = c.stats.trials * kClassDecay + step_counts[i].second;
     }
-    if (per_class[i] > 0) update_switch(class_state_[i], per_class[i]);
-    ClassState& c = class_state_[i];
+    // A proposer's gate moves only where the server has that proposer.
+    const auto p = static_cast<Proposal>(static_cast<int>(i) / classes_n_);
+    if (per_class[i] > 0 && (p == Proposal::kNgram || has_drafter())) update_switch(c, p, per_class[i]);
     c.stats.acceptance = c.stats.trials > 0 ? c.succ / c.stats.trials : 0;
     classes_[i] = c.stats;
   }

@@ -15,7 +15,8 @@
 //    (a batch verifies many positions a step). A request's own estimate is shrunk toward its
 //    class's until it has history; it sets the request's depth, the class's sets the switch.
 //  * Cost: the wall time of steps by the number of tokens they compute (step_cost), interpolated
-//    between the step sizes seen. Plain decode steps and steps with drafts are the samples.
+//    between the step sizes seen. Plain decode steps and steps with drafts are the samples;
+//    steps with prefill pieces are not (their tokens need no LM-head rows, verified drafts do).
 //  * Expected tokens of a piece with k drafts at per-position acceptance a: 1 + a + a^2 + ... + a^k.
 //    A step with B decoders and K drafts in all yields B + sum(expected - 1) tokens in T(B + K);
 //    drafts are added per sequence (highest acceptance first, depth chosen to maximise the rate)
@@ -23,16 +24,28 @@
 //    where the expected tokens equal c.
 //  * The class's switch: on while its predicted gain (best rate with drafts / rate without) is
 //    above 1 - hysteresis; off below it; when off, re-probed every probe_interval steps (two of
-//    its sequences send two drafts a step whatever the prediction, until enough positions are
-//    verified to judge by), back on when the gain is above 1 + hysteresis. A new engine starts
+//    its sequences send two drafts a step whatever the prediction, one for the self-draft,
+//    until enough positions are verified to judge by; the interval is stretched where a probe
+//    step costs more than a tenth of a plain step over it), back on when the gain is above
+//    1 + hysteresis. A new engine starts
 //    each class on, with a probe of at least probe_steps steps. Requests in "ngram" mode always
 //    carry drafts (no gate).
+//  * Proposers: the n-gram lookup here, and the shards' self-draft (shard/self_draft.h) where the
+//    server has one (draft_layers > 0), asked for with kShardDraftToken drafts. Each has its own
+//    gate per class. "auto" takes the n-gram drafts where the lookup finds some and its gate
+//    lets it, else the self-draft's where that gate lets it; "ngram" and "draft" requests always
+//    carry their proposer's drafts. A self-draft step costs the step without its drafts plus its
+//    rounds: what it took beyond the step-size model's price for its other tokens is measured
+//    per round, by the number of drafting sequences (draft_cost); only steps without self-drafts
+//    feed the step-size model.
 //
 // Thread-safety: none; the engine thread owns it.
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +60,12 @@ namespace tessera {
 
 enum class SpecMode { kOff, kAuto, kNgram, kDraft };
 
+// Where a piece's drafts come from: the coordinator's n-gram lookup, or the shards' self-draft
+// (shard/self_draft.h: the model's first layers and a cheap head, run in the step itself).
+enum class Proposal : uint8_t { kNgram = 0, kDraft = 1 };
+inline constexpr int kProposals = 2;
+std::string_view proposal_name(Proposal p);
+
 // "off", "auto", "ngram", "draft"; InvalidArgument listing them otherwise.
 Result<SpecMode> parse_spec_mode(std::string_view name);
 std::string_view spec_mode_name(SpecMode mode);
@@ -60,16 +79,22 @@ struct SpeculationConfig {
   int32_t probe_interval = 64;      // steps between probes of a class that is off
   int32_t probe_steps = 4;          // steps of a probe
   double hysteresis = 0.03;         // off below 1 - h of plain speed, on again above 1 + h
+  // The shards' self-draft: > 0 builds it over the model's first draft_layers layers (the
+  // "draft" proposer; "auto" then uses it where the n-gram lookup finds nothing); 0: none.
+  int32_t draft_layers = 0;
+  int32_t draft_vocab = 16384;  // its head's fixed rows: ids below this, plus each context's ids
 };
 
 // InvalidArgument naming the knob: max_depth outside 0..16 (0: never draft), ngram_min < 1,
-// ngram_max < ngram_min or > 16, probe_interval < 1, probe_steps < 1, hysteresis outside [0, 0.5).
+// ngram_max < ngram_min or > 16, probe_interval < 1, probe_steps < 1, hysteresis outside [0, 0.5),
+// draft_layers < 0 or > 1024, draft_vocab < 0 (the shards check both against the model).
 Status validate_speculation_config(const SpeculationConfig& config);
 
 // What proposes drafts for a sequence. Proposals must be deterministic functions of what the
 // proposer was given (verification keeps a draft exactly when the target's draw equals it).
-// A draft model in the shards (--draft-model, a low-bit copy) implements the same contract on
-// the shard side; proposers here run in the coordinator.
+// Proposers here run in the coordinator; the shards' drafters (shard/self_draft.h: the built-in
+// self-draft, or a separate draft model file) implement the same contract on the shard side,
+// asked for with kShardDraftToken drafts.
 class Proposer {
  public:
   virtual ~Proposer() = default;
@@ -93,7 +118,8 @@ class NgramProposer final : public Proposer {
 };
 
 // Mean step wall time by the number of tokens the step computes (exponentially weighted per
-// size), interpolated linearly between the sizes seen and extrapolated from the nearest two.
+// size), interpolated linearly between the sizes seen and extrapolated from the nearest two;
+// never below the mean of a smaller size seen (more tokens never cost less).
 class StepCostModel {
  public:
   void observe(int64_t tokens, double seconds);
@@ -102,6 +128,7 @@ class StepCostModel {
   size_t sizes() const { return by_tokens_.size(); }
 
  private:
+  std::optional<double> interpolate(int64_t tokens) const;
   struct Mean {
     double value = 0;
     int64_t n = 0;
@@ -122,8 +149,11 @@ class SpeculationController {
     std::span<const int32_t> tokens;  // prompt and output so far
     int64_t max_drafts = 0;           // max_tokens / max_positions left (the scheduler trims further)
   };
-  // The drafts for the next step (seq id, tokens), decided as the file's comment says.
-  // `decoders`: sequences decoding in that step, candidates or not.
+  // True when the shards have a self-draft (config().draft_layers > 0).
+  bool has_drafter() const { return config_.draft_layers > 0; }
+  // The drafts for the next step (seq id, tokens; kShardDraftToken throughout for the shards'
+  // self-draft), decided as the file's comment says. `decoders`: sequences decoding in that
+  // step, candidates or not.
   void plan(std::span<const Candidate> candidates, int64_t decoders,
             std::vector<std::pair<uint64_t, std::vector<int32_t>>>& drafts);
   // The step that ran: its plan (drafts as sent), result (tokens drawn) and wall time.
@@ -140,16 +170,21 @@ class SpeculationController {
     double predicted_gain = 0;  // last prediction: best rate with drafts / rate without (0: none yet)
     int64_t depth = 0;          // drafts per sequence in the last step that had any
   };
-  const ClassStats& class_stats(int32_t cls) const { return classes_.at(static_cast<size_t>(cls)); }
-  int32_t num_classes() const { return static_cast<int32_t>(classes_.size()); }
+  // A class's gate for one proposer (each has its own acceptance, switch and probes).
+  const ClassStats& class_stats(int32_t cls, Proposal p = Proposal::kNgram) const {
+    return classes_.at(index(cls, p));
+  }
+  int32_t num_classes() const { return classes_n_; }
   double time_saved_seconds() const { return time_saved_; }
   const StepCostModel& cost() const { return cost_; }
+  // The self-draft's time per draft round by the number of sequences drafting in it.
+  const StepCostModel& draft_cost() const { return draft_cost_; }
   const SpeculationConfig& config() const { return config_; }
 
  private:
   struct SeqStats {
     int32_t cls = 0;
-    double succ = 0, trials = 0;  // decayed
+    double succ[kProposals] = {0, 0}, trials[kProposals] = {0, 0};  // decayed, per proposer
   };
   struct ClassState {
     ClassStats stats;
@@ -159,15 +194,23 @@ class SpeculationController {
     int64_t probe_done = 0;   // steps it has run
     int64_t probe_trials = 0; // positions it has verified
   };
-  double acceptance_of(const SeqStats* s, const ClassState& c) const;
-  void update_switch(ClassState& c, int64_t decoders);
+  size_t index(int32_t cls, Proposal p) const {
+    return static_cast<size_t>(static_cast<int>(p) * classes_n_ + std::clamp<int32_t>(cls, 0, classes_n_ - 1));
+  }
+  double acceptance_of(const SeqStats* s, const ClassState& c, Proposal p) const;
+  // Predicted seconds of a step of `tokens` tokens (self-drafts not counted) whose self-draft runs
+  // `rounds` rounds over `drafting` sequences (0 rounds: none); nullopt where a cost is unmeasured.
+  std::optional<double> step_time(int64_t tokens, int64_t rounds, int64_t drafting) const;
+  void update_switch(ClassState& c, Proposal p, int64_t decoders);
 
   SpeculationConfig config_;
   NgramProposer ngram_;
-  std::vector<ClassState> class_state_;
+  int32_t classes_n_;
+  std::vector<ClassState> class_state_;  // [proposer][class]
   std::vector<ClassStats> classes_;  // snapshots for readers
   std::unordered_map<uint64_t, SeqStats> seqs_;
-  StepCostModel cost_;
+  StepCostModel cost_;        // by step tokens, from steps without self-drafts
+  StepCostModel draft_cost_;  // per self-draft round, by drafting sequences
   double time_saved_ = 0;
   int64_t last_decoders_ = 1;
   std::vector<int32_t> scratch_;

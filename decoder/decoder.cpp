@@ -71,15 +71,16 @@ Status Decoder::check_backend(const DecoderBackend& backend, const ModelWeights&
   return Status::ok();
 }
 
-Status Decoder::forward(DecoderBackend& b, int64_t n) const {
+Status Decoder::forward(DecoderBackend& b, int64_t n, int64_t layers) const {
+  const int64_t count = layers > 0 && layers < n_layers() ? layers : n_layers();
   TESSERA_RETURN_IF_ERROR(b.embed(n));
   if (spec_.embed_scale != 1.0f) TESSERA_RETURN_IF_ERROR(b.scale(Act::kResidual, n * dims_.hidden, spec_.embed_scale));
   TESSERA_RETURN_IF_ERROR(b.rms_norm(Act::kResidual, {0, Tensor::kAttnNorm}, Act::kNormed, n, dims_.hidden));
-  for (int64_t l = 0; l < n_layers(); ++l) TESSERA_RETURN_IF_ERROR(layer(b, l, n));
+  for (int64_t l = 0; l < count; ++l) TESSERA_RETURN_IF_ERROR(layer(b, l, n, count - 1));
   return Status::ok();
 }
 
-Status Decoder::layer(DecoderBackend& b, int64_t l, int64_t n) const {
+Status Decoder::layer(DecoderBackend& b, int64_t l, int64_t n, int64_t last) const {
   const LayerSpec& ls = spec_.layers[static_cast<size_t>(l)];
   const int64_t hidden = dims_.hidden, hd = dims_.head_dim;
   const int64_t q_dim = dims_.n_heads * hd, kv_dim = dims_.n_kv_heads * hd;
@@ -116,8 +117,7 @@ Status Decoder::layer(DecoderBackend& b, int64_t l, int64_t n) const {
   if (spec_.post_norms)
     TESSERA_RETURN_IF_ERROR(b.rms_norm(Act::kProj, {l, Tensor::kPostFfnNorm}, Act::kProj, n, hidden));
   // The residual add and the next layer's input norm (the final norm after the last layer).
-  const WeightRef next = l + 1 < n_layers() ? WeightRef{l + 1, Tensor::kAttnNorm}
-                                            : WeightRef{WeightRef::kModel, Tensor::kFinalNorm};
+  const WeightRef next = l < last ? WeightRef{l + 1, Tensor::kAttnNorm} : WeightRef{WeightRef::kModel, Tensor::kFinalNorm};
   return b.add_rms_norm(Act::kProj, next, n);
 }
 

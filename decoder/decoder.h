@@ -107,11 +107,13 @@ class Decoder {
   Status check_backend(const DecoderBackend& backend, const ModelWeights& weights) const;
 
   // The layer graph for n_tokens tokens: leaves the final-normed hidden states in kNormed. The
-  // first failing op's Status is returned as the backend gave it.
-  Status forward(DecoderBackend& backend, int64_t n_tokens) const;
+  // first failing op's Status is returned as the backend gave it. With 0 < n_layers < n_layers():
+  // the first n_layers layers only, the final norm after the last of them (the self-draft of
+  // speculative decoding, shard/self_draft.h: an early exit through the model's own head).
+  Status forward(DecoderBackend& backend, int64_t n_tokens, int64_t n_layers = 0) const;
 
  private:
-  Status layer(DecoderBackend& b, int64_t l, int64_t n) const;
+  Status layer(DecoderBackend& b, int64_t l, int64_t n, int64_t last) const;
 
   ArchSpec spec_;
   DecoderDims dims_;

@@ -83,13 +83,19 @@ class TextStreamer {
 // On stderr after a run with speculation: what the drafts did (class 0: generate's one request).
 void print_speculation(const GenerateArgs& a, const MetricsRegistry& m) {
   if (a.speculation.mode == SpecMode::kOff) return;
-  const std::string cls = "class=\"0\"";
-  const double proposed = m.value("tessera_spec_proposed_tokens_total", cls);
-  const double kept = m.value("tessera_spec_accepted_tokens_total", cls);
+  double proposed = 0, kept = 0;
+  std::string gates;
+  for (int p = 0; p < (a.speculation.draft_layers > 0 ? kProposals : 1); ++p) {
+    const std::string_view name = proposal_name(static_cast<Proposal>(p));
+    const std::string label = fmt::format("class=\"0\",proposer=\"{}\"", name);
+    proposed += m.value("tessera_spec_proposed_tokens_total", label);
+    kept += m.value("tessera_spec_accepted_tokens_total", label);
+    gates += fmt::format("{}{} {}", gates.empty() ? "" : ", ", name,
+                         m.value("tessera_spec_enabled", label) > 0 ? "on" : "off");
+  }
   std::fprintf(stderr, "speculation %s: %.0f drafts proposed, %.0f kept (%.0f%%), %.0f steps, gate %s\n",
                std::string(spec_mode_name(a.speculation.mode)).c_str(), proposed, kept,
-               proposed > 0 ? 100.0 * kept / proposed : 0.0, m.value("tessera_steps_total"),
-               m.value("tessera_spec_enabled", cls) > 0 ? "on" : "off");
+               proposed > 0 ? 100.0 * kept / proposed : 0.0, m.value("tessera_steps_total"), gates.c_str());
 }
 
 void print_ids(const std::vector<int32_t>& ids) {
@@ -134,6 +140,9 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   go.step_tokens = chunk;
   go.step_seqs = 1;
   go.window_pool = a.kv_window_pool;
+  go.draft_layers = a.speculation.draft_layers;
+  go.draft_vocab = a.speculation.draft_vocab;
+  if (tokenizer != nullptr && a.speculation.draft_layers > 0) go.draft_ids = tokenizer->frequent_ids(a.speculation.draft_vocab);
   auto group = ShardGroup::create(go);
   if (!group.is_ok()) return fail(group.status().to_string());
 
@@ -264,6 +273,8 @@ int run_generate(const GenerateArgs& a) {
   mo.quant = a.quant.quant;
   mo.quantize_lm_head = a.quant.lm_head;
   mo.kv_dtype = a.kv_dtype.runtime();
+  mo.draft = SelfDraftConfig{a.speculation.draft_layers, a.speculation.draft_vocab, {}};
+  if (tokenizer && a.speculation.draft_layers > 0) mo.draft.ids = tokenizer->frequent_ids(a.speculation.draft_vocab);
   auto model = LocalModel::load(mo);
   if (!model.is_ok()) return fail(model.status().to_string());
 
@@ -309,10 +320,16 @@ Runner add_generate_command(CLI::App& app) {
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
   app.add_option("--speculation", a->speculation_mode,
-                 "speculative decoding: off, auto (n-gram drafts gated by measured acceptance), ngram (always)")
-      ->check(CLI::IsMember({"off", "auto", "ngram"}))
+                 "speculative decoding: off, auto (drafts gated by measured acceptance), ngram (always), draft (the "
+                 "self-draft, always; needs --spec-draft-layers)")
+      ->check(CLI::IsMember({"off", "auto", "ngram", "draft"}))
       ->capture_default_str();
   app.add_option("--spec-depth", a->speculation.max_depth, "most drafts per step")->capture_default_str();
+  app.add_option("--spec-draft-layers", a->speculation.draft_layers,
+                 "self-draft over the model's first N layers (0: none)")
+      ->capture_default_str();
+  app.add_option("--spec-draft-vocab", a->speculation.draft_vocab, "the self-draft head's fixed rows (ids below N)")
+      ->capture_default_str();
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
   app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -28,7 +28,8 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   m->executor_ = std::make_unique<ShardExecutor>(*m->backend_, c, ShardExecutorOptions{});
   const int64_t kv_tokens = options.kv_tokens > 0 ? options.kv_tokens : c.max_positions;
   const int64_t num_blocks = (kv_tokens + options.block_size - 1) / options.block_size;
-  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks, options.kv_dtype));
+  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks, options.kv_dtype, 0, options.draft));
+  m->draft_layers_ = options.draft.layers;
   m->steps_ = std::make_unique<InProcessShard>(*m->executor_);
   // One request at a time from scratch: no prefix cache between calls.
   TESSERA_ASSIGN_OR_RETURN(BlockPool blocks,
@@ -117,6 +118,7 @@ Result<GenerateOutput> generate(LocalModel& model, const std::vector<int32_t>& p
   r.ignore_eos = options.ignore_eos;
   r.prefill_chunk = options.prefill_chunk;
   r.speculation = options.speculation;
+  r.speculation.draft_layers = model.draft_layers();
   r.eos_ids = c.eos_ids;
   r.max_positions = c.max_positions;
   r.seq_id = model.next_seq_id_++;

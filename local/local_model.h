@@ -21,6 +21,7 @@
 #include "local/in_process_shard.h"
 #include "model/weight_store.h"
 #include "shard/cpu_backend.h"
+#include "shard/self_draft.h"
 #include "shard/shard_executor.h"
 #include "shard/tp_slice.h"
 
@@ -34,6 +35,9 @@ struct LocalModelOptions {
   WeightQuant quant = WeightQuant::kNone;  // RTN of float linear weights at load (--quant)
   bool quantize_lm_head = false;           // with quant: the LM head too
   KvDtype kv_dtype = KvDtype::kF32;        // fp16: half the memory
+  // Speculation's self-draft (shard/self_draft.h): layers > 0 builds it; generate() then takes
+  // GenerateOptions::speculation's "draft" proposer (generate() sets its draft_layers from here).
+  SelfDraftConfig draft;
 };
 
 struct GenerateOptions {
@@ -73,6 +77,8 @@ class LocalModel {
   MetricsRegistry& metrics() { return metrics_; }
   // The CPU threads the forward pass (and the executor's sampling) run on.
   ThreadPool& pool() { return *pool_; }
+  // The self-draft's layers (LocalModelOptions::draft; 0: none).
+  int32_t draft_layers() const { return draft_layers_; }
 
  private:
   LocalModel() = default;
@@ -85,6 +91,7 @@ class LocalModel {
   std::unique_ptr<InProcessShard> steps_;
   std::unique_ptr<BlockPool> blocks_;
   MetricsRegistry metrics_;
+  int32_t draft_layers_ = 0;
   uint64_t next_seq_id_ = 1;  // generate() calls each run a new engine over the same shard
   friend Result<GenerateOutput> generate(LocalModel&, const std::vector<int32_t>&, const GenerateOptions&,
                                          const std::function<void(const SampledToken&)>&);

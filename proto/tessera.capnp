@@ -57,6 +57,9 @@ struct Configure {
   blockSize @1 :Int32;
   kvDtype @2 :KvDtype;             # what the coordinator planned with; the shard checks it
   numWindowBlocks @3 :Int64;       # > 0: the windowed layers' KV lives in a pool of its own (window tables)
+  draftLayers @4 :Int32;           # > 0: build the self-draft (speculation) over the first this many layers
+  draftVocab @5 :Int32;            # its head's fixed rows: token ids below this (plus each context's ids)
+  draftIds @6 :List(Int32);        # or these ids (the tokenizer's most frequent), when given
 }
 
 struct NewSequence {
@@ -78,6 +81,7 @@ struct ScheduledSequence {
   bannedTokens @7 :List(Int32);  # never sampled this step (EOS until min_tokens is reached)
   appendWindowBlocks @8 :List(Int32);  # the window table's entries for the same blocks (-1: released)
   draftTokens @9 :List(Int32);   # speculation: proposed tokens after the last known one, verified this step
+                                 # (-1 throughout: the shard's self-draft proposes them)
 }
 
 struct BlockCopy {
@@ -123,6 +127,7 @@ struct StepResult {
   computeMicros @4 :UInt64;
   commMicros @5 :UInt64;
   promptLogprobs @6 :List(PromptLogprob);  # rank 0 only
+  draftMicros @7 :UInt64;           # of computeMicros, the time its self-draft took
 }
 
 struct Heartbeat {

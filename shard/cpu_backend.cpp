@@ -88,6 +88,16 @@ Status CpuBackend::copy_block(int32_t src, int32_t dst, KvPool pool) {
   return cache_->copy_block(src, dst, pool);
 }
 
+Status CpuBackend::configure_draft(const SelfDraftConfig& config) {
+  if (!forward_) return Status::invalid_argument("the self-draft needs the KV cache configured first");
+  if (drafter_) return Status::invalid_argument("the self-draft is configured already");
+  TESSERA_RETURN_IF_ERROR(validate_self_draft(config, config_));
+  drafter_ = std::make_unique<SelfDrafter>(config, config_, layout_, weights_.weights, *forward_, pool_, comm_);
+  TESSERA_LOG_DEBUG("self-draft: the first {} of {} layers, a head of {} fixed rows on this rank plus the context's ids",
+                    config.layers, config_.n_layers, drafter_->head_rows());
+  return Status::ok();
+}
+
 Status CpuBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
   if (!forward_) return Status::invalid_argument("a step before the KV cache exists");
   return forward_->run(batch, logits);

@@ -37,6 +37,8 @@ class CpuBackend : public ShardBackend {
   Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
   Status copy_block(int32_t src, int32_t dst, KvPool pool) override;
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits) override;
+  Status configure_draft(const SelfDraftConfig& config) override;
+  ShardDrafter* drafter() override { return drafter_.get(); }
   uint64_t comm_micros() const override { return forward_ ? forward_->comm_micros : 0; }
   ThreadPool* host_pool() override { return pool_; }
 
@@ -60,6 +62,7 @@ class CpuBackend : public ShardBackend {
   KvWindowLayers window_;  // the layers a window pool would hold, from arch_
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<SelfDrafter> drafter_;
 };
 
 }  // namespace tessera

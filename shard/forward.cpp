@@ -308,19 +308,23 @@ Status ForwardPass::sum_over_ranks(float* data, int64_t count) {
   return s;
 }
 
-Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+Status ForwardPass::run_trunk(std::span<const SequenceInput> batch, int64_t n_layers, int64_t& n) {
   TESSERA_RETURN_IF_ERROR(validate(batch));
-  int64_t n = 0;
-  int64_t n_out = 0;
-  for (const SequenceInput& in : batch) {
-    n += static_cast<int64_t>(in.tokens.size());
-    n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
-  }
+  n = 0;
+  for (const SequenceInput& in : batch) n += static_cast<int64_t>(in.tokens.size());
   ensure_workspace(n);
   batch_ = batch;
-  const Status s = decoder_.forward(*this, n);
+  const Status s = decoder_.forward(*this, n, n_layers);
   batch_ = {};
-  TESSERA_RETURN_IF_ERROR(s);
+  return s;
+}
+
+Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  int64_t n = 0;
+  TESSERA_RETURN_IF_ERROR(run_trunk(batch, 0, n));
+  int64_t n_out = 0;
+  for (const SequenceInput& in : batch)
+    n_out += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : in.want_logits ? 1 : 0;
 
   // Gather the last hidden state of every piece that wants logits, then the LM head.
   const int64_t hidden = config_.hidden;
@@ -337,6 +341,29 @@ Status ForwardPass::run(std::span<const SequenceInput> batch, std::vector<float>
     return Status::ok();
   }
   return gather_logits(n_out, logits);
+}
+
+Status ForwardPass::run_hidden(std::span<const SequenceInput> batch, int64_t n_layers, std::vector<float>& hidden) {
+  int64_t n = 0;
+  TESSERA_RETURN_IF_ERROR(run_trunk(batch, n_layers, n));
+  const int64_t dim = config_.hidden;
+  hidden.resize(batch.size() * static_cast<size_t>(dim));
+  int64_t t = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    t += static_cast<int64_t>(batch[i].tokens.size());
+    std::copy_n(&h_[static_cast<size_t>((t - 1) * dim)], dim, &hidden[i * static_cast<size_t>(dim)]);
+  }
+  return Status::ok();
+}
+
+Status ForwardPass::head(const float* hidden, int64_t n, std::vector<float>& logits) {
+  if (n == 0) {
+    logits.clear();
+    return Status::ok();
+  }
+  ensure_workspace(n);
+  std::copy_n(hidden, n * config_.hidden, proj_.data());
+  return gather_logits(n, logits);
 }
 
 int64_t relayout_for_cpu_kernels(ShardWeights& sw, ThreadPool* pool) {

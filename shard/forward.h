@@ -76,11 +76,22 @@ class ForwardPass : private DecoderBackend {
   // of the group validates the same plan the same way, so all reject it together.
   Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
+  // The trunk of the self-draft (shard/self_draft.h): the first n_layers layers of every piece
+  // (0: all), the final norm, and into `hidden` ([pieces, hidden], resized) the final-normed
+  // state of each piece's last token; no LM head. The KV of those layers is written at the
+  // pieces' positions (a full run() over the same positions overwrites it). Validated as run().
+  Status run_hidden(std::span<const SequenceInput> batch, int64_t n_layers, std::vector<float>& hidden);
+  // The LM head alone: fp32 logits of the full vocabulary (identical on every rank) for `n`
+  // final-normed hidden states ([n, hidden]), into `logits` (resized).
+  Status head(const float* hidden, int64_t n, std::vector<float>& logits);
+
   const ModelConfig& config() const { return config_; }
   const Decoder& decoder() const { return decoder_; }
 
  private:
   Status validate(std::span<const SequenceInput> batch) const;
+  // Validates, then the decoder's first n_layers layers (0: all) over every piece's tokens.
+  Status run_trunk(std::span<const SequenceInput> batch, int64_t n_layers, int64_t& n_tokens);
   void ensure_workspace(int64_t n_tokens);
   Status gather_logits(int64_t n_out, std::vector<float>& logits);
   Status sum_over_ranks(float* data, int64_t count);

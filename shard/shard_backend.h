@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "kernels/sampling.h"
 #include "shard/forward.h"
+#include "shard/self_draft.h"
 
 namespace tessera {
 
@@ -79,6 +80,13 @@ class ShardBackend {
   virtual bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) { return false; }
   // The tokens the device drew for the rows of the last successful prepare_device_sampling().
   virtual Status run_sampled(std::span<const SequenceInput> batch, std::vector<SampledToken>& out);
+
+  // Speculation's self-draft (shard/self_draft.h), after configure_kv: builds the drafter that
+  // fills the shard drafts of speculative pieces. Unimplemented where the backend has none (the
+  // CUDA backend today); InvalidArgument for a config validate_self_draft refuses.
+  virtual Status configure_draft(const SelfDraftConfig& config);
+  // The drafter configure_draft built; nullptr before or without one.
+  virtual ShardDrafter* drafter() { return nullptr; }
 
   // Microseconds spent in collectives outside the device's stream (CPU ranks), accumulated.
   virtual uint64_t comm_micros() const { return 0; }

@@ -19,7 +19,8 @@ uint64_t micros_since(Clock::time_point t0) {
 ShardExecutor::ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options)
     : backend_(backend), config_(config), options_(options) {}
 
-Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks) {
+Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks,
+                                const SelfDraftConfig& draft) {
   if (num_blocks_ > 0) return Status::invalid_argument("configured twice");
   if (kv_dtype != backend_.kv_dtype())
     return Status::invalid_argument(fmt::format("the coordinator planned a {} KV cache, this shard stores {}",
@@ -31,6 +32,7 @@ Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype 
         "the coordinator planned a window pool of {} blocks, but this model has no sliding-window layers for it",
         num_window_blocks));
   TESSERA_RETURN_IF_ERROR(backend_.configure_kv(block_size, num_blocks, num_window_blocks));
+  if (draft.layers > 0) TESSERA_RETURN_IF_ERROR(backend_.configure_draft(draft));
   block_size_ = block_size;
   num_blocks_ = num_blocks;
   num_window_blocks_ = num_window_blocks;
@@ -38,7 +40,10 @@ Status ShardExecutor::configure(int64_t block_size, int64_t num_blocks, KvDtype 
   return Status::ok();
 }
 
-void ShardExecutor::drop(uint64_t id) { sequences_.erase(id); }
+void ShardExecutor::drop(uint64_t id) {
+  sequences_.erase(id);
+  if (ShardDrafter* d = backend_.drafter()) d->forget(id);
+}
 
 Status ShardExecutor::prepare(const StepPlan& plan) {
   if (num_blocks_ == 0) return Status::invalid_argument("step before configure");
@@ -98,10 +103,19 @@ Status ShardExecutor::validate_draft(const ScheduledSequence& s, int64_t n_token
     return Status::invalid_argument(fmt::format(
         "sequence {}: {} draft tokens need the piece [{}, {}) (its last known token and the drafts), not [{}, {})",
         s.seq_id, k, n_tokens - 1, n_tokens + k, s.start_pos, s.start_pos + s.num_tokens));
-  for (int32_t id : s.draft_tokens)
-    if (id < 0 || id >= config_.vocab)
+  const bool shard = s.draft_tokens.front() == kShardDraftToken;
+  if (shard && backend_.drafter() == nullptr)
+    return Status::invalid_argument(fmt::format(
+        "sequence {}: {} shard drafts asked for, but this shard has no drafter (configured without draft layers)",
+        s.seq_id, k));
+  for (int32_t id : s.draft_tokens) {
+    if (shard && id != kShardDraftToken)
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: draft tokens mix shard drafts ({}) and proposed ids ({})", s.seq_id, kShardDraftToken, id));
+    if (!shard && (id < 0 || id >= config_.vocab))
       return Status::out_of_range(fmt::format("sequence {}: draft token id {} is outside the vocabulary (0..{})",
                                               s.seq_id, id, config_.vocab - 1));
+  }
   return Status::ok();
 }
 
@@ -156,8 +170,9 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
     for (const BlockCopy& bc : plan.window_block_copies) {
       if (s.is_ok()) s = backend_.copy_block(bc.src, bc.dst, KvPool::kWindow);
     }
-    batch_.clear();
-    for (const ScheduledSequence& q : plan.scheduled) {
+    drafts_.resize(plan.scheduled.size());
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const ScheduledSequence& q = plan.scheduled[i];
       SequenceState& st = sequences_.at(q.seq_id);
       if (q.reset_blocks) {
         st.block_table.clear();
@@ -166,8 +181,18 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
       st.block_table.insert(st.block_table.end(), q.append_blocks.begin(), q.append_blocks.end());
       st.window_block_table.insert(st.window_block_table.end(), q.append_window_blocks.begin(),
                                    q.append_window_blocks.end());
+      drafts_[i] = q.draft_tokens;
+    }
+    const auto d0 = Clock::now();
+    if (s.is_ok()) s = shard_drafts(plan);
+    if (!draft_requests_.empty()) r.draft_micros = micros_since(d0);
+    batch_.clear();
+    for (size_t i = 0; i < plan.scheduled.size() && s.is_ok(); ++i) {
+      const ScheduledSequence& q = plan.scheduled[i];
+      SequenceState& st = sequences_.at(q.seq_id);
       // The drafts join the token list for this step's input; sample() takes them out again.
-      st.tokens.insert(st.tokens.end(), q.draft_tokens.begin(), q.draft_tokens.end());
+      st.tokens.insert(st.tokens.end(), drafts_[i].begin(), drafts_[i].end());
+      if (target_row_[i] >= 0) continue;  // the drafter computed its rows
       SequenceInput in;
       in.tokens = std::span<const int32_t>(st.tokens.data() + q.start_pos, static_cast<size_t>(q.num_tokens));
       in.start_pos = q.start_pos;
@@ -184,7 +209,9 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
     const bool on_device =
         !greedy && options_.device_sampling && backend_.samples_on_device() && device_sampling_rows(plan);
     const uint64_t comm_before = backend_.comm_micros();
-    if (s.is_ok() && !batch_.empty()) {
+    if (s.is_ok() && batch_.empty() && !target_logits_.empty()) {
+      logits_.clear();  // every row came from the drafter
+    } else if (s.is_ok() && !batch_.empty()) {
       if (greedy)
         s = backend_.run_greedy(batch_, greedy_ids_);
       else if (on_device)
@@ -295,7 +322,12 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
       continue;
     }
     if (!q.draft_tokens.empty()) {
-      verify(q, st, row, r);
+      const auto i = static_cast<size_t>(&q - plan.scheduled.data());
+      if (target_row_[i] >= 0) {
+        verify(q, drafts_[i], st, &target_logits_[static_cast<size_t>(target_row_[i] * vocab)], r);
+        continue;  // its rows are not in logits_
+      }
+      verify(q, drafts_[i], st, &logits_[static_cast<size_t>(row * vocab)], r);
       row += q.num_tokens;
       continue;
     }
@@ -318,13 +350,14 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
 // the tokens are the ones decoding without drafts would produce: the output distribution is
 // unchanged at any temperature (the drafts are deterministic proposals). Then the tables keep
 // only the blocks of the computed positions: the rejected drafts' slots go back to the pool.
-void ShardExecutor::verify(const ScheduledSequence& q, SequenceState& st, int64_t row, StepResult& r) {
+void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st,
+                           float* rows, StepResult& r) {
   const int64_t vocab = config_.vocab;
-  const auto k = static_cast<int64_t>(q.draft_tokens.size());
+  const auto k = static_cast<int64_t>(drafts.size());
   st.tokens.resize(static_cast<size_t>(q.start_pos + 1));
   int64_t drawn = 0;
   for (int64_t i = 0; i <= k; ++i) {
-    float* logits = &logits_[static_cast<size_t>((row + i) * vocab)];
+    float* logits = rows + static_cast<size_t>(i * vocab);
     if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
     for (const int32_t id : q.banned_tokens) {
       if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
@@ -332,13 +365,54 @@ void ShardExecutor::verify(const ScheduledSequence& q, SequenceState& st, int64_
     SampledToken tok = st.sampler->sample(logits, vocab, backend_.host_pool());
     st.tokens.push_back(tok.id);
     ++drawn;
-    const bool accepted = i < k && tok.id == q.draft_tokens[static_cast<size_t>(i)];
+    const bool accepted = i < k && tok.id == drafts[static_cast<size_t>(i)];
     if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
     if (!accepted) break;
   }
   const auto keep = static_cast<size_t>((q.start_pos + drawn + block_size_ - 1) / block_size_);
   if (st.block_table.size() > keep) st.block_table.resize(keep);
   if (st.window_block_table.size() > keep) st.window_block_table.resize(keep);
+}
+
+// The shard drafts of the step's pieces (kShardDraftToken throughout), proposed by the backend's
+// drafter into drafts_ before the verification; every rank proposes the same.
+Status ShardExecutor::shard_drafts(const StepPlan& plan) {
+  draft_requests_.clear();
+  draft_pieces_.clear();
+  target_row_.assign(plan.scheduled.size(), -1);
+  target_logits_.clear();
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const ScheduledSequence& q = plan.scheduled[i];
+    if (q.draft_tokens.empty() || q.draft_tokens.front() != kShardDraftToken) continue;
+    const SequenceState& st = sequences_.at(q.seq_id);
+    DraftRequest d;
+    d.seq_id = q.seq_id;
+    d.tokens = st.tokens;
+    d.k = static_cast<int64_t>(q.draft_tokens.size());
+    d.block_table = st.block_table;
+    d.window_block_table = st.window_block_table;
+    draft_requests_.push_back(d);
+    draft_pieces_.push_back(i);
+  }
+  if (draft_requests_.empty()) return Status::ok();
+  TESSERA_RETURN_IF_ERROR(backend_.drafter()->propose(draft_requests_, proposed_).with_context("the self-draft"));
+  for (size_t j = 0; j < draft_pieces_.size(); ++j) {
+    std::vector<int32_t>& d = drafts_[draft_pieces_[j]];
+    if (proposed_[j].size() != d.size())
+      return Status::internal(fmt::format("the drafter proposed {} tokens for sequence {}, {} were asked for",
+                                          proposed_[j].size(), draft_requests_[j].seq_id, d.size()));
+    d = proposed_[j];
+  }
+  ShardDrafter& drafter = *backend_.drafter();
+  if (!drafter.computes_target()) return Status::ok();
+  // Its states are the target's: the verification's logits come from it, k + 1 rows a piece.
+  TESSERA_RETURN_IF_ERROR(drafter.target_logits(target_logits_).with_context("the self-draft's verification"));
+  int64_t row = 0;
+  for (size_t j = 0; j < draft_pieces_.size(); ++j) {
+    target_row_[draft_pieces_[j]] = row;
+    row += draft_requests_[j].k + 1;
+  }
+  return Status::ok();
 }
 
 // A failed step: the drafts leave the token lists again (nothing was verified).
@@ -349,6 +423,10 @@ void ShardExecutor::drop_drafts(const StepPlan& plan) {
     if (it != sequences_.end() && static_cast<int64_t>(it->second.tokens.size()) > q.start_pos + 1)
       it->second.tokens.resize(static_cast<size_t>(q.start_pos + 1));
   }
+}
+
+Status ShardBackend::configure_draft(const SelfDraftConfig&) {
+  return Status::unimplemented("this backend has no self-draft for speculative decoding (the CPU backend has)");
 }
 
 Status ShardBackend::run_greedy(std::span<const SequenceInput>, std::vector<int32_t>&) {

@@ -44,7 +44,11 @@ class ShardExecutor {
   // addressed by each sequence's window table (ScheduledSequence::append_window_blocks).
   // InvalidArgument when the plan's KV dtype is not the one the backend stores, or for a window
   // pool on a model without windowed layers (ShardBackend::kv_window() 0).
-  Status configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks = 0);
+  // With draft.layers > 0 also speculation's self-draft (ShardBackend::configure_draft), which
+  // then proposes the shard drafts of speculative pieces (kShardDraftToken); Unimplemented on a
+  // backend without one.
+  Status configure(int64_t block_size, int64_t num_blocks, KvDtype kv_dtype, int64_t num_window_blocks = 0,
+                   const SelfDraftConfig& draft = {});
   bool configured() const { return num_blocks_ > 0; }
 
   // Runs one plan (step ids consecutive from 1). Any error is in StepResult::error (naming the
@@ -73,7 +77,9 @@ class ShardExecutor {
   Status prepare(const StepPlan& plan);
   Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
   Status validate_draft(const ScheduledSequence& s, int64_t n_tokens) const;
-  void verify(const ScheduledSequence& q, SequenceState& st, int64_t row, StepResult& r);
+  Status shard_drafts(const StepPlan& plan);
+  void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, float* logits,
+              StepResult& r);
   void drop_drafts(const StepPlan& plan);
   bool plain_greedy(const StepPlan& plan) const;
   bool device_sampling_rows(const StepPlan& plan);
@@ -97,6 +103,14 @@ class ShardExecutor {
   std::vector<int32_t> greedy_ids_;
   std::vector<DeviceSampleRequest> sample_requests_;
   std::vector<SampledToken> sampled_;
+  std::vector<std::vector<int32_t>> drafts_;  // per scheduled piece: its drafts (the shard's filled in)
+  std::vector<DraftRequest> draft_requests_;
+  std::vector<size_t> draft_pieces_;
+  std::vector<std::vector<int32_t>> proposed_;
+  // Pieces whose verification logits the drafter computed (ShardDrafter::computes_target):
+  // per scheduled piece its first row in target_logits_, or -1 (its rows are in logits_).
+  std::vector<int64_t> target_row_;
+  std::vector<float> target_logits_;
 };
 
 }  // namespace tessera

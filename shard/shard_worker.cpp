@@ -217,7 +217,8 @@ class ShardWorker {
       }
       ControlMessage& msg = *rm.message;
       if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
-        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype, cfg->num_window_blocks);
+        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype, cfg->num_window_blocks,
+                                        SelfDraftConfig{cfg->draft_layers, cfg->draft_vocab, cfg->draft_ids});
         if (!s.is_ok()) {
           TESSERA_LOG_ERROR("{}", s.to_string());
           (void)send(RefusedMsg{s.message()});

@@ -12,6 +12,13 @@
 
 namespace tessera {
 
+std::vector<int32_t> Tokenizer::frequent_ids(int64_t n) const {
+  std::vector<int32_t> out;
+  for (int32_t id = 0; id < vocab_size() && static_cast<int64_t>(out.size()) < n; ++id)
+    if (!is_special(id)) out.push_back(id);
+  return out;
+}
+
 std::string Tokenizer::decode_raw(std::span<const int32_t> ids, bool skip_special,
                                   bool /*continuation*/) const {
   return decode(ids, skip_special);

@@ -59,6 +59,11 @@ class Tokenizer {
   // The string forms of BOS/EOS for chat templates ("<s>", "<|begin_of_text|>", ...).
   virtual std::string bos_token() const = 0;
   virtual std::string eos_token() const = 0;
+  // Up to n ids a text most likely uses, no special tokens: text added tokens (whitespace runs)
+  // and single printable ASCII characters first, then by score for a vocabulary with
+  // SentencePiece scores (GGUF "llama", Gemma), else by id (BPE vocabularies put earlier
+  // merges, the frequent pieces, first). The self-draft's head rows (speculation).
+  virtual std::vector<int32_t> frequent_ids(int64_t n) const;
 };
 
 // `path`: a Hugging Face model directory (its tokenizer.json), a tokenizer.json file, or a

@@ -493,6 +493,46 @@ std::string BpeTokenizer::id_to_token(int32_t id) const {
   return vocab_.token(id);
 }
 
+std::vector<int32_t> BpeTokenizer::frequent_ids(int64_t n) const {
+  // First the pieces every text is made of: added tokens that are text (whitespace and newline
+  // runs; not special ones) and single printable ASCII characters (a SentencePiece BPE
+  // vocabulary keeps its base alphabet last, with the lowest scores: Gemma 3's "(", "a" and ","
+  // are ids 236746..236769). Then by score (a vocabulary with SentencePiece scores) or by id
+  // (merge order). Control, special, unused-looking and byte-fallback pieces are left out.
+  const auto take = static_cast<size_t>(std::max<int64_t>(0, n));
+  std::vector<uint8_t> added(static_cast<size_t>(vocab_size_), 0);
+  for (const AddedToken& a : spec_.added_tokens)
+    if (a.id >= 0 && a.id < vocab_size_) added[static_cast<size_t>(a.id)] = a.special ? 2 : 1;
+  std::vector<int32_t> first, rest;
+  for (int32_t id = 0; id < vocab_size_; ++id) {
+    const auto i = static_cast<size_t>(id);
+    if (special_[i] || added[i] == 2) continue;
+    const std::string piece = id_to_token(id);
+    if (added[i] == 1) {
+      // Text added tokens (whitespace runs) yes; placeholders such as <unused12> no.
+      const bool placeholder = piece.size() > 2 && piece.front() == '<' && piece.back() == '>';
+      if (!placeholder) first.push_back(id);
+      continue;
+    }
+    const bool spm = spec_.model == ModelKind::kSpmScores;
+    if (spm && (i >= spec_.scores.size() || (i < spec_.mergeable.size() && !spec_.mergeable[i]))) continue;
+    if (piece.size() == 1 && piece[0] >= 0x20 && piece[0] < 0x7f)
+      first.push_back(id);
+    else
+      rest.push_back(id);
+  }
+  if (spec_.model == ModelKind::kSpmScores) {
+    const size_t want = std::min(rest.size(), take > first.size() ? take - first.size() : 0);
+    std::partial_sort(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(want), rest.end(), [&](int32_t a, int32_t b) {
+      const float sa = spec_.scores[static_cast<size_t>(a)], sb = spec_.scores[static_cast<size_t>(b)];
+      return sa != sb ? sa > sb : a < b;
+    });
+  }
+  first.insert(first.end(), rest.begin(), rest.end());
+  if (first.size() > take) first.resize(take);
+  return first;
+}
+
 bool BpeTokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size_ && special_[static_cast<size_t>(id)] != 0;
 }

@@ -228,6 +228,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const override;
   std::string id_to_token(int32_t id) const override;
   bool is_special(int32_t id) const override;
+  std::vector<int32_t> frequent_ids(int64_t n) const override;
   int32_t bos_id() const override { return spec_.bos_id; }
   std::vector<int32_t> eos_ids() const override { return spec_.eos_ids; }
   std::string bos_token() const override { return spec_.bos_token; }

@@ -108,6 +108,27 @@ TEST(ControlCodecTest, WindowPoolFieldsRoundTrip) {
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   EXPECT_EQ(std::get<ConfigureMsg>(*d).num_window_blocks, 77);
   EXPECT_EQ(std::get<ConfigureMsg>(*d).num_blocks, 100);
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).draft_layers, 0);
+  EXPECT_TRUE(std::get<ConfigureMsg>(*d).draft_ids.empty());
+
+  // The self-draft's configuration, and a step result's draft time.
+  ConfigureMsg cfg{100, 32, KvDtype::kF16, 0};
+  cfg.draft_layers = 18;
+  cfg.draft_vocab = 3;
+  cfg.draft_ids = {236769, 5, 2147483647};
+  bytes = encode_message(cfg);
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).draft_layers, 18);
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).draft_vocab, 3);
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).draft_ids, cfg.draft_ids);
+  StepResult res;
+  res.step_id = 4;
+  res.draft_micros = 1234567;
+  bytes = encode_message(res);
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<StepResult>(*d).draft_micros, 1234567u);
 
   StepPlan p = sample_plan();
   p.scheduled[0].append_window_blocks = {-1, 12};

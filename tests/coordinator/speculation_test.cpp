@@ -74,6 +74,31 @@ TEST(SpeculationConfigTest, ValidationNamesTheKnob) {
   EXPECT_EQ(*parse_spec_mode("ngram"), SpecMode::kNgram);
 }
 
+// The plan of one step of sequence 1 (its token list, the drafts the gate gave it), and a result
+// in which each draft is kept with probability `accept` until the first rejection.
+StepPlan one_piece_step(uint64_t step_id, const std::vector<int32_t>& tokens,
+                        const std::vector<std::pair<uint64_t, std::vector<int32_t>>>& drafts) {
+  StepPlan plan;
+  plan.step_id = step_id;
+  ScheduledSequence q;
+  q.seq_id = 1;
+  q.start_pos = static_cast<int64_t>(tokens.size()) - 1;
+  q.sample = true;
+  if (!drafts.empty()) q.draft_tokens = drafts[0].second;
+  q.num_tokens = static_cast<int32_t>(1 + q.draft_tokens.size());
+  plan.scheduled.push_back(q);
+  return plan;
+}
+
+StepResult kept_with(const ScheduledSequence& q, double accept, std::mt19937& rng) {
+  StepResult r;
+  int64_t kept = 0;
+  while (kept < static_cast<int64_t>(q.draft_tokens.size()) && std::uniform_real_distribution<>(0, 1)(rng) < accept)
+    ++kept;
+  for (int64_t t = 0; t <= kept; ++t) r.tokens.push_back({1, 0, 0.0f, {}});
+  return r;
+}
+
 // One decoding sequence whose n-gram proposer always finds a continuation, on a simulated
 // engine: a step of n tokens costs `cost(n)`; each draft is kept with probability `accept` (the
 // first rejection ends the run). Returns the fraction of steps that carried drafts.
@@ -95,21 +120,9 @@ struct GateSim {
       SpeculationController::Candidate c{1, 0, mode, tokens, 100};
       std::vector<std::pair<uint64_t, std::vector<int32_t>>> drafts;
       gate.plan(std::span<const SpeculationController::Candidate>(&c, 1), 1, drafts);
-      StepPlan plan;
-      plan.step_id = ++step_id;
-      ScheduledSequence q;
-      q.seq_id = 1;
-      q.start_pos = static_cast<int64_t>(tokens.size()) - 1;
-      q.sample = true;
-      if (!drafts.empty()) q.draft_tokens = drafts[0].second;
-      q.num_tokens = static_cast<int32_t>(1 + q.draft_tokens.size());
-      plan.scheduled.push_back(q);
-      StepResult r;
-      int64_t kept = 0;
-      while (kept < static_cast<int64_t>(q.draft_tokens.size()) && std::uniform_real_distribution<>(0, 1)(rng) < accept)
-        ++kept;
-      for (int64_t t = 0; t <= kept; ++t) r.tokens.push_back({1, 0, 0.0f, {}});
-      gate.on_step(plan, r, cost(q.num_tokens));
+      const StepPlan plan = one_piece_step(++step_id, tokens, drafts);
+      const ScheduledSequence& q = plan.scheduled[0];
+      gate.on_step(plan, kept_with(q, accept, rng), cost(q.num_tokens));
       with += !q.draft_tokens.empty();
       if (on_trace) on_trace->push_back(gate.class_stats(0).on);
     }
@@ -176,6 +189,63 @@ TEST(SpeculationGateTest, DepthFollowsAcceptance) {
   high.run(200, 0.95, [](int64_t n) { return 0.010 + 0.002 * static_cast<double>(n); });
   EXPECT_TRUE(high.gate.class_stats(0).on);
   EXPECT_EQ(high.gate.class_stats(0).depth, 4);
+}
+
+// The shards' self-draft as a proposer: one decoding sequence whose n-gram lookup never finds a
+// continuation (all tokens distinct), on a simulated engine where a step costs `step` plus
+// `round` per self-draft round. Returns the fraction of steps that carried self-drafts.
+double self_draft_run(SpeculationController& gate, int steps, double accept, double round, SpecMode mode,
+                      std::vector<int32_t>& tokens, uint64_t& step_id) {
+  std::mt19937 rng{11};
+  int with = 0;
+  for (int i = 0; i < steps; ++i) {
+    SpeculationController::Candidate c{1, 0, mode, tokens, 100};
+    std::vector<std::pair<uint64_t, std::vector<int32_t>>> drafts;
+    gate.plan(std::span<const SpeculationController::Candidate>(&c, 1), 1, drafts);
+    const StepPlan plan = one_piece_step(++step_id, tokens, drafts);
+    const ScheduledSequence& q = plan.scheduled[0];
+    const auto k = static_cast<int64_t>(q.draft_tokens.size());
+    const bool self = k > 0 && q.draft_tokens[0] == kShardDraftToken;
+    for (int32_t d : q.draft_tokens) EXPECT_EQ(d == kShardDraftToken, self) << "all shard drafts or none";
+    const StepResult r = kept_with(q, accept, rng);
+    for (size_t t = 0; t < r.tokens.size(); ++t) tokens.push_back(static_cast<int32_t>(tokens.size()) + 1000);  // new
+    gate.on_step(plan, r, 0.010 + (self ? round * static_cast<double>(k) : 0.0005 * static_cast<double>(k)));
+    with += self;
+  }
+  return static_cast<double>(with) / steps;
+}
+
+TEST(SpeculationGateTest, SelfDraftsWhereTheLookupFindsNothingGatedOnTheirOwnCost) {
+  SpeculationConfig c;
+  c.draft_layers = 18;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 32; ++i) tokens.push_back(i);
+  uint64_t step = 0;
+  {
+    // Cheap rounds (a fifth of a step), high acceptance: auto takes the self-draft and keeps it on.
+    SpeculationController gate(c, 1);
+    EXPECT_GT(self_draft_run(gate, 300, 0.9, 0.002, SpecMode::kAuto, tokens, step), 0.9);
+    EXPECT_TRUE(gate.class_stats(0, Proposal::kDraft).on);
+    EXPECT_GT(gate.class_stats(0, Proposal::kDraft).predicted_gain, 1.5);
+    EXPECT_GT(gate.draft_cost().sizes(), 0u);
+    EXPECT_EQ(gate.class_stats(0, Proposal::kNgram).proposed, 0) << "the lookup never found anything";
+  }
+  {
+    // Rounds dearer than a step: no acceptance pays for them; the gate switches the self-draft
+    // off and only its probes carry drafts.
+    SpeculationController gate(c, 1);
+    EXPECT_LT(self_draft_run(gate, 600, 0.9, 0.012, SpecMode::kAuto, tokens, step), 0.15);
+    EXPECT_FALSE(gate.class_stats(0, Proposal::kDraft).on);
+    EXPECT_LT(gate.class_stats(0, Proposal::kDraft).predicted_gain, 1.0);
+    // "draft" requests carry them anyway (no gate).
+    EXPECT_GT(self_draft_run(gate, 50, 0.9, 0.012, SpecMode::kDraft, tokens, step), 0.9);
+  }
+  {
+    // Without a self-draft in the shards, nothing but n-gram drafts.
+    SpeculationController gate(SpeculationConfig{}, 1);
+    EXPECT_EQ(self_draft_run(gate, 100, 0.9, 0.002, SpecMode::kAuto, tokens, step), 0.0);
+    EXPECT_EQ(self_draft_run(gate, 20, 0.9, 0.002, SpecMode::kDraft, tokens, step), 0.0);
+  }
 }
 
 }  // namespace

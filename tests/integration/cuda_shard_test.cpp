@@ -166,6 +166,11 @@ TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
       " --prompt-ids 1,2,3 --max-tokens 4 --tp 1 --device cuda --prefill-chunk 64 --shard-arg=--max-step-tokens=32");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("at most 32 tokens"), std::string::npos) << r.output;
+  // The self-draft is the CPU backend's: a CUDA shard asked for one says so, and the run fails.
+  r = run(env_ + bin("tessera") + " generate --model " + quote(model) +
+          " --prompt-ids 1,2,3 --max-tokens 8 --tp 1 --device cuda --speculation draft --spec-draft-layers 2");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no self-draft"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -295,6 +296,44 @@ TEST(Tokenizer, Stories260KGguf) {
   auto t = Tokenizer::from_gguf(**g);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   check_stories(**t, "stories260K GGUF");
+}
+
+// The self-draft's head rows (speculation): SentencePiece scores rank a GGUF "llama" vocabulary
+// (stories260K: by score, no control or byte tokens); a tokenizer.json BPE vocabulary is taken
+// in id order without its special tokens.
+TEST(Tokenizer, FrequentIds) {
+  const std::string gguf_path = stories_dir() + "/stories260K-f32.gguf";
+  if (!fs::exists(gguf_path)) GTEST_SKIP() << "no test data at " << gguf_path;
+  auto g = GgufFile::open(gguf_path);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto t = Tokenizer::from_gguf(**g);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  auto scores = (*g)->get_float_array("tokenizer.ggml.scores");
+  ASSERT_TRUE(scores.is_ok());
+  const std::vector<int32_t> ids = (*t)->frequent_ids(200);
+  ASSERT_EQ(ids.size(), 200u);
+  size_t chars = 0;  // the single ASCII characters come first
+  while (chars < ids.size() && (*t)->id_to_token(ids[chars]).size() == 1) ++chars;
+  EXPECT_GT(chars, 20u);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), *(*t)->token_to_id("a")), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_FALSE((*t)->is_special(ids[i]));
+    EXPECT_EQ((*t)->id_to_token(ids[i]).rfind("<0x", 0), std::string::npos) << "a byte token: " << ids[i];
+    if (i > chars) EXPECT_GE((*scores)[static_cast<size_t>(ids[i - 1])], (*scores)[static_cast<size_t>(ids[i])]) << i;
+  }
+  EXPECT_EQ(std::set<int32_t>(ids.begin(), ids.end()).size(), ids.size());
+  EXPECT_LE((*t)->frequent_ids(100000).size(), 512u);
+  const std::string hf = testdata_dir() + "/tokenizers/llama3/tokenizer.json";
+  if (!fs::exists(hf)) return;
+  auto l = Tokenizer::from_hf_file(hf);
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  const std::vector<int32_t> first = (*l)->frequent_ids(300);
+  ASSERT_EQ(first.size(), 300u);
+  // Byte-level BPE: its printable single characters (ids 0..93), then the rest in id order.
+  for (size_t i = 1; i < first.size(); ++i)
+    if ((*l)->id_to_token(first[i]).size() > 1 && (*l)->id_to_token(first[i - 1]).size() > 1)
+      EXPECT_LT(first[i - 1], first[i]) << "id order";
+  EXPECT_TRUE(std::set<int32_t>(first.begin(), first.end()).count(0));
 }
 
 TEST(Tokenizer, LoadForModel) {
