@@ -362,11 +362,10 @@ void SpeculationController::on_step(const StepPlan& plan, const StepResult& resu
   // Steps with prefill pieces are not priced: a prefill token costs no LM-head row, a verified
   // draft costs a full one (on a large vocabulary the head is most of a decode token's cost),
   // so prefill chunks would make verification look cheap.
-  if (!decode_only) {
-  } else if (rounds > 0) {
+  if (decode_only && rounds > 0) {
     if (const auto rest = cost_.predict(step_tokens - self_drafts))
       draft_cost_.observe(drafting, std::max(0.0, seconds - *rest) / static_cast<double>(rounds));
-  } else {
+  } else if (decode_only) {
     cost_.observe(step_tokens, seconds);
   }
   for (size_t i = 0; i < gates; ++i) {

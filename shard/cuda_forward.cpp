@@ -96,6 +96,9 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
         "be > 0 and kv_headroom {} in [0, 1)",
         options.block_size, options.max_tokens_per_step, options.max_seqs_per_step, options.max_logit_rows,
         options.kv_headroom));
+  if (options.max_graph_tokens < 1 || (options.max_graph_tokens & (options.max_graph_tokens - 1)) != 0)
+    return Status::invalid_argument(
+        fmt::format("CudaForward options: max_graph_tokens {} must be a power of two >= 1", options.max_graph_tokens));
   if (layout.tp_size > 1 && (comm == nullptr || comm->size() != layout.tp_size || comm->name() != "nccl"))
     return Status::invalid_argument(fmt::format(
         "CudaForward at TP {} needs an NCCL communicator of {} ranks (device pointers), got {}", layout.tp_size,
@@ -761,8 +764,9 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   a.query_len = meta_ + meta.query_len;
   a.start_pos = meta_ + meta.start_pos;
   a.n_seqs = n_seqs_;
-  a.max_query_len = 0;
-  for (int64_t s = 0; s < n_seqs_; ++s)
+  // A graph's grid holds every row of its bucket; each sequence reads its own query count.
+  a.max_query_len = graph_query_len_;
+  for (int64_t s = 0; s < n_seqs_ && graph_query_len_ == 0; ++s)
     a.max_query_len = std::max<int64_t>(a.max_query_len, h_meta_[static_cast<size_t>(meta.query_len + s)]);
   a.n_heads = layout_.n_heads;
   a.n_kv_heads = layout_.n_kv_heads;
@@ -1090,6 +1094,24 @@ int64_t CudaForward::graph_bucket(int64_t n_seqs) const {
   return std::min(b, max_graph_batch_);
 }
 
+int64_t CudaForward::graph_tokens(std::span<const SequenceInput> batch) const {
+  const auto n_seqs = static_cast<int64_t>(batch.size());
+  if (max_graph_batch_ == 0 || n_seqs == 0 || n_seqs > max_graph_batch_) return 0;
+  int64_t longest = 1;
+  for (const SequenceInput& in : batch) {
+    const auto len = static_cast<int64_t>(in.tokens.size());
+    // Every row's logits: one decode token, or a verification piece (all_logits).
+    if (!in.want_logits || (len > 1 && !in.all_logits) || len > options_.max_graph_tokens) return 0;
+    longest = std::max(longest, len);
+  }
+  int64_t q = 1;
+  while (q < longest) q *= 2;
+  // The padded step's rows are all token rows and all logit rows of the graph.
+  const int64_t rows = graph_bucket(n_seqs) * q;
+  if (q > 1 && (rows > options_.max_logit_rows || rows > options_.max_tokens_per_step)) return 0;
+  return q;
+}
+
 Status CudaForward::upload_sampling(int64_t n_rows, std::span<const TesseraCudaPenalty> penalties) {
   // Pageable host memory: staged before the call returns (as the metadata uploads).
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(sample_rows_, h_sample_rows_.data(),
@@ -1208,10 +1230,8 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
   step_start_ = std::chrono::steady_clock::now();
   last_step_ = CudaStepStats{};
   TESSERA_RETURN_IF_ERROR(validate(batch));
-  bool graphable = max_graph_batch_ > 0 && !batch.empty() && static_cast<int64_t>(batch.size()) <= max_graph_batch_;
-  for (const SequenceInput& in : batch)
-    graphable = graphable && in.tokens.size() == 1 && in.want_logits && !in.all_logits;
-  if (graphable) return run_graphed(batch, out);
+  if (const int64_t q = graph_tokens(batch); q > 0) return run_graphed(batch, out, q);
+  graph_query_len_ = 0;
 
   const int64_t bs = options_.block_size;
   // Host metadata: token rows in batch order, one block-table row per sequence holding the
@@ -1286,82 +1306,97 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
   return Status::ok();
 }
 
-Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const StepOut& out) {
+Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const StepOut& out, int64_t q) {
   const int64_t bs = options_.block_size;
   const auto n_real = static_cast<int64_t>(batch.size());
   const int64_t bucket = graph_bucket(n_real);
-  // Fixed shapes for the graph: `bucket` one-token sequences, block tables at the full stride,
-  // the regions packed for the bucket (the same offsets at every replay of its graph).
-  // Padding rows decode token 0 at position 0 of a one-key sequence in block 0 and write no KV
-  // (slot -1); their outputs are never read.
+  const int64_t T = bucket * q;  // token rows, and logit rows of the LM head
+  // Fixed shapes for the graph: `bucket` sequences of q token rows, block tables at the full
+  // stride, the regions packed for the bucket (the same offsets at every replay of its graph).
+  // Padding sequences decode token 0 at position 0 of a one-key sequence in block 0; dead rows
+  // (past a sequence's tokens) hold token 0 at position 0. Neither writes KV (slot -1), and their
+  // outputs are never read: the real logit rows come first in out_rows, the rest repeat row 0.
   n_seqs_ = bucket;
   table_stride_ = max_table_blocks_;
-  meta_at_ = MetaLayout(bucket, bucket, table_stride_, num_window_blocks_ > 0);
+  graph_query_len_ = q;
+  meta_at_ = MetaLayout(T, bucket, table_stride_, num_window_blocks_ > 0);
   const MetaLayout& meta = meta_at_;
+  int64_t n_out = 0;
   for (int64_t s = 0; s < bucket; ++s) {
     const bool real = s < n_real;
     const SequenceInput* in = real ? &batch[static_cast<size_t>(s)] : nullptr;
     const int64_t pos = real ? in->start_pos : 0;
-    h_meta_[static_cast<size_t>(meta.query_begin + s)] = static_cast<int32_t>(s);
-    h_meta_[static_cast<size_t>(meta.query_len + s)] = 1;
+    const int64_t len = real ? static_cast<int64_t>(in->tokens.size()) : 1;
+    h_meta_[static_cast<size_t>(meta.query_begin + s)] = static_cast<int32_t>(s * q);
+    h_meta_[static_cast<size_t>(meta.query_len + s)] = static_cast<int32_t>(len);
     h_meta_[static_cast<size_t>(meta.start_pos + s)] = static_cast<int32_t>(pos);
-    h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(pos + 1);
-    fill_tables(in, s, real ? (pos + bs) / bs : 0);
-    h_meta_[static_cast<size_t>(meta.tokens + s)] = real ? in->tokens[0] : 0;
-    h_meta_[static_cast<size_t>(meta.positions + s)] = static_cast<int32_t>(pos);
-    h_meta_[static_cast<size_t>(meta.out_rows + s)] = static_cast<int32_t>(s);
-    set_slots(in, s, pos);
+    h_meta_[static_cast<size_t>(meta.seq_lens + s)] = static_cast<int32_t>(pos + len);
+    fill_tables(in, s, real ? (pos + len + bs - 1) / bs : 0);
+    for (int64_t i = 0; i < q; ++i) {
+      const int64_t row = s * q + i;
+      const bool live = real && i < len;
+      h_meta_[static_cast<size_t>(meta.tokens + row)] = live ? in->tokens[static_cast<size_t>(i)] : 0;
+      h_meta_[static_cast<size_t>(meta.positions + row)] = live ? static_cast<int32_t>(pos + i) : 0;
+      set_slots(live ? in : nullptr, row, pos + i);
+    }
+    if (real)  // graph_tokens() admitted only pieces that want every row (one row: its last)
+      for (int64_t i = in->all_logits ? 0 : len - 1; i < len; ++i)
+        h_meta_[static_cast<size_t>(meta.out_rows + n_out++)] = static_cast<int32_t>(s * q + i);
   }
+  for (int64_t r = n_out; r < T; ++r) h_meta_[static_cast<size_t>(meta.out_rows + r)] = 0;
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   // Every region the graph reads, at the bucket's offsets.
   TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(meta_, h_meta_.data(), meta.total * 4, stream_),
                       "upload step metadata");
-  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), bucket * 8, stream_), "upload KV slots");
+  TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(slots_, h_slots_.data(), T * 8, stream_), "upload KV slots");
   if (window_slots_)
-    TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(window_slots_, h_window_slots_.data(), bucket * 8, stream_),
+    TESSERA_CUDA_LAUNCH(api_->device_memcpy_async(window_slots_, h_window_slots_.data(), T * 8, stream_),
                         "upload window-pool KV slots");
   if (out.kind == Output::kSampled) {
     // Padding rows: greedy, no logprobs, no penalties (their tokens are dropped).
-    for (int64_t s = n_real; s < bucket; ++s) h_sample_rows_[static_cast<size_t>(s)] = TesseraCudaSampleRow{};
-    TESSERA_RETURN_IF_ERROR(upload_sampling(bucket, out.penalties));
+    for (int64_t r = n_out; r < T; ++r) h_sample_rows_[static_cast<size_t>(r)] = TesseraCudaSampleRow{};
+    TESSERA_RETURN_IF_ERROR(upload_sampling(T, out.penalties));
   }
-  // One graph per bucket and output kind (logits, greedy ids or tokens sampled on the device).
-  const int64_t key = 3 * bucket + static_cast<int64_t>(out.kind);
+  // One graph per bucket, rows per sequence and output kind (logits, greedy ids or tokens
+  // sampled on the device).
+  const int64_t key = (bucket * (options_.max_graph_tokens + 1) + q) * 3 + static_cast<int64_t>(out.kind);
   void* graph = nullptr;
   for (const auto& [k, g] : graphs_)
     if (k == key) graph = g;
   if (!graph) {
-    TESSERA_CUDA_TRY(api_->graph_begin_capture(stream_), fmt::format("begin capturing the decode graph of {}", bucket));
+    TESSERA_CUDA_TRY(api_->graph_begin_capture(stream_),
+                     fmt::format("begin capturing the step graph of {} x {} rows", bucket, q));
     const int64_t before = last_step_.launches;
-    Status s = enqueue_forward(bucket, /*all_decode=*/true);
-    if (s.is_ok()) s = enqueue_lm_head(0, bucket, out.kind);
+    Status s = enqueue_forward(T, /*all_decode=*/q == 1);
+    if (s.is_ok()) s = enqueue_lm_head(0, T, out.kind);
     last_step_.launches = before;  // captured, not launched
     void* captured = nullptr;
     const int rc = api_->graph_end_capture(stream_, &captured);
     if (!s.is_ok()) {
       if (rc == 0) api_->graph_destroy(captured);
-      return s.with_context(fmt::format("capturing the decode graph of batch {}", bucket));
+      return s.with_context(fmt::format("capturing the step graph of {} x {} rows", bucket, q));
     }
-    TESSERA_CUDA_TRY(rc, fmt::format("instantiate the decode graph of batch {}", bucket));
+    TESSERA_CUDA_TRY(rc, fmt::format("instantiate the step graph of {} x {} rows", bucket, q));
     graphs_.emplace_back(key, captured);
     graph = captured;
     last_step_.captured = true;
   }
-  TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the decode graph");
+  TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the step graph");
   last_step_.graphed = true;
   last_step_.bucket = bucket;
+  last_step_.graph_tokens = q;
   switch (out.kind) {
     case Output::kGreedy:
-      out.ids->resize(static_cast<size_t>(n_real));
-      TESSERA_RETURN_IF_ERROR(download_greedy(bucket, n_real, out.ids->data()));
+      out.ids->resize(static_cast<size_t>(n_out));
+      TESSERA_RETURN_IF_ERROR(download_greedy(T, n_out, out.ids->data()));
       break;
     case Output::kSampled:
-      out.sampled->resize(static_cast<size_t>(n_real));
-      TESSERA_RETURN_IF_ERROR(download_sampled(n_real, out.rows, out.sampled->data()));
+      out.sampled->resize(static_cast<size_t>(n_out));
+      TESSERA_RETURN_IF_ERROR(download_sampled(n_out, out.rows, out.sampled->data()));
       break;
     case Output::kLogits:
-      out.logits->resize(static_cast<size_t>(n_real * config_.vocab));
-      TESSERA_RETURN_IF_ERROR(download_logits(bucket, n_real, out.logits->data()));
+      out.logits->resize(static_cast<size_t>(n_out * config_.vocab));
+      TESSERA_RETURN_IF_ERROR(download_logits(T, n_out, out.logits->data()));
       break;
   }
   last_step_.total_micros = micros_since(step_start_);

@@ -34,12 +34,20 @@
 //     sequences' window tables (a second block-table region and a second set of KV slots in the
 //     step metadata, both uploaded every step and at fixed offsets in graphed steps).
 //
-// CUDA graphs (options.cuda_graphs): a step in which every sequence decodes one token and wants
-// its logits runs as one graph launch. The batch is padded to a bucket (1, 2, 4, ... up to
-// max_graph_batch; padding rows write no KV and their logits are dropped) and the step's
-// metadata goes to the same device buffers every time (block tables at a fixed stride), so the
-// graph captured on the bucket's first step (embedding .. LM head, NCCL collectives included)
-// is replayed for every later one. Other steps (prefill, mixed, prompt logprobs) run eagerly.
+// CUDA graphs (options.cuda_graphs): a step in which every sequence wants the logits of each of
+// its tokens runs as one graph launch: plain decode steps (one token a sequence) and speculative
+// verification steps (the last known token and k drafts, all_logits, k + 1 <= max_graph_tokens),
+// plain decodes beside them. The batch is padded to a bucket of sequences (1, 2, 4, ... up to
+// max_graph_batch) and every sequence to a bucket of token rows q (1, 2, 4, ... up to
+// max_graph_tokens; sequence s owns rows [s * q, s * q + q)): padding sequences decode token 0
+// at position 0, a sequence's rows past its tokens are dead rows, and neither writes KV (slot
+// -1) nor returns logits (the real logit rows are gathered first, the rest repeat row 0). Rows
+// never mix in any op, so dead rows cannot reach real ones. The step's metadata goes to the
+// same device buffers every time (block tables at a fixed stride, the prefill attention's grid
+// sized for q queries a sequence, each reading its own count from the device), so the graph
+// captured on the (bucket, q, output) key's first step (embedding .. LM head, NCCL collectives
+// included) is replayed for every later one. Other steps (prefill chunks, which want one row of
+// several tokens; steps over the graph limits) run eagerly.
 //
 // Streams: every kernel runs on one stream. With TP > 1 `comm` must be an NcclComm (device
 // pointers) and its stream is used, so kernels and collectives are ordered without events.
@@ -79,6 +87,9 @@ struct CudaForwardOptions {
   bool defer_kv_pool = false;           // true: no KV pool until configure_kv()
   bool cuda_graphs = true;              // decode steps as CUDA graph replays
   int64_t max_graph_batch = 256;        // the largest graphed bucket (also <= max_seqs_per_step)
+  // The most tokens of one sequence in a graphed step (a speculative piece's k + 1), a power of
+  // two; a graphed step's bucket * q rows also stay <= max_logit_rows and max_tokens_per_step.
+  int64_t max_graph_tokens = 16;
   // Decode attention split over the sequence in pieces of this many keys (at most 32 pieces)
   // while a step has fewer than 1024 (sequence, head) pairs. 0: pieces of 512 keys when the
   // context is longer than 1024; < 0: never split.
@@ -94,6 +105,7 @@ struct CudaStepStats {
   bool graphed = false;     // replayed a CUDA graph
   bool captured = false;    // captured that graph first (this step)
   int64_t bucket = 0;       // the padded batch of a graphed step
+  int64_t graph_tokens = 0; // its token rows per sequence (1: a plain decode step)
   double host_micros = 0;   // run() entry until every launch was enqueued (before the wait)
   double total_micros = 0;  // run() entry until the logits were on the host
 };
@@ -237,7 +249,10 @@ class CudaForward : private DecoderBackend {
   // The sampled tokens of a piece's first n_real logit rows (rows: their parameters).
   Status download_sampled(int64_t n_real, std::span<const TesseraCudaSampleRow> rows, SampledToken* out);
   Status run_step(std::span<const SequenceInput> batch, const StepOut& out);
-  Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out);
+  // The token rows per sequence of a graphed step for `batch` (a power of two), or 0 when the
+  // step runs eagerly (see "CUDA graphs" above).
+  int64_t graph_tokens(std::span<const SequenceInput> batch) const;
+  Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out, int64_t q);
   int64_t graph_bucket(int64_t n_seqs) const;
   Status gemm(const Matrix& m, const uint16_t* x16, float* y, int64_t n_tokens);
   float* act(Act a) const;
@@ -278,6 +293,7 @@ class CudaForward : private DecoderBackend {
   std::unique_ptr<Decoder> decoder_;
   std::vector<float*> inv_freq_;  // the ArchSpec's RoPE tables on the device
   bool all_decode_ = false;       // the step being enqueued decodes one token per sequence
+  int64_t graph_query_len_ = 0;   // > 0: a graphed step's rows per sequence (the attention grid's queries)
   int64_t weight_bytes_ = 0, workspace_bytes_ = 0, kv_bytes_ = 0, step_weight_bytes_ = 0;
 
   // workspace (device)
@@ -328,8 +344,8 @@ class CudaForward : private DecoderBackend {
   int64_t n_seqs_ = 0;
   bool kv_ready_ = false;
 
-  // CUDA graphs, one per bucket (padded batch size) and output kind, captured on first use:
-  // (3 * bucket + output kind, graph exec)
+  // CUDA graphs, one per bucket (padded batch size), token rows per sequence and output kind,
+  // captured on first use: (graph_key, graph exec)
   std::vector<std::pair<int64_t, void*>> graphs_;
   int64_t max_graph_batch_ = 0;
   CudaStepStats last_step_;

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   bool no_graphs = false;
-  app.add_flag("--no-cuda-graphs", no_graphs, "CUDA: run decode steps eagerly instead of as CUDA graph replays");
+  app.add_flag("--no-cuda-graphs", no_graphs, "CUDA: run decode and verification steps eagerly instead of as CUDA graph replays");
   bool no_device_sampling = false;
   app.add_flag("--no-device-sampling", no_device_sampling,
                "CUDA: sample on the host from downloaded logits instead of on the device");

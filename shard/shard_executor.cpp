@@ -239,9 +239,12 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
 // True when every sequence that samples this step wants the plain argmax: temperature 0, no
 // logprobs, no penalties or logit bias, no banned tokens, no prompt logprobs (what Sampler would
 // do with the logits is then exactly the device's greedy choice).
+// A speculative piece with proposed drafts qualifies too: its k + 1 rows' argmaxes verify it
+// (take_greedy); one with shard drafts does not (the drafter computed its rows on the host).
 bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.draft_tokens.empty()) return false;
+    if (q.prompt_logprobs || !q.banned_tokens.empty()) return false;
+    if (!q.draft_tokens.empty() && q.draft_tokens.front() == kShardDraftToken) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
     if (it == sequences_.end()) return false;
@@ -281,12 +284,23 @@ void ShardExecutor::take_sampled(const StepPlan& plan, StepResult& r) {
   }
 }
 
-// The tokens of a plain_greedy step: one id per sampling sequence, in batch order.
+// The tokens of a plain_greedy step: one id per sampling sequence, in batch order, and k + 1
+// for a speculative piece (the argmax of each of its rows, verified against its drafts).
 void ShardExecutor::take_greedy(const StepPlan& plan, StepResult& r) {
   size_t row = 0;
-  for (const ScheduledSequence& q : plan.scheduled) {
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const ScheduledSequence& q = plan.scheduled[i];
     if (!q.sample) continue;
     SequenceState& st = sequences_.at(q.seq_id);
+    if (!q.draft_tokens.empty()) {
+      const int32_t* ids = &greedy_ids_[row];
+      row += static_cast<size_t>(q.num_tokens);
+      verify(q, drafts_[i], st, r, [&](int64_t j) {
+        st.sampler->accept(ids[j]);
+        return SampledToken{ids[j], 0.0f, {}};
+      });
+      continue;
+    }
     const int32_t id = greedy_ids_[row++];
     st.sampler->accept(id);  // as sample() does: the sampler's history stays complete
     if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(id);
@@ -323,20 +337,13 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
     }
     if (!q.draft_tokens.empty()) {
       const auto i = static_cast<size_t>(&q - plan.scheduled.data());
-      if (target_row_[i] >= 0) {
-        verify(q, drafts_[i], st, &target_logits_[static_cast<size_t>(target_row_[i] * vocab)], r);
-        continue;  // its rows are not in logits_
-      }
-      verify(q, drafts_[i], st, &logits_[static_cast<size_t>(row * vocab)], r);
-      row += q.num_tokens;
+      float* rows = target_row_[i] >= 0 ? &target_logits_[static_cast<size_t>(target_row_[i] * vocab)]
+                                        : &logits_[static_cast<size_t>(row * vocab)];
+      if (target_row_[i] < 0) row += q.num_tokens;  // the drafter's rows are not in logits_
+      verify(q, drafts_[i], st, r, [&](int64_t j) { return sample_row(q, st, rows + j * vocab); });
       continue;
     }
-    float* logits = &logits_[static_cast<size_t>(row * vocab)];
-    if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
-    for (const int32_t id : q.banned_tokens) {
-      if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
-    }
-    SampledToken tok = st.sampler->sample(logits, vocab, backend_.host_pool());
+    SampledToken tok = sample_row(q, st, &logits_[static_cast<size_t>(row * vocab)]);
     ++row;
     // Recompute after preemption re-samples only when the plan covers every known token.
     if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
@@ -350,19 +357,14 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
 // the tokens are the ones decoding without drafts would produce: the output distribution is
 // unchanged at any temperature (the drafts are deterministic proposals). Then the tables keep
 // only the blocks of the computed positions: the rejected drafts' slots go back to the pool.
+// `draw(i)` is row i's token: the host sampler on its logits, or the device's greedy id.
 void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st,
-                           float* rows, StepResult& r) {
-  const int64_t vocab = config_.vocab;
+                           StepResult& r, const std::function<SampledToken(int64_t)>& draw) {
   const auto k = static_cast<int64_t>(drafts.size());
   st.tokens.resize(static_cast<size_t>(q.start_pos + 1));
   int64_t drawn = 0;
   for (int64_t i = 0; i <= k; ++i) {
-    float* logits = rows + static_cast<size_t>(i * vocab);
-    if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
-    for (const int32_t id : q.banned_tokens) {
-      if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
-    }
-    SampledToken tok = st.sampler->sample(logits, vocab, backend_.host_pool());
+    SampledToken tok = draw(i);
     st.tokens.push_back(tok.id);
     ++drawn;
     const bool accepted = i < k && tok.id == drafts[static_cast<size_t>(i)];
@@ -372,6 +374,17 @@ void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> 
   const auto keep = static_cast<size_t>((q.start_pos + drawn + block_size_ - 1) / block_size_);
   if (st.block_table.size() > keep) st.block_table.resize(keep);
   if (st.window_block_table.size() > keep) st.window_block_table.resize(keep);
+}
+
+// One row's token drawn on the host: the row observer sees the logits, banned ids go to -inf,
+// then the sequence's sampler draws (and counts) the token.
+SampledToken ShardExecutor::sample_row(const ScheduledSequence& q, SequenceState& st, float* logits) {
+  const int64_t vocab = config_.vocab;
+  if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
+  for (const int32_t id : q.banned_tokens) {
+    if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+  }
+  return st.sampler->sample(logits, vocab, backend_.host_pool());
 }
 
 // The shard drafts of the step's pieces (kShardDraftToken throughout), proposed by the backend's

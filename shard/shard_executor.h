@@ -78,8 +78,9 @@ class ShardExecutor {
   Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
   Status validate_draft(const ScheduledSequence& s, int64_t n_tokens) const;
   Status shard_drafts(const StepPlan& plan);
-  void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, float* logits,
-              StepResult& r);
+  void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, StepResult& r,
+              const std::function<SampledToken(int64_t)>& draw);
+  SampledToken sample_row(const ScheduledSequence& q, SequenceState& st, float* logits);
   void drop_drafts(const StepPlan& plan);
   bool plain_greedy(const StepPlan& plan) const;
   bool device_sampling_rows(const StepPlan& plan);

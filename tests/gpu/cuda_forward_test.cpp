@@ -307,6 +307,127 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
     for (auto& t : tables[m]) models[m]->allocator->release(t);
 }
 
+// Speculative verification steps (each sequence's last known token and k drafts, every row's
+// logits) replayed from CUDA graphs of (bucket, rows per sequence) give the logits of the same
+// steps run eagerly, beside plain decodes in the same step; the argmaxes on the device (the
+// greedy graph of the same key) are the logits' argmaxes, and verifying the drafts with them
+// keeps llama2.c's reference ids. Drafts are the reference's next ids with some changed, so
+// some are rejected and the next step rewrites their KV slots.
+TEST_P(CudaForwardTest, VerificationGraphsMatchEagerSteps) {
+  auto graphed =
+      load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.decode_split_keys = -1; });
+  auto eager = load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) {
+    o.cuda_graphs = false;
+    o.decode_split_keys = -1;
+  });
+  ASSERT_TRUE(graphed.is_ok()) << graphed.status().to_string();
+  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
+  GpuModel* models[2] = {graphed->get(), eager->get()};
+  const int64_t vocab = models[0]->config().vocab;
+  const std::vector<RefCase> cases = load_cases();
+  ASSERT_GE(cases.size(), 3u);
+  const size_t n_seqs = 3;
+  std::vector<std::vector<int32_t>> tables[2];
+  std::vector<float> logits[2];
+  std::vector<int32_t> ids;
+  for (int m = 0; m < 2; ++m) {
+    tables[m].resize(n_seqs);
+    std::vector<SequenceInput> prefill;
+    for (size_t i = 0; i < n_seqs; ++i) {
+      ASSERT_TRUE(models[m]->allocator->ensure(tables[m][i], static_cast<int64_t>(cases[i].prompt.size()) + 64, 8));
+      prefill.push_back({cases[i].prompt, 0, tables[m][i], true});
+    }
+    Status s = models[m]->forward->run(prefill, logits[m]);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+  }
+  std::vector<std::vector<int32_t>> out(n_seqs);  // verified ids; the last one is not in the KV yet
+  std::vector<int64_t> pos(n_seqs);               // position of out.back()
+  for (size_t i = 0; i < n_seqs; ++i) {
+    out[i].push_back(argmax(&logits[0][i * static_cast<size_t>(vocab)], vocab));
+    pos[i] = static_cast<int64_t>(cases[i].prompt.size());
+  }
+  // Drafts per sequence and step (0: a plain decode piece); rows per sequence 4, 2, 1, 4, 4, 16.
+  const std::vector<std::vector<int64_t>> schedule = {{2, 0, 3}, {1, 1, 1}, {0, 0, 0}, {3, 0}, {2, 3, 1}, {8}};
+  const int64_t want_q[] = {4, 2, 1, 4, 4, 16};
+  const int64_t want_bucket[] = {4, 4, 4, 2, 4, 1};
+  const bool want_captured[] = {true, true, true, true, false, true};
+  int64_t kept = 0, rejected = 0;
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    const size_t w = schedule[step].size();
+    std::vector<std::vector<int32_t>> pieces(w);
+    for (size_t i = 0; i < w; ++i) {
+      const int64_t k = schedule[step][i];
+      const std::vector<int32_t>& ref = cases[i].greedy;
+      pieces[i].push_back(out[i].back());
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = out[i].size() + static_cast<size_t>(j);
+        int32_t d = at < ref.size() ? ref[at] : 1;
+        if ((step + i + static_cast<size_t>(j)) % 4 == 3) d = (d + 7) % static_cast<int32_t>(vocab);  // a wrong guess
+        pieces[i].push_back(d);
+      }
+    }
+    for (int m = 0; m < 2; ++m) {
+      std::vector<SequenceInput> batch;
+      for (size_t i = 0; i < w; ++i) {
+        SequenceInput in{pieces[i], pos[i], tables[m][i], true};
+        in.all_logits = pieces[i].size() > 1;
+        batch.push_back(in);
+      }
+      Status s = models[m]->forward->run(batch, logits[m]);
+      ASSERT_TRUE(s.is_ok()) << "step " << step << ": " << s.to_string();
+      if (m == 0) {
+        const CudaStepStats& g = models[0]->forward->last_step();
+        EXPECT_TRUE(g.graphed) << "step " << step;
+        EXPECT_EQ(g.graph_tokens, want_q[step]) << "step " << step;
+        EXPECT_EQ(g.bucket, want_bucket[step]) << "step " << step;
+        EXPECT_EQ(g.captured, want_captured[step]) << "step " << step;
+        // The same step again with the argmax on the device: the same KV is written again.
+        s = models[0]->forward->run_greedy(batch, ids);
+        ASSERT_TRUE(s.is_ok()) << "step " << step << ": " << s.to_string();
+        EXPECT_TRUE(models[0]->forward->last_step().graphed);
+      } else {
+        EXPECT_FALSE(models[1]->forward->last_step().graphed);
+      }
+    }
+    ASSERT_EQ(logits[1].size(), logits[0].size());
+    ASSERT_EQ(ids.size() * static_cast<size_t>(vocab), logits[0].size());
+    size_t row = 0;
+    for (size_t i = 0; i < w; ++i) {
+      const auto k = static_cast<int64_t>(pieces[i].size()) - 1;
+      int64_t accepted = 0;
+      for (int64_t j = 0; j <= k; ++j, ++row) {
+        const float* g = &logits[0][row * static_cast<size_t>(vocab)];
+        const std::vector<float> got(g, g + vocab);
+        EXPECT_LT(max_rel_err(got, &logits[1][row * static_cast<size_t>(vocab)], vocab), 1e-3f)
+            << "step " << step << " sequence " << i << " row " << j;
+        const int32_t id = argmax(g, vocab);
+        EXPECT_EQ(id, argmax(&logits[1][row * static_cast<size_t>(vocab)], vocab));
+        EXPECT_EQ(ids[row], id) << "step " << step << " sequence " << i << " row " << j;
+        if (j == accepted) {  // still verifying: this row's token is emitted
+          out[i].push_back(id);
+          if (j < k && id == pieces[i][static_cast<size_t>(j + 1)]) ++accepted;
+        }
+      }
+      kept += accepted;
+      rejected += k - accepted;
+      pos[i] += accepted + 1;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(rejected, 0);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const size_t n = std::min(out[i].size(), cases[i].greedy.size());
+    EXPECT_EQ(std::vector<int32_t>(out[i].begin(), out[i].begin() + static_cast<int64_t>(n)),
+              std::vector<int32_t>(cases[i].greedy.begin(), cases[i].greedy.begin() + static_cast<int64_t>(n)))
+        << cases[i].name;
+  }
+  // A logits and a greedy graph for each of the 5 keys (bucket, rows).
+  EXPECT_EQ(models[0]->forward->graphs_captured(), 10);
+  EXPECT_EQ(models[1]->forward->graphs_captured(), 0);
+  for (int m = 0; m < 2; ++m)
+    for (auto& t : tables[m]) models[m]->allocator->release(t);
+}
+
 // run_greedy (the argmax on the device, only ids back) picks the argmax of run()'s logits, for a
 // batched prefill and for graphed decode steps of several bucket sizes.
 TEST_P(CudaForwardTest, GreedyOnTheDeviceMatchesTheLogitsArgmax) {
