@@ -11,7 +11,9 @@
 // per sequence) are timed with a host clock around CudaForward::run_greedy (the argmax on the
 // device, the ids copied to the host: the serving path of a greedy request), first replayed
 // from CUDA graphs, then run eagerly; then graphed steps that sample on the device
-// (run_sampled: temperature 0.8, top-p 0.95, the seeded draw). Printed beside it: the
+// (run_sampled: temperature 0.8, top-p 0.95, the seeded draw); then speculative verification
+// steps (every sequence's last token and 4 drafts, the argmax of each of the 5 rows on the
+// device), graphed and eager. Printed beside it: the
 // bytes of weights one step streams, the measured device-to-device copy bandwidth, the floor =
 // bytes / bandwidth, floor / step time, the launches one step enqueues in each mode and the
 // share of the step the host spends enqueueing.
@@ -154,8 +156,9 @@ int run(int argc, char** argv) {
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
   std::printf(
       "| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
-      "| eager step ms | launches/step eager -> graph | host share eager -> graph | sampled step ms |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| eager step ms | launches/step eager -> graph | host share eager -> graph | sampled step ms "
+      "| verify 5 rows ms graph / eager |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   std::stringstream ts(types);
   std::string type_name;
@@ -199,7 +202,7 @@ int run(int argc, char** argv) {
     o.max_seqs_per_step = 256;
     o.max_logit_rows = 256;
     const int64_t max_b = *std::max_element(batches.begin(), batches.end());
-    o.max_kv_blocks = max_b * ((context + 2 * steps + 8 + 15) / 16 + 1);
+    o.max_kv_blocks = max_b * ((context + 5 * (steps + 3) + 8 + 15) / 16 + 1);
     const auto t_up = Clock::now();
     auto fwd_r = CudaForward::create(config, layout, w, nullptr, o);
     if (!fwd_r.is_ok()) die(fwd_r.status().to_string());
@@ -210,7 +213,8 @@ int run(int argc, char** argv) {
     const double floor_ms = copy_gbs > 0 ? step_gb / copy_gbs * 1e3 : 0.0;
 
     for (int64_t b : batches) {
-      const int64_t blocks_per_seq = (context + 3 * (steps + 3) + 15) / 16;  // three timed phases
+      // Five timed phases; a verification step's 5 rows start one position after the last's.
+      const int64_t blocks_per_seq = (context + 5 * (steps + 3) + 8 + 15) / 16;
       std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
       for (int64_t s = 0; s < b; ++s)
         for (int64_t i = 0; i < blocks_per_seq; ++i) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * blocks_per_seq + i));
@@ -230,12 +234,20 @@ int run(int argc, char** argv) {
         r.top_p = 0.95f;
         r.repetition_penalty = 1.0f;
       }
-      bool sample = false;  // false: greedy on the device
+      bool sample = false;     // false: greedy on the device
+      int64_t verify_rows = 0;  // > 0: verification pieces of this many tokens (all_logits)
+      const std::vector<int32_t> drafts(8, 1);
       auto decode = [&](int64_t pos) {
         std::vector<SequenceInput> step;
-        for (int64_t s = 0; s < b; ++s)
-          step.push_back({std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1), pos,
-                          tables[static_cast<size_t>(s)], true});
+        for (int64_t s = 0; s < b; ++s) {
+          SequenceInput in{std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1), pos,
+                           tables[static_cast<size_t>(s)], true};
+          if (verify_rows > 0) {
+            in.tokens = std::span<const int32_t>(drafts.data(), static_cast<size_t>(verify_rows));
+            in.all_logits = true;
+          }
+          step.push_back(in);
+        }
         for (int64_t s = 0; s < b; ++s)
           rows[static_cast<size_t>(s)].u = sampling_uniform(static_cast<uint64_t>(s), pos);
         Status s2 = sample ? fwd.run_sampled(step, rows, {}, sampled) : fwd.run_greedy(step, ids);
@@ -269,12 +281,17 @@ int run(int argc, char** argv) {
       sample = true;
       const Timing sg = timed(true);
       sample = false;
+      verify_rows = 5;
+      const Timing vg = timed(true);
+      const Timing ve = timed(false);
+      verify_rows = 0;
       std::printf(
-          "| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% | %.2f |\n",
+          "| %s | %lld | %lld | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f | %lld -> %lld | %.0f%% -> %.0f%% | %.2f "
+          "| %.2f / %.2f |\n",
           type_name.c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(b), g.ms,
           static_cast<double>(b) * 1e3 / g.ms, step_gb, floor_ms, g.ms > 0 ? 100.0 * floor_ms / g.ms : 0.0, e.ms,
           static_cast<long long>(e.launches), static_cast<long long>(g.launches), 100.0 * e.host_share,
-          100.0 * g.host_share, sg.ms);
+          100.0 * g.host_share, sg.ms, vg.ms, ve.ms);
       std::fflush(stdout);
     }
   }
