@@ -159,15 +159,17 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
   void fail(const std::string& error) {
     if (done_) return;
     done_ = true;
+    const bool shutting_down = error.find("shutting down") != std::string::npos;
     if (stream_ && stream_handle_) {
-      stream_handle_->write(sse_event(error_body(500, error)));
+      stream_handle_->write(sse_event(error_body(shutting_down ? 503 : 500, error)));
       stream_handle_->write(std::string(kSseDone));
       stream_handle_->close();
     } else {
       const int status = error.find("could never fit") != std::string::npos ||
                                  error.find("more blocks than") != std::string::npos
                              ? 400
-                             : error.find("unhealthy") != std::string::npos || error.find("shard") != std::string::npos
+                             : shutting_down || error.find("unhealthy") != std::string::npos ||
+                                       error.find("shard") != std::string::npos
                                    ? 503
                                    : 500;
       responder_->respond(status, "application/json", error_body(status, error));
@@ -489,6 +491,11 @@ struct ApiServer::Impl {
     const bool get = req.method == "GET", post = req.method == "POST";
     if (p == "/health") {
       if (!get) return error(r, 405, "use GET");
+      if (engine->draining()) {  // shutting down: send traffic elsewhere
+        r->respond(503, "application/json",
+                   dump({{"status", "draining"}, {"open_requests", engine->open_jobs()}}));
+        return;
+      }
       if (engine->healthy()) return json_ok(r, {{"status", "ok"}});
       r->respond(503, "application/json", dump({{"status", "unhealthy"}, {"error", engine->failure()}}));
       return;
@@ -563,8 +570,8 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
 
 int ApiServer::port() const { return impl_->http ? impl_->http->port() : 0; }
 
-void ApiServer::stop() {
-  if (impl_ && impl_->http) impl_->http->stop();
+void ApiServer::stop(std::chrono::milliseconds flush) {
+  if (impl_ && impl_->http) impl_->http->stop(flush);
 }
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 // (engine thread) render responses or SSE chunks and write them to the client.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,7 +38,9 @@ class ApiServer {
                                                   MetricsRegistry& metrics, std::function<std::string()> extra_metrics);
   ~ApiServer();
   int port() const;
-  void stop();
+  // HttpServer::stop: with flush > 0 the responses and streams in progress get that long to
+  // finish sending (the engine ended or failed their jobs first).
+  void stop(std::chrono::milliseconds flush = std::chrono::milliseconds(0));
 
   struct Impl;
 

@@ -17,6 +17,14 @@ double seconds_between(WallClock::time_point a, WallClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A pool's blocks by disjoint state: used + free + cached = the pool (free_blocks counts the
+// idle cached ones too; cached_blocks counts used ones too).
+void set_block_states(MetricsRegistry& m, const char* name, const BlockPoolStats& kv) {
+  m.set(name, static_cast<double>(kv.used_blocks), "state=\"used\"");
+  m.set(name, static_cast<double>(kv.free_blocks - kv.cached_free_blocks), "state=\"free\"");
+  m.set(name, static_cast<double>(kv.cached_free_blocks), "state=\"cached\"");
+}
+
 }  // namespace
 
 struct Engine::JobState {
@@ -57,15 +65,21 @@ void declare_engine_metrics(MetricsRegistry& m) {
                     "Admissions put off a step while another sequence computed the same prompt blocks");
   m.declare_counter("tessera_steps_total", "Steps run on the shards");
   m.declare_gauge("tessera_running", "Sequences holding KV blocks");
+  m.declare_gauge("tessera_draining",
+                  "1 while the server shuts down: no new requests, the ones taken finish within --shutdown-grace");
+  m.declare_gauge("tessera_open_requests", "Requests taken and not finished (queued, waiting or running)");
   m.declare_gauge("tessera_waiting", "Sequences waiting to be scheduled");
   m.declare_gauge("tessera_batch_size", "Sequences in the last step");
   m.declare_gauge("tessera_step_tokens", "Tokens in the last step");
   m.declare_gauge("tessera_kv_usage", "Fraction of KV blocks in use");
-  m.declare_gauge("tessera_kv_blocks", "KV blocks by state (used, free, cached)");
+  m.declare_gauge("tessera_kv_blocks",
+                  "KV blocks by state, adding up to the pool: used (held by sequences), free (empty), cached (free, "
+                  "holding a prefix-cache entry: evictable)");
   m.declare_gauge("tessera_kv_block_size", "Tokens per KV block");
   m.declare_gauge("tessera_kv_window_usage",
                   "Fraction of the window pool's blocks in use (the sliding-window layers' KV; only with a window pool)");
-  m.declare_gauge("tessera_kv_window_blocks", "Window-pool KV blocks by state (used, free, cached)");
+  m.declare_gauge("tessera_kv_window_blocks",
+                  "Window-pool KV blocks by state, adding up to the pool (used, free, cached: as tessera_kv_blocks)");
   m.declare_gauge("tessera_kv_window_tokens", "Sliding window of the layers whose KV is in the window pool");
   m.declare_gauge("tessera_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up");
   m.declare_gauge("tessera_kv_fragmentation", "Unused slots in the last blocks of sequences, as a fraction of used slots");
@@ -121,8 +135,14 @@ std::string Engine::failure() const {
   return failure_;
 }
 
+void Engine::drain() {
+  draining_ = true;
+  metrics_.set("tessera_draining", 1);
+}
+
 Result<uint64_t> Engine::submit(Job job) {
   if (!healthy_) return Status::unavailable("the engine is unhealthy: " + failure());
+  if (draining_) return Status::unavailable("the server is shutting down: it takes no new requests");
   if (tokenizer_ == nullptr && !job.stop.empty())
     return Status::invalid_argument("stop strings need a tokenizer, and this model has none");
   if (job.speculation.value_or(options_.scheduler.speculation.mode) == SpecMode::kDraft && !spec_.has_drafter())
@@ -138,6 +158,7 @@ Result<uint64_t> Engine::submit(Job job) {
   state->job = std::move(job);
   state->arrival = WallClock::now();
   queued_ += n;
+  ++open_jobs_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(state);
@@ -228,6 +249,7 @@ void Engine::finish_seq(SeqState& s, const std::string& reason, const std::strin
     const char* outcome = reason == "error" ? "error" : reason == "abort" ? "aborted" : "ok";
     metrics_.add("tessera_requests_total", 1, fmt::format("outcome=\"{}\"", outcome));
     jobs_.erase(job.id);
+    --open_jobs_;
     for (uint64_t id : job.seq_ids) seqs_.erase(id);  // `s` is gone after this
   }
 }
@@ -251,15 +273,16 @@ void Engine::drain_inbox() {
   }
   for (auto& job : inbox) {
     queued_ -= static_cast<int64_t>(job->job.sequences.size());
-    if (!healthy_) {
+    if (!healthy_ || stopping_) {
       job->remaining = 0;
       for (const JobSequence& js : job->job.sequences) {
         JobEvent ev;
         ev.choice = js.choice;
         ev.finish_reason = "error";
-        ev.error = "the engine is unhealthy: " + failure();
+        ev.error = stopping_ ? "the server is shutting down" : "the engine is unhealthy: " + failure();
         if (job->job.on_event) job->job.on_event(ev);
       }
+      --open_jobs_;
       continue;
     }
     admit(job);
@@ -353,15 +376,15 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
 void Engine::update_gauges() {
   const SchedulerStats st = scheduler_->stats();
   metrics_.set("tessera_running", static_cast<double>(st.running));
+  metrics_.set("tessera_open_requests", static_cast<double>(open_jobs_.load()));
+  metrics_.set("tessera_draining", draining_ ? 1.0 : 0.0);
   metrics_.set("tessera_waiting", static_cast<double>(st.waiting + queued_.load()));
   metrics_.set("tessera_batch_size", static_cast<double>(st.last_batch_size));
   metrics_.set("tessera_step_tokens", static_cast<double>(st.last_step_tokens));
   metrics_.set("tessera_preemptions_total", static_cast<double>(st.preemptions));
   metrics_.set("tessera_prefix_waits_total", static_cast<double>(st.prefix_waits));
   metrics_.set("tessera_kv_usage", st.kv.usage);
-  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.used_blocks), "state=\"used\"");
-  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.free_blocks), "state=\"free\"");
-  metrics_.set("tessera_kv_blocks", static_cast<double>(st.kv.cached_blocks), "state=\"cached\"");
+  set_block_states(metrics_, "tessera_kv_blocks", st.kv);
   metrics_.set("tessera_prefix_cache_hit_rate", st.kv.prefix_hit_rate);
   metrics_.set("tessera_kv_fragmentation", st.kv.fragmentation);
   for (int p = 0; p < (spec_.has_drafter() ? kProposals : 1); ++p) {
@@ -391,9 +414,7 @@ void Engine::update_gauges() {
   spec_saved_reported_ = spec_.time_saved_seconds();
   if (options_.window.pool) {
     metrics_.set("tessera_kv_window_usage", st.kv_window.usage);
-    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.used_blocks), "state=\"used\"");
-    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.free_blocks), "state=\"free\"");
-    metrics_.set("tessera_kv_window_blocks", static_cast<double>(st.kv_window.cached_blocks), "state=\"cached\"");
+    set_block_states(metrics_, "tessera_kv_window_blocks", st.kv_window);
   }
 }
 
@@ -532,6 +553,9 @@ void Engine::run() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, wait, [this] { return stop_.load() || !inbox_.empty() || !cancels_.empty(); });
   }
+  // Every job taken ends with an event: those still in the inbox and those running.
+  stopping_ = true;
+  drain_inbox();
   fail_all("the server is shutting down");
 }
 

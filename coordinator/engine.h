@@ -101,6 +101,13 @@ class Engine {
   // Thread-safe: aborts a job (client gone); its remaining choices finish with "abort".
   void cancel(uint64_t job_id);
 
+  // Thread-safe. Draining (a server shutting down): submit() refuses new jobs with Unavailable
+  // while the jobs already taken run on; stop() then ends what is left with an error event.
+  void drain();
+  bool draining() const { return draining_.load(); }
+  // Jobs taken by submit() and not finished yet (queued, waiting or running). Thread-safe.
+  int64_t open_jobs() const { return open_jobs_.load(); }
+
   bool healthy() const { return healthy_.load(); }
   std::string failure() const;
   int64_t queued() const { return queued_.load(); }
@@ -148,6 +155,9 @@ class Engine {
   std::atomic<bool> stop_{false};
   std::atomic<bool> healthy_{true};
   std::atomic<int64_t> queued_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> open_jobs_{0};
+  bool stopping_ = false;  // engine thread: run() is ending; jobs still in the inbox fail
   std::atomic<uint64_t> next_job_id_{1};
   std::thread thread_;
 

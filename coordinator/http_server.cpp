@@ -399,7 +399,7 @@ class HttpServer::Impl {
     tick_ = std::clamp(shortest / 4, std::chrono::milliseconds(5), std::chrono::milliseconds(250));
   }
   ~Impl() {
-    stop();
+    stop(std::chrono::milliseconds(0));
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
     if (reserve_fd_ >= 0) ::close(reserve_fd_);
@@ -407,7 +407,8 @@ class HttpServer::Impl {
 
   Status open();
   Status start_thread();
-  void stop();
+  void stop(std::chrono::milliseconds flush);
+  bool all_idle() const;  // no response in progress, nothing queued, no lingering close
   int port() const { return port_; }
 
  private:
@@ -429,6 +430,9 @@ class HttpServer::Impl {
     std::shared_ptr<HttpExchange> exchange;
     bool response_done = false;  // the current response has all its bytes in `out`
     bool close_after = false;    // close (linger) once `out` is sent
+    // The client half-closed (EOF) with request bytes buffered: those requests are answered,
+    // then the connection closes; nothing more is read.
+    bool read_eof = false;
     uint64_t lingered_bytes = 0;
     Clock::time_point idle_since, request_start, last_write_progress, linger_deadline;
     bool out_pending() const { return out_off < out.size(); }
@@ -475,6 +479,7 @@ class HttpServer::Impl {
   std::thread thread_;
   std::mutex stop_mu_;
   std::atomic<bool> stop_requested_{false};
+  std::chrono::milliseconds flush_{0};  // stop(): how long connections may finish (set before the flag)
 
   // Loop thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
@@ -568,11 +573,12 @@ Status HttpServer::Impl::start_thread() {
   return Status::ok();
 }
 
-void HttpServer::Impl::stop() {
+void HttpServer::Impl::stop(std::chrono::milliseconds flush) {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (!thread_.joinable()) return;
   TESSERA_CHECK(std::this_thread::get_id() != thread_.get_id(),
                 "HttpServer::stop() called on the loop thread (from a handler or callback)");
+  flush_ = flush;
   stop_requested_.store(true);
   mailbox_->wake();
   thread_.join();
@@ -582,7 +588,19 @@ void HttpServer::Impl::run() {
   constexpr int kMaxEvents = 256;
   epoll_event events[kMaxEvents];
   last_scan_ = Clock::now();
-  while (!stop_requested_.load()) {
+  std::optional<Clock::time_point> flush_until;  // stopping: the connections' last moment
+  for (;;) {
+    if (stop_requested_.load()) {
+      if (!flush_until) {  // accept nothing more; let what is in progress finish
+        flush_until = Clock::now() + flush_;
+        if (listen_fd_ >= 0) {
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+          ::close(listen_fd_);
+          listen_fd_ = -1;
+        }
+      }
+      if (Clock::now() >= *flush_until || all_idle()) break;
+    }
     int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, static_cast<int>(tick_.count()));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -606,6 +624,12 @@ void HttpServer::Impl::run() {
     graveyard_.clear();
   }
   close_all();
+}
+
+bool HttpServer::Impl::all_idle() const {
+  for (const auto& [id, c] : conns_)
+    if (c->state != ConnState::kReading || c->out_pending()) return false;
+  return true;
 }
 
 void HttpServer::Impl::accept_all() {
@@ -686,6 +710,13 @@ size_t HttpServer::Impl::read_cap(const Conn* c) const {
 }
 
 bool HttpServer::Impl::read_input(Conn* c, uint32_t events) {
+  if (c->read_eof && c->state != ConnState::kLinger) {  // nothing more can come; a hang-up: gone
+    if (events & EPOLLHUP) {
+      close_conn(c);
+      return false;
+    }
+    return true;
+  }
   char buf[kReadChunk];
   for (int i = 0; i < 16; ++i) {  // bounded per event so one client cannot starve the rest
     size_t want = sizeof buf;
@@ -716,7 +747,13 @@ bool HttpServer::Impl::read_input(Conn* c, uint32_t events) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    // EOF or a reset: the client is gone (an EOF mid-request counts as a disconnect).
+    // An EOF while reading, with request bytes buffered: a half-close (shutdown(SHUT_WR) after
+    // the request), so the buffered requests are still answered (a partial one closes the
+    // connection in try_parse). An EOF while a request is served, or a reset: the client is gone.
+    if (n == 0 && c->state == ConnState::kReading && !c->in.empty()) {
+      c->read_eof = true;
+      return true;
+    }
     close_conn(c);
     return false;
   }
@@ -750,6 +787,10 @@ bool HttpServer::Impl::try_parse(Conn* c) {
   if (!c->head) {
     size_t end = find_head_end(c->in, c->scan_from);
     if (end == std::string::npos) {
+      if (c->read_eof) {  // the rest of the head can never arrive
+        close_conn(c);
+        return false;
+      }
       if (c->in.size() > options_.max_header_bytes) {
         send_error(c, 431, fmt::format("request head is over the limit of {} bytes",
                                        options_.max_header_bytes));
@@ -772,6 +813,10 @@ bool HttpServer::Impl::try_parse(Conn* c) {
     c->head = std::move(head);
   }
   size_t need = c->head->head_bytes + c->head->content_length;
+  if (c->in.size() < need && c->read_eof) {  // the rest of the body can never arrive
+    close_conn(c);
+    return false;
+  }
   if (c->in.size() < need) {
     if (c->head->expect_continue && !c->sent_continue && c->head->request.version_minor == 1) {
       c->sent_continue = true;
@@ -801,7 +846,8 @@ void HttpServer::Impl::dispatch(Conn* c, HttpRequestHead head, std::string body)
   c->exchange = ex;
   c->state = ConnState::kBusy;
   c->response_done = false;
-  c->close_after = !head.keep_alive;
+  // After a half-close the last buffered request's response ends the connection.
+  c->close_after = !head.keep_alive || (c->read_eof && c->in.empty());
 
   HttpRequest request = std::move(head.request);
   request.body = std::move(body);
@@ -925,8 +971,10 @@ void HttpServer::Impl::start_linger(Conn* c) {
 }
 
 void HttpServer::Impl::update_interest(Conn* c) {
-  uint32_t want = EPOLLRDHUP;
-  if (c->state == ConnState::kLinger || c->in.size() < read_cap(c)) want |= EPOLLIN;
+  // After a half-close nothing is read (EPOLLIN and EPOLLRDHUP would fire for ever); a hang-up
+  // or error is reported regardless.
+  uint32_t want = c->read_eof && c->state != ConnState::kLinger ? 0u : static_cast<uint32_t>(EPOLLRDHUP);
+  if (c->state == ConnState::kLinger || (!c->read_eof && c->in.size() < read_cap(c))) want |= EPOLLIN;
   if (c->out_pending()) want |= EPOLLOUT;
   if (want == c->events) return;
   epoll_event ev{};
@@ -1027,8 +1075,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& o
 
 int HttpServer::port() const { return impl_->port(); }
 
-void HttpServer::stop() {
-  if (impl_) impl_->stop();
+void HttpServer::stop(std::chrono::milliseconds flush) {
+  if (impl_) impl_->stop(flush);
 }
 
 }  // namespace tessera

@@ -138,9 +138,11 @@ class HttpServer {
 
   int port() const;  // the bound port (the ephemeral one when options.port was 0)
   // Stops accepting, closes every connection (firing on_disconnect for unfinished responses
-  // on the loop thread), and joins the loop thread. Returns promptly: it never waits for
-  // streams or handlers' deferred work. Idempotent.
-  void stop();
+  // on the loop thread), and joins the loop thread. With flush > 0 the connections first get up
+  // to that long to finish what they are sending (responses and streams in progress, their
+  // queued bytes, lingering closes) while nothing new is accepted; otherwise it returns
+  // promptly: it never waits for streams or handlers' deferred work. Idempotent.
+  void stop(std::chrono::milliseconds flush = std::chrono::milliseconds(0));
 
   class Impl;
 

@@ -140,6 +140,8 @@ Status parse_common(const json& j, GenerationParams& p) {
     TESSERA_RETURN_IF_ERROR(get_bool(*it, "include_usage", p.include_usage));
   }
   TESSERA_RETURN_IF_ERROR(get_int(j, "priority", p.priority, 0, 7));
+  std::string user;  // an end-user id for abuse tracking: checked, not used
+  TESSERA_RETURN_IF_ERROR(get_string(j, "user", user));
   TESSERA_RETURN_IF_ERROR(get_string(j, "speculation", p.speculation));
   if (!p.speculation.empty() && !parse_spec_mode(p.speculation).is_ok())
     return field_error("speculation", fmt::format("must be \"off\", \"auto\", \"ngram\" or \"draft\", got \"{}\"",
@@ -201,6 +203,17 @@ Result<CompletionRequest> parse_completion_request(std::string_view body) {
     if (lp->is_boolean()) return field_error("logprobs", "must be an integer for completions");
     TESSERA_RETURN_IF_ERROR(get_int(j, "logprobs", r.logprobs, 0, 20));
   }
+  // The chat API's name for the same count: taken where "logprobs" is absent, and it must
+  // agree where both are given.
+  if (auto tl = j.find("top_logprobs"); tl != j.end() && !tl->is_null()) {
+    int64_t top = 0;
+    TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", top, 0, 20));
+    if (auto lp = j.find("logprobs"); lp == j.end() || lp->is_null())
+      r.logprobs = static_cast<int32_t>(top);
+    else if (top != r.logprobs)
+      return field_error("top_logprobs", fmt::format("is {} but 'logprobs' is {}: completions take one count, "
+                                                     "'logprobs'", top, r.logprobs));
+  }
   TESSERA_RETURN_IF_ERROR(get_bool(j, "echo", r.echo));
   if (r.params.max_tokens < 0) r.params.max_tokens = 16;  // the API's default
   // Fields that would change the answer are refused, never ignored.
@@ -260,12 +273,12 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
 }
 
 std::string error_body(int http_status, std::string_view message, std::string_view param) {
-  const char* type = http_status == 400   ? "invalid_request_error"
-                     : http_status == 404 ? "not_found_error"
-                     : http_status == 413 ? "invalid_request_error"
-                     : http_status == 429 ? "rate_limit_error"
-                     : http_status == 503 ? "service_unavailable"
-                                          : "internal_error";
+  // Any other 4xx (405 wrong method, 408, 411, 415, 422, ...) is the request's fault too.
+  const char* type = http_status == 404                        ? "not_found_error"
+                     : http_status == 429                      ? "rate_limit_error"
+                     : http_status == 503                      ? "service_unavailable"
+                     : http_status >= 400 && http_status < 500 ? "invalid_request_error"
+                                                               : "internal_error";
   json e = {{"error",
              {{"message", std::string(message)},
               {"type", type},

@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -238,12 +240,30 @@ int run_server(const ServerOptions& o) {
     timespec timeout{0, 200 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, nullptr, &timeout);
     if (sig == SIGINT || sig == SIGTERM) {
-      TESSERA_LOG_INFO("signal {}: shutting down", sig);
+      TESSERA_LOG_INFO("signal {}: shutting down; {} request(s) in flight get up to {} s (--shutdown-grace)", sig,
+                       engine.open_jobs(), o.shutdown_grace_s);
       break;
     }
   }
-  (*api)->stop();
+  // Drain: no new requests (503, /health "draining"); the ones taken run on until they finish,
+  // the grace period ends or a second signal comes.
+  engine.drain();
+  const auto grace_end = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, o.shutdown_grace_s) * 1e3));
+  while (engine.open_jobs() > 0 && std::chrono::steady_clock::now() < grace_end) {
+    timespec timeout{0, 20 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &timeout);
+    if (sig == SIGINT || sig == SIGTERM) {
+      TESSERA_LOG_INFO("signal {} again: ending the {} open request(s) now", sig, engine.open_jobs());
+      break;
+    }
+  }
+  if (engine.open_jobs() > 0)
+    TESSERA_LOG_WARN("shutdown: {} request(s) still open; they end with an error", engine.open_jobs());
+  // The engine ends what is left (every stream gets an error event and [DONE]), then the HTTP
+  // server sends what is queued before it closes the connections.
   engine.stop();
+  (*api)->stop(std::chrono::milliseconds(2000));
   (*group)->shutdown("server stopping");
   if (shards && !shards->wait_for(std::chrono::milliseconds(3000))) shards->terminate();
   return exit_code;

@@ -42,9 +42,14 @@ struct ServerOptions {
   std::vector<std::string> extra_shard_args;
   int64_t heartbeat_timeout_ms = 2000;
   int64_t start_timeout_ms = 300000;
+  // SIGTERM / SIGINT: new requests get 503 and /health says "draining" while the requests
+  // already taken get this long to finish; what is left then ends with an error event (a
+  // second signal cuts the wait short).
+  double shutdown_grace_s = 30.0;
 };
 
-// Runs until SIGINT or SIGTERM (then stops every process it started) and returns the exit code.
+// Runs until SIGINT or SIGTERM (then drains: see shutdown_grace_s; and stops every process it
+// started) and returns the exit code.
 // Prints "listening on http://HOST:PORT" on stdout once it serves.
 int run_server(const ServerOptions& options);
 

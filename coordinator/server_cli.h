@@ -50,6 +50,10 @@ struct ServerCli {
       app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
     app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
     app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "declare a silent shard dead")->capture_default_str();
+    app.add_option("--shutdown-grace", o.shutdown_grace_s,
+                   "seconds the requests in flight get to finish after SIGTERM / SIGINT (new ones get 503)")
+        ->check(CLI::Range(0.0, 86400.0))
+        ->capture_default_str();
     if (spawns_shards) {
       app.add_option("--device", o.device, "shard device: cpu, cuda or auto")
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}))

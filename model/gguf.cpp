@@ -10,6 +10,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tessera {
 namespace {
@@ -381,7 +382,10 @@ class GgufParser {
     if (!f_->tensors_.empty() && data_start > size_)
       return Status::corrupt(fmt::format("{}: truncated before the tensor data section", path()));
     f_->data_offset_ = data_start;
+    std::vector<TensorExtent> extents;  // (offset, bytes or ~0 for an unknown type, index)
+    extents.reserve(f_->tensors_.size());
     for (GgufTensorInfo& t : f_->tensors_) {
+      extents.push_back({t.offset, ~uint64_t{0}, static_cast<size_t>(&t - f_->tensors_.data())});
       if (t.offset % alignment_ != 0)
         return Status::corrupt(fmt::format("{}: tensor '{}' offset {} is not a multiple of the "
                                            "alignment {}",
@@ -410,6 +414,7 @@ class GgufParser {
             "{}: tensor '{}' data [{}, {}) lies outside the file (size {})", path(), t.name, abs,
             end, size_));
       }
+      extents.back().bytes = nbytes;
       const std::optional<QuantType> qt = ts->type;
       if (!qt) continue;
       // Views are read through typed pointers: the start must be aligned for the element type
@@ -426,6 +431,42 @@ class GgufParser {
       t.view.type = *qt;
       t.view.ndim = static_cast<int>(t.shape.size());
       for (size_t d = 0; d < t.shape.size(); ++d) t.view.shape[d] = t.shape[d];
+    }
+    return check_packing(extents, data_start);
+  }
+
+  struct TensorExtent {
+    uint64_t offset, bytes;
+    size_t index;
+  };
+
+  // Writers lay the tensors' data end to end, each padded to the alignment. A tensor whose type
+  // or shape was changed in its header no longer spans its data: it overlaps the next tensor,
+  // or leaves a gap before it (or before the end of the file) longer than the padding.
+  Status check_packing(std::vector<TensorExtent>& extents, uint64_t data_start) const {
+    std::sort(extents.begin(), extents.end(),
+              [](const TensorExtent& a, const TensorExtent& b) { return a.offset < b.offset; });
+    const uint64_t unknown = ~uint64_t{0};
+    for (size_t i = 0; i < extents.size(); ++i) {
+      const TensorExtent& e = extents[i];
+      if (e.bytes == unknown) continue;
+      const uint64_t end = e.offset + e.bytes;  // place_tensors checked it fits the file
+      const uint64_t padded = (end + alignment_ - 1) / alignment_ * alignment_;
+      const bool last = i + 1 == extents.size();
+      const uint64_t next = last ? size_ - data_start : extents[i + 1].offset;
+      if (next >= end && (next < padded || next - padded < (last ? alignment_ : 1))) continue;
+      const GgufTensorInfo& t = f_->tensors_[e.index];
+      const std::string what = fmt::format("{}: tensor '{}' ({} [{}]) takes {} bytes from data offset {}", path(),
+                                           t.name, ggml_type_info(t.ggml_type)->name, fmt::join(t.shape, ", "),
+                                           e.bytes, e.offset);
+      if (last)
+        return Status::corrupt(fmt::format(
+            "{}, but {} bytes of data follow it to the end of the file: its type or shape does not match its data",
+            what, next - end));
+      return Status::corrupt(fmt::format("{}, but the next tensor '{}' starts at {}: its type or shape does not "
+                                         "match its data ({} by {} bytes)",
+                                         what, f_->tensors_[extents[i + 1].index].name, next,
+                                         next < end ? "overlapping it" : "a gap", next < end ? end - next : next - end));
     }
     return Status::ok();
   }

@@ -707,6 +707,10 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   c.tie_embeddings = g.find_tensor("output.weight") == nullptr;
 
   TESSERA_ASSIGN_OR_RETURN(int64_t bos, gguf_int_or(g, "tokenizer.ggml.bos_token_id", -1));
+  // -1 and 0xFFFFFFFF (a uint32 -1) say "none"; any other id outside the vocabulary is an error.
+  if (bos != -1 && bos != 0xFFFFFFFFll && (bos < 0 || bos >= c.vocab))
+    return Status::invalid_argument(fmt::format("{}: tokenizer.ggml.bos_token_id is {}, outside the vocabulary of {}",
+                                                g.path(), bos, c.vocab));
   c.bos_id = (bos >= 0 && bos < c.vocab) ? static_cast<int32_t>(bos) : -1;
   TESSERA_ASSIGN_OR_RETURN(c.eos_ids, gguf_stop_token_ids(g, c.vocab));
 

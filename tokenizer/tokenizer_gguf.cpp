@@ -167,6 +167,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   }
 
   spec.bos_id = optional_id("tokenizer.ggml.bos_token_id");
+  if (spec.bos_id < 0 && gguf.has("tokenizer.ggml.bos_token_id")) {  // "none" (-1, 0xFFFFFFFF) or out of range
+    auto v = gguf.get_int("tokenizer.ggml.bos_token_id");
+    if (v.is_ok() && *v != -1 && *v != 0xFFFFFFFFll)
+      return Status::invalid_argument(
+          fmt::format("{}: tokenizer.ggml.bos_token_id is {}, outside the vocabulary of {}", source, *v, n));
+  }
   const int32_t eos = optional_id("tokenizer.ggml.eos_token_id");
   TESSERA_ASSIGN_OR_RETURN(spec.eos_ids, gguf_stop_token_ids(gguf, n));
   if (spec.bos_id >= 0) spec.bos_token = tokens[static_cast<size_t>(spec.bos_id)];

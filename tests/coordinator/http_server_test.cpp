@@ -543,6 +543,45 @@ TEST(HttpServer, StalledAndIdleClientsAreDropped) {
   EXPECT_TRUE(kept.wait_closed()) << "an idle keep-alive connection is closed";
 }
 
+// A client that sends its requests and then half-closes (shutdown(SHUT_WR)) gets every
+// complete one it sent answered, then the connection closes; a request cut short by the
+// half-close closes it at once (no 408 after the request timeout). (An EOF that arrives while a
+// response is still pending is a disconnect, as nginx and uvicorn treat it: HttpServer cannot
+// tell a half-close from a client that went away, and a client that went away should stop the
+// work. ClientDisconnectWhileAwaitingResponseFiresOnDisconnect covers that.)
+TEST(HttpServer, HalfClosedClientStillGetsItsResponses) {
+  auto server = start_server(echo_handler);
+  ASSERT_TRUE(server);
+  for (int i = 0; i < 20; ++i) {
+    Client c(server->port());
+    ASSERT_TRUE(c.send(post("/v1/completions", "{\"i\":" + std::to_string(i) + "}")));
+    ASSERT_EQ(::shutdown(c.fd(), SHUT_WR), 0);
+    auto r = c.read_response();
+    ASSERT_TRUE(r) << "request " << i << " got no response";
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "POST /v1/completions?||{\"i\":" + std::to_string(i) + "}");
+    EXPECT_TRUE(c.wait_closed());
+  }
+  {  // pipelined requests
+    Client c(server->port());
+    ASSERT_TRUE(c.send(get("/first") + get("/second") + post("/third", "{}")));
+    ASSERT_EQ(::shutdown(c.fd(), SHUT_WR), 0);
+    for (const char* want : {"GET /first?||", "GET /second?||", "POST /third?||{}"}) {
+      auto r = c.read_response();
+      ASSERT_TRUE(r) << want;
+      EXPECT_EQ(r->body, want);
+    }
+    EXPECT_TRUE(c.wait_closed());
+  }
+  {  // a body cut short: closed without an answer, long before the request timeout
+    Client c(server->port());
+    ASSERT_TRUE(c.send("POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"a\":"));
+    ASSERT_EQ(::shutdown(c.fd(), SHUT_WR), 0);
+    EXPECT_TRUE(c.wait_closed());  // within kWait, under the 30 s request timeout
+    EXPECT_TRUE(c.buffer().empty());
+  }
+}
+
 TEST(HttpServer, RespondLaterFromAnotherThread) {
   std::vector<std::thread> workers;
   std::mutex mu;

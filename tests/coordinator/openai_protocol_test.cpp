@@ -37,6 +37,13 @@ TEST(OpenAiProtocolTest, CompletionPromptForms) {
   EXPECT_EQ(d->params.priority, 1);
   EXPECT_EQ(d->params.speculation, "ngram");
   EXPECT_TRUE(c->params.speculation.empty()) << "absent: the server's setting";
+  // The chat API's "top_logprobs" is the same count; "user" is a string.
+  auto e = parse_completion_request(R"({"prompt": "x", "top_logprobs": 4, "user": "u-1"})");
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_EQ(e->logprobs, 4);
+  auto f = parse_completion_request(R"({"prompt": "x", "logprobs": 2, "top_logprobs": 2, "user": null})");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ(f->logprobs, 2);
 }
 
 TEST(OpenAiProtocolTest, InvalidValuesNameTheField) {
@@ -58,7 +65,13 @@ TEST(OpenAiProtocolTest, InvalidValuesNameTheField) {
                                          {R"({"prompt": "x", "logprobs": 50})", "'logprobs'"},
                                          {R"({"prompt": "x", "stream_options": 3})", "'stream_options'"},
                                          {R"({"prompt": "x", "speculation": "maybe"})", "'speculation'"},
-                                         {R"({"prompt": "x", "speculation": 1})", "'speculation'"}}) {
+                                         {R"({"prompt": "x", "speculation": 1})", "'speculation'"},
+                                         {R"({"prompt": "x", "user": 7})", "'user'"},
+                                         {R"({"prompt": "x", "user": {"id": 1}})", "'user'"},
+                                         {R"({"prompt": "x", "top_logprobs": "3"})", "'top_logprobs'"},
+                                         {R"({"prompt": "x", "top_logprobs": 30})", "'top_logprobs'"},
+                                         {R"({"prompt": "x", "top_logprobs": [1]})", "'top_logprobs'"},
+                                         {R"({"prompt": "x", "logprobs": 2, "top_logprobs": 3})", "'top_logprobs'"}}) {
     auto r = parse_completion_request(c.body);
     ASSERT_FALSE(r.is_ok()) << c.body;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -105,6 +118,9 @@ TEST(OpenAiProtocolTest, RenderedShapes) {
   const auto err = nlohmann::json::parse(error_body(400, "'n' must be >= 1", "n"));
   EXPECT_EQ(err["error"]["type"], "invalid_request_error");
   EXPECT_EQ(err["error"]["param"], "n");
+  // A wrong method is the request's fault, not the server's.
+  EXPECT_EQ(nlohmann::json::parse(error_body(405, "use POST", ""))["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(nlohmann::json::parse(error_body(500, "boom", ""))["error"]["type"], "internal_error");
   // Invalid UTF-8 from byte tokens never throws.
   c.text = std::string("\xff\xfe", 2);
   EXPECT_NO_THROW(render_completion("x", 1, "m", {c}, {}));

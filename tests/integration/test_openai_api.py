@@ -84,12 +84,14 @@ class Server:
 
     def stop(self):
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            # The first signal drains (requests in flight may finish), a second ends them at once.
+            for sig, wait in ((signal.SIGINT, 10), (signal.SIGINT, 10), (signal.SIGKILL, None)):
+                os.killpg(self.proc.pid, sig)
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
 
 
 def stories_available():
@@ -185,6 +187,82 @@ def test_chat_streaming_and_not(stories_server):
     finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def sse_events(base, body, started=None):
+    """POSTs a streaming completion and returns its SSE data lines; sets `started` at the first."""
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    try:
+        r = urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as e:  # refused before it was taken
+        return [f"HTTP {e.code}", e.read().decode()]
+    with r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if started is not None:
+                    started.set()
+    return events
+
+
+def test_sigterm_drains_then_ends_every_stream_with_an_event():
+    """SIGTERM: the server stops taking requests (503, /health "draining") while those it took
+    run on; with --shutdown-grace 0 the ones still running end with an error event and [DONE]
+    (never cut mid-stream), and the server exits 0."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    import threading
+    for grace in ("30", "0"):
+        # One sequence at a time: the later requests wait in the queue, so some are open at the signal.
+        s = Server(os.path.join(STORIES, "hf"), extra=["--max-batch", "1", "--shutdown-grace", grace])
+        try:
+            started = threading.Event()
+            body = {"model": "test-model", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+                    "ignore_eos": True}
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                futures = [pool.submit(sse_events, s.base, body, started) for _ in range(6)]
+                assert started.wait(60)
+                os.kill(s.proc.pid, signal.SIGTERM)  # the coordinator only, as an orchestrator would
+                refused = health = None
+                try:
+                    deadline = time.time() + 10
+                    while health is None and time.time() < deadline:  # the signal is handled asynchronously
+                        try:
+                            s.get("/health")
+                        except urllib.error.HTTPError as e:
+                            health = (e.code, e.read().decode())
+                    refused = s.post_raw("/v1/completions", json.dumps(body).encode())
+                except (urllib.error.URLError, ConnectionError):
+                    pass  # already gone: every request finished first
+                results = [f.result(timeout=60) for f in futures]
+            assert s.proc.wait(timeout=60) == 0, "".join(s.log)
+        finally:
+            s.stop()
+        if health is not None:
+            assert health[0] == 503 and "draining" in health[1], health
+        if refused is not None:
+            assert health is not None
+            assert refused[0] == 503, refused
+            assert "shutting down" in refused[1]
+        errors = 0
+        for events in results:
+            if events and events[0].startswith("HTTP "):  # sent after the signal: refused, never taken
+                assert events[0] == "HTTP 503" and "shutting down" in events[1], events
+                continue
+            assert events and events[-1] == "[DONE]", events[-3:]
+            last = json.loads(events[-2])
+            if "error" in last:
+                assert "shutting down" in last["error"]["message"]
+                errors += 1
+            else:
+                assert last["choices"][0]["finish_reason"] == "length"
+        if grace == "30":
+            assert errors == 0, "every request taken finishes within the grace period"
+        else:
+            assert errors > 0, "with no grace the queued requests end with an error event"
 
 
 def test_sse_wire_format(stories_server):
@@ -406,10 +484,15 @@ def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
     concurrent_streams_match_solo_and_free_blocks(stories_server)
 
 
+def kv_block_states(server):
+    return {st: server.metric("tessera_kv_blocks", f'{{state="{st}"}}') for st in ("used", "free", "cached")}
+
+
 def prefix_cache_hits_and_outputs_unchanged(server):
     c = server.client
     prefix = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 3
     first = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
+    pool = sum(kv_block_states(server).values())
     before = server.metric("tessera_prefix_cache_hit_rate")
     second = c.completions.create(model="test-model", prompt=prefix + "One day", max_tokens=16, temperature=0)
     third = c.completions.create(model="test-model", prompt=prefix + "The sun", max_tokens=16, temperature=0)
@@ -417,6 +500,13 @@ def prefix_cache_hits_and_outputs_unchanged(server):
     assert after > before
     assert second.choices[0].text == first.choices[0].text
     assert third.choices[0].text
+    # The states are disjoint: idle cached blocks are not also counted free.
+    deadline = time.time() + 10
+    while kv_block_states(server)["used"] != 0 and time.time() < deadline:
+        time.sleep(0.05)
+    states = kv_block_states(server)
+    assert states["cached"] > 0, states
+    assert sum(states.values()) == pool, (states, pool)
 
 
 def test_prefix_cache_hits_and_outputs_unchanged(stories_server):

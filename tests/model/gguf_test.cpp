@@ -432,6 +432,39 @@ TEST(Gguf, TensorDataOutsideFileMessage) {
   expect_corrupt(open_bytes(dir, mis), "tensor 'blk.0.attn_q.weight'");
 }
 
+// A tensor whose type (or shape) was changed in its header no longer spans its data: F32 ->
+// Q4_0 leaves a gap before the next tensor, or data after the last one; the error names the
+// tensor, and the file's own layout (each tensor padded to the alignment) is accepted.
+TEST(Gguf, TensorWhoseTypeNoLongerSpansItsDataIsRefused) {
+  TempDir dir;
+  GgufBuilder b;
+  b.f32_tensor("blk.0.attn_q.weight", {4, 32}, std::vector<float>(128, 0.5f))
+      .f32_tensor("blk.0.attn_k.weight", {2, 32}, std::vector<float>(64, 0.25f))
+      .f32_tensor("blk.0.norm", {3}, {1, 2, 3});  // the last: 12 bytes, no padding after
+  const Bytes raw = b.build();
+  ASSERT_TRUE(open_bytes(dir, raw).is_ok());
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_k.weight"}) {
+    SCOPED_TRACE(name);
+    Bytes changed = raw;
+    const uint32_t q4_0 = 2;
+    std::memcpy(changed.data() + info_offset_pos(changed, name, 2) - 4, &q4_0, 4);
+    const auto r = open_bytes(dir, changed);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+    EXPECT_NE(r.status().message().find(fmt::format("tensor '{}' (Q4_0", name)), std::string::npos)
+        << r.status().to_string();
+    EXPECT_NE(r.status().message().find("its type or shape does not match its data"), std::string::npos);
+  }
+  // The last tensor: F32 [2, 32] -> Q8_0 (68 of its 256 bytes), the rest trails to the end.
+  GgufBuilder last;
+  last.f32_tensor("blk.0.norm", {2}, {1, 2}).f32_tensor("output.weight", {2, 32}, std::vector<float>(64, 1.0f));
+  Bytes changed = last.build();
+  ASSERT_TRUE(open_bytes(dir, changed).is_ok());
+  const uint32_t q8_0 = 8;
+  std::memcpy(changed.data() + info_offset_pos(changed, "output.weight", 2) - 4, &q8_0, 4);
+  expect_corrupt(open_bytes(dir, changed), "bytes of data follow it to the end of the file");
+}
+
 // The loader sizes tensors of every ggml type, computable or not, with the format table's
 // numbers (common/dtype.h): exactly rows * (cols / block_elems) * block_bytes bytes fit, one
 // byte less does not, and a row that is not whole blocks is refused.

@@ -348,7 +348,7 @@ TEST(ModelConfigGguf, Stories260KMatchesHfConfig) {
   EXPECT_EQ(config_from_gguf(**org)->max_positions, 2048);
 }
 
-GgufBuilder base_gguf(const std::string& arch, uint32_t layers = 2) {
+GgufBuilder base_gguf(const std::string& arch, uint32_t layers = 2, uint32_t bos = 1) {
   GgufBuilder b;
   b.kv_str("general.architecture", arch)
       .kv_u32(arch + ".embedding_length", 256)
@@ -360,7 +360,7 @@ GgufBuilder base_gguf(const std::string& arch, uint32_t layers = 2) {
       .kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f)
       .kv_f32(arch + ".rope.freq_base", 1e6f)
       .kv_u32(arch + ".vocab_size", 1000)
-      .kv_u32("tokenizer.ggml.bos_token_id", 1)
+      .kv_u32("tokenizer.ggml.bos_token_id", bos)
       .kv_u32("tokenizer.ggml.eos_token_id", 2)
       .kv_u32("tokenizer.ggml.eot_token_id", 7)
       .kv_u32("tokenizer.ggml.padding_token_id", 0xffffffffu);
@@ -372,6 +372,23 @@ Result<ModelConfig> config_of(const GgufBuilder& b, const TempDir& dir) {
   loader_test::write_file(path, b.build());
   TESSERA_ASSIGN_OR_RETURN(auto g, GgufFile::open(path));
   return config_from_gguf(*g);
+}
+
+// A BOS id outside the vocabulary is an error naming the key; 0xFFFFFFFF (a uint32 -1) is "none".
+TEST(ModelConfigGguf, BosIdOutsideTheVocabularyIsRefused) {
+  TempDir dir;
+  auto bad = config_of(base_gguf("llama", 2, 1000), dir);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("tokenizer.ggml.bos_token_id is 1000, outside the vocabulary of 1000"),
+            std::string::npos)
+      << bad.status().to_string();
+  auto none = config_of(base_gguf("llama", 2, 0xffffffffu), dir);
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  EXPECT_EQ(none->bos_id, -1);
+  auto last = config_of(base_gguf("llama", 2, 999), dir);
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->bos_id, 999);
 }
 
 TEST(ModelConfigGguf, ArchitecturesAndKeys) {
