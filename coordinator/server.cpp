@@ -52,6 +52,8 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   // A GPU shard sizes its workspace for the scheduler's largest step.
   spec.max_step_tokens = o.scheduler.max_step_tokens;
   spec.max_step_seqs = o.scheduler.max_batch;
+  // Shards on this host can look at the coordinator's process before they give up on it.
+  if (o.hosts.empty() && o.hostfile.empty()) spec.coordinator_pid = static_cast<int>(::getpid());
   return spec;
 }
 
@@ -149,6 +151,7 @@ int run_server(const ServerOptions& o) {
   go.max_kv_bytes = o.max_kv_bytes;
   go.cpu_max_kv_bytes = uint64_t{2} << 30;  // CPU shards: 2 GiB of KV unless --max-kv-bytes says otherwise
   go.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_timeout_ms);
+  go.dead_timeout = std::chrono::milliseconds(std::max(o.dead_timeout_ms, o.heartbeat_timeout_ms));
   go.start_timeout = std::chrono::milliseconds(o.start_timeout_ms);
   go.step_tokens = o.scheduler.max_step_tokens;
   go.step_seqs = o.scheduler.max_batch;

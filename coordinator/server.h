@@ -41,6 +41,9 @@ struct ServerOptions {
   bool force_mpirun = false;         // mpirun even for TP = 1 (tessera launch)
   std::vector<std::string> extra_shard_args;
   int64_t heartbeat_timeout_ms = 2000;
+  // A silent shard whose process is alive on this host (a loaded or stopped host) is waited for
+  // this long before it is declared dead.
+  int64_t dead_timeout_ms = 30000;
   int64_t start_timeout_ms = 300000;
   // SIGTERM / SIGINT: new requests get 503 and /health says "draining" while the requests
   // already taken get this long to finish; what is left then ends with an error event (a

@@ -49,7 +49,12 @@ struct ServerCli {
                              "spec-hysteresis", "spec-draft-layers", "spec-draft-vocab"})
       app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
     app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
-    app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "declare a silent shard dead")->capture_default_str();
+    app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms,
+                   "declare a silent shard dead (one on another host; one on this host whose process is gone)")
+        ->capture_default_str();
+    app.add_option("--dead-timeout-ms", o.dead_timeout_ms,
+                   "declare a silent shard on this host dead although its process is alive (a loaded or stopped host)")
+        ->capture_default_str();
     app.add_option("--shutdown-grace", o.shutdown_grace_s,
                    "seconds the requests in flight get to finish after SIGTERM / SIGINT (new ones get 503)")
         ->check(CLI::Range(0.0, 86400.0))

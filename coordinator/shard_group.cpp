@@ -7,6 +7,7 @@
 
 #include "common/kv_config.h"
 #include "common/logging.h"
+#include "common/process.h"
 
 namespace tessera {
 namespace {
@@ -30,6 +31,8 @@ Result<std::unique_ptr<ShardGroup>> ShardGroup::create(const ShardGroupOptions& 
   g->hellos_.resize(static_cast<size_t>(options.world_size));
   g->said_hello_.assign(static_cast<size_t>(options.world_size), false);
   g->last_heard_.assign(static_cast<size_t>(options.world_size), Clock::now());
+  g->slow_.assign(static_cast<size_t>(options.world_size), false);
+  g->hostname_ = this_hostname();
   return g;
 }
 
@@ -209,10 +212,31 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
 Status ShardGroup::check_liveness() {
   const auto now = Clock::now();
   for (int r = 0; r < o_.world_size; ++r) {
-    const auto silent = now - last_heard_[static_cast<size_t>(r)];
-    if (silent > o_.heartbeat_timeout)
-      return fail(Status::unavailable(fmt::format("shard rank {} stopped responding (silent for {:.1f} s)", r,
+    const auto i = static_cast<size_t>(r);
+    const auto silent = now - last_heard_[i];
+    // Quiet for a few heartbeats: a local rank's process is looked at (a killed shard fails its
+    // requests at once, before the timeout).
+    if (silent <= 4 * o_.heartbeat_interval) {
+      if (slow_[i]) TESSERA_LOG_INFO("shard rank {} is answering again", r);
+      slow_[i] = false;
+      continue;
+    }
+    const ShardHello& h = hellos_[i];
+    const bool local = said_hello_[i] && h.pid > 0 && h.hostname == hostname_;
+    if (local && !process_alive(h.pid))
+      return fail(Status::unavailable(fmt::format("shard rank {} (pid {}) has exited (silent for {:.1f} s)", r, h.pid,
                                                   seconds(silent))));
+    if (silent <= o_.heartbeat_timeout) continue;
+    if (local && silent <= o_.dead_timeout) {
+      if (!slow_[i])
+        TESSERA_LOG_WARN("shard rank {} (pid {}) has been silent for {:.1f} s, but its process is alive (a loaded or "
+                         "stopped host?): waiting up to {:.0f} s",
+                         r, h.pid, seconds(silent), seconds(o_.dead_timeout));
+      slow_[i] = true;
+      continue;
+    }
+    return fail(Status::unavailable(fmt::format("shard rank {} stopped responding (silent for {:.1f} s{})", r,
+                                                seconds(silent), local ? ", its process alive" : "")));
   }
   return Status::ok();
 }

@@ -2,10 +2,13 @@
 // start-up handshake (every rank's hello is checked: protocol version, world size, TP, model),
 // the memory plan that sizes the KV cache, and one StepPlan -> StepResult round trip at a time.
 //
-// Liveness: every message from a rank (results, heartbeats from its heartbeat socket) counts;
-// a rank silent for `heartbeat_timeout` is declared dead, and a step not answered within
-// `step_timeout` fails. Either way the error names the rank and the group becomes unhealthy;
-// nothing waits forever.
+// Liveness: every message from a rank (results, heartbeats from its heartbeat socket) counts.
+// A rank on this host (its hello's hostname and pid) is looked at when it goes quiet: gone
+// (exited, a zombie) means dead at once; still there (busy, starved by a loaded host, stopped)
+// means slow, and it is waited for up to `dead_timeout` of silence. A rank on another host is
+// declared dead after `heartbeat_timeout` of silence. A step not answered within `step_timeout`
+// fails. Either way the error names the rank and the group becomes unhealthy; nothing waits
+// forever.
 // Thread-safety: owned and used by one thread (the engine thread).
 #pragma once
 
@@ -29,6 +32,8 @@ struct ShardGroupOptions {
   std::string expected_fingerprint;            // empty: take rank 0's
   std::chrono::milliseconds start_timeout{120000};
   std::chrono::milliseconds heartbeat_timeout{2000};
+  // A silent rank whose process is alive on this host is declared dead only after this long.
+  std::chrono::milliseconds dead_timeout{30000};
   std::chrono::milliseconds step_timeout{600000};
   std::chrono::milliseconds heartbeat_interval{250};
   // Memory plan.
@@ -101,6 +106,8 @@ class ShardGroup : public StepExecutor {
   std::vector<ShardHello> hellos_;
   std::vector<bool> said_hello_;
   std::vector<std::chrono::steady_clock::time_point> last_heard_;
+  std::vector<bool> slow_;   // per rank: silent past heartbeat_timeout, its process alive (warned once)
+  std::string hostname_;     // this host's, to tell which ranks are local
   std::chrono::steady_clock::time_point last_sent_;
   MemoryPlan plan_;
   uint64_t next_step_ = 0;

@@ -28,6 +28,7 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   std::vector<std::string> shard = {s.shard_binary, "--model", s.model_path, "--coordinator", s.coordinator_endpoint,
                                     "--device", s.device};
   if (s.threads > 0) shard.insert(shard.end(), {"--threads", std::to_string(s.threads)});
+  if (s.coordinator_pid > 0) shard.insert(shard.end(), {"--coordinator-pid", std::to_string(s.coordinator_pid)});
   if (s.bind != "auto") shard.push_back("--no-bind");
   if (s.quant != WeightQuant::kNone) shard.insert(shard.end(), {"--quant", std::string(weight_quant_name(s.quant))});
   if (s.quant_lm_head) shard.push_back("--quant-lm-head");

@@ -31,6 +31,7 @@ struct ShardLaunchSpec {
   KvDtype kv_dtype = KvDtype::kF32;        // --kv-dtype for the shards (fp32: not passed)
   int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
   int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
+  int coordinator_pid = 0;                // > 0: --coordinator-pid (shards on the coordinator's host)
   std::vector<std::string> extra_shard_args;
   std::vector<std::string> extra_mpirun_args;
 };

@@ -2,6 +2,8 @@
 // collectives; started alone it is rank 0 of 1.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+
 #include "cli/flags.h"
 #include "comm/mpi_comm.h"
 #include "common/env.h"
@@ -25,7 +27,12 @@ int main(int argc, char** argv) {
   app.add_option("--local-ranks", o.local_ranks, "ranks on this host (default: from mpirun, else 1)");
   app.add_option("--heartbeat-ms", heartbeat_ms);
   app.add_option("--coordinator-timeout-ms", coordinator_timeout_ms,
-                 "exit when the coordinator is silent this long");
+                 "exit when the coordinator is silent this long (with --coordinator-pid: and its process is gone)");
+  int64_t coordinator_dead_timeout_ms = 30000;
+  app.add_option("--coordinator-pid", o.coordinator_pid,
+                 "the coordinator's pid on this host: exit at once when it is gone, wait while it lives");
+  app.add_option("--coordinator-dead-timeout-ms", coordinator_dead_timeout_ms,
+                 "with --coordinator-pid: exit when the coordinator is silent this long although its process lives");
   app.add_option("--protocol-version", o.protocol_version, "testing only: speak another protocol version")
       ->group("");
   cli::QuantFlags quant;
@@ -57,6 +64,7 @@ int main(int argc, char** argv) {
   o.device_sampling = !no_device_sampling;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.coordinator_timeout = std::chrono::milliseconds(coordinator_timeout_ms);
+  o.coordinator_dead_timeout = std::chrono::milliseconds(std::max(coordinator_dead_timeout_ms, coordinator_timeout_ms));
   if (!app.count("--local-ranks")) o.local_ranks = static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
 
   std::unique_ptr<DeviceComm> comm;

@@ -14,6 +14,7 @@
 #include "comm/control_codec.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/thread_pool.h"
 #include "shard/cpu_backend.h"
 #include "shard/cuda_backend.h"
@@ -193,8 +194,35 @@ class ShardWorker {
     return client_->send(m);
   }
 
+  // Whether to give up on a coordinator silent for `silent`: with its pid, at once when its
+  // process is gone (after a second of silence) and after coordinator_dead_timeout while it lives;
+  // without, after coordinator_timeout.
+  bool coordinator_lost(Clock::duration silent, bool& warned) const {
+    const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    if (o_.coordinator_pid > 0) {
+      if (silent > std::chrono::seconds(1) && !process_alive(o_.coordinator_pid)) {
+        TESSERA_LOG_ERROR("the coordinator (pid {}) is gone: exiting", o_.coordinator_pid);
+        return true;
+      }
+      if (silent <= o_.coordinator_timeout) return false;
+      if (silent <= o_.coordinator_dead_timeout) {
+        if (!warned)
+          TESSERA_LOG_WARN("no message from the coordinator for {} ms, but its process (pid {}) is alive: waiting up to "
+                           "{} ms",
+                           ms(silent), o_.coordinator_pid, o_.coordinator_dead_timeout.count());
+        warned = true;
+        return false;
+      }
+    } else if (silent <= o_.coordinator_timeout) {
+      return false;
+    }
+    TESSERA_LOG_ERROR("no message from the coordinator for {} ms: exiting", ms(silent));
+    return true;
+  }
+
   int loop() {
     Clock::time_point last_heard = Clock::now();
+    bool warned = false;
     for (;;) {
       auto got = client_->receive(std::chrono::milliseconds(100));
       if (!got.is_ok()) {
@@ -202,13 +230,11 @@ class ShardWorker {
         return 2;
       }
       if (!got->has_value()) {
-        if (Clock::now() - last_heard > o_.coordinator_timeout) {
-          TESSERA_LOG_ERROR("no message from the coordinator for {} ms: exiting", o_.coordinator_timeout.count());
-          return 3;
-        }
+        if (coordinator_lost(Clock::now() - last_heard, warned)) return 3;
         continue;
       }
       last_heard = Clock::now();
+      warned = false;
       ReceivedMessage& rm = **got;
       if (!rm.message.is_ok()) {
         TESSERA_LOG_ERROR("refusing a message from the coordinator: {}", rm.message.status().to_string());

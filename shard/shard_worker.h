@@ -24,6 +24,11 @@ struct ShardOptions {
   int local_ranks = 1;                     // ranks sharing this host's memory
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds coordinator_timeout{3000};
+  // > 0: the coordinator's pid on this host. Silent past coordinator_timeout, the loop exits at
+  // once when that process is gone, and waits up to coordinator_dead_timeout while it is alive
+  // (a loaded or stopped host); 0: it exits after coordinator_timeout.
+  int coordinator_pid = 0;
+  std::chrono::milliseconds coordinator_dead_timeout{30000};
   uint32_t protocol_version = 0;           // tests only: speak another version (0: the real one)
   std::chrono::milliseconds debug_step_delay{0};  // tests only: sleep before each step (failure tests)
   WeightQuant weight_quant = WeightQuant::kNone;  // --quant: RTN of float weights at load

@@ -1,9 +1,14 @@
 // ShardGroup's start-up checks and liveness, with fake shards speaking the real protocol.
 #include "coordinator/shard_group.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
+
+#include "common/process.h"
 
 namespace tessera {
 namespace {
@@ -186,6 +191,66 @@ TEST(ShardGroupTest, SilentShardIsDeclaredDead) {
   EXPECT_NE(r.status().message().find("shard rank 0 stopped responding"), std::string::npos) << r.status().message();
   EXPECT_FALSE((*g)->healthy());
   EXPECT_FALSE((*g)->run_step(StepPlan{}).is_ok());
+}
+
+// A shard on this host that goes quiet while its process lives (a loaded host; here the test
+// process itself stands for it) is slow, not dead: a step answered after the heartbeat timeout
+// succeeds, and only dead_timeout of silence declares it dead.
+TEST(ShardGroupTest, SilentLocalShardWhoseProcessLivesIsWaitedFor) {
+  ShardGroupOptions o;
+  o.world_size = 1;
+  o.heartbeat_timeout = milliseconds(300);
+  o.dead_timeout = milliseconds(2000);
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ShardHello h = hello(0, 1);
+  h.hostname = this_hostname();
+  h.pid = static_cast<int32_t>(::getpid());
+  ASSERT_TRUE(a.client->send(h).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  std::thread shard([&] {
+    auto m = a.client->receive(milliseconds(3000));
+    while (m.is_ok() && m->has_value() && !std::get_if<StepPlan>(&*(*m)->message)) m = a.client->receive(milliseconds(3000));
+    if (!m.is_ok() || !m->has_value()) return;
+    std::this_thread::sleep_for(milliseconds(800));  // silent past the heartbeat timeout
+    StepResult r;
+    r.step_id = std::get<StepPlan>(*(*m)->message).step_id;
+    (void)a.client->send(r);
+  });
+  auto r = (*g)->run_step(StepPlan{});
+  shard.join();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE((*g)->healthy());
+  auto silent = (*g)->run_step(StepPlan{});  // never answered
+  ASSERT_FALSE(silent.is_ok());
+  EXPECT_NE(silent.status().message().find("stopped responding"), std::string::npos) << silent.status().message();
+  EXPECT_NE(silent.status().message().find("its process alive"), std::string::npos) << silent.status().message();
+}
+
+// A shard on this host whose process is gone is dead at once, long before the heartbeat timeout.
+TEST(ShardGroupTest, LocalShardWhoseProcessIsGoneFailsAtOnce) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: the pid names no process now
+  ShardGroupOptions o;
+  o.world_size = 1;
+  o.heartbeat_timeout = milliseconds(60000);
+  auto g = ShardGroup::create(o);
+  ASSERT_TRUE(g.is_ok());
+  FakeShard a((*g)->endpoint(), 0);
+  ShardHello h = hello(0, 1);
+  h.hostname = this_hostname();
+  h.pid = static_cast<int32_t>(child);
+  ASSERT_TRUE(a.client->send(h).is_ok());
+  ASSERT_TRUE((*g)->start().is_ok());
+  auto r = (*g)->run_step(StepPlan{});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find(fmt::format("shard rank 0 (pid {}) has exited", child)), std::string::npos)
+      << r.status().message();
+  EXPECT_FALSE(process_alive(child));
+  EXPECT_TRUE(process_alive(static_cast<int>(::getpid())));
 }
 
 TEST(ShardGroupTest, StepRoundTripWithAnsweringShard) {

@@ -265,6 +265,36 @@ def test_sigterm_drains_then_ends_every_stream_with_an_event():
             assert errors > 0, "with no grace the queued requests end with an error event"
 
 
+def test_a_stopped_shard_or_coordinator_is_slow_not_dead():
+    """A shard or coordinator that stops answering for a while (SIGSTOP for 4 s: longer than the
+    2 s heartbeat timeout and the shard's 3 s coordinator timeout, as a loaded host can do) but
+    whose process is alive is waited for: after SIGCONT the server is healthy and serves."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    s = Server(os.path.join(STORIES, "hf"))
+    try:
+        m = re.search(r"shard rank 0 ready: .*\(pid (\d+)\)", "".join(s.log))
+        deadline = time.time() + 10
+        while m is None and time.time() < deadline:
+            time.sleep(0.1)
+            m = re.search(r"shard rank 0 ready: .*\(pid (\d+)\)", "".join(s.log))
+        assert m, "".join(s.log)
+        shard = int(m.group(1))
+        for pid in (shard, s.proc.pid):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(4)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.5)
+            assert s.get("/health")[0] == 200, "".join(s.log)
+            r = s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=8,
+                                            temperature=0)
+            assert r.usage.completion_tokens == 8
+        log = "".join(s.log)
+        assert "its process is alive" in log, log
+    finally:
+        s.stop()
+
+
 def test_sse_wire_format(stories_server):
     req = urllib.request.Request(stories_server.base + "/v1/completions",
                                  data=json.dumps({"prompt": "Hello", "max_tokens": 3, "stream": True}).encode(),
