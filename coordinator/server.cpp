@@ -143,7 +143,7 @@ int run_server(const ServerOptions& o) {
   go.world_size = o.tp;
   go.endpoint = !o.shard_endpoint.empty() ? o.shard_endpoint
                 : (o.hosts.empty() && o.hostfile.empty())
-                    ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl"
+                    ? local_control_endpoint()
                     : "tcp://0.0.0.0:0";
   go.block_size = o.block_size;
   go.kv_dtype = o.kv_dtype;
@@ -239,9 +239,15 @@ int run_server(const ServerOptions& o) {
   std::fflush(stdout);
 
   int exit_code = 0;
+  bool shards_exited = false;
   for (;;) {
     timespec timeout{0, 200 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, nullptr, &timeout);
+    // Reap the shard process (or mpirun) when it exits: no zombie under a server that lives on.
+    if (shards && !shards_exited && !shards->running()) {
+      shards_exited = true;
+      TESSERA_LOG_ERROR("the shard processes exited with code {}", shards->exit_code());
+    }
     if (sig == SIGINT || sig == SIGTERM) {
       TESSERA_LOG_INFO("signal {}: shutting down; {} request(s) in flight get up to {} s (--shutdown-grace)", sig,
                        engine.open_jobs(), o.shutdown_grace_s);

@@ -20,9 +20,12 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 ShardGroup::~ShardGroup() {
   server_.reset();
-  // ZeroMQ leaves ipc:// socket files behind.
-  if (o_.endpoint.rfind("ipc://", 0) == 0) ::unlink(o_.endpoint.substr(6).c_str());
+  // ZeroMQ leaves ipc:// socket files behind (an abstract one, "ipc://@name", has no file).
+  if (o_.endpoint.rfind("ipc://", 0) == 0 && o_.endpoint.rfind("ipc://@", 0) != 0)
+    ::unlink(o_.endpoint.substr(6).c_str());
 }
+
+std::string local_control_endpoint() { return "ipc://@tessera-" + std::to_string(::getpid()) + ".ctl"; }
 
 Result<std::unique_ptr<ShardGroup>> ShardGroup::create(const ShardGroupOptions& options) {
   if (options.world_size < 1) return Status::invalid_argument("world size must be >= 1");

@@ -70,6 +70,10 @@ struct MemoryPlan {
   uint64_t window_bytes_per_block = 0;   // largest over ranks
 };
 
+// The control endpoint for shards on this host: a Unix socket in the abstract namespace
+// ("ipc://@tessera-<pid>.ctl"), so a coordinator killed with SIGKILL leaves no socket file behind.
+std::string local_control_endpoint();
+
 class ShardGroup : public StepExecutor {
  public:
   ~ShardGroup() override;

@@ -127,7 +127,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
 
   ShardGroupOptions go;
   go.world_size = a.tp;
-  go.endpoint = a.hosts.empty() ? "ipc:///tmp/tessera-" + std::to_string(::getpid()) + ".ctl" : "tcp://0.0.0.0:0";
+  go.endpoint = a.hosts.empty() ? local_control_endpoint() : "tcp://0.0.0.0:0";
   go.block_size = a.block_size;
   go.kv_dtype = a.kv_dtype.runtime();
   go.heartbeat_timeout = std::chrono::milliseconds(a.heartbeat_timeout_ms);

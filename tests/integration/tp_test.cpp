@@ -190,6 +190,8 @@ TEST_F(TpTest, ShardsExitWhenTheCoordinatorDies) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(wait_until([&] { return count_live_processes(marker) == 0; }, std::chrono::milliseconds(10000)));
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.0);
+  // Its control socket is in the abstract namespace: no file left behind.
+  EXPECT_FALSE(std::filesystem::exists("/tmp/tessera-" + std::to_string(coordinator) + ".ctl"));
 }
 
 TEST_F(TpTest, CtrlCOnServeStopsEveryProcess) {
