@@ -497,7 +497,12 @@ struct ApiServer::Impl {
         return;
       }
       if (engine->healthy()) return json_ok(r, {{"status", "ok"}});
-      r->respond(503, "application/json", dump({{"status", "unhealthy"}, {"error", engine->failure()}}));
+      // restarting: the shards failed and a new group is starting; failed: recovery gave up.
+      const RecoveryState rs = engine->recovery();
+      const char* status = rs == RecoveryState::kRestarting ? "restarting"
+                           : rs == RecoveryState::kFailed   ? "failed"
+                                                            : "unhealthy";
+      r->respond(503, "application/json", dump({{"status", status}, {"error", engine->failure()}}));
       return;
     }
     if (p == "/v1/models") {

@@ -65,6 +65,7 @@ void declare_engine_metrics(MetricsRegistry& m) {
                     "Admissions put off a step while another sequence computed the same prompt blocks");
   m.declare_counter("tessera_steps_total", "Steps run on the shards");
   m.declare_gauge("tessera_running", "Sequences holding KV blocks");
+  m.declare_counter("tessera_shard_restarts_total", "Shard groups restarted after a failure");
   m.declare_gauge("tessera_draining",
                   "1 while the server shuts down: no new requests, the ones taken finish within --shutdown-grace");
   m.declare_gauge("tessera_open_requests", "Requests taken and not finished (queued, waiting or running)");
@@ -111,18 +112,48 @@ void declare_engine_metrics(MetricsRegistry& m) {
 
 Engine::Engine(const EngineOptions& options, StepExecutor& shards, BlockPool& pool, const Tokenizer* tokenizer,
                MetricsRegistry& metrics)
-    : options_(options), shards_(shards), pool_(pool), tokenizer_(tokenizer), metrics_(metrics),
+    : options_(options), shards_(&shards), pool_(&pool), tokenizer_(tokenizer), metrics_(metrics),
       spec_(options.scheduler.speculation, options.scheduler.priority_classes), next_seq_id_(options.first_seq_id) {
-  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, pool_, clock_, options_.window);
+  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *pool_, clock_, options_.window);
   spec_reported_.assign(static_cast<size_t>(kProposals * spec_.num_classes()), {});
   metrics_.set("tessera_healthy", 1);
-  metrics_.set("tessera_kv_block_size", pool_.block_size());
+  metrics_.set("tessera_kv_block_size", pool_->block_size());
   if (options_.window.pool) metrics_.set("tessera_kv_window_tokens", static_cast<double>(options_.window.window));
 }
 
 Engine::~Engine() { stop(); }
 
-void Engine::start() { thread_ = std::thread([this] { run(); }); }
+void Engine::start() {
+  stop_ = false;
+  thread_ = std::thread([this] { run(); });
+}
+
+Status Engine::restart(StepExecutor& executor, BlockPool& pool, WindowPool window) {
+  if (thread_.joinable())
+    return Status::aborted("Engine::restart while the engine thread runs (stop() first)");
+  // Every job of the failed generation has ended (fail_all at the failure and at stop()).
+  jobs_.clear();
+  seqs_.clear();
+  speculating_ = 0;
+  stopping_ = false;
+  shards_ = &executor;
+  pool_ = &pool;
+  options_.window = window;
+  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *pool_, clock_, options_.window);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_.clear();
+  }
+  healthy_ = true;
+  metrics_.set("tessera_healthy", 1);
+  metrics_.add("tessera_shard_restarts_total");
+  return Status::ok();
+}
+
+void Engine::fail_restart(const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_ = "restarting the shards failed: " + error;
+}
 
 void Engine::stop() {
   stop_ = true;
@@ -459,14 +490,14 @@ void Engine::step() {
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
   }
   const auto t0 = WallClock::now();
-  auto result = shards_.run_step(*plan);
+  auto result = shards_->run_step(*plan);
   const double step_seconds = seconds_between(t0, WallClock::now());
   metrics_.observe("tessera_step_seconds", step_seconds);
   metrics_.add("tessera_steps_total");
   if (!result.is_ok()) {
     const std::vector<uint64_t> ids = scheduler_->on_step_failed();
     const std::string error = result.status().message();
-    if (!shards_.healthy()) {
+    if (!shards_->healthy()) {
       TESSERA_LOG_ERROR("shards failed: {}", error);
       mark_unhealthy(error);
       return;
@@ -538,13 +569,13 @@ void Engine::run() {
   while (!stop_) {
     drain_inbox();
     if (healthy_ && scheduler_->has_work()) {
-      const uint64_t before = shards_.steps_run();
+      const uint64_t before = shards_->steps_run();
       step();
-      if (shards_.steps_run() != before) continue;  // a step ran: look for more work at once
+      if (shards_->steps_run() != before) continue;  // a step ran: look for more work at once
     }
     // Idle (or everything held by max_wait_ms): keep the shards alive and wait for arrivals.
     if (healthy_) {
-      Status alive = shards_.keep_alive();
+      Status alive = shards_->keep_alive();
       if (!alive.is_ok()) mark_unhealthy(alive.message());
     }
     auto wait = std::chrono::milliseconds(20);
@@ -568,9 +599,9 @@ void Engine::run_until_idle() {
       continue;
     }
     if (scheduler_->has_work()) {
-      const uint64_t before = shards_.steps_run();
+      const uint64_t before = shards_->steps_run();
       step();
-      if (shards_.steps_run() != before) continue;
+      if (shards_->steps_run() != before) continue;
     }
     // No step ran: a request held by max_wait_ms waits for its decision; anything else can
     // never be placed (nothing else runs here to free blocks).
@@ -579,7 +610,7 @@ void Engine::run_until_idle() {
       fail_all("the scheduler cannot place the waiting requests (not enough KV blocks?)");
       continue;
     }
-    Status alive = shards_.keep_alive();
+    Status alive = shards_->keep_alive();
     if (!alive.is_ok()) {
       mark_unhealthy(alive.message());
       continue;

@@ -68,6 +68,10 @@ struct Job {
   std::function<void(const JobEvent&)> on_event;  // engine thread; called until each choice finishes
 };
 
+// Where a failed engine stands (the server's recovery, coordinator/server.cpp; /health): none
+// (healthy, or failed with nobody restarting it), its shards being restarted, or given up.
+enum class RecoveryState : int { kNone = 0, kRestarting = 1, kFailed = 2 };
+
 struct EngineOptions {
   SchedulerConfig scheduler;
   std::vector<int32_t> eos_ids;
@@ -88,8 +92,19 @@ class Engine {
   Engine(const EngineOptions& options, StepExecutor& executor, BlockPool& pool, const Tokenizer* tokenizer,
          MetricsRegistry& metrics);
   ~Engine();
+  // start() launches the engine thread (again after stop()); stop() joins it, ending every job
+  // still open with an error.
   void start();
   void stop();
+  // After a failure and stop(): the shards of a new generation (their KV pools planned anew;
+  // nothing of the old cache is kept) replace the old ones, and the engine is healthy again,
+  // ready to start(). FailedPrecondition while the engine thread runs.
+  Status restart(StepExecutor& executor, BlockPool& pool, WindowPool window);
+  // Thread-safe: the recovery's state, for /health.
+  void set_recovery(RecoveryState state) { recovery_ = static_cast<int>(state); }
+  RecoveryState recovery() const { return static_cast<RecoveryState>(recovery_.load()); }
+  // Thread-safe: a restart that did not come up; failure() says why (the engine stays unhealthy).
+  void fail_restart(const std::string& error);
   // Without an engine thread: runs the loop on the calling thread until every job submitted so
   // far has finished (or the executor failed: those jobs finish with an error). Callbacks run
   // on this thread. Not together with start().
@@ -131,8 +146,8 @@ class Engine {
   void mark_unhealthy(const std::string& error);
 
   EngineOptions options_;
-  StepExecutor& shards_;
-  BlockPool& pool_;
+  StepExecutor* shards_;
+  BlockPool* pool_;
   const Tokenizer* tokenizer_;
   MetricsRegistry& metrics_;
   SteadyClock clock_;
@@ -156,6 +171,7 @@ class Engine {
   std::atomic<bool> healthy_{true};
   std::atomic<int64_t> queued_{0};
   std::atomic<bool> draining_{false};
+  std::atomic<int> recovery_{0};
   std::atomic<int64_t> open_jobs_{0};
   bool stopping_ = false;  // engine thread: run() is ending; jobs still in the inbox fail
   std::atomic<uint64_t> next_job_id_{1};

@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "common/mapped_file.h"
+#include "common/process.h"
 #include "coordinator/api_server.h"
 #include "coordinator/block_pool.h"
 #include "coordinator/engine.h"
@@ -113,6 +114,148 @@ Result<ServedChatTemplate> served_chat_template(const ServerOptions& o, const Mo
 
 }  // namespace
 
+// One generation of shards: the control group, the processes the server started (none when
+// they were started elsewhere), and the KV block pools planned from their memory. Held by
+// pointer: the engine keeps references to the group and the pools.
+struct ShardSet {
+  std::unique_ptr<ShardGroup> group;
+  std::unique_ptr<ChildProcess> processes;
+  std::optional<BlockPool> pool;
+  std::optional<BlockPool> window_pool;
+  bool processes_exited = false;
+
+  WindowPool window() { return window_pool ? WindowPool{&*window_pool, group->plan().window} : WindowPool{}; }
+  // Reaps the shard process (or mpirun) once it exits: no zombie under a server that lives on.
+  void reap() {
+    if (processes && !processes_exited && !processes->running()) {
+      processes_exited = true;
+      TESSERA_LOG_ERROR("the shard processes exited with code {}", processes->exit_code());
+    }
+  }
+  void stop(const std::string& reason) {
+    if (group) group->shutdown(reason);
+    if (processes && !processes->wait_for(std::chrono::milliseconds(3000))) processes->terminate();
+  }
+};
+
+// Starts the shards (when the server starts them), waits for their hellos and plans the KV pools.
+Result<std::unique_ptr<ShardSet>> start_shards(const ServerOptions& o, const ShardGroupOptions& go) {
+  auto set = std::make_unique<ShardSet>();
+  TESSERA_ASSIGN_OR_RETURN(set->group, ShardGroup::create(go));
+  std::string endpoint = set->group->endpoint();
+  if (endpoint.rfind("tcp://0.0.0.0:", 0) == 0)  // tell remote shards a reachable address
+    endpoint = "tcp://" + this_hostname() + endpoint.substr(13);
+  if (o.spawn_shards) {
+    const std::vector<std::string> cmd = build_shard_command(launch_spec(o, endpoint));
+    TESSERA_LOG_INFO("starting shards: {}", format_command(cmd));
+    TESSERA_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(cmd));
+    set->processes = std::make_unique<ChildProcess>(std::move(child));
+  } else {
+    TESSERA_LOG_INFO("waiting for {} shard(s) at {}", o.tp, endpoint);
+  }
+  ChildProcess* processes = set->processes.get();
+  Status started = set->group->start([processes]() -> Status {
+    if (!processes || processes->running()) return Status::ok();
+    return Status::unavailable(
+        fmt::format("the shard processes exited with code {} during start-up", processes->exit_code()));
+  });
+  if (!started.is_ok()) {
+    if (set->processes) set->processes->terminate();
+    return started;
+  }
+  const MemoryPlan& plan = set->group->plan();
+  BlockPoolOptions po;
+  po.num_blocks = plan.num_blocks;
+  po.block_size = static_cast<int32_t>(plan.block_size);
+  Result<BlockPool> pool = BlockPool::create(po);
+  Result<BlockPool> window_pool = plan.num_window_blocks > 0 && pool.is_ok()
+                                      ? BlockPool::create({plan.num_window_blocks, po.block_size, po.enable_prefix_cache})
+                                      : Result<BlockPool>(Status::not_found("no window pool"));
+  for (const Status& s : {pool.status(), plan.num_window_blocks > 0 ? window_pool.status() : Status::ok()}) {
+    if (s.is_ok()) continue;
+    set->stop("bad configuration");
+    return s;
+  }
+  set->pool.emplace(std::move(pool).value());
+  if (plan.num_window_blocks > 0) set->window_pool.emplace(std::move(window_pool).value());
+  return set;
+}
+
+// Recovery from a failed shard group: the engine has already ended the requests in flight
+// with an error; the group is torn down (its processes stopped and reaped), restarted after a
+// backoff (1, 2, 4 ... 30 s), its KV pools planned anew, and the engine serves again. After
+// max_restarts failed generations in a row (a generation that served a minute resets the count)
+// the server stays up, /health "failed" with the reason, until it is stopped. Shards started
+// elsewhere (spawn_shards off) cannot be restarted here: their failure is final.
+class Recovery {
+ public:
+  Recovery(const ServerOptions& o, const ShardGroupOptions& go, Engine& engine, std::unique_ptr<ShardSet>& set)
+      : o_(o), go_(go), engine_(engine), set_(set) {}
+
+  // Called every 200 ms by the main thread. False when a signal came during a backoff (the
+  // caller then shuts down).
+  bool tick(const sigset_t& signals) {
+    if (set_) set_->reap();
+    const auto now = std::chrono::steady_clock::now();
+    if (engine_.healthy()) {
+      if (failures_ > 0 && now - serving_since_ > std::chrono::seconds(60)) failures_ = 0;
+      return true;
+    }
+    if (given_up_ || engine_.draining() || !o_.spawn_shards) return true;
+    const std::string why = engine_.failure();
+    if (failures_ >= o_.max_restarts) {
+      given_up_ = true;
+      engine_.set_recovery(RecoveryState::kFailed);
+      TESSERA_LOG_ERROR("the shards failed {} time(s) in a row; not restarting them again (--max-restarts {}): {}",
+                        failures_ + 1, o_.max_restarts, why);
+      return true;
+    }
+    ++failures_;
+    engine_.set_recovery(RecoveryState::kRestarting);
+    const double backoff = std::min(30.0, static_cast<double>(1 << std::min(failures_ - 1, 5)));
+    TESSERA_LOG_WARN("the shards failed ({}): restarting them in {:.0f} s (try {} of {})", why, backoff, failures_,
+                     o_.max_restarts);
+    engine_.stop();
+    if (set_) set_->stop("restarting after a failure");
+    set_.reset();  // the group's socket and every process of the failed generation are gone
+    timespec wait{static_cast<time_t>(backoff), 0};
+    const int sig = sigtimedwait(&signals, nullptr, &wait);
+    if (sig == SIGINT || sig == SIGTERM) {
+      TESSERA_LOG_INFO("signal {} during a restart: shutting down", sig);
+      return false;
+    }
+    // A new socket name per generation: the failed group's may still be closing.
+    ShardGroupOptions go = go_;
+    if (go.endpoint.rfind("ipc://@", 0) == 0) go.endpoint = local_control_endpoint() + "." + std::to_string(failures_);
+    auto next = start_shards(o_, go);
+    if (!next.is_ok()) {
+      TESSERA_LOG_ERROR("restarting the shards failed: {}", next.status().to_string());
+      engine_.fail_restart(next.status().message());  // still unhealthy: the next tick tries again
+      return true;
+    }
+    set_ = std::move(next).value();
+    Status s = engine_.restart(*set_->group, *set_->pool, set_->window());
+    if (!s.is_ok()) {
+      TESSERA_LOG_ERROR("restarting the engine failed: {}", s.to_string());
+      return true;
+    }
+    engine_.start();
+    engine_.set_recovery(RecoveryState::kNone);
+    serving_since_ = now;
+    TESSERA_LOG_INFO("shards restarted: serving again ({} KV blocks)", set_->group->plan().num_blocks);
+    return true;
+  }
+
+ private:
+  const ServerOptions& o_;
+  const ShardGroupOptions& go_;
+  Engine& engine_;
+  std::unique_ptr<ShardSet>& set_;
+  int failures_ = 0;
+  bool given_up_ = false;
+  std::chrono::steady_clock::time_point serving_since_ = std::chrono::steady_clock::now();
+};
+
 std::string describe_shard_command(const ServerOptions& o, const std::string& endpoint) {
   return format_command(build_shard_command(launch_spec(o, endpoint)));
 }
@@ -164,47 +307,9 @@ int run_server(const ServerOptions& o) {
     go.draft_vocab = sc.draft_vocab;
     go.draft_ids = (*tokenizer)->frequent_ids(sc.draft_vocab);
   }
-  auto group = ShardGroup::create(go);
-  if (!group.is_ok()) return fail(group.status().to_string());
-  std::string endpoint = (*group)->endpoint();
-  if (endpoint.rfind("tcp://0.0.0.0:", 0) == 0) {  // tell remote shards a reachable address
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    endpoint = "tcp://" + std::string(host) + endpoint.substr(13);
-  }
-
-  std::unique_ptr<ChildProcess> shards;
-  if (o.spawn_shards) {
-    const std::vector<std::string> cmd = build_shard_command(launch_spec(o, endpoint));
-    TESSERA_LOG_INFO("starting shards: {}", format_command(cmd));
-    auto child = ChildProcess::spawn(cmd);
-    if (!child.is_ok()) return fail(child.status().to_string());
-    shards = std::make_unique<ChildProcess>(std::move(child).value());
-  } else {
-    TESSERA_LOG_INFO("waiting for {} shard(s) at {}", o.tp, endpoint);
-  }
-  Status started = (*group)->start([&]() -> Status {
-    if (!shards || shards->running()) return Status::ok();
-    return Status::unavailable(fmt::format("the shard processes exited with code {} during start-up", shards->exit_code()));
-  });
-  if (!started.is_ok()) {
-    if (shards) shards->terminate();
-    return fail(started.to_string());
-  }
-
-  BlockPoolOptions po;
-  po.num_blocks = (*group)->plan().num_blocks;
-  po.block_size = static_cast<int32_t>((*group)->plan().block_size);
-  auto pool = BlockPool::create(po);
-  std::optional<Result<BlockPool>> window_pool;
-  if (pool.is_ok() && (*group)->plan().num_window_blocks > 0)
-    window_pool = BlockPool::create({(*group)->plan().num_window_blocks, po.block_size, po.enable_prefix_cache});
-  for (const Status& s : {pool.status(), window_pool ? window_pool->status() : Status::ok()}) {
-    if (s.is_ok()) continue;
-    (*group)->shutdown("bad configuration");
-    if (shards) shards->terminate();
-    return fail(s.to_string());
-  }
+  auto first = start_shards(o, go);
+  if (!first.is_ok()) return fail(first.status().to_string());
+  std::unique_ptr<ShardSet> set = std::move(first).value();
 
   MetricsRegistry metrics;
   declare_engine_metrics(metrics);
@@ -214,8 +319,8 @@ int run_server(const ServerOptions& o) {
   if (eo.eos_ids.empty()) eo.eos_ids = (*tokenizer)->eos_ids();
   eo.max_positions = config.max_positions;
   eo.max_queued_sequences = o.max_queued_sequences;
-  if (window_pool) eo.window = {&window_pool->value(), (*group)->plan().window};
-  Engine engine(eo, **group, *pool, tokenizer->get(), metrics);
+  eo.window = set->window();
+  Engine engine(eo, *set->group, *set->pool, tokenizer->get(), metrics);
   TESSERA_LOG_INFO("{}", format_scheduler_config(o.scheduler));
 
   ApiServerOptions ao;
@@ -229,8 +334,7 @@ int run_server(const ServerOptions& o) {
   auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
                               [sched] { return scheduler_config_prometheus(sched); });
   if (!api.is_ok()) {
-    (*group)->shutdown("cannot serve");
-    if (shards) shards->terminate();
+    set->stop("cannot serve");
     return fail(api.status().to_string());
   }
   engine.start();
@@ -239,20 +343,16 @@ int run_server(const ServerOptions& o) {
   std::fflush(stdout);
 
   int exit_code = 0;
-  bool shards_exited = false;
+  Recovery recovery(o, go, engine, set);
   for (;;) {
     timespec timeout{0, 200 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, nullptr, &timeout);
-    // Reap the shard process (or mpirun) when it exits: no zombie under a server that lives on.
-    if (shards && !shards_exited && !shards->running()) {
-      shards_exited = true;
-      TESSERA_LOG_ERROR("the shard processes exited with code {}", shards->exit_code());
-    }
     if (sig == SIGINT || sig == SIGTERM) {
       TESSERA_LOG_INFO("signal {}: shutting down; {} request(s) in flight get up to {} s (--shutdown-grace)", sig,
                        engine.open_jobs(), o.shutdown_grace_s);
       break;
     }
+    if (!recovery.tick(signals)) break;  // a signal during a restart's backoff
   }
   // Drain: no new requests (503, /health "draining"); the ones taken run on until they finish,
   // the grace period ends or a second signal comes.
@@ -273,8 +373,7 @@ int run_server(const ServerOptions& o) {
   // server sends what is queued before it closes the connections.
   engine.stop();
   (*api)->stop(std::chrono::milliseconds(2000));
-  (*group)->shutdown("server stopping");
-  if (shards && !shards->wait_for(std::chrono::milliseconds(3000))) shards->terminate();
+  if (set) set->stop("server stopping");
   return exit_code;
 }
 

@@ -49,6 +49,10 @@ struct ServerOptions {
   // already taken get this long to finish; what is left then ends with an error event (a
   // second signal cuts the wait short).
   double shutdown_grace_s = 30.0;
+  // A failed shard group (a shard killed, crashed or silent past the timeouts) is torn down and
+  // restarted with backoff, at most this many times in a row (0: never; the server then stays
+  // up, unhealthy). Only shards the server starts itself are restarted.
+  int max_restarts = 5;
 };
 
 // Runs until SIGINT or SIGTERM (then drains: see shutdown_grace_s; and stops every process it

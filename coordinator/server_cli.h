@@ -55,6 +55,10 @@ struct ServerCli {
     app.add_option("--dead-timeout-ms", o.dead_timeout_ms,
                    "declare a silent shard on this host dead although its process is alive (a loaded or stopped host)")
         ->capture_default_str();
+    app.add_option("--max-restarts", o.max_restarts,
+                   "restart a failed shard group (with backoff) at most this many times in a row (0: never)")
+        ->check(CLI::Range(0, 1000))
+        ->capture_default_str();
     app.add_option("--shutdown-grace", o.shutdown_grace_s,
                    "seconds the requests in flight get to finish after SIGTERM / SIGINT (new ones get 503)")
         ->check(CLI::Range(0.0, 86400.0))

@@ -319,7 +319,7 @@ def test_a_killed_shard_leaves_no_zombie_and_health_says_why():
     when a rank dies) is reaped, not left a zombie under the server."""
     if not stories_available():
         pytest.skip(f"no test data at {STORIES}")
-    s = Server(os.path.join(STORIES, "hf"), tp=2)
+    s = Server(os.path.join(STORIES, "hf"), tp=2, extra=["--max-restarts", "0"])  # no new generation
     try:
         pattern = r"shard rank 1 ready: .*\(pid (\d+)\)"
         deadline = time.time() + 10
@@ -344,6 +344,61 @@ def test_a_killed_shard_leaves_no_zombie_and_health_says_why():
         assert not child_processes(s.proc.pid), s.log[-5:]
     finally:
         s.stop()
+
+
+def health(server):
+    try:
+        return json.loads(server.get("/health")[1])
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read().decode())
+
+
+def shard_pids(server, rank):
+    return [int(p) for p in re.findall(rf"shard rank {rank} ready: .*\(pid (\d+)\)", "".join(server.log))]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_lost_shard_group_is_restarted_and_a_crash_loop_stops(tp):
+    """kill -9 of a shard: its requests end with an error, the group is torn down and started
+    again (/health "restarting", then "ok"; a new KV pool; no process of the old generation
+    left); with --max-restarts 1 the second loss in a row is final: /health "failed" with the
+    reason, requests get 503, and the server still stops cleanly."""
+    if not stories_available():
+        pytest.skip(f"no test data at {STORIES}")
+    s = Server(os.path.join(STORIES, "hf"), tp=tp, extra=["--max-restarts", "1"])
+    try:
+        deadline = time.time() + 10
+        while len(shard_pids(s, tp - 1)) < 1 and time.time() < deadline:
+            time.sleep(0.1)
+        first = shard_pids(s, tp - 1)[-1]
+        os.kill(first, signal.SIGKILL)
+        states = set()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            h = health(s)
+            states.add(h["status"])
+            if h["status"] == "ok" and len(shard_pids(s, tp - 1)) == 2:
+                break
+            time.sleep(0.1)
+        assert health(s)["status"] == "ok", "".join(s.log)
+        assert "restarting" in states, states
+        r = s.client.completions.create(model="test-model", prompt="Once upon a time", max_tokens=8, temperature=0)
+        assert r.usage.completion_tokens == 8
+        assert s.metric("tessera_shard_restarts_total") == 1
+        assert not any(st == "Z" for _, st in child_processes(s.proc.pid))
+        # The second loss in a row: recovery gives up.
+        os.kill(shard_pids(s, tp - 1)[-1], signal.SIGKILL)
+        deadline = time.time() + 30
+        while health(s)["status"] != "failed" and time.time() < deadline:
+            time.sleep(0.1)
+        h = health(s)
+        assert h["status"] == "failed" and f"rank {tp - 1}" in h["error"], h
+        code, body = s.post_raw("/v1/completions", json.dumps({"prompt": "x", "max_tokens": 2}).encode())
+        assert code == 503, body
+        assert "not restarting them again" in "".join(s.log)
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, "".join(s.log)
 
 
 def test_sse_wire_format(stories_server):
