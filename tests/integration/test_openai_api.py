@@ -190,7 +190,7 @@ def test_chat_streaming_and_not(stories_server):
 
 
 def sse_events(base, body, started=None):
-    """POSTs a streaming completion and returns its SSE data lines; sets `started` at the first."""
+    """POSTs a streaming completion and returns its SSE data lines; calls `started` at the first."""
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     events = []
@@ -205,8 +205,8 @@ def sse_events(base, body, started=None):
             line = raw.decode().strip()
             if line.startswith("data: "):
                 events.append(line[6:])
-                if started is not None:
-                    started.set()
+                if started is not None and len(events) == 1:
+                    started()
     return events
 
 
@@ -218,15 +218,23 @@ def test_sigterm_drains_then_ends_every_stream_with_an_event():
         pytest.skip(f"no test data at {STORIES}")
     import threading
     for grace in ("30", "0"):
-        # One sequence at a time: the later requests wait in the queue, so some are open at the signal.
-        s = Server(os.path.join(STORIES, "hf"), extra=["--max-batch", "1", "--shutdown-grace", grace])
+        # Six streams, all streaming when the signal comes (steps slowed to 5 ms: ~2.4 s a stream).
+        s = Server(os.path.join(STORIES, "hf"), extra=["--max-batch", "6", "--shutdown-grace", grace,
+                                                       "--shard-arg=--debug-step-delay-ms=5"])
         try:
-            started = threading.Event()
-            body = {"model": "test-model", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+            lock, streaming, all_streaming = threading.Lock(), [0], threading.Event()
+
+            def started():
+                with lock:
+                    streaming[0] += 1
+                    if streaming[0] == 6:
+                        all_streaming.set()
+
+            body = {"model": "test-model", "prompt": "Once upon a time", "max_tokens": 480, "temperature": 0,
                     "ignore_eos": True}
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 futures = [pool.submit(sse_events, s.base, body, started) for _ in range(6)]
-                assert started.wait(60)
+                assert all_streaming.wait(60)
                 os.kill(s.proc.pid, signal.SIGTERM)  # the coordinator only, as an orchestrator would
                 refused = health = None
                 try:
@@ -264,7 +272,7 @@ def test_sigterm_drains_then_ends_every_stream_with_an_event():
         if grace == "30":
             assert errors == 0, "every request taken finishes within the grace period"
         else:
-            assert errors > 0, "with no grace the queued requests end with an error event"
+            assert errors > 0, "with no grace the streams still running end with an error event"
 
 
 def test_a_stopped_shard_or_coordinator_is_slow_not_dead():
