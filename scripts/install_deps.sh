@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3 python3-venv
+  build-essential cmake ninja-build pkg-config git python3 python3-venv ccache
   libopenmpi-dev openmpi-bin
   libzmq3-dev cppzmq-dev
   libcapnp-dev capnproto
