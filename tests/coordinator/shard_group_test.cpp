@@ -193,6 +193,21 @@ TEST(ShardGroupTest, SilentShardIsDeclaredDead) {
   EXPECT_FALSE((*g)->run_step(StepPlan{}).is_ok());
 }
 
+// A one-rank group whose fake shard says it runs on this host as process `pid`.
+void start_local_rank(ShardGroupOptions o, int32_t pid, std::unique_ptr<ShardGroup>& g,
+                      std::unique_ptr<FakeShard>& shard) {
+  o.world_size = 1;
+  auto created = ShardGroup::create(o);
+  ASSERT_TRUE(created.is_ok());
+  g = std::move(created).value();
+  shard = std::make_unique<FakeShard>(g->endpoint(), 0);
+  ShardHello h = hello(0, 1);
+  h.hostname = this_hostname();
+  h.pid = pid;
+  ASSERT_TRUE(shard->client->send(h).is_ok());
+  ASSERT_TRUE(g->start().is_ok());
+}
+
 // A shard on this host that goes quiet while its process lives (a loaded host; here the test
 // process itself stands for it) is slow, not dead: a step answered after the heartbeat timeout
 // succeeds, and only dead_timeout of silence declares it dead.
@@ -201,14 +216,10 @@ TEST(ShardGroupTest, SilentLocalShardWhoseProcessLivesIsWaitedFor) {
   o.world_size = 1;
   o.heartbeat_timeout = milliseconds(300);
   o.dead_timeout = milliseconds(2000);
-  auto g = ShardGroup::create(o);
-  ASSERT_TRUE(g.is_ok());
-  FakeShard a((*g)->endpoint(), 0);
-  ShardHello h = hello(0, 1);
-  h.hostname = this_hostname();
-  h.pid = static_cast<int32_t>(::getpid());
-  ASSERT_TRUE(a.client->send(h).is_ok());
-  ASSERT_TRUE((*g)->start().is_ok());
+  std::unique_ptr<ShardGroup> g;
+  std::unique_ptr<FakeShard> shard_socket;
+  ASSERT_NO_FATAL_FAILURE(start_local_rank(o, static_cast<int32_t>(::getpid()), g, shard_socket));
+  FakeShard& a = *shard_socket;
   std::thread shard([&] {
     auto m = a.client->receive(milliseconds(3000));
     while (m.is_ok() && m->has_value() && !std::get_if<StepPlan>(&*(*m)->message)) m = a.client->receive(milliseconds(3000));
@@ -218,11 +229,11 @@ TEST(ShardGroupTest, SilentLocalShardWhoseProcessLivesIsWaitedFor) {
     r.step_id = std::get<StepPlan>(*(*m)->message).step_id;
     (void)a.client->send(r);
   });
-  auto r = (*g)->run_step(StepPlan{});
+  auto r = g->run_step(StepPlan{});
   shard.join();
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  EXPECT_TRUE((*g)->healthy());
-  auto silent = (*g)->run_step(StepPlan{});  // never answered
+  EXPECT_TRUE(g->healthy());
+  auto silent = g->run_step(StepPlan{});  // never answered
   ASSERT_FALSE(silent.is_ok());
   EXPECT_NE(silent.status().message().find("stopped responding"), std::string::npos) << silent.status().message();
   EXPECT_NE(silent.status().message().find("its process alive"), std::string::npos) << silent.status().message();
@@ -237,15 +248,10 @@ TEST(ShardGroupTest, LocalShardWhoseProcessIsGoneFailsAtOnce) {
   ShardGroupOptions o;
   o.world_size = 1;
   o.heartbeat_timeout = milliseconds(60000);
-  auto g = ShardGroup::create(o);
-  ASSERT_TRUE(g.is_ok());
-  FakeShard a((*g)->endpoint(), 0);
-  ShardHello h = hello(0, 1);
-  h.hostname = this_hostname();
-  h.pid = static_cast<int32_t>(child);
-  ASSERT_TRUE(a.client->send(h).is_ok());
-  ASSERT_TRUE((*g)->start().is_ok());
-  auto r = (*g)->run_step(StepPlan{});
+  std::unique_ptr<ShardGroup> g;
+  std::unique_ptr<FakeShard> shard_socket;
+  ASSERT_NO_FATAL_FAILURE(start_local_rank(o, static_cast<int32_t>(child), g, shard_socket));
+  auto r = g->run_step(StepPlan{});
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find(fmt::format("shard rank 0 (pid {}) has exited", child)), std::string::npos)
       << r.status().message();

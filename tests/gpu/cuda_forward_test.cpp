@@ -112,6 +112,19 @@ class CudaForwardTest : public ::testing::TestWithParam<std::string> {
   }
   std::string model_path() const { return stories_dir() + "/" + GetParam(); }
 
+  // The model twice (block size 8, no split decode attention: its merge kernel would add a
+  // launch a layer): models[0] replays CUDA graphs, models[1] runs every step eagerly.
+  void load_graphed_and_eager(std::unique_ptr<GpuModel> (&models)[2]) {
+    for (int k = 0; k < 2; ++k) {
+      auto m = load_gpu_model(model_path(), 8, WeightQuant::kNone, [k](CudaForwardOptions& o) {
+        o.cuda_graphs = k == 0;
+        o.decode_split_keys = -1;
+      });
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      models[k] = std::move(*m);
+    }
+  }
+
   // Two copies of the model (block size 8): models[0] for run()'s logits, models[1] for the
   // device path under test; tables[k][i] holds the i-th reference prompt plus 12 tokens.
   void load_two(std::unique_ptr<GpuModel> (&models)[2], std::vector<std::vector<int32_t>> (&tables)[2],
@@ -235,16 +248,9 @@ TEST_P(CudaForwardTest, RejectsBadInputWithoutCrashing) {
 // of the same steps run eagerly, one graph per bucket is captured once, and a graphed step
 // costs a handful of launches instead of several per layer.
 TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
-  // No split decode attention here (its merge kernel would add a launch a layer).
-  auto graphed =
-      load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.decode_split_keys = -1; });
-  auto eager = load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) {
-    o.cuda_graphs = false;
-    o.decode_split_keys = -1;
-  });
-  ASSERT_TRUE(graphed.is_ok()) << graphed.status().to_string();
-  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
-  GpuModel* models[2] = {graphed->get(), eager->get()};
+  std::unique_ptr<GpuModel> owned[2];
+  ASSERT_NO_FATAL_FAILURE(load_graphed_and_eager(owned));
+  GpuModel* models[2] = {owned[0].get(), owned[1].get()};
   const int64_t vocab = models[0]->config().vocab;
   const std::vector<RefCase> cases = load_cases();
   ASSERT_GE(cases.size(), 3u);
@@ -314,15 +320,9 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
 // keeps llama2.c's reference ids. Drafts are the reference's next ids with some changed, so
 // some are rejected and the next step rewrites their KV slots.
 TEST_P(CudaForwardTest, VerificationGraphsMatchEagerSteps) {
-  auto graphed =
-      load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) { o.decode_split_keys = -1; });
-  auto eager = load_gpu_model(model_path(), 8, WeightQuant::kNone, [](CudaForwardOptions& o) {
-    o.cuda_graphs = false;
-    o.decode_split_keys = -1;
-  });
-  ASSERT_TRUE(graphed.is_ok()) << graphed.status().to_string();
-  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
-  GpuModel* models[2] = {graphed->get(), eager->get()};
+  std::unique_ptr<GpuModel> owned[2];
+  ASSERT_NO_FATAL_FAILURE(load_graphed_and_eager(owned));
+  GpuModel* models[2] = {owned[0].get(), owned[1].get()};
   const int64_t vocab = models[0]->config().vocab;
   const std::vector<RefCase> cases = load_cases();
   ASSERT_GE(cases.size(), 3u);
