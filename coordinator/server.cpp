@@ -112,8 +112,6 @@ Result<ServedChatTemplate> served_chat_template(const ServerOptions& o, const Mo
   return served;
 }
 
-}  // namespace
-
 // One generation of shards: the control group, the processes the server started (none when
 // they were started elsewhere), and the KV block pools planned from their memory. Held by
 // pointer: the engine keeps references to the group and the pools.
@@ -255,6 +253,8 @@ class Recovery {
   bool given_up_ = false;
   std::chrono::steady_clock::time_point serving_since_ = std::chrono::steady_clock::now();
 };
+
+}  // namespace
 
 std::string describe_shard_command(const ServerOptions& o, const std::string& endpoint) {
   return format_command(build_shard_command(launch_spec(o, endpoint)));
