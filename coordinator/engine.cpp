@@ -20,9 +20,9 @@ double seconds_between(WallClock::time_point a, WallClock::time_point b) {
 // A pool's blocks by disjoint state: used + free + cached = the pool (free_blocks counts the
 // idle cached ones too; cached_blocks counts used ones too).
 void set_block_states(MetricsRegistry& m, const char* name, const BlockPoolStats& kv) {
-  m.set(name, static_cast<double>(kv.used_blocks), "state=\"used\"");
-  m.set(name, static_cast<double>(kv.free_blocks - kv.cached_free_blocks), "state=\"free\"");
-  m.set(name, static_cast<double>(kv.cached_free_blocks), "state=\"cached\"");
+  m.set_series(name, {{"state=\"used\"", static_cast<double>(kv.used_blocks)},
+                      {"state=\"free\"", static_cast<double>(kv.free_blocks - kv.cached_free_blocks)},
+                      {"state=\"cached\"", static_cast<double>(kv.cached_free_blocks)}});
 }
 
 }  // namespace

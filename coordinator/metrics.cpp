@@ -34,6 +34,14 @@ void MetricsRegistry::set(const std::string& name, double value, const std::stri
   if (it != metrics_.end()) it->second.series[labels].value = value;
 }
 
+void MetricsRegistry::set_series(const std::string& name,
+                                 std::initializer_list<std::pair<std::string, double>> series) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = metrics_.find(name);
+  if (it == metrics_.end()) return;
+  for (const auto& [labels, value] : series) it->second.series[labels].value = value;
+}
+
 void MetricsRegistry::observe(const std::string& name, double value, const std::string& labels) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = metrics_.find(name);

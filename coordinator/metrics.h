@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -20,6 +22,9 @@ class MetricsRegistry {
 
   void add(const std::string& name, double delta = 1.0, const std::string& labels = "");
   void set(const std::string& name, double value, const std::string& labels = "");
+  // Several series of one gauge at once (labels, value): a scrape sees all of them or none of
+  // them changed (e.g. the KV block states, which add up to the pool).
+  void set_series(const std::string& name, std::initializer_list<std::pair<std::string, double>> series);
   void observe(const std::string& name, double value, const std::string& labels = "");
 
   double value(const std::string& name, const std::string& labels = "") const;  // counter/gauge, for tests

@@ -160,6 +160,12 @@ TEST(MetricsTest, RendersPrometheusText) {
   EXPECT_NE(text.find("tessera_ttft_seconds_bucket{le=\"+Inf\"} 2"), std::string::npos);
   EXPECT_NE(text.find("tessera_ttft_seconds_count 2"), std::string::npos);
   EXPECT_EQ(m.count("tessera_ttft_seconds"), 2u);
+  // Several series of one gauge in one update.
+  m.declare_gauge("tessera_kv_blocks", "KV blocks by state");
+  m.set_series("tessera_kv_blocks", {{"state=\"used\"", 2}, {"state=\"free\"", 5}});
+  EXPECT_EQ(m.value("tessera_kv_blocks", "state=\"used\""), 2);
+  EXPECT_EQ(m.value("tessera_kv_blocks", "state=\"free\""), 5);
+  EXPECT_NE(m.render().find("tessera_kv_blocks{state=\"free\"} 5"), std::string::npos);
 }
 
 }  // namespace

@@ -629,7 +629,15 @@ def test_concurrent_streams_match_solo_and_free_blocks(stories_server):
 
 
 def kv_block_states(server):
-    return {st: server.metric("tessera_kv_blocks", f'{{state="{st}"}}') for st in ("used", "free", "cached")}
+    """The KV block states from one scrape of /metrics (they add up to the pool within one)."""
+    _, text = server.get("/metrics")
+    states = {}
+    for line in text.splitlines():
+        m = re.match(r'tessera_kv_blocks\{state="(\w+)"\} (\S+)$', line)
+        if m:
+            states[m.group(1)] = float(m.group(2))
+    assert set(states) == {"used", "free", "cached"}, states
+    return states
 
 
 def prefix_cache_hits_and_outputs_unchanged(server):
