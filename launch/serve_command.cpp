@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/flags.h"
+#include "common/process.h"
 #include "coordinator/server_cli.h"
 #include "launch/commands.h"
 
@@ -58,13 +59,11 @@ Runner add_launch_command(CLI::App& app) {
     pass_quant(*quant, o);
     if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";
     if (*dry_run) {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
       const std::string port = o.shard_endpoint.substr(o.shard_endpoint.rfind(':') + 1);
       std::printf("# coordinator (this process, outside mpirun): HTTP on %s:%d, shards connect to %s\n", o.host.c_str(),
                   o.port, o.shard_endpoint.c_str());
       o.force_mpirun = true;
-      std::printf("%s\n", describe_shard_command(o, "tcp://" + std::string(host) + ":" + port).c_str());
+      std::printf("%s\n", describe_shard_command(o, "tcp://" + this_hostname() + ":" + port).c_str());
       return 0;
     }
     o.force_mpirun = true;  // launch always runs the shards under mpirun, even one

@@ -36,12 +36,6 @@ using Clock = std::chrono::steady_clock;
     }                                           \
   } while (0)
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
 // Sends heartbeats on its own socket so the coordinator hears from a live process even while
 // a long step computes.
 class HeartbeatThread {
@@ -184,7 +178,7 @@ class ShardWorker {
     if (m.max_step_seqs > 0) h.max_step_seqs = m.max_step_seqs;
     h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.weight_quant)) +
                           (o_.quantize_lm_head ? "+lm_head" : "");
-    h.hostname = hostname();
+    h.hostname = this_hostname();
     h.pid = static_cast<int32_t>(::getpid());
     return h;
   }
