@@ -300,7 +300,10 @@ Result<ControlMessage> decode_message(const void* data, size_t size) {
   std::memcpy(aligned.data(), data, size);
   try {
     capnp::ReaderOptions options;
-    options.traversalLimitInWords = 64 * 1024 * 1024;  // 512 MiB: bounds a hostile message
+    // Bounds the words a read may visit to a few times the message's own: an honest message is
+    // read once, while a hostile one can point many times at the same data (or at lists of
+    // empty structs) and make a small frame cost seconds (found by fuzz/control_codec_fuzz.cpp).
+    options.traversalLimitInWords = 8 * aligned.size() + 1024;
     options.nestingLimit = 16;
     capnp::FlatArrayMessageReader reader(kj::ArrayPtr<const capnp::word>(aligned.data(), aligned.size()), options);
     auto env = reader.getRoot<proto::Envelope>();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds Tessera into build/ (executables in build/bin/).
-# BUILD_DIR, BUILD_TYPE and extra CMake arguments (after --) can be given.
+# BUILD_DIR, BUILD_TYPE, BUILD_TARGETS (space-separated; default all) and extra CMake arguments
+# can be given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -16,4 +17,6 @@ if [ "${TESSERA_CCACHE:-1}" != "0" ] && command -v ccache > /dev/null; then
   LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${LAUNCHER[@]}" "$@"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+TARGET_ARGS=()
+[ -n "${BUILD_TARGETS:-}" ] && TARGET_ARGS=(--target $BUILD_TARGETS)
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGET_ARGS[@]}"

@@ -16,6 +16,8 @@ PACKAGES=(
   libcli11-dev
   libfmt-dev
   libcpp-httplib-dev
+  clang          # scripts/fuzz.sh: libFuzzer targets
+  iproute2       # the multi-host test's network namespaces
 )
 
 missing=()

@@ -38,9 +38,10 @@ class ValueDict {
   void set(Value key, Value value);
   // Appends without looking for an existing key: the caller knows the key is new.
   void append_new(Value key, Value value);
-  void clear() { entries_.clear(); }
+  // clear() and size() are defined below Value: clang instantiates the pair where they stand.
+  void clear();
   const std::vector<std::pair<Value, Value>>& entries() const { return entries_; }
-  size_t size() const { return entries_.size(); }
+  size_t size() const;
 
  private:
   std::vector<std::pair<Value, Value>> entries_;
@@ -156,6 +157,9 @@ class Value {
   std::shared_ptr<const Callable> fn_;
   std::shared_ptr<GeneratorState> gen_;
 };
+
+inline void ValueDict::clear() { entries_.clear(); }
+inline size_t ValueDict::size() const { return entries_.size(); }
 
 // Python ==: numbers compare by value across bool/int/float; containers element-wise.
 bool py_equal(const Value& a, const Value& b);
