@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +31,14 @@ class DeviceComm {
   // data[0, bytes) of `root` copied to every rank.
   virtual Status broadcast(void* data, int64_t bytes, int root) = 0;
   virtual Status barrier() = 0;
+
+  // Ends a collective waiting now, and fails every later one, with `reason`: for a watchdog
+  // thread that finds the job over (its coordinator gone) while the step thread waits on a
+  // peer that never comes. Thread-safe. Communicators whose waits cannot be interrupted ignore it.
+  virtual void abort(const std::string& reason) {}
+  // True once a collective failed part-way (a peer lost, a timeout, abort()): the ranks are out
+  // of step, so the communicator must not be used again and the rank should exit.
+  virtual bool failed() const { return false; }
 };
 
 std::unique_ptr<DeviceComm> make_single_rank_comm();

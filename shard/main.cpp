@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   bool no_device_sampling = false;
   app.add_flag("--no-device-sampling", no_device_sampling,
                "CUDA: sample on the host from downloaded logits instead of on the device");
+  int64_t collective_timeout_ms = 120000;
+  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+                 "TP over MPI: fail a collective (and exit) when a peer has not joined it for this long (0: wait for ever)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   int64_t debug_step_delay_ms = 0;
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);
@@ -69,7 +73,9 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<DeviceComm> comm;
   if (launched_by_mpi()) {
-    auto mpi = make_mpi_comm();
+    MpiCommOptions mo;
+    mo.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
+    auto mpi = make_mpi_comm(mo);
     if (!mpi.is_ok()) {
       std::fprintf(stderr, "error: %s\n", mpi.status().to_string().c_str());
       return 2;

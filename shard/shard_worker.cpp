@@ -37,15 +37,19 @@ using Clock = std::chrono::steady_clock;
   } while (0)
 
 // Sends heartbeats on its own socket so the coordinator hears from a live process even while
-// a long step computes.
+// a long step computes. It is also the watchdog of a step stuck in a collective: when the
+// coordinator's process (on this host) is gone, it aborts the communicator, so a rank whose
+// peer is stopped or lost does not wait on it for ever after the job is over.
 class HeartbeatThread {
  public:
-  HeartbeatThread(const ShardOptions& o, int rank, const ShardExecutor& executor)
-      : thread_([this, o, rank, &executor] {
+  HeartbeatThread(const ShardOptions& o, int rank, const ShardExecutor& executor, DeviceComm& comm)
+      : thread_([this, o, rank, &executor, &comm] {
           auto client = ControlClient::connect(o.coordinator, shard_identity(rank) + "-hb");
           if (!client.is_ok()) return;
           while (!stop_.load()) {
             (void)(*client)->send(Heartbeat{rank, executor.last_step()});
+            if (o.coordinator_pid > 0 && !process_alive(o.coordinator_pid))
+              comm.abort(fmt::format("the coordinator (pid {}) is gone", o.coordinator_pid));
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait_for(lock, o.heartbeat_interval, [this] { return stop_.load(); });
           }
@@ -85,7 +89,7 @@ class ShardWorker {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       return 2;
     }
-    HeartbeatThread heartbeat(o_, rank, *executor_);
+    HeartbeatThread heartbeat(o_, rank, *executor_, comm_);
     Result<ShardHello> h = hello();
     if (!h.is_ok()) {
       TESSERA_LOG_ERROR("{}", h.status().to_string());
@@ -248,6 +252,10 @@ class ShardWorker {
         if (o_.debug_step_delay.count() > 0) std::this_thread::sleep_for(o_.debug_step_delay);
         StepResult r = executor_->execute(*plan);
         TESSERA_RETURN_IF_ERROR_EXIT(send(r));
+        if (comm_.failed()) {  // the ranks are out of step: this group cannot compute again
+          TESSERA_LOG_ERROR("a collective failed ({}): exiting", r.error);
+          return 3;
+        }
       } else if (auto* abort = std::get_if<AbortMsg>(&msg)) {
         for (uint64_t id : abort->seq_ids) executor_->drop(id);
       } else if (auto* sd = std::get_if<ShutdownMsg>(&msg)) {
