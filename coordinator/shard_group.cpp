@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "common/kv_config.h"
@@ -33,7 +34,8 @@ Result<std::unique_ptr<ShardGroup>> ShardGroup::create(const ShardGroupOptions& 
   TESSERA_ASSIGN_OR_RETURN(g->server_, ControlServer::bind(options.endpoint));
   g->hellos_.resize(static_cast<size_t>(options.world_size));
   g->said_hello_.assign(static_cast<size_t>(options.world_size), false);
-  g->last_heard_.assign(static_cast<size_t>(options.world_size), Clock::now());
+  g->silence_.assign(static_cast<size_t>(options.world_size),
+                     SilenceBudget(options.heartbeat_timeout, std::max(options.heartbeat_timeout, options.dead_timeout)));
   g->slow_.assign(static_cast<size_t>(options.world_size), false);
   g->hostname_ = this_hostname();
   return g;
@@ -143,7 +145,7 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
       return fail(Status::invalid_argument(why));
     }
     if (rank < 0) continue;  // not a shard of this group
-    last_heard_[static_cast<size_t>(rank)] = Clock::now();
+    silence_[static_cast<size_t>(rank)].heard(Clock::now());
     if (auto* refused = std::get_if<RefusedMsg>(&*got->message))
       return fail(Status::unavailable(fmt::format("shard rank {} cannot start: {}", rank, refused->reason)));
     auto* hello = std::get_if<ShardHello>(&*got->message);
@@ -208,15 +210,43 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
     if (!s.is_ok()) return fail(s);
   }
   last_sent_ = Clock::now();
+  // Gaps are measured from here: loading the weights before the hello is not a silence.
+  for (SilenceBudget& b : silence_)
+    b = SilenceBudget(o_.heartbeat_timeout, std::max(o_.heartbeat_timeout, o_.dead_timeout));
   healthy_ = true;
   return Status::ok();
+}
+
+SilenceBudget::SilenceBudget(std::chrono::milliseconds floor, std::chrono::milliseconds cap,
+                             std::chrono::milliseconds half_life, Clock::time_point now)
+    : floor_(floor), cap_(std::max(cap, floor)), half_life_(half_life), last_(now), longest_at_(now) {}
+
+void SilenceBudget::heard(Clock::time_point now) {
+  const double gap = std::chrono::duration<double, std::milli>(now - last_).count();
+  last_ = std::max(last_, now);
+  longest_ms_ = std::max(decayed_ms(now), gap);
+  longest_at_ = now;
+}
+
+double SilenceBudget::decayed_ms(Clock::time_point now) const {
+  const double age = std::chrono::duration<double, std::milli>(now - longest_at_).count();
+  const double halvings = half_life_.count() > 0 ? std::max(0.0, age) / static_cast<double>(half_life_.count()) : 0;
+  return longest_ms_ * std::exp2(-halvings);
+}
+
+std::chrono::milliseconds SilenceBudget::longest_gap(Clock::time_point now) const {
+  return std::chrono::milliseconds(static_cast<int64_t>(decayed_ms(now)));
+}
+
+std::chrono::milliseconds SilenceBudget::timeout(Clock::time_point now) const {
+  return std::clamp(4 * longest_gap(now), floor_, cap_);
 }
 
 Status ShardGroup::check_liveness() {
   const auto now = Clock::now();
   for (int r = 0; r < o_.world_size; ++r) {
     const auto i = static_cast<size_t>(r);
-    const auto silent = now - last_heard_[i];
+    const auto silent = now - silence_[i].last_heard();
     // Quiet for a few heartbeats: a local rank's process is looked at (a killed shard fails its
     // requests at once, before the timeout).
     if (silent <= 4 * o_.heartbeat_interval) {
@@ -229,7 +259,7 @@ Status ShardGroup::check_liveness() {
     if (local && !process_alive(h.pid))
       return fail(Status::unavailable(fmt::format("shard rank {} (pid {}) has exited (silent for {:.1f} s)", r, h.pid,
                                                   seconds(silent))));
-    if (silent <= o_.heartbeat_timeout) continue;
+    if (silent <= silence_[i].timeout(now)) continue;
     if (local && silent <= o_.dead_timeout) {
       if (!slow_[i])
         TESSERA_LOG_WARN("shard rank {} (pid {}) has been silent for {:.1f} s, but its process is alive (a loaded or "
@@ -247,7 +277,13 @@ Status ShardGroup::check_liveness() {
 Status ShardGroup::handle(const ReceivedMessage& m, uint64_t wait_step, std::vector<StepResult>* results) {
   const int rank = rank_of(m.peer);
   if (rank < 0) return Status::ok();
-  last_heard_[static_cast<size_t>(rank)] = Clock::now();
+  SilenceBudget& budget = silence_[static_cast<size_t>(rank)];
+  const auto before = budget.timeout(Clock::now());
+  budget.heard(Clock::now());
+  const auto after = budget.timeout(Clock::now());
+  if (after >= before + before / 2)  // grew by half: a slower host or network than planned for
+    TESSERA_LOG_WARN("shard rank {}: {:.1f} s between its messages: it is now declared dead after {:.1f} s of silence",
+                     rank, seconds(budget.longest_gap(Clock::now())), seconds(after));
   if (!m.message.is_ok()) {
     (void)server_->send(m.peer, RefusedMsg{m.message.status().message()});
     return fail(Status::invalid_argument(

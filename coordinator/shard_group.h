@@ -6,7 +6,8 @@
 // A rank on this host (its hello's hostname and pid) is looked at when it goes quiet: gone
 // (exited, a zombie) means dead at once; still there (busy, starved by a loaded host, stopped)
 // means slow, and it is waited for up to `dead_timeout` of silence. A rank on another host is
-// declared dead after `heartbeat_timeout` of silence. A step not answered within `step_timeout`
+// declared dead after a silence scaled to the gaps measured between its messages (SilenceBudget:
+// at least `heartbeat_timeout`, at most `dead_timeout`). A step not answered within `step_timeout`
 // fails. Either way the error names the rank and the group becomes unhealthy; nothing waits
 // forever.
 // Thread-safety: owned and used by one thread (the engine thread).
@@ -70,6 +71,31 @@ struct MemoryPlan {
   uint64_t window_bytes_per_block = 0;   // largest over ranks
 };
 
+// How long a rank may be silent before it is declared dead, scaled to what is measured: the
+// timeout is max(floor, 4 x the longest gap between its messages seen lately), at most `cap`.
+// The longest gap decays by half every `half_life`, so a stall widens the timeout for a while
+// (a loaded host or network stalls again soon), not for ever. Pure arithmetic on the times given.
+class SilenceBudget {
+ public:
+  using Clock = std::chrono::steady_clock;
+  SilenceBudget(std::chrono::milliseconds floor, std::chrono::milliseconds cap,
+                std::chrono::milliseconds half_life = std::chrono::seconds(60), Clock::time_point now = Clock::now());
+  // A message arrived at `now`: records the gap since the one before.
+  void heard(Clock::time_point now);
+  Clock::time_point last_heard() const { return last_; }
+  // The longest recent gap, decayed to `now`.
+  std::chrono::milliseconds longest_gap(Clock::time_point now) const;
+  std::chrono::milliseconds timeout(Clock::time_point now) const;
+
+ private:
+  double decayed_ms(Clock::time_point now) const;
+
+  std::chrono::milliseconds floor_, cap_, half_life_;
+  Clock::time_point last_;
+  double longest_ms_ = 0;              // at longest_at_
+  Clock::time_point longest_at_;
+};
+
 // The control endpoint for shards on this host: a Unix socket in the abstract namespace
 // ("ipc://@tessera-<pid>.ctl"), so a coordinator killed with SIGKILL leaves no socket file behind.
 std::string local_control_endpoint();
@@ -109,7 +135,7 @@ class ShardGroup : public StepExecutor {
   std::unique_ptr<ControlServer> server_;
   std::vector<ShardHello> hellos_;
   std::vector<bool> said_hello_;
-  std::vector<std::chrono::steady_clock::time_point> last_heard_;
+  std::vector<SilenceBudget> silence_;  // per rank: when last heard, and the silence allowed
   std::vector<bool> slow_;   // per rank: silent past heartbeat_timeout, its process alive (warned once)
   std::string hostname_;     // this host's, to tell which ranks are local
   std::chrono::steady_clock::time_point last_sent_;

@@ -259,6 +259,72 @@ TEST(ShardGroupTest, LocalShardWhoseProcessIsGoneFailsAtOnce) {
   EXPECT_TRUE(process_alive(static_cast<int>(::getpid())));
 }
 
+// The silence allowed scales with the gaps measured between a rank's messages, within
+// [floor, cap], and a long gap is forgotten by halves.
+TEST(SilenceBudgetTest, ScalesToTheLongestRecentGapAndForgetsIt) {
+  using Clock = SilenceBudget::Clock;
+  const Clock::time_point t0 = Clock::now();
+  SilenceBudget b(milliseconds(2000), milliseconds(30000), milliseconds(60000), t0);
+  Clock::time_point t = t0;
+  auto hear_every = [&](milliseconds gap, int times) {
+    for (int i = 0; i < times; ++i) b.heard(t += gap);
+  };
+  hear_every(milliseconds(250), 40);  // heartbeats on time: 4 x 250 ms is under the floor
+  EXPECT_EQ(b.timeout(t), milliseconds(2000));
+  EXPECT_EQ(b.last_heard(), t);
+  hear_every(milliseconds(1500), 1);  // one stall of a loaded host
+  EXPECT_EQ(b.longest_gap(t), milliseconds(1500));
+  EXPECT_EQ(b.timeout(t), milliseconds(6000));
+  hear_every(milliseconds(250), 240);  // a minute on time: the stall counts half
+  EXPECT_NEAR(static_cast<double>(b.longest_gap(t).count()), 750.0, 2.0);
+  EXPECT_NEAR(static_cast<double>(b.timeout(t).count()), 3000.0, 8.0);
+  hear_every(milliseconds(250), 480);  // two more: the floor again
+  EXPECT_EQ(b.timeout(t), milliseconds(2000));
+  hear_every(milliseconds(20000), 1);  // a huge gap: at most the cap
+  EXPECT_EQ(b.timeout(t), milliseconds(30000));
+}
+
+// A rank on another host whose messages come farther apart than the heartbeat timeout's floor
+// allows for (a loaded host) is given a longer silence, scaled to its gaps: a step it answers
+// after 800 ms succeeds with a 300 ms floor, and a step it never answers fails after about
+// 4 x its gap, long before dead_timeout.
+TEST(ShardGroupTest, RemoteShardWhoseMessagesComeFarApartGetsALongerTimeout) {
+  ShardGroupOptions o;
+  o.world_size = 1;
+  o.heartbeat_timeout = milliseconds(300);
+  o.dead_timeout = milliseconds(20000);
+  auto created = ShardGroup::create(o);
+  ASSERT_TRUE(created.is_ok());
+  ShardGroup& g = **created;
+  FakeShard a(g.endpoint(), 0);
+  ASSERT_TRUE(a.client->send(hello(0, 1)).is_ok());  // no hostname: another host
+  ASSERT_TRUE(g.start().is_ok());
+  for (int i = 0; i < 4; ++i) {  // messages 280 ms apart: the allowed silence grows to ~1.1 s
+    std::this_thread::sleep_for(milliseconds(280));
+    ASSERT_TRUE(a.client->send(Heartbeat{0, 0}).is_ok());
+    std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_TRUE(g.keep_alive().is_ok());
+  }
+  std::thread shard([&] {
+    auto m = a.client->receive(milliseconds(3000));
+    while (m.is_ok() && m->has_value() && !std::get_if<StepPlan>(&*(*m)->message)) m = a.client->receive(milliseconds(3000));
+    if (!m.is_ok() || !m->has_value()) return;
+    std::this_thread::sleep_for(milliseconds(800));  // silent past the 300 ms floor
+    StepResult r;
+    r.step_id = std::get<StepPlan>(*(*m)->message).step_id;
+    (void)a.client->send(r);
+  });
+  auto r = g.run_step(StepPlan{});
+  shard.join();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const auto start = std::chrono::steady_clock::now();
+  auto silent = g.run_step(StepPlan{});  // never answered
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(silent.is_ok());
+  EXPECT_NE(silent.status().message().find("stopped responding"), std::string::npos) << silent.status().message();
+  EXPECT_LT(waited, milliseconds(15000));  // scaled to the gaps, not waited out to dead_timeout
+}
+
 TEST(ShardGroupTest, StepRoundTripWithAnsweringShard) {
   ShardGroupOptions o;
   o.world_size = 1;
