@@ -47,6 +47,8 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.bind = o.bind;
   spec.force_mpirun = o.force_mpirun;
   spec.extra_shard_args = o.extra_shard_args;
+  spec.launch_agent = o.launch_agent;
+  spec.extra_mpirun_args = o.extra_mpirun_args;
   spec.quant = o.quant;
   spec.quant_lm_head = o.quant_lm_head;
   spec.kv_dtype = o.kv_dtype;

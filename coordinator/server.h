@@ -40,6 +40,8 @@ struct ServerOptions {
   std::string bind = "auto";
   bool force_mpirun = false;         // mpirun even for TP = 1 (tessera launch)
   std::vector<std::string> extra_shard_args;
+  std::string launch_agent;          // how mpirun reaches other hosts (Open MPI plm_rsh_agent); "": ssh
+  std::vector<std::string> extra_mpirun_args;
   int64_t heartbeat_timeout_ms = 2000;
   // A silent shard whose process is alive on this host (a loaded or stopped host) is waited for
   // this long before it is declared dead.

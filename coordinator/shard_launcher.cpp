@@ -62,6 +62,7 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   // The shards' environment knobs travel with the job (mpirun warns about unset ones).
   for (const char* knob : {"TESSERA_LOG_LEVEL", "TESSERA_CUDA_LIBRARY"})
     if (std::getenv(knob)) cmd.insert(cmd.end(), {"-x", knob});
+  if (!s.launch_agent.empty()) cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", s.launch_agent});
   cmd.insert(cmd.end(), s.extra_mpirun_args.begin(), s.extra_mpirun_args.end());
   cmd.insert(cmd.end(), shard.begin(), shard.end());
   return cmd;

@@ -33,7 +33,10 @@ struct ShardLaunchSpec {
   int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
   int coordinator_pid = 0;                // > 0: --coordinator-pid (shards on the coordinator's host)
   std::vector<std::string> extra_shard_args;
-  std::vector<std::string> extra_mpirun_args;
+  // How mpirun starts its daemons on the other hosts: a command called as `AGENT HOST WORD...`
+  // like ssh (Open MPI's plm_rsh_agent; words split at spaces). Empty: Open MPI's default (ssh).
+  std::string launch_agent;
+  std::vector<std::string> extra_mpirun_args;  // after mpirun's own, before the shard's argv
 };
 
 // argv of the command that starts the shards ("mpirun", ... or "tessera-shard", ...).

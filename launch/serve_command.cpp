@@ -2,10 +2,14 @@
 // (a tessera-shard for TP = 1, mpirun for TP > 1). Ctrl-C stops every process it started.
 // `tessera launch`: the same across hosts (--hosts / --hostfile): builds and runs the mpirun
 // line for the shards, with the coordinator here, reachable over tcp; --dry-run prints it.
+// --launch-agent, --mca and --mpirun-arg shape that mpirun line (how it reaches the other
+// hosts, which networks Open MPI uses).
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "cli/flags.h"
 #include "common/process.h"
@@ -50,13 +54,21 @@ Runner add_launch_command(CLI::App& app) {
   app.add_option("--hosts", cli->options.hosts, "hosts for the shards (comma-separated, host or host:slots)")
       ->delimiter(',');
   app.add_option("--hostfile", cli->options.hostfile, "an Open MPI hostfile for the shards");
+  app.add_option("--launch-agent", cli->options.launch_agent,
+                 "how mpirun starts its daemons on the other hosts (Open MPI plm_rsh_agent; default ssh): a "
+                 "command called as `AGENT HOST COMMAND...`, like ssh");
+  auto mca = std::make_shared<std::vector<std::pair<std::string, std::string>>>();
+  app.add_option("--mca", *mca, "an Open MPI parameter for mpirun and the shards: --mca NAME VALUE (repeatable)");
+  app.add_option("--mpirun-arg", cli->options.extra_mpirun_args,
+                 "an extra argument for mpirun (repeatable; --mpirun-arg=-x for one that starts with a dash)");
   app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
   auto quant = add_shard_quant_flags(app);
-  return [cli, dry_run, quant] {
+  return [cli, dry_run, mca, quant] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     ServerOptions& o = cli->options;
     pass_quant(*quant, o);
+    for (const auto& [name, value] : *mca) o.extra_mpirun_args.insert(o.extra_mpirun_args.end(), {"--mca", name, value});
     if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";
     if (*dry_run) {
       const std::string port = o.shard_endpoint.substr(o.shard_endpoint.rfind(':') + 1);
