@@ -159,19 +159,20 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
   void fail(const std::string& error) {
     if (done_) return;
     done_ = true;
-    const bool shutting_down = error.find("shutting down") != std::string::npos;
+    // One status for a stream's error event and a whole response alike: 400 for a request that
+    // can never fit, 503 for a server that cannot serve now (shutting down, lost shards).
+    const int status = error.find("could never fit") != std::string::npos ||
+                               error.find("more blocks than") != std::string::npos
+                           ? 400
+                       : error.find("shutting down") != std::string::npos ||
+                               error.find("unhealthy") != std::string::npos || error.find("shard") != std::string::npos
+                           ? 503
+                           : 500;
     if (stream_ && stream_handle_) {
-      stream_handle_->write(sse_event(error_body(shutting_down ? 503 : 500, error)));
+      stream_handle_->write(sse_event(error_body(status, error)));
       stream_handle_->write(std::string(kSseDone));
       stream_handle_->close();
     } else {
-      const int status = error.find("could never fit") != std::string::npos ||
-                                 error.find("more blocks than") != std::string::npos
-                             ? 400
-                             : shutting_down || error.find("unhealthy") != std::string::npos ||
-                                       error.find("shard") != std::string::npos
-                                   ? 503
-                                   : 500;
       responder_->respond(status, "application/json", error_body(status, error));
     }
   }

@@ -147,6 +147,7 @@ Status Engine::restart(StepExecutor& executor, BlockPool& pool, WindowPool windo
   healthy_ = true;
   metrics_.set("tessera_healthy", 1);
   metrics_.add("tessera_shard_restarts_total");
+  update_gauges();  // the new generation's: nothing running, the new pool free
   return Status::ok();
 }
 
@@ -562,6 +563,7 @@ void Engine::mark_unhealthy(const std::string& error) {
     failure_ = error;
   }
   fail_all(error);
+  update_gauges();
 }
 
 void Engine::run() {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test:
 #   1. the normal build (with the CUDA backend when nvcc exists; GPU tests skip without a GPU),
-#   2. an AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests.
+#   2. an AddressSanitizer + UndefinedBehaviorSanitizer build: the unit tests, the fuzz corpora
+#      and the fault tests (signals to a running server) under the sanitizers,
+#   3. the fuzz targets with libFuzzer (clang), each mutating its corpus for a fixed time and seed
+#      (scripts/fuzz.sh; TESSERA_SKIP_FUZZ=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -35,6 +38,13 @@ if [ "${TESSERA_SKIP_SANITIZERS:-0}" != "1" ]; then
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # hwloc's dlopen-ed plugins leak a few bytes we cannot fix or name (their module is gone when
   # LeakSanitizer reports), so the topology tests run with leak checking off.
-  (cd build-asan && ctest --output-on-failure -j 2 -L unit -E '^TopologyTest' --timeout 1800)
+  # -L: the unit tests (with the fuzz corpora) and the fault tests (servers signalled during
+  # streams; their output is checked for sanitizer reports).
+  (cd build-asan && ctest --output-on-failure -j 2 -L 'unit|faults' -E '^TopologyTest' --timeout 1800)
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -R '^TopologyTest' --timeout 600)
+fi
+
+if [ "${TESSERA_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== fuzzing (libFuzzer + ASan + UBSan, ${TESSERA_FUZZ_SECONDS:-20} s a target) =="
+  bash scripts/fuzz.sh
 fi

@@ -287,7 +287,9 @@ std::pair<double, double> same_ids_with_drafts(LocalModel& model, const std::vec
   const double proposed_before = metric(model, "tessera_spec_proposed_tokens_total");
   auto out = generate(model, prompt, go);
   EXPECT_TRUE(plain.is_ok() && out.is_ok());
-  if (plain.is_ok() && out.is_ok()) EXPECT_EQ(out->ids, plain->ids) << "temperature " << temperature;
+  if (plain.is_ok() && out.is_ok()) {
+    EXPECT_EQ(out->ids, plain->ids) << "temperature " << temperature;
+  }
   EXPECT_EQ(model.blocks().num_used(), 0);
   return {metric(model, "tessera_spec_proposed_tokens_total") - proposed_before,
           metric(model, "tessera_spec_accepted_tokens_total") - kept_before};
@@ -314,7 +316,9 @@ TEST(SpeculationGemmaTest, SameTokensOnTheDefaultModelWithManyDraftsKept) {
   for (const float temperature : {0.0f, 1.0f}) {
     const auto [proposed, kept] = same_ids_with_drafts(**model, prompt, 64, temperature, 11, forced());
     std::printf("temperature %.0f: %.0f drafts proposed, %.0f kept\n", temperature, proposed, kept);
-    if (temperature == 0.0f) EXPECT_GT(kept, 0.25 * proposed) << "the copy should keep many drafts";
+    if (temperature == 0.0f) {
+      EXPECT_GT(kept, 0.25 * proposed) << "the copy should keep many drafts";
+    }
   }
 }
 
@@ -353,7 +357,9 @@ TEST(SpeculationGemmaTest, SelfDraftKeepsTheTokensOnTheDefaultModel) {
   for (const float temperature : {0.0f, 1.0f}) {
     const auto [proposed, kept] = same_ids_with_drafts(**model, prompt, 48, temperature, 5, self_draft(18));
     std::printf("self-draft, temperature %.0f: %.0f drafts proposed, %.0f kept\n", temperature, proposed, kept);
-    if (temperature == 0.0f) EXPECT_GT(kept, 0.7 * proposed);
+    if (temperature == 0.0f) {
+      EXPECT_GT(kept, 0.7 * proposed);
+    }
   }
 }
 
@@ -414,7 +420,9 @@ TEST_P(SpeculationStoriesTest, SelfDraftKeepsTheReferenceIds) {
                   vocab, proposed, kept);
       EXPECT_GT(proposed, 100);
       EXPECT_GT(kept, 0);
-      if (layers == 5 && vocab > 512) EXPECT_GT(kept, 0.5 * proposed) << "the whole model with its whole head";
+      if (layers == 5 && vocab > 512) {
+        EXPECT_GT(kept, 0.5 * proposed) << "the whole model with its whole head";
+      }
     }
   }
 }

@@ -1,0 +1,139 @@
+"""What the end-to-end tests share: a `tessera serve` process tree (Server), SSE reading, and
+looks at the process table. Imported by test_openai_api.py, test_faults.py and the multi-host
+test; the binaries come from TESSERA_BIN_DIR (the build under test: release or sanitizers)."""
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+BIN = os.environ.get("TESSERA_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+TESTDATA = os.environ.get("TESSERA_TESTDATA", os.path.join(os.path.dirname(__file__), "../../../shared/testdata"))
+STORIES = os.path.join(TESTDATA, "stories260K")
+# The real default model (Gemma 3 270M, Q4_K_M): scripts/test.sh exports its path.
+DEFAULT_MODEL = os.environ.get("TESSERA_DEFAULT_MODEL") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "../../models/gemma-3-270m-q4_k_m.gguf")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Server:
+    def __init__(self, model, tp=1, extra=(), env=None):
+        # model None: no --model, so the server takes the default model (TESSERA_MODEL, models/...).
+        model_args = [] if model is None else ["--model", model]
+        self.cmd = [os.path.join(BIN, "tessera"), "serve", *model_args, "--port", "0", "--tp", str(tp),
+                    "--model-name", "test-model", *extra]
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True, env=env)
+        self.log = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+            if m:
+                self.base = f"http://{m.group(1)}:{m.group(2)}"
+                break
+        else:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.log))
+        if not hasattr(self, "base"):
+            self.stop()
+            raise RuntimeError("server exited:\n" + "".join(self.log))
+        # Keep draining the output so the server never blocks on a full pipe.
+        self._drain = concurrent.futures.ThreadPoolExecutor(1).submit(self._read_rest)
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def _read_rest(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.base + path, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    def post_raw(self, path, body, content_type="application/json"):
+        req = urllib.request.Request(self.base + path, data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name, labels=""):
+        _, text = self.get("/metrics")
+        for line in text.splitlines():
+            if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
+                return float(line.split()[-1])
+        raise KeyError(name + labels)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            # The first signal drains (requests in flight may finish), a second ends them at once.
+            for sig, wait in ((signal.SIGINT, 10), (signal.SIGINT, 10), (signal.SIGKILL, None)):
+                os.killpg(self.proc.pid, sig)
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+def stories_available():
+    return os.path.exists(os.path.join(STORIES, "reference.json"))
+
+
+def sse_events(base, body, started=None):
+    """POSTs a streaming completion and returns its SSE data lines; calls `started` at the first."""
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    try:
+        r = urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as e:  # refused before it was taken
+        return [f"HTTP {e.code}", e.read().decode()]
+    except urllib.error.URLError as e:  # came after the server closed its port
+        return ["HTTP refused", str(e)]
+    with r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if started is not None and len(events) == 1:
+                    started()
+    return events
+
+
+def child_processes(pid):
+    """(pid, state) of every process whose parent is `pid` ("Z": a zombie)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append((int(d), fields[0]))
+    return out
+
+
+def health(server):
+    try:
+        return json.loads(server.get("/health")[1])
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read().decode())
+
+
+def shard_pids(server, rank):
+    return [int(p) for p in re.findall(rf"shard rank {rank} ready: .*\(pid (\d+)\)", "".join(server.log))]
