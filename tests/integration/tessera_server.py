@@ -2,6 +2,7 @@
 looks at the process table. Imported by test_openai_api.py, test_faults.py and the multi-host
 test; the binaries come from TESSERA_BIN_DIR (the build under test: release or sanitizers)."""
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -22,31 +23,36 @@ DEFAULT_MODEL = os.environ.get("TESSERA_DEFAULT_MODEL") or os.path.join(
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def start_serving(cmd, env=None, timeout_s=120):
+    """Starts a `tessera serve` / `launch` command line in a session of its own and reads its
+    output until it says where it listens. Returns (process, log lines, (ip, port)); the caller
+    keeps reading the output. Raises RuntimeError with the output when it exits or never says."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    log = []
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        log.append(line)
+        m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+        if m:
+            return proc, log, (m.group(1), int(m.group(2)))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    raise RuntimeError("the server did not start:\n" + "".join(log))
+
+
 class Server:
     def __init__(self, model, tp=1, extra=(), env=None):
         # model None: no --model, so the server takes the default model (TESSERA_MODEL, models/...).
         model_args = [] if model is None else ["--model", model]
         self.cmd = [os.path.join(BIN, "tessera"), "serve", *model_args, "--port", "0", "--tp", str(tp),
                     "--model-name", "test-model", *extra]
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True, env=env)
-        self.log = []
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
-            if m:
-                self.base = f"http://{m.group(1)}:{m.group(2)}"
-                break
-        else:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log))
-        if not hasattr(self, "base"):
-            self.stop()
-            raise RuntimeError("server exited:\n" + "".join(self.log))
+        self.proc, self.log, (ip, port) = start_serving(self.cmd, env)
+        self.base = f"http://{ip}:{port}"
         # Keep draining the output so the server never blocks on a full pipe.
         self._drain = concurrent.futures.ThreadPoolExecutor(1).submit(self._read_rest)
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=120)

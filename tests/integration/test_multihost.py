@@ -28,9 +28,8 @@ import time
 
 import pytest
 
-BIN = os.environ.get("TESSERA_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
-TESTDATA = os.environ.get("TESSERA_TESTDATA", os.path.join(os.path.dirname(__file__), "../../../shared/testdata"))
-STORIES = os.path.join(TESTDATA, "stories260K")
+from tessera_server import BIN, STORIES, start_serving
+
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_agent.sh")
 
 HOST_NAMES = ("hostA", "hostB")
@@ -163,22 +162,8 @@ class Server:
     client for it."""
 
     def __init__(self, cmd, netns=None):
-        self.cmd, self.netns, self.log = cmd, netns, []
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
-            if m:
-                self.address = (m.group(1), int(m.group(2)))
-                break
-        if not hasattr(self, "address"):
-            self.stop()
-            raise RuntimeError("the server did not start:\n" + self.text())
+        self.cmd, self.netns = cmd, netns
+        self.proc, self.log, self.address = start_serving(cmd)
         # Keep draining the output so the server never blocks on a full pipe.
         self._drain = threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True)
         self._drain.start()
