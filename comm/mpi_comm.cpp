@@ -83,7 +83,7 @@ class MpiComm final : public DeviceComm {
 
  private:
   // Polls the request: spinning first, then sleeping with backoff; fails on an MPI error, on
-  // abort_mpi_collectives(), or after collective_timeout without an answer. A failed wait
+  // abort(), or after collective_timeout without an answer. A failed wait
   // leaves the request pending: the communicator is not used again (the shard exits).
   Status wait(const char* call, int rc, MPI_Request& req) {
     if (failed_) return Status::unavailable(std::string(call) + ": an earlier collective failed: " + first_error_);
