@@ -239,6 +239,13 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
     ChatMessageInput msg;
     if (!m.contains("role") || !m["role"].is_string()) return field_error(where + ".role", "is required (a string)");
     msg.role = m["role"].get<std::string>();
+    static constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), msg.role) == std::end(kRoles))
+      return field_error(where + ".role", fmt::format("'{}' is not one of system, developer, user, assistant, tool",
+                                                      msg.role));
+    // Only an assistant turn may come without text (OpenAI allows it beside tool calls).
+    if (msg.role != "assistant" && (!m.contains("content") || m["content"].is_null()))
+      return field_error(where + ".content", "is required for role '" + msg.role + "'");
     if (auto c = m.find("content"); c != m.end() && !c->is_null()) {
       if (c->is_string()) {
         msg.content = c->get<std::string>();

@@ -241,7 +241,7 @@ class Recovery {
     }
     engine_.start();
     engine_.set_recovery(RecoveryState::kNone);
-    serving_since_ = now;
+    serving_since_ = std::chrono::steady_clock::now();  // after the backoff: only serving counts
     TESSERA_LOG_INFO("shards restarted: serving again ({} KV blocks)", set_->group->plan().num_blocks);
     return true;
   }

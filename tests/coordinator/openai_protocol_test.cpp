@@ -90,7 +90,18 @@ TEST(OpenAiProtocolTest, ChatRequest) {
   EXPECT_EQ(r->top_logprobs, 2);
   EXPECT_FALSE(parse_chat_request(R"({"messages": []})").is_ok());
   EXPECT_FALSE(parse_chat_request(R"({"messages": [{"content": "x"}]})").is_ok());
-  EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user"}], "top_logprobs": 2})").is_ok());
+  EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})").is_ok());
+  // A role outside the API's, or a turn without text that needs one, is named.
+  auto wizard = parse_chat_request(R"({"messages": [{"role": "wizard", "content": "x"}]})");
+  ASSERT_FALSE(wizard.is_ok());
+  EXPECT_NE(wizard.status().message().find("messages[0].role"), std::string::npos) << wizard.status().message();
+  EXPECT_NE(wizard.status().message().find("'wizard'"), std::string::npos) << wizard.status().message();
+  auto empty = parse_chat_request(R"({"messages": [{"role": "system", "content": "a"}, {"role": "user"}]})");
+  ASSERT_FALSE(empty.is_ok());
+  EXPECT_NE(empty.status().message().find("messages[1].content"), std::string::npos) << empty.status().message();
+  EXPECT_TRUE(parse_chat_request(R"({"messages": [{"role": "developer", "content": "a"}, {"role": "user", "content": "b"},
+                                                  {"role": "assistant", "content": null}, {"role": "tool", "content": "c"}]})")
+                  .is_ok());
 }
 
 TEST(OpenAiProtocolTest, RenderedShapes) {
