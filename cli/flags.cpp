@@ -57,8 +57,9 @@ void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
   auto* f = &flags;
   app.add_option_function<std::string>(
          "--quant", [f](const std::string& s) { f->quant = parse_weight_quant(s).value(); },
-         who + "quantize float weights at load: none, int8, int4 (asymmetric, groups of 128) or int4-sym")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym"}))
+         who + "quantize float weights at load: none, int8, int4 (asymmetric, groups of 128), int4-sym, or the "
+               "GGUF formats q2_k, q3_k, tq1_0, tq2_0 (columns a multiple of 256)")
+      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0"}))
       ->default_str("none");
   app.add_flag("--quant-lm-head", flags.lm_head, "with --quant: " + who + "quantize the LM head too");
 }

@@ -30,6 +30,10 @@ constexpr std::array<QuantTraits, static_cast<size_t>(Q::kCount)> kTraits = {{
     {Q::kQ4_K,         "Q4_K",       blocks::kQ4_K.elems, blocks::kQ4_K.bytes,  0,     12, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ4_K_R16,    Q::kQ4_K},
     {Q::kQ5_K,         "Q5_K",       blocks::kQ5_K.elems, blocks::kQ5_K.bytes,  0,     13, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ5_K_R16,    Q::kQ5_K},
     {Q::kQ6_K,         "Q6_K",       blocks::kQ6_K.elems, blocks::kQ6_K.bytes,  0,     14, false, false, Cpu::kIntDot, Cuda::kBlocks,   Q::kQ6_K_R16,    Q::kQ6_K},
+    {Q::kQ2_K,         "Q2_K",       blocks::kQ2_K.elems, blocks::kQ2_K.bytes,  0,     10, false, false, Cpu::kWiden,  Cuda::kNone,     kNoR16,          Q::kQ2_K},
+    {Q::kQ3_K,         "Q3_K",       blocks::kQ3_K.elems, blocks::kQ3_K.bytes,  0,     11, false, false, Cpu::kWiden,  Cuda::kNone,     kNoR16,          Q::kQ3_K},
+    {Q::kTQ1_0,        "TQ1_0",      blocks::kTQ1_0.elems, blocks::kTQ1_0.bytes, 0,     34, false, false, Cpu::kWiden,  Cuda::kNone,     kNoR16,          Q::kTQ1_0},
+    {Q::kTQ2_0,        "TQ2_0",      blocks::kTQ2_0.elems, blocks::kTQ2_0.bytes, 0,     35, false, false, Cpu::kWiden,  Cuda::kNone,     kNoR16,          Q::kTQ2_0},
     {Q::kI8,           "I8",           1,     1,  0,     24, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI8},
     {Q::kI32,          "I32",          1,     4,  0,     26, false, false, Cpu::kWiden,  Cuda::kF16,      kNoR16,          Q::kI32},
     {Q::kI8_CH,        "I8_CH",       32,    32,  4,     -1, false, true,  Cpu::kIntDot, Cuda::kRepacked, Q::kI8_CH_R16,   Q::kI8_CH},
@@ -53,12 +57,11 @@ struct GgmlOnlyType {
   int block_bytes;
 };
 constexpr GgmlOnlyType kGgmlOnly[] = {
-    {3, "Q4_1", 32, 20},      {7, "Q5_1", 32, 24},     {9, "Q8_1", 32, 36},     {10, "Q2_K", 256, 84},
-    {11, "Q3_K", 256, 110},   {15, "Q8_K", 256, 292},  {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
+    {3, "Q4_1", 32, 20},      {7, "Q5_1", 32, 24},     {9, "Q8_1", 32, 36},
+    {15, "Q8_K", 256, 292},  {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
     {18, "IQ3_XXS", 256, 98}, {19, "IQ1_S", 256, 50},  {20, "IQ4_NL", 32, 18},  {21, "IQ3_S", 256, 110},
     {22, "IQ2_S", 256, 82},   {23, "IQ4_XS", 256, 136}, {25, "I16", 1, 2},      {27, "I64", 1, 8},
-    {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},  {34, "TQ1_0", 256, 54},  {35, "TQ2_0", 256, 66},
-    {39, "MXFP4", 32, 17},
+    {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},  {39, "MXFP4", 32, 17},
 };
 
 // What the rest of the tree relies on without looking (the unit test walks the rest).

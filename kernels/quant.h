@@ -15,7 +15,9 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k);
 
 // Stores k fp32 values as one row of `type` (round to nearest; for K-quants the scale search
 // follows the reference quantizers closely enough that dequantize(quantize(x)) has the usual
-// error of that format). Supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K.
+// error of that format; the ternary TQ1_0 / TQ2_0 take the least-squares-best threshold and
+// scale per block). Supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K,
+// TQ1_0, TQ2_0 (and I8_CH, I4_G128).
 void quantize_row(QuantType type, const float* src, void* dst, int64_t k);
 
 // Whether quantize_row supports `type`.

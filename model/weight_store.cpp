@@ -265,7 +265,7 @@ class Binder {
   // Quantizes a float matrix to `type` (RTN, rows in parallel) into owned bytes.
   Status quantize(const std::string& name, WeightQuant q, ThreadPool* pool, TensorView* m) const {
     if (q == WeightQuant::kNone || !quant_traits(m->type).is_float) return Status::ok();
-    const QuantType type = q == WeightQuant::kInt8 ? QuantType::kI8_CH : QuantType::kI4_G128;
+    const QuantType type = weight_quant_type(q);
     const int64_t rows = m->rows(), cols = m->cols();
     const int be = quant_traits(type).block_elems;
     if (cols % be != 0)
@@ -373,15 +373,35 @@ std::string_view weight_quant_name(WeightQuant q) {
     case WeightQuant::kInt8: return "int8";
     case WeightQuant::kInt4: return "int4";
     case WeightQuant::kInt4Sym: return "int4-sym";
+    case WeightQuant::kQ2_K: return "q2_k";
+    case WeightQuant::kQ3_K: return "q3_k";
+    case WeightQuant::kTQ1_0: return "tq1_0";
+    case WeightQuant::kTQ2_0: return "tq2_0";
   }
   return "?";
 }
 
+QuantType weight_quant_type(WeightQuant q) {
+  switch (q) {
+    case WeightQuant::kNone: return QuantType::kF32;
+    case WeightQuant::kInt8: return QuantType::kI8_CH;
+    case WeightQuant::kInt4:
+    case WeightQuant::kInt4Sym: return QuantType::kI4_G128;
+    case WeightQuant::kQ2_K: return QuantType::kQ2_K;
+    case WeightQuant::kQ3_K: return QuantType::kQ3_K;
+    case WeightQuant::kTQ1_0: return QuantType::kTQ1_0;
+    case WeightQuant::kTQ2_0: return QuantType::kTQ2_0;
+  }
+  return QuantType::kF32;
+}
+
 Result<WeightQuant> parse_weight_quant(std::string_view name) {
-  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kInt4Sym})
+  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kInt4Sym,
+                        WeightQuant::kQ2_K, WeightQuant::kQ3_K, WeightQuant::kTQ1_0, WeightQuant::kTQ2_0})
     if (name == weight_quant_name(q)) return q;
-  return Status::invalid_argument(
-      fmt::format("--quant '{}': expected none, int8, int4 (asymmetric, groups of 128) or int4-sym", name));
+  return Status::invalid_argument(fmt::format(
+      "--quant '{}': expected none, int8, int4 (asymmetric, groups of 128), int4-sym, q2_k, q3_k, tq1_0 or tq2_0",
+      name));
 }
 
 namespace {

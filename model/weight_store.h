@@ -98,11 +98,15 @@ struct ModelWeights {
 
 // Round-to-nearest quantization of float (F32 / F16 / BF16) linear weights at load
 // (`--quant`): kInt8 -> I8_CH, kInt4 -> I4_G128 asymmetric, kInt4Sym -> I4_G128 symmetric
-// (grids in kernels/quant.h). Matrices already stored quantized (GGUF blocks, AWQ / GPTQ) are
-// kept as they are; the embedding and norms always are.
-enum class WeightQuant { kNone, kInt8, kInt4, kInt4Sym };
+// (grids in kernels/quant.h); kQ2_K, kQ3_K, kTQ1_0, kTQ2_0 -> those GGUF block formats
+// (kernels/quant.h's quantize_row; columns a multiple of 256). Matrices already stored
+// quantized (GGUF blocks, AWQ / GPTQ) are kept as they are; the embedding and norms always are.
+enum class WeightQuant { kNone, kInt8, kInt4, kInt4Sym, kQ2_K, kQ3_K, kTQ1_0, kTQ2_0 };
 
-// "none", "int8", "int4", "int4-sym".
+// The format a --quant mode produces (kNone: kF32, never used).
+QuantType weight_quant_type(WeightQuant q);
+
+// "none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0".
 std::string_view weight_quant_name(WeightQuant q);
 // Parses those names; InvalidArgument lists them.
 Result<WeightQuant> parse_weight_quant(std::string_view name);

@@ -52,6 +52,10 @@ std::vector<PrecisionSpec> precision_table() {
       spec("Q4_0", "GGUF Q4_0: 16 B of nibbles + fp16 scale per 32", QuantType::kQ4_0),
       spec("Q4_K", "GGUF Q4_K: 144 B per super-block of 256", QuantType::kQ4_K),
       spec("Q6_K", "GGUF Q6_K: 210 B per super-block of 256", QuantType::kQ6_K),
+      spec("Q3_K", "GGUF Q3_K: 110 B per super-block of 256 (CPU only)", QuantType::kQ3_K),
+      spec("Q2_K", "GGUF Q2_K: 84 B per super-block of 256 (CPU only)", QuantType::kQ2_K),
+      spec("TQ2_0", "GGUF TQ2_0: ternary, 66 B per super-block of 256 (CPU only)", QuantType::kTQ2_0),
+      spec("TQ1_0", "GGUF TQ1_0: ternary, 5 trits per byte, 54 B per super-block of 256 (CPU only)", QuantType::kTQ1_0),
       // Formats Tessera does not store yet (no QuantType; DESIGN §5): planned geometries.
       spec("2BIT", "2-bit, group 64: 16 B of crumbs + fp16 scale + fp16 zero per group", 64, 20),
       spec("TERNARY", "ternary {-1,0,1} packed 4 per byte (2 bits) + one fp16 absmean scale per row", 4, 1, 2),

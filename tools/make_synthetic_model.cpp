@@ -77,10 +77,11 @@ int main(int argc, char** argv) {
   app.add_option("--format", format, "Output format")->required()->check(CLI::IsMember({"hf", "gguf"}));
   bool int4_sym = false;
   app.add_option("--type", type_name,
-                 "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 q5_0 q4_k q5_k q6_k q4_k_m (gguf); awq gptq (hf: "
+                 "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 q5_0 q4_k q5_k q6_k q4_k_m q2_k q3_k tq1_0 tq2_0 "
+                 "(gguf); awq gptq (hf: "
                  "4-bit packed linear layers, group 128, F16 elsewhere)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "awq",
-                             "gptq"},
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q2_k",
+                             "q3_k", "tq1_0", "tq2_0", "awq", "gptq"},
                             CLI::ignore_case))
       ->capture_default_str();
   app.add_option("--shards", shards, "HF only: number of safetensors files")->check(CLI::Range(1, 1024))

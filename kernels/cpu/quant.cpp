@@ -18,6 +18,17 @@
 //                     qh += 32h), for l < 32: element l and l+64 take the low / high nibble of
 //                     ql[l], elements l+32 and l+96 those of ql[l+32], and their top two bits
 //                     are bits 0-1, 4-5 (l, l+64) and 2-3, 6-7 (l+32, l+96) of qh[l].
+//   The 2-bit plane of Q2_K / Q3_K / TQ2_0 (64 B): element 128h + 32s + l is bits 2s, 2s+1 of
+//   byte 32h + l.
+//   Q2_K   84 B / 256: u8 scales[16] | u8 qs[64] | f16 d | f16 dmin
+//                     16 sub-blocks of 16, x = (d * (sc & 15)) * q - dmin * (sc >> 4), q 0..3
+//   Q3_K  110 B / 256: u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d
+//                     x = (d * sc) * (q2 - 4 * !hbit), hbit = bit e / 32 of hmask[e % 32];
+//                     sc signed 6-bit of sub-block e / 16 (packing at q3_k_scale)
+//   TQ1_0  54 B / 256: u8 qs[48] | u8 qh[4] | f16 d     x = d * t, t in {-1, 0, 1},
+//                     five (qh: four) base-3 digits per byte (packing at tq1_trit)
+//   TQ2_0  66 B / 256: u8 qs[64] | f16 d                x = d * (q2 - 1)
+//   These four are read by the scalar decoders only (and widened for matmul, CpuMatmul::kWiden).
 #include "kernels/quant.h"
 #include "kernels/cpu/int_quant.h"
 
@@ -185,6 +196,81 @@ TESSERA_DEQUANT_INLINE void dequant_q6_k(const uint8_t* src, float* dst, int64_t
         }
       }
     }
+  }
+}
+
+// Q2_K, Q3_K, TQ1_0, TQ2_0 share one 2-bit plane layout: 64 bytes, element 128h + 32s + l
+// (h < 2, s < 4, l < 32) in bits 2s, 2s + 1 of byte 32h + l.
+TESSERA_DEQUANT_INLINE int plane2(const uint8_t* qs, int e) {
+  return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+TESSERA_DEQUANT_INLINE void dequant_q2_k(const uint8_t* src, float* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, src += 84, dst += kQkK) {
+    const uint8_t* scales = src;  // sub-block i of 16: scale = low nibble, min = high nibble
+    const uint8_t* qs = src + 16;
+    const float d = load_f16(src + 80), dmin = load_f16(src + 82);
+    for (int i = 0; i < 16; ++i) {
+      const float dl = d * static_cast<float>(scales[i] & 0xF);  // rounded once, as ggml does
+      const float ml = dmin * static_cast<float>(scales[i] >> 4);
+      for (int e = 16 * i; e < 16 * i + 16; ++e) dst[e] = dl * static_cast<float>(plane2(qs, e)) - ml;
+    }
+  }
+}
+
+// The signed 6-bit scale of Q3_K sub-block j (0..15), stored + 32: its low 4 bits are the low
+// (j < 8) or high (j >= 8) nibble of byte j % 8, its top 2 bits are bits 2(j / 4), 2(j / 4) + 1
+// of byte 8 + j % 4.
+TESSERA_DEQUANT_INLINE int q3_k_scale(const uint8_t* s, int j) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+TESSERA_DEQUANT_INLINE void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, src += 110, dst += kQkK) {
+    const uint8_t* hmask = src;  // bit e / 32 of byte e % 32: the third bit of element e
+    const uint8_t* qs = src + 32;
+    const uint8_t* scales = src + 96;
+    const float d = load_f16(src + 108);
+    for (int i = 0; i < 16; ++i) {
+      const float dl = d * static_cast<float>(q3_k_scale(scales, i));
+      for (int e = 16 * i; e < 16 * i + 16; ++e) {
+        const int high = (hmask[e % 32] >> (e / 32)) & 1;  // level = low2 + 4 * high, minus 4
+        dst[e] = dl * static_cast<float>(plane2(qs, e) - (high ? 0 : 4));
+      }
+    }
+  }
+}
+
+// TQ1_0 packs trits t + 1 (0..2) in base 3, most significant digit first, as a byte
+// ceil(n * 256 / 243): digit p of a byte is the top trit of byte * 3^p (mod 256), read as
+// (b * 3) >> 8. Bytes 0-31 hold elements 32p + l (p < 5), bytes 32-47 elements 160 + 16p + l,
+// and the 4 bytes of qh elements 240 + 4p + l (p < 4, a fifth digit of 0).
+TESSERA_DEQUANT_INLINE int tq1_trit(uint8_t byte, int p) {
+  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  const auto shifted = static_cast<uint8_t>(byte * kPow3[p]);
+  return ((shifted * 3) >> 8) - 1;
+}
+
+TESSERA_DEQUANT_INLINE void dequant_tq1_0(const uint8_t* src, float* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, src += 54, dst += kQkK) {
+    const uint8_t* qs = src;
+    const uint8_t* qh = src + 48;
+    const float d = load_f16(src + 52);
+    for (int p = 0; p < 5; ++p)
+      for (int l = 0; l < 32; ++l) dst[32 * p + l] = d * static_cast<float>(tq1_trit(qs[l], p));
+    for (int p = 0; p < 5; ++p)
+      for (int l = 0; l < 16; ++l) dst[160 + 16 * p + l] = d * static_cast<float>(tq1_trit(qs[32 + l], p));
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 4; ++l) dst[240 + 4 * p + l] = d * static_cast<float>(tq1_trit(qh[l], p));
+  }
+}
+
+TESSERA_DEQUANT_INLINE void dequant_tq2_0(const uint8_t* src, float* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, src += 66, dst += kQkK) {
+    const float d = load_f16(src + 64);
+    for (int e = 0; e < kQkK; ++e) dst[e] = d * static_cast<float>(plane2(src, e) - 1);
   }
 }
 
@@ -552,6 +638,134 @@ void quant_q6_k(const float* x, uint8_t* dst, int64_t nb) {
   }
 }
 
+// ---------------------------------------------------------------- quantize: 2-bit and ternary
+
+// Sets the 2-bit field of element e in the shared plane layout (see plane2); qs pre-zeroed.
+inline void set_plane2(uint8_t* qs, int e, int v) {
+  qs[32 * (e / 128) + e % 32] |= static_cast<uint8_t>((v & 3) << (2 * ((e / 32) % 4)));
+}
+
+// Q2_K: 16 sub-blocks of 16, x ~= d * sc * q - dmin * m with q in 0..3 and 4-bit sc, m.
+// The per-sub-block affine fit is the same search as Q4_K / Q5_K's; the super-block scales
+// map the largest sub-block scale and min to 15, and levels are re-assigned with the
+// quantized scales.
+void quant_q2_k(const float* x, uint8_t* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 84) {
+    AffineFit fits[16];
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      fits[i] = fit_affine(x + 16 * i, 16, 3);
+      max_scale = std::max(max_scale, fits[i].scale);
+      max_min = std::max(max_min, fits[i].min);
+    }
+    const float d = store_f16(dst + 80, max_scale / 15.0f);
+    const float dmin = store_f16(dst + 82, max_min / 15.0f);
+    uint8_t* qs = dst + 16;
+    std::memset(qs, 0, 64);
+    for (int i = 0; i < 16; ++i) {
+      const int sc = d > 0 ? clamp_round(fits[i].scale / d, 0, 15) : 0;
+      const int m = dmin > 0 ? clamp_round(fits[i].min / dmin, 0, 15) : 0;
+      dst[i] = static_cast<uint8_t>(sc | (m << 4));
+      const float eff_scale = d * static_cast<float>(sc), eff_min = dmin * static_cast<float>(m);
+      const float inv = eff_scale > 0 ? 1.0f / eff_scale : 0.0f;
+      for (int e = 16 * i; e < 16 * i + 16; ++e) set_plane2(qs, e, clamp_round((x[e] + eff_min) * inv, 0, 3));
+    }
+  }
+}
+
+// Q3_K: 16 sub-blocks of 16, x ~= d * sc * q with q in -4..3 and a signed 6-bit sc; the
+// largest sub-block scale maps to -32 so the scale range is used in full (as for Q6_K).
+void quant_q3_k(const float* x, uint8_t* dst, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 110) {
+    float scales[16];
+    float max_scale = 0.0f, max_abs = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      scales[i] = fit_symmetric(x + 16 * i, 16, 3);
+      if (std::fabs(scales[i]) > max_abs) {
+        max_abs = std::fabs(scales[i]);
+        max_scale = scales[i];
+      }
+    }
+    const float d = store_f16(dst + 108, max_scale / -32.0f);
+    uint8_t* hmask = dst;
+    uint8_t* qs = dst + 32;
+    uint8_t* sc = dst + 96;
+    std::memset(dst, 0, 108);
+    for (int i = 0; i < 16; ++i) {
+      const int q = d != 0.0f ? clamp_round(scales[i] / d, -32, 31) : 0;
+      const int u = q + 32;  // 0..63, packed as q3_k_scale reads it
+      sc[i % 8] |= static_cast<uint8_t>((u & 0xF) << (i < 8 ? 0 : 4));
+      sc[8 + i % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (i / 4)));
+      const float eff = d * static_cast<float>(q);
+      const float inv = eff != 0.0f ? 1.0f / eff : 0.0f;
+      for (int e = 16 * i; e < 16 * i + 16; ++e) {
+        const int level = clamp_round(x[e] * inv, -4, 3) + 4;  // 0..7
+        set_plane2(qs, e, level & 3);
+        hmask[e % 32] |= static_cast<uint8_t>((level >> 2) << (e / 32));
+      }
+    }
+  }
+}
+
+// Ternary fit of 256 values, x ~= d * t with t in {-1, 0, 1}: for a given count n of nonzero
+// trits the best choice is the n largest |x| with d their mean magnitude, which removes
+// (sum of those |x|)^2 / n of squared error, so the best n is found by one pass over the
+// magnitudes in decreasing order. Exact for weights that already are ternary (BitNet).
+// Returns d (fp16-rounded through `d_out`) and trits in t[256].
+void fit_ternary(const float* x, uint8_t* d_out, int* t) {
+  float mag[kQkK];
+  for (int i = 0; i < kQkK; ++i) mag[i] = std::fabs(x[i]);
+  std::sort(mag, mag + kQkK, [](float a, float b) { return a > b; });
+  double sum = 0, best_gain = 0;
+  int best_n = 0;
+  double best_sum = 0;
+  for (int n = 1; n <= kQkK; ++n) {
+    sum += mag[n - 1];
+    const double gain = sum * sum / n;
+    if (gain > best_gain) {
+      best_gain = gain;
+      best_n = n;
+      best_sum = sum;
+    }
+  }
+  const float d = store_f16(d_out, best_n > 0 ? static_cast<float>(best_sum / best_n) : 0.0f);
+  // The threshold between 0 and +-1 is the smallest kept magnitude; with ties the first come
+  // keep their trit so exactly best_n are nonzero.
+  const float threshold = best_n > 0 ? mag[best_n - 1] : INFINITY;
+  int kept = 0;
+  for (int i = 0; i < kQkK; ++i) {
+    const bool keep = d != 0.0f && std::fabs(x[i]) >= threshold && kept < best_n && std::fabs(x[i]) > 0.0f;
+    kept += keep;
+    t[i] = keep ? (x[i] > 0 ? 1 : -1) : 0;
+  }
+}
+
+void quant_tq2_0(const float* x, uint8_t* dst, int64_t nb) {
+  int t[kQkK];
+  for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 66) {
+    fit_ternary(x, dst + 64, t);
+    std::memset(dst, 0, 64);
+    for (int e = 0; e < kQkK; ++e) set_plane2(dst, e, t[e] + 1);
+  }
+}
+
+// n digits (t + 1) of the trits at t[0], t[stride], ... as one TQ1_0 byte (see tq1_trit).
+inline uint8_t pack_trits(const int* t, int stride, int n) {
+  int v = 0;
+  for (int p = 0; p < 5; ++p) v = 3 * v + (p < n ? t[p * stride] + 1 : 0);
+  return static_cast<uint8_t>((v * 256 + 242) / 243);
+}
+
+void quant_tq1_0(const float* x, uint8_t* dst, int64_t nb) {
+  int t[kQkK];
+  for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 54) {
+    fit_ternary(x, dst + 52, t);
+    for (int l = 0; l < 32; ++l) dst[l] = pack_trits(t + l, 32, 5);
+    for (int l = 0; l < 16; ++l) dst[32 + l] = pack_trits(t + 160 + l, 16, 5);
+    for (int l = 0; l < 4; ++l) dst[48 + l] = pack_trits(t + 240 + l, 4, 4);
+  }
+}
+
 void check_row_length(QuantType type, int64_t k) {
   const int be = quant_traits(type).block_elems;
   TESSERA_CHECK(k >= 0 && k % be == 0, "{} row of {} elements: not a multiple of {}", quant_name(type),
@@ -597,6 +811,10 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k) {
     case QuantType::kQ4_K: return dequant_q4_k(s, dst, k / kQkK);
     case QuantType::kQ5_K: return dequant_q5_k(s, dst, k / kQkK);
     case QuantType::kQ6_K: return dequant_q6_k(s, dst, k / kQkK);
+    case QuantType::kQ2_K: return dequant_q2_k(s, dst, k / kQkK);
+    case QuantType::kQ3_K: return dequant_q3_k(s, dst, k / kQkK);
+    case QuantType::kTQ1_0: return dequant_tq1_0(s, dst, k / kQkK);
+    case QuantType::kTQ2_0: return dequant_tq2_0(s, dst, k / kQkK);
     case QuantType::kI8:
       for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(static_cast<int8_t>(s[i]));
       return;
@@ -633,6 +851,10 @@ bool can_quantize(QuantType type) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K:
     case QuantType::kQ6_K:
+    case QuantType::kQ2_K:
+    case QuantType::kQ3_K:
+    case QuantType::kTQ1_0:
+    case QuantType::kTQ2_0:
     case QuantType::kI8_CH:
     case QuantType::kI4_G128:
       return true;
@@ -666,6 +888,10 @@ void quantize_row(QuantType type, const float* src, void* dst, int64_t k) {
     case QuantType::kQ4_K: return quant_q4_k(src, d, k / kQkK);
     case QuantType::kQ5_K: return quant_q5_k(src, d, k / kQkK);
     case QuantType::kQ6_K: return quant_q6_k(src, d, k / kQkK);
+    case QuantType::kQ2_K: return quant_q2_k(src, d, k / kQkK);
+    case QuantType::kQ3_K: return quant_q3_k(src, d, k / kQkK);
+    case QuantType::kTQ1_0: return quant_tq1_0(src, d, k / kQkK);
+    case QuantType::kTQ2_0: return quant_tq2_0(src, d, k / kQkK);
     case QuantType::kI8_CH: return cpu::quantize_row_i8_ch(src, d, k);
     case QuantType::kI4_G128: return quantize_row_int4(src, d, k, Int4Grid::kAsymmetric);
     default: break;

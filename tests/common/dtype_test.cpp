@@ -8,6 +8,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_api.h"  // a C header: the GGUF type ids of the CUDA ABI
@@ -80,8 +81,12 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
       EXPECT_EQ(tr.ggml_type, -1);
       EXPECT_FALSE(tr.quant_at_load);
       EXPECT_EQ(tr.cuda, CudaWeightForm::kNone) << "the CPU's re-lays never reach the device";
-    } else {
+    } else if (tr.cpu != CpuMatmul::kWiden || tr.ggml_type < 0) {
       EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
+    } else {
+      // The low-bit GGUF formats (Q2_K, Q3_K, TQ1_0, TQ2_0) have no CUDA kernel yet.
+      EXPECT_TRUE(t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 ||
+                  t == QuantType::kTQ2_0 || tr.cuda != CudaWeightForm::kNone);
     }
     // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
     if (tr.cuda == CudaWeightForm::kBlocks) {
@@ -125,12 +130,22 @@ TEST(DtypeTest, GgmlTypeTable) {
   for (QuantType t : all_types()) quant_with_ggml += quant_traits(t).ggml_type >= 0;
   EXPECT_EQ(with_quant, quant_with_ggml);
   // Types Tessera cannot compute with still have their sizes.
-  const auto q2k = ggml_type_info(10);
-  ASSERT_TRUE(q2k.has_value());
-  EXPECT_EQ(q2k->name, "Q2_K");
-  EXPECT_EQ(q2k->block_elems, 256);
-  EXPECT_EQ(q2k->block_bytes, 84);
-  EXPECT_FALSE(q2k->type.has_value());
+  const auto q8k = ggml_type_info(15);
+  ASSERT_TRUE(q8k.has_value());
+  EXPECT_EQ(q8k->name, "Q8_K");
+  EXPECT_EQ(q8k->block_elems, 256);
+  EXPECT_EQ(q8k->block_bytes, 292);
+  EXPECT_FALSE(q8k->type.has_value());
+  // The low-bit GGUF formats, ggml's sizes and ids.
+  for (auto [id, name, bytes, type] : {std::tuple{10, "Q2_K", 84, QuantType::kQ2_K}, {11, "Q3_K", 110, QuantType::kQ3_K},
+                                       {34, "TQ1_0", 54, QuantType::kTQ1_0}, {35, "TQ2_0", 66, QuantType::kTQ2_0}}) {
+    const auto g = ggml_type_info(id);
+    ASSERT_TRUE(g.has_value()) << name;
+    EXPECT_EQ(g->name, name);
+    EXPECT_EQ(g->block_elems, 256);
+    EXPECT_EQ(g->block_bytes, bytes);
+    EXPECT_EQ(g->type, type);
+  }
   EXPECT_EQ(ggml_type_info(39)->name, "MXFP4");
   EXPECT_FALSE(ggml_type_info(4).has_value());  // removed from ggml (Q4_2)
   EXPECT_FALSE(ggml_type_info(-1).has_value());

@@ -798,6 +798,35 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
   }
 }
 
+// The low-bit GGUF formats have no CUDA kernel yet (the CPU computes them): the CUDA forward
+// pass refuses such a model before uploading anything, naming the format and the tensor, both
+// for a GGUF file that stores them and for --quant at load.
+TEST(CudaForwardSynthetic, RefusesLowBitGgufFormatsByName) {
+  if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
+    GTEST_SKIP() << api.status().message();
+  }
+  SyntheticModelSpec spec = small_spec(91);
+  for (const QuantType type : {QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kTQ1_0, QuantType::kTQ2_0}) {
+    spec.weight_type = type;
+    const std::string path = ::testing::TempDir() + "tessera_cuda_forward_" + std::string(quant_name(type)) + ".gguf";
+    ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok()) << quant_name(type);
+    auto gpu = load_gpu_model(path, 16);
+    ASSERT_FALSE(gpu.is_ok()) << quant_name(type);
+    EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented) << gpu.status().to_string();
+    EXPECT_NE(gpu.status().message().find(std::string(quant_name(type))), std::string::npos) << gpu.status().to_string();
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  spec.weight_type = QuantType::kF16;
+  const std::string dir = ::testing::TempDir() + "tessera_cuda_forward_low_bit_hf";
+  ASSERT_TRUE(write_synthetic_hf(spec, dir).is_ok());
+  auto gpu = load_gpu_model(dir, 16, WeightQuant::kQ2_K);
+  ASSERT_FALSE(gpu.is_ok());
+  EXPECT_NE(gpu.status().message().find("Q2_K"), std::string::npos) << gpu.status().to_string();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 // On a machine without a usable device the forward pass refuses cleanly (the shard then runs
 // the CPU path); skipped where a device exists.
 TEST(CudaForwardCreateWithoutDevice, ReturnsUnavailable) {

@@ -232,24 +232,31 @@ TEST(Gguf, TensorsVersionsAndAlignment) {
 TEST(Gguf, UnsupportedTypesAreListed) {
   TempDir dir;
   GgufBuilder b;
-  b.tensor("q2k", {1, 256}, 10, Bytes(84, 0))      // Q2_K: known size, no QuantType
+  b.tensor("iq2", {1, 256}, 16, Bytes(66, 0))      // IQ2_XXS: known size, no QuantType
       .tensor("weird", {4}, 99, Bytes(16, 0))       // unknown type id: size unknown
+      .tensor("q2k", {1, 256}, 10, Bytes(84, 0))    // Q2_K: a QuantType
       .f32_tensor("ok", {2}, {1, 2});
   auto r = open_bytes(dir, b.build());
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  const GgufTensorInfo* q2 = (*r)->find_tensor("q2k");
-  ASSERT_NE(q2, nullptr);
-  EXPECT_FALSE(q2->supported);
-  EXPECT_EQ(q2->ggml_type, 10);
-  EXPECT_EQ(q2->view.data, nullptr);
+  const GgufTensorInfo* iq2 = (*r)->find_tensor("iq2");
+  ASSERT_NE(iq2, nullptr);
+  EXPECT_FALSE(iq2->supported);
+  EXPECT_EQ(iq2->ggml_type, 16);
+  EXPECT_EQ(iq2->view.data, nullptr);
+  EXPECT_EQ(ggml_type_name(16), "IQ2_XXS");
   EXPECT_EQ(ggml_type_name(10), "Q2_K");
   EXPECT_EQ(ggml_type_name(99), "unknown");
   EXPECT_FALSE((*r)->find_tensor("weird")->supported);
   EXPECT_TRUE((*r)->find_tensor("ok")->supported);
+  const GgufTensorInfo* q2 = (*r)->find_tensor("q2k");
+  ASSERT_NE(q2, nullptr);
+  EXPECT_TRUE(q2->supported);
+  EXPECT_EQ(q2->view.type, QuantType::kQ2_K);
+  EXPECT_EQ(q2->view.nbytes(), 84u);
 
-  // A Q2_K tensor whose bytes would run past the end is still caught.
+  // An IQ2_XXS tensor whose bytes would run past the end is still caught.
   GgufBuilder b2;
-  b2.tensor("q2k", {2, 256}, 10, Bytes(84, 0));
+  b2.tensor("iq2", {2, 256}, 16, Bytes(66, 0));
   auto r2 = open_bytes(dir, b2.build());
   ASSERT_FALSE(r2.is_ok());
   EXPECT_NE(r2.status().message().find("lies outside the file"), std::string::npos);

@@ -629,7 +629,7 @@ TEST(WeightStoreSynthetic, UnsupportedGgmlTypeOnlyFailsWhenNeeded) {
   const Synth s = make_synth("qwen3", false, true, true);
   TempDir gd;
   GgufBuilder b = synth_gguf(s);
-  b.tensor("blk.0.extra.weight", {1, 256}, 10, Bytes(84, 0));  // Q2_K, not used
+  b.tensor("blk.0.extra.weight", {1, 256}, 16, Bytes(66, 0));  // IQ2_XXS, not used
   auto g = open_gguf(gd, b);
   ASSERT_NE(g, nullptr);
   EXPECT_TRUE(g->has("blk.0.extra.weight"));
@@ -646,13 +646,13 @@ TEST(WeightStoreSynthetic, UnsupportedGgmlTypeOnlyFailsWhenNeeded) {
       .kv_u32("qwen3.feed_forward_length", 256)
       .kv_u32("qwen3.context_length", 64)
       .kv_u32("qwen3.vocab_size", 8)
-      .tensor("token_embd.weight", {8, 256}, 10, Bytes(8 * 84, 0));
+      .tensor("token_embd.weight", {8, 256}, 16, Bytes(8 * 66, 0));
   auto g2 = open_gguf(gd2, b2);
   ASSERT_NE(g2, nullptr);
   auto r = bind_model_weights(*g2);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(r.status().message().find("'token_embd.weight' has ggml type 10 (Q2_K)"),
+  EXPECT_NE(r.status().message().find("'token_embd.weight' has ggml type 16 (IQ2_XXS)"),
             std::string::npos);
 }
 

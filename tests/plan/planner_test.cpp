@@ -117,7 +117,8 @@ TEST(PlannerTest, PrecisionBitsIncludeScales) {
   };
   const Case cases[] = {{"F16", 16},   {"bf16", 16},    {"INT8", 8},        {"int4", 4.25},      {"Q4_K", 4.5},
                         {"Q8_0", 8.5}, {"Q4_0", 4.5},   {"Q6_K", 6.5625},   {"2-bit", 2.5},      {"ternary", 2.0},
-                        {"TERNARY-B5", 1.6}, {"F32", 32}};
+                        {"TERNARY-B5", 1.6}, {"F32", 32},   {"Q2_K", 2.625},    {"q3_k", 3.4375},    {"TQ1_0", 1.6875},
+                        {"TQ2_0", 2.0625}};
   for (const Case& c : cases) EXPECT_DOUBLE_EQ(precision(c.name).bits_per_weight(), c.bits) << c.name;
   // INT4 group 128: 64 B nibbles + 2 B scale + 1 B zero + 1 B pad per group; INT8 adds the fp32
   // scale per row that I8_CH stores (common/dtype.h).

@@ -188,6 +188,8 @@ void store_row(QuantType type, const float* src, uint8_t* dst, int64_t k) {
   }
 }
 
+QuantType gguf_type_of(const SyntheticModelSpec& spec, const TensorDef& def);
+
 // Fills a whole tensor, rows generated and converted in parallel straight into `dst`. `gguf`:
 // GGUF's Q/K row order and values (Gemma norms + 1).
 Status fill_tensor(ThreadPool& pool, const SyntheticModelSpec& spec, const TensorDef& def, QuantType type,
@@ -200,12 +202,24 @@ Status fill_tensor(ThreadPool& pool, const SyntheticModelSpec& spec, const Tenso
   const RowGenerator gen(spec, def);
   const int64_t permute = gguf ? def.permute_heads : 0;
   const float offset = gguf ? def.gguf_offset : 0.0f;
+  QuantType grid = QuantType::kF32;  // spec.grid_type's type for this tensor
+  if (spec.grid_type != QuantType::kF32 && def.info.shape.size() == 2) {
+    SyntheticModelSpec grid_spec = spec;
+    grid_spec.weight_type = spec.grid_type;
+    grid_spec.gguf_mixed_q4_k_m = false;
+    grid = gguf_type_of(grid_spec, def);
+  }
   pool.parallel_for(rows, kRowsPerTask, [&](int64_t begin, int64_t end, int) {
     std::vector<float> buf(static_cast<size_t>(cols));
+    std::vector<uint8_t> grid_row(grid == QuantType::kF32 ? 0 : row_bytes(grid, cols));
     for (int64_t r = begin; r < end; ++r) {
       gen.row(hf_row_of_gguf_row(r, rows, permute), buf.data());
       if (offset != 0.0f)
         for (float& v : buf) v += offset;  // exact: the values are bf16-precise and near 0
+      if (grid != QuantType::kF32) {
+        store_row(grid, buf.data(), grid_row.data(), cols);
+        dequantize_row(grid, grid_row.data(), buf.data(), cols);
+      }
       store_row(type, buf.data(), dst.data() + static_cast<size_t>(r) * stride, cols);
     }
   });
@@ -225,6 +239,8 @@ QuantType gguf_type_of(const SyntheticModelSpec& spec, const TensorDef& def) {
   if (cols % quant_traits(t).block_elems != 0) {
     switch (t) {
       case QuantType::kQ4_K: t = QuantType::kQ5_0; break;
+      case QuantType::kQ2_K:
+      case QuantType::kQ3_K: t = QuantType::kQ4_0; break;
       case QuantType::kQ5_K:
       case QuantType::kQ6_K: t = QuantType::kQ8_0; break;
       default: break;
@@ -238,7 +254,8 @@ bool gguf_weight_type_ok(QuantType t) {
   switch (t) {
     case QuantType::kF32: case QuantType::kF16: case QuantType::kBF16: case QuantType::kQ8_0:
     case QuantType::kQ4_0: case QuantType::kQ5_0: case QuantType::kQ4_K: case QuantType::kQ5_K:
-    case QuantType::kQ6_K:
+    case QuantType::kQ6_K: case QuantType::kQ2_K: case QuantType::kQ3_K: case QuantType::kTQ1_0:
+    case QuantType::kTQ2_0:
       return true;
     default:
       return false;
@@ -493,7 +510,11 @@ uint32_t synthetic_gguf_file_type(const SyntheticModelSpec& spec) {
     case QuantType::kQ4_K: return 14;  // MOSTLY_Q4_K_S: Q4_K throughout
     case QuantType::kQ5_K: return 16;  // MOSTLY_Q5_K_S
     case QuantType::kQ6_K: return 18;
+    case QuantType::kQ2_K: return 10;
+    case QuantType::kQ3_K: return 11;  // MOSTLY_Q3_K_S: Q3_K throughout
     case QuantType::kBF16: return 32;
+    case QuantType::kTQ1_0: return 36;
+    case QuantType::kTQ2_0: return 37;
     default: return 0;
   }
 }

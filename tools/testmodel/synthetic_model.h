@@ -53,10 +53,16 @@ struct SyntheticModelSpec {
   int64_t sliding_window_pattern = 6;
   bool tie_embeddings = false;
   uint64_t seed = 1234;
-  // HF: F32, F16 or BF16. GGUF: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A matrix whose
-  // rows are not a multiple of the type's block falls back as llama.cpp does: Q4_K -> Q5_0,
-  // Q5_K / Q6_K -> Q8_0, 32-element types -> F16.
+  // HF: F32, F16 or BF16. GGUF: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K,
+  // TQ1_0, TQ2_0. A matrix whose rows are not a multiple of the type's block falls back as
+  // llama.cpp does: Q4_K -> Q5_0, Q5_K / Q6_K -> Q8_0, Q2_K / Q3_K -> Q4_0, 32-element types
+  // (and TQ1_0 / TQ2_0) -> F16.
   QuantType weight_type = QuantType::kF32;
+  // Tests: a GGUF block type here rounds every matrix through the type a GGUF file of
+  // weight_type = grid_type would store it in (fallbacks included) before it is stored in
+  // weight_type, so a float file of this spec holds exactly the weights that quantized file's
+  // matrices dequantize to. kF32: the generator's values as they are.
+  QuantType grid_type = QuantType::kF32;
   // GGUF only, overrides weight_type: a Q4_K_M-like mix - Q4_K everywhere, Q6_K for output.weight
   // and for attn_v / ffn_down of the even-numbered layers.
   bool gguf_mixed_q4_k_m = false;

@@ -732,6 +732,10 @@ void expect_close_to_fp32(const SyntheticModelSpec& spec, const WeightStore& sto
       case QuantType::kQ8_0: tolerance = 0.008; break;
       case QuantType::kQ6_K: tolerance = 0.025; break;
       case QuantType::kQ5_0: case QuantType::kQ5_K: tolerance = 0.05; break;
+      // Measured 0.139 (Q3_K), 0.263 (Q2_K), 0.419 (TQ1_0, TQ2_0).
+      case QuantType::kQ3_K: tolerance = 0.17; break;
+      case QuantType::kQ2_K: tolerance = 0.32; break;
+      case QuantType::kTQ1_0: case QuantType::kTQ2_0: tolerance = 0.5; break;
       default: tolerance = 0.1; break;  // 4-bit
     }
     EXPECT_LE(std::sqrt(err / norm), tolerance) << t.hf_name << " as " << quant_name(view->type);
@@ -744,7 +748,8 @@ TEST(SyntheticModel, QuantizedGgufDequantizesCloseToFp32) {
   spec.n_layers = 1;
   spec.vocab = 512;
   for (QuantType type : {QuantType::kF16, QuantType::kBF16, QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0,
-                         QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+                         QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K, QuantType::kQ2_K, QuantType::kQ3_K,
+                         QuantType::kTQ1_0, QuantType::kTQ2_0}) {
     SCOPED_TRACE(std::string(quant_name(type)));
     TempDir dir;
     spec.weight_type = type;
@@ -780,6 +785,10 @@ TEST(SyntheticModel, Q4KMixAndFallbacks) {
   EXPECT_EQ(*synthetic_gguf_tensor_type(tiny, "model.layers.0.mlp.up_proj.weight"), QuantType::kQ5_0);
   tiny.weight_type = QuantType::kQ6_K;
   EXPECT_EQ(*synthetic_gguf_tensor_type(tiny, "model.layers.0.mlp.down_proj.weight"), QuantType::kQ8_0);
+  tiny.weight_type = QuantType::kQ2_K;
+  EXPECT_EQ(*synthetic_gguf_tensor_type(tiny, "model.layers.0.mlp.down_proj.weight"), QuantType::kQ4_0);
+  tiny.weight_type = QuantType::kTQ2_0;
+  EXPECT_EQ(*synthetic_gguf_tensor_type(tiny, "model.layers.0.mlp.down_proj.weight"), QuantType::kF16);
 }
 
 TEST(SyntheticModel, Deterministic) {

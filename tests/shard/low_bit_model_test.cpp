@@ -1,0 +1,170 @@
+// Models with the low-bit GGUF formats Q2_K, Q3_K, TQ1_0, TQ2_0: a GGUF file written with them
+// (tessera-make-model --type q2_k ...) loads and computes what the same model with its weights
+// dequantized to F32 computes; --quant q2_k / q3_k / tq1_0 / tq2_0 quantizes a float checkpoint
+// into them at load.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/quant.h"
+#include "local/local_model.h"
+#include "model/weight_store.h"
+#include "tools/testmodel/synthetic_model.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "tessera_low_bit_XXXXXX";
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Every matrix dimension a multiple of 256, so every matrix takes the format itself.
+SyntheticModelSpec small_spec() {
+  SyntheticModelSpec s;
+  s.hidden = 256;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.ffn = 512;
+  s.vocab = 512;
+  s.max_positions = 128;
+  s.weight_type = QuantType::kF32;
+  s.seed = 91;
+  return s;
+}
+
+constexpr QuantType kLowBit[] = {QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kTQ1_0, QuantType::kTQ2_0};
+
+GenerateOutput run(const LocalModelOptions& options, const std::vector<int32_t>& prompt) {
+  auto m = LocalModel::load(options);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  if (!m.is_ok()) return {};
+  GenerateOptions go;
+  go.max_tokens = 8;
+  go.ignore_eos = true;
+  go.sampling.temperature = 0.0f;
+  auto g = generate(**m, prompt, go);
+  EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+  return g.is_ok() ? std::move(*g) : GenerateOutput{};
+}
+
+double correlation(const std::vector<float>& a, const std::vector<float>& b) {
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ma += a[i];
+    mb += b[i];
+  }
+  ma /= static_cast<double>(a.size());
+  mb /= static_cast<double>(b.size());
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    sab += (a[i] - ma) * (b[i] - mb);
+    saa += (a[i] - ma) * (a[i] - ma);
+    sbb += (b[i] - mb) * (b[i] - mb);
+  }
+  return sab / std::sqrt(saa * sbb);
+}
+
+// The quantized GGUF against an F32 GGUF holding exactly its dequantized matrices
+// (SyntheticModelSpec::grid_type): the CPU widens the blocks to fp32 rows (CpuMatmul::kWiden),
+// so the two differ at most by the order of fp32 sums.
+TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
+  TempDir dir;
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 19; ++i) prompt.push_back(1 + (i * 37) % 500);
+  for (const QuantType type : kLowBit) {
+    SCOPED_TRACE(std::string(quant_name(type)));
+    SyntheticModelSpec low = small_spec();
+    low.weight_type = type;
+    SyntheticModelSpec ref = small_spec();
+    ref.grid_type = type;
+    const std::string low_path = dir.sub(std::string(quant_name(type)) + ".gguf");
+    const std::string ref_path = dir.sub(std::string(quant_name(type)) + "-f32.gguf");
+    ASSERT_TRUE(write_synthetic_gguf(low, low_path).is_ok());
+    ASSERT_TRUE(write_synthetic_gguf(ref, ref_path).is_ok());
+    {
+      auto m = LocalModel::load({.path = low_path, .threads = 2});
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      const ModelWeights& w = (*m)->weights();
+      EXPECT_EQ(w.embed.type, type);
+      EXPECT_EQ(w.layers[1].w_down.type, type);
+      EXPECT_EQ(w.layers[0].wq.type, type);
+    }
+    const GenerateOutput got = run({.path = low_path, .threads = 2}, prompt);
+    const GenerateOutput want = run({.path = ref_path, .threads = 2}, prompt);
+    ASSERT_EQ(got.prompt_last_logits.size(), want.prompt_last_logits.size());
+    ASSERT_FALSE(want.prompt_last_logits.empty());
+    float max_abs = 0, max_diff = 0;
+    for (size_t i = 0; i < want.prompt_last_logits.size(); ++i) {
+      max_abs = std::max(max_abs, std::fabs(want.prompt_last_logits[i]));
+      max_diff = std::max(max_diff, std::fabs(got.prompt_last_logits[i] - want.prompt_last_logits[i]));
+    }
+    // Measured: 0 (the widened rows go through the same F32 kernel).
+    std::printf("  %-5s max |logit difference| %.3g (max |logit| %.3g)\n", std::string(quant_name(type)).c_str(),
+                max_diff, max_abs);
+    EXPECT_LE(max_diff, 1e-4f * max_abs + 1e-5f);
+    EXPECT_EQ(got.ids, want.ids);
+  }
+}
+
+// --quant: float weights rounded into the format at load; the logits follow the float model's
+// as far as the bit width allows.
+TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
+  TempDir dir;
+  ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("hf")).is_ok());
+  const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 123};
+  const GenerateOutput ref = run({.path = dir.sub("hf"), .threads = 2}, prompt);
+  struct Case {
+    WeightQuant quant;
+    QuantType type;
+    double min_corr;
+  };
+  // Measured (2026-12-03): q3_k 0.980, q2_k 0.936, tq2_0 = tq1_0 0.856.
+  for (const Case& c : {Case{WeightQuant::kQ3_K, QuantType::kQ3_K, 0.95}, Case{WeightQuant::kQ2_K, QuantType::kQ2_K, 0.88},
+                        Case{WeightQuant::kTQ2_0, QuantType::kTQ2_0, 0.75}, Case{WeightQuant::kTQ1_0, QuantType::kTQ1_0, 0.75}}) {
+    const std::string name(weight_quant_name(c.quant));
+    SCOPED_TRACE(name);
+    ASSERT_EQ(parse_weight_quant(name).value(), c.quant);
+    EXPECT_EQ(weight_quant_type(c.quant), c.type);
+    auto m = LocalModel::load({.path = dir.sub("hf"), .threads = 2, .quant = c.quant});
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXPECT_EQ((*m)->weights().layers[0].wq.type, c.type);
+    EXPECT_EQ((*m)->weights().layers[1].w_down.type, c.type);
+    EXPECT_EQ((*m)->weights().embed.type, QuantType::kF32) << "the embedding stays as stored";
+    const GenerateOutput got = run({.path = dir.sub("hf"), .threads = 2, .quant = c.quant}, prompt);
+    const double corr = correlation(ref.prompt_last_logits, got.prompt_last_logits);
+    std::printf("  --quant %-5s: logits correlation with F32 %.4f\n", name.c_str(), corr);
+    EXPECT_GT(corr, c.min_corr);
+  }
+  // Columns that do not fill a super-block are refused, naming the tensor.
+  SyntheticModelSpec odd = small_spec();
+  odd.ffn = 384;
+  ASSERT_TRUE(write_synthetic_hf(odd, dir.sub("odd")).is_ok());
+  auto m = LocalModel::load({.path = dir.sub("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("down_proj.weight"), std::string::npos) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("q2_k"), std::string::npos) << m.status().to_string();
+}
+
+}  // namespace
+}  // namespace tessera
