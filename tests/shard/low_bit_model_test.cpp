@@ -15,28 +15,13 @@
 #include "kernels/quant.h"
 #include "local/local_model.h"
 #include "model/weight_store.h"
+#include "tests/model/loader_test_util.h"
 #include "tools/testmodel/synthetic_model.h"
 
 namespace tessera {
 namespace {
 
-namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "tessera_low_bit_XXXXXX";
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using loader_test::TempDir;
 
 // Every matrix dimension a multiple of 256, so every matrix takes the format itself.
 SyntheticModelSpec small_spec() {
@@ -98,8 +83,8 @@ TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
     low.weight_type = type;
     SyntheticModelSpec ref = small_spec();
     ref.grid_type = type;
-    const std::string low_path = dir.sub(std::string(quant_name(type)) + ".gguf");
-    const std::string ref_path = dir.sub(std::string(quant_name(type)) + "-f32.gguf");
+    const std::string low_path = dir.file(std::string(quant_name(type)) + ".gguf");
+    const std::string ref_path = dir.file(std::string(quant_name(type)) + "-f32.gguf");
     ASSERT_TRUE(write_synthetic_gguf(low, low_path).is_ok());
     ASSERT_TRUE(write_synthetic_gguf(ref, ref_path).is_ok());
     {
@@ -131,9 +116,9 @@ TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
 // as far as the bit width allows.
 TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
   TempDir dir;
-  ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("hf")).is_ok());
+  ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.file("hf")).is_ok());
   const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 123};
-  const GenerateOutput ref = run({.path = dir.sub("hf"), .threads = 2}, prompt);
+  const GenerateOutput ref = run({.path = dir.file("hf"), .threads = 2}, prompt);
   struct Case {
     WeightQuant quant;
     QuantType type;
@@ -146,12 +131,12 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
     SCOPED_TRACE(name);
     ASSERT_EQ(parse_weight_quant(name).value(), c.quant);
     EXPECT_EQ(weight_quant_type(c.quant), c.type);
-    auto m = LocalModel::load({.path = dir.sub("hf"), .threads = 2, .quant = c.quant});
+    auto m = LocalModel::load({.path = dir.file("hf"), .threads = 2, .quant = c.quant});
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     EXPECT_EQ((*m)->weights().layers[0].wq.type, c.type);
     EXPECT_EQ((*m)->weights().layers[1].w_down.type, c.type);
     EXPECT_EQ((*m)->weights().embed.type, QuantType::kF32) << "the embedding stays as stored";
-    const GenerateOutput got = run({.path = dir.sub("hf"), .threads = 2, .quant = c.quant}, prompt);
+    const GenerateOutput got = run({.path = dir.file("hf"), .threads = 2, .quant = c.quant}, prompt);
     const double corr = correlation(ref.prompt_last_logits, got.prompt_last_logits);
     std::printf("  --quant %-5s: logits correlation with F32 %.4f\n", name.c_str(), corr);
     EXPECT_GT(corr, c.min_corr);
@@ -159,8 +144,8 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
   // Columns that do not fill a super-block are refused, naming the tensor.
   SyntheticModelSpec odd = small_spec();
   odd.ffn = 384;
-  ASSERT_TRUE(write_synthetic_hf(odd, dir.sub("odd")).is_ok());
-  auto m = LocalModel::load({.path = dir.sub("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  ASSERT_TRUE(write_synthetic_hf(odd, dir.file("odd")).is_ok());
+  auto m = LocalModel::load({.path = dir.file("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("down_proj.weight"), std::string::npos) << m.status().to_string();
   EXPECT_NE(m.status().message().find("q2_k"), std::string::npos) << m.status().to_string();
