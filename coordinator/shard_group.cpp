@@ -278,12 +278,13 @@ Status ShardGroup::handle(const ReceivedMessage& m, uint64_t wait_step, std::vec
   const int rank = rank_of(m.peer);
   if (rank < 0) return Status::ok();
   SilenceBudget& budget = silence_[static_cast<size_t>(rank)];
-  const auto before = budget.timeout(Clock::now());
-  budget.heard(Clock::now());
-  const auto after = budget.timeout(Clock::now());
+  const auto now = Clock::now();
+  const auto before = budget.timeout(now);
+  budget.heard(now);
+  const auto after = budget.timeout(now);
   if (after >= before + before / 2)  // grew by half: a slower host or network than planned for
     TESSERA_LOG_WARN("shard rank {}: {:.1f} s between its messages: it is now declared dead after {:.1f} s of silence",
-                     rank, seconds(budget.longest_gap(Clock::now())), seconds(after));
+                     rank, seconds(budget.longest_gap(now)), seconds(after));
   if (!m.message.is_ok()) {
     (void)server_->send(m.peer, RefusedMsg{m.message.status().message()});
     return fail(Status::invalid_argument(

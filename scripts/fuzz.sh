@@ -31,7 +31,7 @@ for t in $TARGETS; do
   cp fuzz/corpus/"$t"/* "$work/$t/"
   echo "== fuzz $t: ${SECONDS_PER_TARGET}s, seed $SEED =="
   # -timeout: one input over 10 s is a hang; -rss_limit_mb: a parser that allocates without
-  # bound is a failure too. -max_len: the largest seed, at least 64 KiB.
+  # bound is a failure too. -max_len: 128 KiB, above the largest seed (a tokenizer.json of ~105 KiB).
   if ! build-fuzz/bin/tessera_fuzz_"$t" "$work/$t" -seed="$SEED" -max_total_time="$SECONDS_PER_TARGET" \
       -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
       -artifact_prefix="build-fuzz/crashes/$t/" > "$work/$t.log" 2>&1; then

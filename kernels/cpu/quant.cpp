@@ -421,6 +421,14 @@ float fit_symmetric(const float* x, int n, int qmax) {
   return best_scale;
 }
 
+// Symmetric scales of the 16 sub-blocks of 16 of a 256-element super-block (levels up to
+// qmax), and the one of largest magnitude: Q6_K and Q3_K map it to the most negative
+// super-block level so their scale range is used in full.
+float fit_sub_block_scales(const float* x, int qmax, float scales[16]) {
+  for (int s = 0; s < 16; ++s) scales[s] = fit_symmetric(x + 16 * s, 16, qmax);
+  return signed_absmax(scales, 16);
+}
+
 void quant_q8_0(const float* x, uint8_t* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQk, dst += 34) {
     float amax = 0.0f;
@@ -606,14 +614,7 @@ void quant_q6_k(const float* x, uint8_t* dst, int64_t nb) {
   int levels[kQkK];
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 210) {
     float scales[16];
-    float max_scale = 0.0f, max_abs = 0.0f;
-    for (int s = 0; s < 16; ++s) {
-      scales[s] = fit_symmetric(x + 16 * s, 16, 31);
-      if (std::fabs(scales[s]) > max_abs) {
-        max_abs = std::fabs(scales[s]);
-        max_scale = scales[s];
-      }
-    }
+    const float max_scale = fit_sub_block_scales(x, 31, scales);
     // The largest scale maps to -128 so the int8 range is used in full.
     const float d = store_f16(dst + 208, max_scale / -128.0f);
     auto* sc = reinterpret_cast<int8_t*>(dst + 192);
@@ -678,14 +679,7 @@ void quant_q2_k(const float* x, uint8_t* dst, int64_t nb) {
 void quant_q3_k(const float* x, uint8_t* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 110) {
     float scales[16];
-    float max_scale = 0.0f, max_abs = 0.0f;
-    for (int i = 0; i < 16; ++i) {
-      scales[i] = fit_symmetric(x + 16 * i, 16, 3);
-      if (std::fabs(scales[i]) > max_abs) {
-        max_abs = std::fabs(scales[i]);
-        max_scale = scales[i];
-      }
-    }
+    const float max_scale = fit_sub_block_scales(x, 3, scales);
     const float d = store_f16(dst + 108, max_scale / -32.0f);
     uint8_t* hmask = dst;
     uint8_t* qs = dst + 32;

@@ -117,19 +117,24 @@ def sse_events(base, body, started=None):
     return events
 
 
+def proc_stat(path):
+    """The fields of a /proc stat file after the command name (fields[0]: the state, "Z" a
+    zombie; [1]: the parent; [11], [12]: user and system clock ticks), or None when it is gone.
+    `path`: "PID" or "PID/task/TID"."""
+    try:
+        with open(f"/proc/{path}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
 def child_processes(pid):
     """(pid, state) of every process whose parent is `pid` ("Z": a zombie)."""
     out = []
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == pid:
+        fields = proc_stat(d) if d.isdigit() else None
+        if fields is not None and int(fields[1]) == pid:
             out.append((int(d), fields[0]))
     return out
 

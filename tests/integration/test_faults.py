@@ -17,7 +17,7 @@ import urllib.error
 
 import pytest
 
-from tessera_server import (STORIES, Server, child_processes, health, shard_pids, sse_events,
+from tessera_server import (STORIES, Server, child_processes, health, proc_stat, shard_pids, sse_events,
                             stories_available)
 
 # What AddressSanitizer, LeakSanitizer and UndefinedBehaviorSanitizer print when they find something.
@@ -320,16 +320,7 @@ def descendants(pid):
 
 
 def alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            out.append(pid)
-    return out
+    return [pid for pid in pids if (proc_stat(str(pid)) or ["Z"])[0] != "Z"]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -356,16 +347,12 @@ def test_a_killed_coordinator_takes_its_shards_with_it(tp):
 
 def cpu_seconds(pid):
     """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = proc_stat(str(pid))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_state(pid, tid):
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        stat = f.read()
-    return stat[stat.rfind(")") + 2]
+    return proc_stat(f"{pid}/task/{tid}")[0]
 
 
 def test_a_rank_waiting_on_a_stopped_peer_costs_no_core_and_exits_with_its_coordinator():

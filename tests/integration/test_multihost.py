@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from tessera_server import BIN, STORIES, start_serving
+from tessera_server import BIN, STORIES, proc_stat, start_serving
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_agent.sh")
 
@@ -83,12 +83,8 @@ def in_netns(path):
 
 def process_state(pid):
     """The state letter of `pid` ("Z": a zombie), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[0]
+    fields = proc_stat(str(pid))
+    return fields[0] if fields else None
 
 
 class TwoHosts:
