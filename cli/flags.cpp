@@ -55,11 +55,15 @@ CLI::Option* add_window_pool_flag(CLI::App& app, bool& on) {
 
 void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
   auto* f = &flags;
+  std::vector<std::string> names;
+  for (WeightQuant q : all_weight_quants()) names.emplace_back(weight_quant_name(q));
   app.add_option_function<std::string>(
          "--quant", [f](const std::string& s) { f->quant = parse_weight_quant(s).value(); },
-         who + "quantize float weights at load: none, int8, int4 (asymmetric, groups of 128), int4-sym, or the "
-               "GGUF formats q2_k, q3_k, tq1_0, tq2_0 (columns a multiple of 256)")
-      ->check(CLI::IsMember({"none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0"}))
+         who + "convert the linear weights at load (float ones rounded to nearest, quantized ones re-quantized "
+               "from their dequantized values): none, int8, int4 (asymmetric, groups of 128), int4-sym, the GGUF "
+               "formats q8_0, q4_0, q5_0 (columns a multiple of 32), q4_k, q5_k, q6_k, q3_k, q2_k, tq2_0, tq1_0 "
+               "(a multiple of 256), or f32 (widen to fp32: the reference precision)")
+      ->check(CLI::IsMember(names))
       ->default_str("none");
   app.add_flag("--quant-lm-head", flags.lm_head, "with --quant: " + who + "quantize the LM head too");
 }

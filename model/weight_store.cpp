@@ -262,11 +262,16 @@ class Binder {
  public:
   Binder(const WeightStore& s, ModelWeights* w) : s_(s), w_(w) {}
 
-  // Quantizes a float matrix to `type` (RTN, rows in parallel) into owned bytes.
+  // Converts a matrix to the mode's type (RTN, rows in parallel; a quantized matrix from its
+  // dequantized values) into owned bytes; one already in that type stays as it is.
   Status quantize(const std::string& name, WeightQuant q, ThreadPool* pool, TensorView* m) const {
-    if (q == WeightQuant::kNone || !quant_traits(m->type).is_float) return Status::ok();
-    const QuantType type = weight_quant_type(q);
+    if (q == WeightQuant::kNone) return Status::ok();
     const int64_t rows = m->rows(), cols = m->cols();
+    const QuantType type = weight_quant_type_for(q, cols);
+    if (m->type == type) return Status::ok();
+    if (!can_convert_from(m->type))
+      return Status::unimplemented(fmt::format("{}: tensor '{}' is stored as {}, which --quant {} cannot convert",
+                                               s_.source_file(name), name, quant_name(m->type), weight_quant_name(q)));
     const int be = quant_traits(type).block_elems;
     if (cols % be != 0)
       return Status::invalid_argument(fmt::format(
@@ -280,7 +285,9 @@ class Binder {
       for (int64_t r = b; r < e; ++r) {
         dequantize_row(src.type, src.row_ptr(r), row.data(), cols);
         uint8_t* dst = bytes.data() + static_cast<size_t>(r) * rb;
-        if (q == WeightQuant::kInt4Sym)
+        if (type == QuantType::kF32)
+          std::memcpy(dst, row.data(), rb);
+        else if (q == WeightQuant::kInt4Sym)
           quantize_row_int4(row.data(), dst, cols, Int4Grid::kSymmetric);
         else
           quantize_row(type, row.data(), dst, cols);
@@ -290,6 +297,11 @@ class Binder {
     w_->owned_bytes.push_back(std::move(bytes));
     *m = make_view(w_->owned_bytes.back().data(), type, {rows, cols});
     return Status::ok();
+  }
+
+  // Whether dequantize_row reads a matrix of `t` (everything but plain integer types).
+  static bool can_convert_from(QuantType t) {
+    return t != QuantType::kI8 && t != QuantType::kI32 && t != QuantType::kCount;
   }
 
   Status shape_error(std::string_view name, const TensorView& v, std::string_view expected) const {
@@ -367,41 +379,73 @@ class Binder {
 
 }  // namespace
 
+namespace {
+
+struct WeightQuantInfo {
+  WeightQuant mode;
+  std::string_view name;
+  QuantType type;
+};
+
+constexpr WeightQuantInfo kWeightQuants[] = {
+    {WeightQuant::kNone, "none", QuantType::kF32},        {WeightQuant::kInt8, "int8", QuantType::kI8_CH},
+    {WeightQuant::kInt4, "int4", QuantType::kI4_G128},     {WeightQuant::kInt4Sym, "int4-sym", QuantType::kI4_G128},
+    {WeightQuant::kQ2_K, "q2_k", QuantType::kQ2_K},        {WeightQuant::kQ3_K, "q3_k", QuantType::kQ3_K},
+    {WeightQuant::kTQ1_0, "tq1_0", QuantType::kTQ1_0},     {WeightQuant::kTQ2_0, "tq2_0", QuantType::kTQ2_0},
+    {WeightQuant::kF32, "f32", QuantType::kF32},           {WeightQuant::kQ8_0, "q8_0", QuantType::kQ8_0},
+    {WeightQuant::kQ4_0, "q4_0", QuantType::kQ4_0},        {WeightQuant::kQ5_0, "q5_0", QuantType::kQ5_0},
+    {WeightQuant::kQ4_K, "q4_k", QuantType::kQ4_K},        {WeightQuant::kQ5_K, "q5_k", QuantType::kQ5_K},
+    {WeightQuant::kQ6_K, "q6_k", QuantType::kQ6_K},
+};
+
+const WeightQuantInfo* find_weight_quant(WeightQuant q) {
+  for (const WeightQuantInfo& i : kWeightQuants)
+    if (i.mode == q) return &i;
+  return nullptr;
+}
+
+}  // namespace
+
 std::string_view weight_quant_name(WeightQuant q) {
-  switch (q) {
-    case WeightQuant::kNone: return "none";
-    case WeightQuant::kInt8: return "int8";
-    case WeightQuant::kInt4: return "int4";
-    case WeightQuant::kInt4Sym: return "int4-sym";
-    case WeightQuant::kQ2_K: return "q2_k";
-    case WeightQuant::kQ3_K: return "q3_k";
-    case WeightQuant::kTQ1_0: return "tq1_0";
-    case WeightQuant::kTQ2_0: return "tq2_0";
-  }
-  return "?";
+  const WeightQuantInfo* i = find_weight_quant(q);
+  return i ? i->name : "?";
 }
 
 QuantType weight_quant_type(WeightQuant q) {
-  switch (q) {
-    case WeightQuant::kNone: return QuantType::kF32;
-    case WeightQuant::kInt8: return QuantType::kI8_CH;
-    case WeightQuant::kInt4:
-    case WeightQuant::kInt4Sym: return QuantType::kI4_G128;
-    case WeightQuant::kQ2_K: return QuantType::kQ2_K;
-    case WeightQuant::kQ3_K: return QuantType::kQ3_K;
-    case WeightQuant::kTQ1_0: return QuantType::kTQ1_0;
-    case WeightQuant::kTQ2_0: return QuantType::kTQ2_0;
+  const WeightQuantInfo* i = find_weight_quant(q);
+  return i ? i->type : QuantType::kF32;
+}
+
+QuantType weight_quant_type_for(WeightQuant q, int64_t cols) {
+  const QuantType type = weight_quant_type(q);
+  if (cols % quant_traits(type).block_elems == 0) return type;
+  switch (type) {
+    case QuantType::kQ2_K:
+    case QuantType::kQ3_K:
+    case QuantType::kTQ1_0:
+    case QuantType::kTQ2_0: return QuantType::kQ4_0;
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: return QuantType::kQ5_0;
+    case QuantType::kQ6_K: return QuantType::kQ8_0;
+    default: return type;
   }
-  return QuantType::kF32;
+}
+
+std::span<const WeightQuant> all_weight_quants() {
+  static const std::vector<WeightQuant> modes = [] {
+    std::vector<WeightQuant> v;
+    for (const WeightQuantInfo& i : kWeightQuants) v.push_back(i.mode);
+    return v;
+  }();
+  return modes;
 }
 
 Result<WeightQuant> parse_weight_quant(std::string_view name) {
-  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kInt4Sym,
-                        WeightQuant::kQ2_K, WeightQuant::kQ3_K, WeightQuant::kTQ1_0, WeightQuant::kTQ2_0})
-    if (name == weight_quant_name(q)) return q;
-  return Status::invalid_argument(fmt::format(
-      "--quant '{}': expected none, int8, int4 (asymmetric, groups of 128), int4-sym, q2_k, q3_k, tq1_0 or tq2_0",
-      name));
+  for (const WeightQuantInfo& i : kWeightQuants)
+    if (name == i.name) return i.mode;
+  std::string names;
+  for (const WeightQuantInfo& i : kWeightQuants) names += fmt::format("{}{}", names.empty() ? "" : ", ", i.name);
+  return Status::invalid_argument(fmt::format("--quant '{}': expected one of {}", name, names));
 }
 
 namespace {

@@ -141,11 +141,18 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
     std::printf("  --quant %-5s: logits correlation with F32 %.4f\n", name.c_str(), corr);
     EXPECT_GT(corr, c.min_corr);
   }
-  // Columns that do not fill a super-block are refused, naming the tensor.
+  // Columns that do not fill a super-block take the 32-block fallback (Q4_0 for Q2_K); columns
+  // that fill no 32-block either are refused, naming the tensor.
   SyntheticModelSpec odd = small_spec();
   odd.ffn = 384;
   ASSERT_TRUE(write_synthetic_hf(odd, dir.file("odd")).is_ok());
-  auto m = LocalModel::load({.path = dir.file("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  auto fb = LocalModel::load({.path = dir.file("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  ASSERT_TRUE(fb.is_ok()) << fb.status().to_string();
+  EXPECT_EQ(quant_traits((*fb)->weights().layers[0].w_down.type).r16_base, QuantType::kQ4_0);
+  EXPECT_EQ(quant_traits((*fb)->weights().layers[0].w_up.type).r16_base, QuantType::kQ2_K);
+  odd.ffn = 272;
+  ASSERT_TRUE(write_synthetic_hf(odd, dir.file("odder")).is_ok());
+  auto m = LocalModel::load({.path = dir.file("odder"), .threads = 2, .quant = WeightQuant::kQ2_K});
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("down_proj.weight"), std::string::npos) << m.status().to_string();
   EXPECT_NE(m.status().message().find("q2_k"), std::string::npos) << m.status().to_string();
