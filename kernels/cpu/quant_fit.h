@@ -22,12 +22,15 @@ inline float store_f16(uint8_t* p, float f) {
   return fp16_to_f32(h);
 }
 
-// rne(v) clamped to [lo, hi]; NaN gives lo.
+// rne(v) clamped to [lo, hi] (|lo|, |hi| < 2^22); NaN gives lo. Clamping first gives the same
+// result as rounding first (both are monotone and lo, hi are integers); in range, adding and
+// subtracting 1.5 * 2^23 rounds to nearest even in one float add each, where nearbyint is a
+// library call on baseline x86-64 (the encoders' inner loop).
 inline int clamp_round(float v, int lo, int hi) {
-  const float r = std::nearbyint(v);
-  if (!(r >= static_cast<float>(lo))) return lo;  // also catches NaN
-  if (r > static_cast<float>(hi)) return hi;
-  return static_cast<int>(r);
+  if (!(v >= static_cast<float>(lo))) return lo;  // also catches NaN
+  if (v > static_cast<float>(hi)) return hi;
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+  return static_cast<int>((v + kRoundMagic) - kRoundMagic);
 }
 
 // The element of largest magnitude, with its sign (so the extreme lands on the format's
