@@ -32,8 +32,9 @@ bool can_quantize(QuantType type);
 // their ratios matter. Each value is floored at 1e-2 * mean(importance) so that columns never
 // seen active are still fitted; an all-zero importance row is treated as uniform.
 // importance == nullptr behaves exactly like quantize_row (same bytes, same checks).
-// Per block the result is never worse in weighted error than quantize_row's block (the
-// encoder keeps the better of the two). Deterministic; thread-safe (no shared state).
+// Under uniform importance the error is that of quantize_row or lower (the scale searches try
+// what quantize_row tries and more). Deterministic; thread-safe (no shared state). Costs about
+// 1.5-3x quantize_row (bench/results/quant_weighted.md).
 // A negative or non-finite importance value, or k % block_elems != 0, stops the process (as
 // quantize_row's checks do); so does a type without a weighted encoder when importance is
 // given (see can_quantize_weighted).
