@@ -23,6 +23,29 @@ void quantize_row(QuantType type, const float* src, void* dst, int64_t k);
 // Whether quantize_row supports `type`.
 bool can_quantize(QuantType type);
 
+// ---- Importance-weighted (calibrated) quantization (kernels/cpu/quant_weighted.cpp)
+//
+// Like quantize_row, but the encoder minimises the importance-weighted squared error
+// sum_j importance[j] * (src[j] - dequantized[j])^2 instead of the plain one. importance holds
+// k non-negative finite values, one per element of the row (for a weight matrix: per input
+// column, e.g. the mean of x_j^2 of the activations entering it on calibration text); only
+// their ratios matter. Each value is floored at 1e-2 * mean(importance) so that columns never
+// seen active are still fitted; an all-zero importance row is treated as uniform.
+// importance == nullptr behaves exactly like quantize_row (same bytes, same checks).
+// Under uniform importance the error is that of quantize_row or lower (the scale searches try
+// what quantize_row tries and more). Deterministic; thread-safe (no shared state). Costs about
+// 1.5-3x quantize_row (bench/results/quant_weighted.md).
+// A negative or non-finite importance value, or k % block_elems != 0, stops the process (as
+// quantize_row's checks do); so does a type without a weighted encoder when importance is
+// given (see can_quantize_weighted).
+void quantize_row_weighted(QuantType type, const float* src, const float* importance, void* dst,
+                           int64_t k);
+
+// Whether quantize_row_weighted takes importance for `type`: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K,
+// Q6_K, Q2_K, Q3_K, TQ1_0, TQ2_0, and F32 / F16 / BF16 (where every element is stored
+// independently, so the importance cannot change the result).
+bool can_quantize_weighted(QuantType type);
+
 // ---- INT8 per-channel (I8_CH) and INT4 group-wise (I4_G128) weights (kernels/cpu/int_quant.cpp)
 //
 // Round to nearest (RTN), the grids Tessera quantizes float checkpoints to at load:

@@ -31,6 +31,7 @@
 //   These four are read by the scalar decoders only (and widened for matmul, CpuMatmul::kWiden).
 #include "kernels/quant.h"
 #include "kernels/cpu/int_quant.h"
+#include "kernels/cpu/quant_fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,27 +54,16 @@
 namespace tessera {
 namespace {
 
-constexpr int kQk = 32;    // elements per block of the 32-blocks
-constexpr int kQkK = 256;  // elements per K-quant super-block
+using quant_fit::clamp_round;
+using quant_fit::kQk;
+using quant_fit::kQkK;
+using quant_fit::signed_absmax;
+using quant_fit::store_f16;
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return fp16_to_f32(h);
-}
-
-// Stores f as fp16 and returns the value the reader will see.
-inline float store_f16(uint8_t* p, float f) {
-  const uint16_t h = f32_to_fp16(f);
-  std::memcpy(p, &h, 2);
-  return fp16_to_f32(h);
-}
-
-inline int clamp_round(float v, int lo, int hi) {
-  const float r = std::nearbyint(v);
-  if (!(r >= static_cast<float>(lo))) return lo;  // also catches NaN
-  if (r > static_cast<float>(hi)) return hi;
-  return static_cast<int>(r);
 }
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K / Q5_K:
@@ -87,20 +77,6 @@ inline void unpack_scale_min(const uint8_t* s, int j, int* sc, int* m) {
   } else {
     *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-inline void pack_scale_min(uint8_t* s, const int* sc, const int* m) {
-  std::memset(s, 0, 12);
-  for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      s[j] |= static_cast<uint8_t>(sc[j] & 63);
-      s[j + 4] |= static_cast<uint8_t>(m[j] & 63);
-    } else {
-      s[j + 4] = static_cast<uint8_t>((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
-      s[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
-      s[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
-    }
   }
 }
 
@@ -375,19 +351,6 @@ TESSERA_AVX2 void dequant_f16_avx2(const uint8_t* s, float* d, int64_t k) {
 
 // ---------------------------------------------------------------- quantize: 32-blocks
 
-// The element of largest magnitude, with its sign (so the extreme lands on the format's
-// extra negative level, e.g. -8 for Q4_0).
-float signed_absmax(const float* x, int n) {
-  float best = 0.0f, amax = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      best = x[i];
-    }
-  }
-  return best;
-}
-
 // Symmetric scale search for x ~= scale * q, q in [qmin, qmax] (qmin = -qmax - 1): the extreme
 // element is mapped near either end of the range over a fan of step sizes, each followed by a
 // least-squares rescale; returns the best (signed) scale. Beats plain round-to-nearest by a
@@ -444,12 +407,9 @@ void quant_q4_0(const float* x, uint8_t* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQk, dst += 18) {
     const float d = store_f16(dst, fit_symmetric(x, kQk, 7));
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t* qs = dst + 2;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = clamp_round(x[j] * id, -8, 7) + 8;
-      const int hi = clamp_round(x[j + 16] * id, -8, 7) + 8;
-      qs[j] = static_cast<uint8_t>(lo | (hi << 4));
-    }
+    int levels[kQk];
+    for (int j = 0; j < kQk; ++j) levels[j] = clamp_round(x[j] * id, -8, 7) + 8;
+    quant_fit::pack_q4_0_levels(levels, dst + 2);
   }
 }
 
@@ -457,16 +417,9 @@ void quant_q5_0(const float* x, uint8_t* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQk, dst += 22) {
     const float d = store_f16(dst, fit_symmetric(x, kQk, 15));
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint32_t qh = 0;
-    uint8_t* qs = dst + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = clamp_round(x[j] * id, -16, 15) + 16;
-      const int hi = clamp_round(x[j + 16] * id, -16, 15) + 16;
-      qs[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
-      qh |= static_cast<uint32_t>(lo >> 4) << j;
-      qh |= static_cast<uint32_t>(hi >> 4) << (j + 16);
-    }
-    std::memcpy(dst + 2, &qh, 4);
+    int levels[kQk];
+    for (int j = 0; j < kQk; ++j) levels[j] = clamp_round(x[j] * id, -16, 15) + 16;
+    quant_fit::pack_q5_0_levels(levels, dst + 2, dst + 6);
   }
 }
 
@@ -571,7 +524,7 @@ void quant_k_affine_levels(const float* x, int nmax, uint8_t* hdr, int* levels) 
     sc[s] = d > 0 ? clamp_round(fits[s].scale / d, 0, 63) : 0;
     m[s] = dmin > 0 ? clamp_round(fits[s].min / dmin, 0, 63) : 0;
   }
-  pack_scale_min(hdr + 4, sc, m);
+  quant_fit::pack_scale_min(hdr + 4, sc, m);
   for (int s = 0; s < 8; ++s) {
     const float eff_scale = d * static_cast<float>(sc[s]);
     const float eff_min = dmin * static_cast<float>(m[s]);
@@ -585,11 +538,7 @@ void quant_q4_k(const float* x, uint8_t* dst, int64_t nb) {
   int levels[kQkK];
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 144) {
     quant_k_affine_levels(x, 15, dst, levels);
-    uint8_t* qs = dst + 16;
-    for (int c = 0; c < 4; ++c)
-      for (int l = 0; l < 32; ++l)
-        qs[32 * c + l] =
-            static_cast<uint8_t>(levels[64 * c + l] | (levels[64 * c + 32 + l] << 4));
+    quant_fit::pack_q4_k_levels(levels, dst + 16);
   }
 }
 
@@ -597,16 +546,7 @@ void quant_q5_k(const float* x, uint8_t* dst, int64_t nb) {
   int levels[kQkK];
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 176) {
     quant_k_affine_levels(x, 31, dst, levels);
-    uint8_t* qh = dst + 16;
-    uint8_t* qs = dst + 48;
-    std::memset(qh, 0, 32);
-    for (int c = 0; c < 4; ++c) {
-      for (int l = 0; l < 32; ++l) {
-        const int lo = levels[64 * c + l], hi = levels[64 * c + 32 + l];
-        qs[32 * c + l] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
-        qh[l] |= static_cast<uint8_t>(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
-      }
-    }
+    quant_fit::pack_q5_k_levels(levels, dst + 16, dst + 48);
   }
 }
 
@@ -625,26 +565,13 @@ void quant_q6_k(const float* x, uint8_t* dst, int64_t nb) {
       const float inv = eff != 0.0f ? 1.0f / eff : 0.0f;
       for (int i = 0; i < 16; ++i) levels[16 * s + i] = clamp_round(x[16 * s + i] * inv, -32, 31) + 32;
     }
-    for (int h = 0; h < 2; ++h) {
-      uint8_t* ql = dst + 64 * h;
-      uint8_t* qh = dst + 128 + 32 * h;
-      const int* L = levels + 128 * h;
-      for (int l = 0; l < 32; ++l) {
-        ql[l] = static_cast<uint8_t>((L[l] & 0xF) | ((L[l + 64] & 0xF) << 4));
-        ql[l + 32] = static_cast<uint8_t>((L[l + 32] & 0xF) | ((L[l + 96] & 0xF) << 4));
-        qh[l] = static_cast<uint8_t>((L[l] >> 4) | ((L[l + 32] >> 4) << 2) | ((L[l + 64] >> 4) << 4) |
-                                     ((L[l + 96] >> 4) << 6));
-      }
-    }
+    quant_fit::pack_q6_k_levels(levels, dst);
   }
 }
 
 // ---------------------------------------------------------------- quantize: 2-bit and ternary
 
-// Sets the 2-bit field of element e in the shared plane layout (see plane2); qs pre-zeroed.
-inline void set_plane2(uint8_t* qs, int e, int v) {
-  qs[32 * (e / 128) + e % 32] |= static_cast<uint8_t>((v & 3) << (2 * ((e / 32) % 4)));
-}
+using quant_fit::set_plane2;
 
 // Q2_K: 16 sub-blocks of 16, x ~= d * sc * q - dmin * m with q in 0..3 and 4-bit sc, m.
 // The per-sub-block affine fit is the same search as Q4_K / Q5_K's; the super-block scales
@@ -681,23 +608,14 @@ void quant_q3_k(const float* x, uint8_t* dst, int64_t nb) {
     float scales[16];
     const float max_scale = fit_sub_block_scales(x, 3, scales);
     const float d = store_f16(dst + 108, max_scale / -32.0f);
-    uint8_t* hmask = dst;
-    uint8_t* qs = dst + 32;
-    uint8_t* sc = dst + 96;
-    std::memset(dst, 0, 108);
+    int q[16], levels[kQkK];
     for (int i = 0; i < 16; ++i) {
-      const int q = d != 0.0f ? clamp_round(scales[i] / d, -32, 31) : 0;
-      const int u = q + 32;  // 0..63, packed as q3_k_scale reads it
-      sc[i % 8] |= static_cast<uint8_t>((u & 0xF) << (i < 8 ? 0 : 4));
-      sc[8 + i % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (i / 4)));
-      const float eff = d * static_cast<float>(q);
+      q[i] = d != 0.0f ? clamp_round(scales[i] / d, -32, 31) : 0;
+      const float eff = d * static_cast<float>(q[i]);
       const float inv = eff != 0.0f ? 1.0f / eff : 0.0f;
-      for (int e = 16 * i; e < 16 * i + 16; ++e) {
-        const int level = clamp_round(x[e] * inv, -4, 3) + 4;  // 0..7
-        set_plane2(qs, e, level & 3);
-        hmask[e % 32] |= static_cast<uint8_t>((level >> 2) << (e / 32));
-      }
+      for (int e = 16 * i; e < 16 * i + 16; ++e) levels[e] = clamp_round(x[e] * inv, -4, 3) + 4;  // 0..7
     }
+    quant_fit::pack_q3_k(q, levels, dst);
   }
 }
 
@@ -738,25 +656,15 @@ void quant_tq2_0(const float* x, uint8_t* dst, int64_t nb) {
   int t[kQkK];
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 66) {
     fit_ternary(x, dst + 64, t);
-    std::memset(dst, 0, 64);
-    for (int e = 0; e < kQkK; ++e) set_plane2(dst, e, t[e] + 1);
+    quant_fit::pack_tq2_0(t, dst);
   }
-}
-
-// n digits (t + 1) of the trits at t[0], t[stride], ... as one TQ1_0 byte (see tq1_trit).
-inline uint8_t pack_trits(const int* t, int stride, int n) {
-  int v = 0;
-  for (int p = 0; p < 5; ++p) v = 3 * v + (p < n ? t[p * stride] + 1 : 0);
-  return static_cast<uint8_t>((v * 256 + 242) / 243);
 }
 
 void quant_tq1_0(const float* x, uint8_t* dst, int64_t nb) {
   int t[kQkK];
   for (int64_t b = 0; b < nb; ++b, x += kQkK, dst += 54) {
     fit_ternary(x, dst + 52, t);
-    for (int l = 0; l < 32; ++l) dst[l] = pack_trits(t + l, 32, 5);
-    for (int l = 0; l < 16; ++l) dst[32 + l] = pack_trits(t + 160 + l, 16, 5);
-    for (int l = 0; l < 4; ++l) dst[48 + l] = pack_trits(t + 240 + l, 4, 4);
+    quant_fit::pack_tq1_0(t, dst);
   }
 }
 
