@@ -26,8 +26,8 @@ enum class QuantType : uint8_t {
   kQ4_K,  // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
   kQ5_K,  // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
   kQ6_K,  // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
-  // Low-bit GGUF formats, computed by widening rows to fp32 (CpuMatmul::kWiden) until they get
-  // integer-dot kernels; no CUDA path yet (the backend refuses them by name).
+  // Low-bit GGUF formats, computed on the CPU by widening rows to fp32 (CpuMatmul::kWiden) until
+  // they get integer-dot kernels; the CUDA backend reads their blocks as stored (kBlocks).
   kQ2_K,   // ggml: 256 elems, 16 B 4-bit scale|min, 64 B 2-bit levels, fp16 d, dmin   (84 B)
   kQ3_K,   // ggml: 256 elems, 32 B high-bit mask, 64 B 2-bit low, 12 B scales, fp16 d (110 B)
   kTQ1_0,  // ggml ternary: 256 elems, 48 B of 5 trits, 4 B of 4 trits, fp16 d         (54 B)
@@ -67,8 +67,7 @@ enum class CpuMatmul : uint8_t {
 // How the CUDA backend holds a weight matrix of this type (shard/cuda_forward.cpp's upload).
 // Whatever the form, a matrix whose op reads only f16 (the embedding) is expanded to f16.
 enum class CudaWeightForm : uint8_t {
-  kNone,      // never uploaded: the CPU's 16-row re-lays, and the formats with no CUDA kernel
-              // yet (Q2_K, Q3_K, TQ1_0, TQ2_0), which CudaForward::supports refuses by name
+  kNone,      // never uploaded: the CPU's 16-row re-lays (CudaForward::supports refuses them)
   kF16,       // f16 on the device: F16 copied as stored, the others expanded to f16 at upload
   kBlocks,    // the stored blocks as they are, read by kernels/cuda/gguf_gemm.cu; the
               // TESSERA_CUDA_GGUF_* values of kernels/cuda/cuda_api.h are exactly these types

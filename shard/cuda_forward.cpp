@@ -167,7 +167,11 @@ static_assert(TESSERA_CUDA_GGUF_Q8_0 == static_cast<int>(QuantType::kQ8_0) &&
                   TESSERA_CUDA_GGUF_Q5_0 == static_cast<int>(QuantType::kQ5_0) &&
                   TESSERA_CUDA_GGUF_Q4_K == static_cast<int>(QuantType::kQ4_K) &&
                   TESSERA_CUDA_GGUF_Q5_K == static_cast<int>(QuantType::kQ5_K) &&
-                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(QuantType::kQ6_K),
+                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(QuantType::kQ6_K) &&
+                  TESSERA_CUDA_GGUF_Q2_K == static_cast<int>(QuantType::kQ2_K) &&
+                  TESSERA_CUDA_GGUF_Q3_K == static_cast<int>(QuantType::kQ3_K) &&
+                  TESSERA_CUDA_GGUF_TQ1_0 == static_cast<int>(QuantType::kTQ1_0) &&
+                  TESSERA_CUDA_GGUF_TQ2_0 == static_cast<int>(QuantType::kTQ2_0),
               "the TESSERA_CUDA_GGUF_* values of cuda_api.h are tessera::QuantType's values");
 
 // Converts rows [r0, r0 + n) of a float or GGUF-block matrix to f16.

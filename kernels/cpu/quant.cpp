@@ -28,7 +28,8 @@
 //   TQ1_0  54 B / 256: u8 qs[48] | u8 qh[4] | f16 d     x = d * t, t in {-1, 0, 1},
 //                     five (qh: four) base-3 digits per byte (packing at tq1_trit)
 //   TQ2_0  66 B / 256: u8 qs[64] | f16 d                x = d * (q2 - 1)
-//   These four are read by the scalar decoders only (and widened for matmul, CpuMatmul::kWiden).
+//   These four are read by the scalar decoders only (and widened for matmul, CpuMatmul::kWiden);
+//   kernels/cuda/gguf_gemm.cu's decode_low_bit repeats them element by element.
 #include "kernels/quant.h"
 #include "kernels/cpu/int_quant.h"
 #include "kernels/cpu/quant_fit.h"

@@ -141,6 +141,10 @@ enum {
   TESSERA_CUDA_GGUF_Q4_K = 6,
   TESSERA_CUDA_GGUF_Q5_K = 7,
   TESSERA_CUDA_GGUF_Q6_K = 8,
+  TESSERA_CUDA_GGUF_Q2_K = 9,
+  TESSERA_CUDA_GGUF_Q3_K = 10,
+  TESSERA_CUDA_GGUF_TQ1_0 = 11,
+  TESSERA_CUDA_GGUF_TQ2_0 = 12,
 };
 
 }  // extern "C"
@@ -428,8 +432,8 @@ enum {
      specified in kernels/cpu/quant.cpp): row r of W [rows, cols] is cols / block_elems blocks                       \
      at w + r * row_bytes (row_bytes >= those blocks' bytes, even; w 2-byte aligned). `type` is                      \
      one of the TESSERA_CUDA_GGUF_* values (tessera::QuantType's); Q8_0 / Q4_0 / Q5_0 need                           \
-     cols % 32 == 0, Q4_K / Q5_K / Q6_K cols % 256 == 0. Any other type returns -1 with a                            \
-     message naming it.                                                                                              \
+     cols % 32 == 0, Q4_K / Q5_K / Q6_K / Q2_K / Q3_K / TQ1_0 / TQ2_0 cols % 256 == 0. Any                           \
+     other type returns -1 with a message naming it.                                                                 \
      y[t, r] = sum_c W[r, c] * x[t, c]: x f16 [n_tokens, cols], y fp32 [n_tokens, rows]                              \
      (overwritten), fp32 accumulation, weights dequantized in registers (each weight computed in                     \
      fp32 as kernels/cpu/quant.cpp's dequantize_row does). Fast for 1..8 tokens (decode),                            \

@@ -1,6 +1,7 @@
 // GEMM and f16 expansion straight from GGUF block-quantized weights (Q8_0, Q4_0, Q5_0, Q4_K,
-// Q5_K, Q6_K in ggml's byte layouts, specified in kernels/cpu/quant.cpp), so the forward pass
-// keeps the file's bytes on the device instead of an f16 copy 2-4x their size.
+// Q5_K, Q6_K, Q2_K, Q3_K, TQ1_0, TQ2_0 in ggml's byte layouts, specified in
+// kernels/cpu/quant.cpp), so the forward pass keeps the file's bytes on the device instead of an
+// f16 copy 2-7x their size.
 //
 // Who reads what (both kernels): a row is cut into pieces of 256 columns: one K-quant
 // super-block, or 8 consecutive 32-element blocks (Q8_0 / Q4_0 / Q5_0; the last piece of a row
@@ -13,7 +14,13 @@
 //                       scale / min from the 12 packed bytes (all lanes decode the same 8 pairs);
 //   Q6_K:               element l of group i % 4 of half i / 4: ql byte 64h + 32(g % 2) + l
 //                       (low nibble for g < 2), bits 2g, 2g+1 of qh[32h + l], int8 scale
-//                       8h + 2g + l / 16.
+//                       8h + 2g + l / 16;
+//   Q2_K / Q3_K / TQ2_0 / TQ1_0 (element e = 32i + l of the super-block): each slot decodes
+//                       element e with the expressions of its scalar decoder in quant.cpp
+//                       (plane2, q3_k_scale, tq1_trit, copied below with the same names), only
+//                       the loops over e are replaced by the lane's 8 slots; the 2-bit plane is
+//                       byte 32(i / 4) + l, bits 2(i % 4), 2(i % 4) + 1; the 16-element
+//                       sub-block's scale (Q2_K, Q3_K) is 2i + l / 16.
 // So consecutive lanes read consecutive bytes of a block (its fp16 scales as broadcasts) and
 // consecutive activations in shared memory (no bank conflicts). Every weight is computed in
 // fp32 with the operations of dequantize_row, without contraction (__fmul_rn / __fsub_rn), so
@@ -63,6 +70,10 @@ __host__ __device__ constexpr BlockFormat block_format(int type) {
     case TESSERA_CUDA_GGUF_Q4_K: return tessera::blocks::kQ4_K;
     case TESSERA_CUDA_GGUF_Q5_K: return tessera::blocks::kQ5_K;
     case TESSERA_CUDA_GGUF_Q6_K: return tessera::blocks::kQ6_K;
+    case TESSERA_CUDA_GGUF_Q2_K: return tessera::blocks::kQ2_K;
+    case TESSERA_CUDA_GGUF_Q3_K: return tessera::blocks::kQ3_K;
+    case TESSERA_CUDA_GGUF_TQ1_0: return tessera::blocks::kTQ1_0;
+    case TESSERA_CUDA_GGUF_TQ2_0: return tessera::blocks::kTQ2_0;
     default: return {0, 0};
   }
 }
@@ -86,6 +97,69 @@ __device__ __forceinline__ void unpack_scale_min(const uint8_t* s, int j, int* s
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
 }
+
+// ---- the low-bit formats' element decoders: kernels/cpu/quant.cpp's, line for line ----
+
+// Q2_K, Q3_K, TQ2_0: element e (0..255) of the 64-byte 2-bit plane, bits 2s, 2s + 1 of byte
+// 32h + l for e = 128h + 32s + l.
+__device__ __forceinline__ int plane2(const uint8_t* qs, int e) {
+  return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+// The signed 6-bit scale of Q3_K sub-block j (0..15), stored + 32: low 4 bits in the low (j < 8)
+// or high (j >= 8) nibble of byte j % 8, top 2 bits at bits 2(j / 4), 2(j / 4) + 1 of byte 8 + j % 4.
+__device__ __forceinline__ int q3_k_scale(const uint8_t* s, int j) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// Digit p (0..4) of a TQ1_0 byte, as trit - 1: the top trit of byte * 3^p (mod 256), (b * 3) >> 8.
+__device__ __forceinline__ int tq1_trit(uint8_t byte, int p) {
+  const int pow3 = p == 0 ? 1 : p == 1 ? 3 : p == 2 ? 9 : p == 3 ? 27 : 81;
+  const auto shifted = static_cast<uint8_t>(byte * pow3);
+  return ((shifted * 3) >> 8) - 1;
+}
+
+// Element e of a low-bit super-block `blk`, computed with the single fp32 operations of
+// dequant_q2_k / dequant_q3_k / dequant_tq1_0 / dequant_tq2_0.
+template <int kType>
+__device__ __forceinline__ float decode_low_bit(const uint8_t* blk, int e) {
+  if constexpr (kType == TESSERA_CUDA_GGUF_Q2_K) {
+    const uint8_t* scales = blk;  // sub-block i of 16: scale = low nibble, min = high nibble
+    const uint8_t* qs = blk + 16;
+    const float d = load_half(blk + 80), dmin = load_half(blk + 82);
+    const int i = e / 16;
+    const float dl = __fmul_rn(d, static_cast<float>(scales[i] & 0xF));
+    const float ml = __fmul_rn(dmin, static_cast<float>(scales[i] >> 4));
+    return __fsub_rn(__fmul_rn(dl, static_cast<float>(plane2(qs, e))), ml);
+  } else if constexpr (kType == TESSERA_CUDA_GGUF_Q3_K) {
+    const uint8_t* hmask = blk;  // bit e / 32 of byte e % 32: the third bit of element e
+    const uint8_t* qs = blk + 32;
+    const uint8_t* scales = blk + 96;
+    const float d = load_half(blk + 108);
+    const int i = e / 16;
+    const float dl = __fmul_rn(d, static_cast<float>(q3_k_scale(scales, i)));
+    const int high = (hmask[e % 32] >> (e / 32)) & 1;  // level = low2 + 4 * high, minus 4
+    return __fmul_rn(dl, static_cast<float>(plane2(qs, e) - (high ? 0 : 4)));
+  } else if constexpr (kType == TESSERA_CUDA_GGUF_TQ1_0) {
+    const uint8_t* qs = blk;
+    const uint8_t* qh = blk + 48;
+    const float d = load_half(blk + 52);
+    // dequant_tq1_0's three loops, inverted: dst[32p + l] from qs[l] (p < 5), dst[160 + 16p + l]
+    // from qs[32 + l] (p < 5), dst[240 + 4p + l] from qh[l] (p < 4).
+    if (e < 160) return __fmul_rn(d, static_cast<float>(tq1_trit(qs[e % 32], e / 32)));
+    if (e < 240) return __fmul_rn(d, static_cast<float>(tq1_trit(qs[32 + (e - 160) % 16], (e - 160) / 16)));
+    return __fmul_rn(d, static_cast<float>(tq1_trit(qh[(e - 240) % 4], (e - 240) / 4)));
+  } else {  // TQ2_0
+    const float d = load_half(blk + 64);
+    return __fmul_rn(d, static_cast<float>(plane2(blk, e) - 1));
+  }
+}
+
+template <int kType>
+constexpr bool kLowBit = kType == TESSERA_CUDA_GGUF_Q2_K || kType == TESSERA_CUDA_GGUF_Q3_K ||
+                         kType == TESSERA_CUDA_GGUF_TQ1_0 || kType == TESSERA_CUDA_GGUF_TQ2_0;
 
 // v[i] = the weight of column 256 * piece + 32 i + lane of `row`; 0 for blocks past n_blocks
 // (the last piece of a 32-element-block row).
@@ -116,6 +190,10 @@ __device__ __forceinline__ void decode_piece(const uint8_t* row, int64_t piece, 
         v[i] = __fmul_rn(static_cast<float>(q - 16), d);
       }
     }
+  } else if constexpr (kLowBit<kType>) {
+    const uint8_t* blk = row + piece * f.bytes;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = decode_low_bit<kType>(blk, 32 * i + lane);
   } else if constexpr (kType == TESSERA_CUDA_GGUF_Q6_K) {
     const uint8_t* blk = row + piece * f.bytes;
     const float d = load_half(blk + 208);
@@ -271,7 +349,7 @@ int check_args(const char* op, int type, const void* w, int64_t row_bytes, int64
   if (f.elems == 0) {
     std::snprintf(g_message, sizeof(g_message),
                   "%s: weight type %d is not a supported GGUF block type (Q8_0 = 3, Q4_0 = 4, Q5_0 = 5, Q4_K = 6, "
-                  "Q5_K = 7, Q6_K = 8)",
+                  "Q5_K = 7, Q6_K = 8, Q2_K = 9, Q3_K = 10, TQ1_0 = 11, TQ2_0 = 12)",
                   op, type);
     return record_message(g_message);
   }
@@ -305,7 +383,11 @@ extern "C" int tessera_cuda_gemm_gguf(int type, const void* w, int64_t row_bytes
     case TESSERA_CUDA_GGUF_Q5_0: return gemm_gguf<TESSERA_CUDA_GGUF_Q5_0>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
     case TESSERA_CUDA_GGUF_Q4_K: return gemm_gguf<TESSERA_CUDA_GGUF_Q4_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
     case TESSERA_CUDA_GGUF_Q5_K: return gemm_gguf<TESSERA_CUDA_GGUF_Q5_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
-    default: return gemm_gguf<TESSERA_CUDA_GGUF_Q6_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
+    case TESSERA_CUDA_GGUF_Q6_K: return gemm_gguf<TESSERA_CUDA_GGUF_Q6_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
+    case TESSERA_CUDA_GGUF_Q2_K: return gemm_gguf<TESSERA_CUDA_GGUF_Q2_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
+    case TESSERA_CUDA_GGUF_Q3_K: return gemm_gguf<TESSERA_CUDA_GGUF_Q3_K>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
+    case TESSERA_CUDA_GGUF_TQ1_0: return gemm_gguf<TESSERA_CUDA_GGUF_TQ1_0>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
+    default: return gemm_gguf<TESSERA_CUDA_GGUF_TQ2_0>(wb, row_bytes, xh, y, rows, cols, n_tokens, s);
   }
 }
 
@@ -323,6 +405,10 @@ extern "C" int tessera_cuda_dequantize_gguf(int type, const void* w, int64_t row
     case TESSERA_CUDA_GGUF_Q5_0: return dequantize_gguf<TESSERA_CUDA_GGUF_Q5_0>(wb, row_bytes, oh, rows, cols, s);
     case TESSERA_CUDA_GGUF_Q4_K: return dequantize_gguf<TESSERA_CUDA_GGUF_Q4_K>(wb, row_bytes, oh, rows, cols, s);
     case TESSERA_CUDA_GGUF_Q5_K: return dequantize_gguf<TESSERA_CUDA_GGUF_Q5_K>(wb, row_bytes, oh, rows, cols, s);
-    default: return dequantize_gguf<TESSERA_CUDA_GGUF_Q6_K>(wb, row_bytes, oh, rows, cols, s);
+    case TESSERA_CUDA_GGUF_Q6_K: return dequantize_gguf<TESSERA_CUDA_GGUF_Q6_K>(wb, row_bytes, oh, rows, cols, s);
+    case TESSERA_CUDA_GGUF_Q2_K: return dequantize_gguf<TESSERA_CUDA_GGUF_Q2_K>(wb, row_bytes, oh, rows, cols, s);
+    case TESSERA_CUDA_GGUF_Q3_K: return dequantize_gguf<TESSERA_CUDA_GGUF_Q3_K>(wb, row_bytes, oh, rows, cols, s);
+    case TESSERA_CUDA_GGUF_TQ1_0: return dequantize_gguf<TESSERA_CUDA_GGUF_TQ1_0>(wb, row_bytes, oh, rows, cols, s);
+    default: return dequantize_gguf<TESSERA_CUDA_GGUF_TQ2_0>(wb, row_bytes, oh, rows, cols, s);
   }
 }

@@ -81,17 +81,18 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
       EXPECT_EQ(tr.ggml_type, -1);
       EXPECT_FALSE(tr.quant_at_load);
       EXPECT_EQ(tr.cuda, CudaWeightForm::kNone) << "the CPU's re-lays never reach the device";
-    } else if (tr.cpu != CpuMatmul::kWiden || tr.ggml_type < 0) {
-      EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
     } else {
-      // The low-bit GGUF formats (Q2_K, Q3_K, TQ1_0, TQ2_0) have no CUDA kernel yet.
-      EXPECT_TRUE(t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 ||
-                  t == QuantType::kTQ2_0 || tr.cuda != CudaWeightForm::kNone);
+      EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
     }
-    // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
+    // What CUDA reads as stored is a GGUF block format (the CPU computes it as stored, or widens
+    // rows of the low-bit formats Q2_K, Q3_K, TQ1_0, TQ2_0).
     if (tr.cuda == CudaWeightForm::kBlocks) {
-      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
+      EXPECT_FALSE(tr.is_float);
       EXPECT_GE(tr.ggml_type, 0);
+      EXPECT_GE(tr.block_elems, 32);
+      const bool low_bit = t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 ||
+                           t == QuantType::kTQ2_0;
+      EXPECT_EQ(tr.cpu, low_bit ? CpuMatmul::kWiden : CpuMatmul::kIntDot);
     }
     // The load-time formats are made from float checkpoints and split for the CUDA kernels.
     EXPECT_EQ(tr.quant_at_load, t == QuantType::kI8_CH || t == QuantType::kI4_G128);
@@ -102,7 +103,9 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
 
 TEST(DtypeTest, CudaBlockFormatsAreTheCudaAbisGgufTypes) {
   const std::set<int> abi = {TESSERA_CUDA_GGUF_Q8_0, TESSERA_CUDA_GGUF_Q4_0, TESSERA_CUDA_GGUF_Q5_0,
-                             TESSERA_CUDA_GGUF_Q4_K, TESSERA_CUDA_GGUF_Q5_K, TESSERA_CUDA_GGUF_Q6_K};
+                             TESSERA_CUDA_GGUF_Q4_K, TESSERA_CUDA_GGUF_Q5_K, TESSERA_CUDA_GGUF_Q6_K,
+                             TESSERA_CUDA_GGUF_Q2_K, TESSERA_CUDA_GGUF_Q3_K, TESSERA_CUDA_GGUF_TQ1_0,
+                             TESSERA_CUDA_GGUF_TQ2_0};
   std::set<int> table;
   for (QuantType t : all_types())
     if (quant_traits(t).cuda == CudaWeightForm::kBlocks) table.insert(static_cast<int>(t));

@@ -735,8 +735,8 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
   fs::remove_all(dir, ec);
 }
 
-// GPU vs CPU on synthetic GGUF files in Q8_0, Q4_0 and a Q4_K_M-like mix (Q4_K, Q6_K for the
-// LM head and some attn_v / ffn_down): the block matrices stay in their blocks on the device
+// GPU vs CPU on synthetic GGUF files in Q8_0, Q4_0, a Q4_K_M-like mix (Q4_K, Q6_K for the
+// LM head and some attn_v / ffn_down) and the low-bit Q2_K, Q3_K, TQ1_0, TQ2_0: the block matrices stay in their blocks on the device
 // (weight_bytes_per_step() is their byte count, weight_bytes() below the f16 size), decode steps
 // and short prompts take the GGUF block GEMM, a 40-token prompt the f16 expansion + cuBLAS, and
 // the greedy tokens equal the CPU LocalModel's.
@@ -749,7 +749,10 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
     const char* name;
     QuantType type;
     bool q4_k_m;
-  } files[] = {{"q8_0", QuantType::kQ8_0, false}, {"q4_0", QuantType::kQ4_0, false}, {"q4_k_m", QuantType::kQ4_K, true}};
+  } files[] = {{"q8_0", QuantType::kQ8_0, false},  {"q4_0", QuantType::kQ4_0, false},
+               {"q4_k_m", QuantType::kQ4_K, true}, {"q2_k", QuantType::kQ2_K, false},
+               {"q3_k", QuantType::kQ3_K, false},  {"tq1_0", QuantType::kTQ1_0, false},
+               {"tq2_0", QuantType::kTQ2_0, false}};
   for (const auto& f : files) {
     spec.weight_type = f.type;
     spec.gguf_mixed_q4_k_m = f.q4_k_m;
@@ -798,31 +801,42 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
   }
 }
 
-// The low-bit GGUF formats have no CUDA kernel yet (the CPU computes them): the CUDA forward
-// pass refuses such a model before uploading anything, naming the format and the tensor, both
-// for a GGUF file that stores them and for --quant at load.
-TEST(CudaForwardSynthetic, RefusesLowBitGgufFormatsByName) {
+// The low-bit GGUF formats made at load (--quant q2_k / q3_k / tq1_0 / tq2_0 of a float
+// checkpoint) stay in their blocks on the device like a GGUF file's, and the greedy tokens of a
+// 5-token prompt (decode-size GEMMs only) and a 40-token one (the f16 expansion + cuBLAS) equal
+// the CPU's on the same quantized weights.
+TEST(CudaForwardSynthetic, LowBitQuantAtLoadMatchesCpu) {
   if (auto api = load_cuda_api_with_device(); !api.is_ok()) {
     GTEST_SKIP() << api.status().message();
   }
-  SyntheticModelSpec spec = small_spec(91);
-  for (const QuantType type : {QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kTQ1_0, QuantType::kTQ2_0}) {
-    spec.weight_type = type;
-    const std::string path = ::testing::TempDir() + "tessera_cuda_forward_" + std::string(quant_name(type)) + ".gguf";
-    ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok()) << quant_name(type);
-    auto gpu = load_gpu_model(path, 16);
-    ASSERT_FALSE(gpu.is_ok()) << quant_name(type);
-    EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented) << gpu.status().to_string();
-    EXPECT_NE(gpu.status().message().find(std::string(quant_name(type))), std::string::npos) << gpu.status().to_string();
-    std::error_code ec;
-    fs::remove(path, ec);
-  }
-  spec.weight_type = QuantType::kF16;
+  const SyntheticModelSpec spec = small_spec(93);
   const std::string dir = ::testing::TempDir() + "tessera_cuda_forward_low_bit_hf";
   ASSERT_TRUE(write_synthetic_hf(spec, dir).is_ok());
-  auto gpu = load_gpu_model(dir, 16, WeightQuant::kQ2_K);
-  ASSERT_FALSE(gpu.is_ok());
-  EXPECT_NE(gpu.status().message().find("Q2_K"), std::string::npos) << gpu.status().to_string();
+  for (const WeightQuant q : {WeightQuant::kQ2_K, WeightQuant::kQ3_K, WeightQuant::kTQ1_0, WeightQuant::kTQ2_0}) {
+    auto gpu = load_gpu_model(dir, 16, q);
+    ASSERT_TRUE(gpu.is_ok()) << weight_quant_name(q) << ": " << gpu.status().to_string();
+    auto cpu = LocalModel::load({.path = dir, .threads = 2, .quant = q});
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+    const ModelWeights& w = (*gpu)->weights.weights;
+    int64_t f16_bytes = 0;
+    for (const LayerWeights& l : w.layers)
+      for (const TensorView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        EXPECT_EQ(m->type, weight_quant_type(q)) << weight_quant_name(q);
+        f16_bytes += 2 * m->numel();
+      }
+    EXPECT_LT((*gpu)->forward->weight_bytes_per_step(), f16_bytes + 2 * w.lm_head.numel()) << weight_quant_name(q);
+    for (const size_t prompt_len : {size_t{5}, size_t{40}}) {
+      std::vector<int32_t> prompt(prompt_len);
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 29 + 3) % 511);
+      const std::string what = std::string(weight_quant_name(q)) + ", prompt of " + std::to_string(prompt_len);
+      auto run = run_gpu_and_cpu(**gpu, **cpu, prompt);
+      ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+      std::printf("%s: max rel err of the last prompt logits vs CPU %.4f\n", what.c_str(),
+                  max_rel_err(run->gpu_logits, run->cpu.prompt_last_logits.data(),
+                              static_cast<int64_t>(run->gpu_logits.size())));
+      EXPECT_EQ(run->gpu_ids, run->cpu.ids) << what << " (greedy agreement over 8 tokens)";
+    }
+  }
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

@@ -325,7 +325,11 @@ static_assert(TESSERA_CUDA_GGUF_Q8_0 == static_cast<int>(tessera::QuantType::kQ8
                   TESSERA_CUDA_GGUF_Q5_0 == static_cast<int>(tessera::QuantType::kQ5_0) &&
                   TESSERA_CUDA_GGUF_Q4_K == static_cast<int>(tessera::QuantType::kQ4_K) &&
                   TESSERA_CUDA_GGUF_Q5_K == static_cast<int>(tessera::QuantType::kQ5_K) &&
-                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(tessera::QuantType::kQ6_K),
+                  TESSERA_CUDA_GGUF_Q6_K == static_cast<int>(tessera::QuantType::kQ6_K) &&
+                  TESSERA_CUDA_GGUF_Q2_K == static_cast<int>(tessera::QuantType::kQ2_K) &&
+                  TESSERA_CUDA_GGUF_Q3_K == static_cast<int>(tessera::QuantType::kQ3_K) &&
+                  TESSERA_CUDA_GGUF_TQ1_0 == static_cast<int>(tessera::QuantType::kTQ1_0) &&
+                  TESSERA_CUDA_GGUF_TQ2_0 == static_cast<int>(tessera::QuantType::kTQ2_0),
               "the GGUF type ids of cuda_api.h are tessera::QuantType's values");
 constexpr int kGgufPiece = 256;
 
@@ -344,6 +348,44 @@ float gguf_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return fp16_to_f32(h);
+}
+
+// The low-bit formats' element decoders of gguf_gemm.cu (kernels/cpu/quant.cpp's, line for line).
+int gguf_plane2(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3; }
+int gguf_q3_k_scale(const uint8_t* s, int j) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+int gguf_tq1_trit(uint8_t byte, int p) {
+  const int pow3 = p == 0 ? 1 : p == 1 ? 3 : p == 2 ? 9 : p == 3 ? 27 : 81;
+  const auto shifted = static_cast<uint8_t>(byte * pow3);
+  return ((shifted * 3) >> 8) - 1;
+}
+bool gguf_low_bit(int type) {
+  return type == TESSERA_CUDA_GGUF_Q2_K || type == TESSERA_CUDA_GGUF_Q3_K || type == TESSERA_CUDA_GGUF_TQ1_0 ||
+         type == TESSERA_CUDA_GGUF_TQ2_0;
+}
+// Element e of the super-block at blk (decode_low_bit).
+float gguf_decode_low_bit(int type, const uint8_t* blk, int e) {
+  if (type == TESSERA_CUDA_GGUF_Q2_K) {
+    const float d = gguf_half(blk + 80), dmin = gguf_half(blk + 82);
+    const float dl = d * static_cast<float>(blk[e / 16] & 0xF);
+    const float ml = dmin * static_cast<float>(blk[e / 16] >> 4);
+    return dl * static_cast<float>(gguf_plane2(blk + 16, e)) - ml;
+  }
+  if (type == TESSERA_CUDA_GGUF_Q3_K) {
+    const float dl = gguf_half(blk + 108) * static_cast<float>(gguf_q3_k_scale(blk + 96, e / 16));
+    const int high = (blk[e % 32] >> (e / 32)) & 1;
+    return dl * static_cast<float>(gguf_plane2(blk + 32, e) - (high ? 0 : 4));
+  }
+  if (type == TESSERA_CUDA_GGUF_TQ1_0) {
+    const float d = gguf_half(blk + 52);
+    if (e < 160) return d * static_cast<float>(gguf_tq1_trit(blk[e % 32], e / 32));
+    if (e < 240) return d * static_cast<float>(gguf_tq1_trit(blk[32 + (e - 160) % 16], (e - 160) / 16));
+    return d * static_cast<float>(gguf_tq1_trit(blk[48 + (e - 240) % 4], (e - 240) / 4));
+  }
+  return gguf_half(blk + 64) * static_cast<float>(gguf_plane2(blk, e) - 1);  // TQ2_0
 }
 
 // v[i] = weight of column 256 piece + 32 i + lane; 0 for blocks past n_blocks.
@@ -370,6 +412,8 @@ void gguf_decode_piece(int type, const uint8_t* row, int64_t piece, int64_t n_bl
         const int q = (lane < 16 ? (byte & 0xF) : (byte >> 4)) | static_cast<int>(((qh >> lane) & 1u) << 4);
         v[i] = static_cast<float>(q - 16) * d;
       }
+    } else if (gguf_low_bit(type)) {
+      v[i] = gguf_decode_low_bit(type, row + piece * f.bytes, 32 * i + lane);
     } else if (type == TESSERA_CUDA_GGUF_Q6_K) {
       const uint8_t* blk = row + piece * f.bytes;
       const float d = gguf_half(blk + 208);
