@@ -17,6 +17,7 @@ Runner add_serve_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);   // memory bill and step-time prediction
 Runner add_bench_command(CLI::App& app);  // `bench serve`, `bench scale`
+Runner add_eval_command(CLI::App& app);   // quality per precision and workload class
 
 // Prints "error: <message>" to stderr and returns 1 (the common error exit).
 int fail(const std::string& message);

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   add("tokenize", "Print the token ids of text read on stdin as JSON", tessera::cli::add_tokenize_command);
   add("plan", "Cost accounts of a deployment: memory bill and predicted step time (--measure: beside measured)",
       tessera::cli::add_plan_command);
+  add("eval", "Quality per precision and workload class (code, math, prose) against a reference: KL, perplexity, canaries",
+      tessera::cli::add_eval_command);
   add("bench", "Benchmarks: `bench serve` (load-test an OpenAI-compatible server), `bench scale` (TP scaling)",
       tessera::cli::add_bench_command);
   try {

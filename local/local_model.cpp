@@ -17,6 +17,8 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   wo.quant = options.quant;
   wo.quantize_lm_head = options.quantize_lm_head;
   wo.threads = options.threads;
+  wo.importance = options.importance;
+  wo.keep_unquantizable = options.keep_unquantizable;
   TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*m->store_, wo));
   TESSERA_ASSIGN_OR_RETURN(m->layout_, plan_shard_layout(c, TpConfig{}));
   TESSERA_ASSIGN_OR_RETURN(ShardWeights weights, slice_model_weights(std::move(full), c, m->layout_));

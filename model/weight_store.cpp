@@ -260,7 +260,9 @@ namespace {
 
 class Binder {
  public:
-  Binder(const WeightStore& s, ModelWeights* w) : s_(s), w_(w) {}
+  Binder(const WeightStore& s, ModelWeights* w, const ImportanceMatrix* importance = nullptr,
+         bool keep_unquantizable = false)
+      : s_(s), w_(w), importance_(importance), keep_unquantizable_(keep_unquantizable) {}
 
   // Converts a matrix to the mode's type (RTN, rows in parallel; a quantized matrix from its
   // dequantized values) into owned bytes; one already in that type stays as it is.
@@ -273,10 +275,22 @@ class Binder {
       return Status::unimplemented(fmt::format("{}: tensor '{}' is stored as {}, which --quant {} cannot convert",
                                                s_.source_file(name), name, quant_name(m->type), weight_quant_name(q)));
     const int be = quant_traits(type).block_elems;
+    if (cols % be != 0 && keep_unquantizable_) return Status::ok();
     if (cols % be != 0)
       return Status::invalid_argument(fmt::format(
           "{}: tensor '{}' has {} columns, not a multiple of {} as --quant {} needs",
           s_.source_file(name), name, cols, be, weight_quant_name(q)));
+    const float* importance = nullptr;
+    if (importance_ != nullptr) {
+      auto it = importance_->columns.find(name);
+      if (it != importance_->columns.end()) {
+        if (static_cast<int64_t>(it->second.size()) != cols)
+          return Status::invalid_argument(fmt::format(
+              "importance file (measured on {}): tensor '{}' has {} columns there, {} in {}", importance_->model,
+              name, it->second.size(), cols, s_.source_file(name)));
+        if (can_quantize_weighted(type)) importance = it->second.data();
+      }
+    }
     const size_t rb = row_bytes(type, cols);
     WeightBytes bytes(rb * static_cast<size_t>(rows));
     const TensorView src = *m;
@@ -290,7 +304,7 @@ class Binder {
         else if (q == WeightQuant::kInt4Sym)
           quantize_row_int4(row.data(), dst, cols, Int4Grid::kSymmetric);
         else
-          quantize_row(type, row.data(), dst, cols);
+          quantize_row_weighted(type, row.data(), importance, dst, cols);
       }
     };
     pool->parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { work(b, e); });
@@ -375,6 +389,8 @@ class Binder {
  private:
   const WeightStore& s_;
   ModelWeights* w_;
+  const ImportanceMatrix* importance_ = nullptr;
+  bool keep_unquantizable_ = false;
 };
 
 }  // namespace
@@ -505,7 +521,7 @@ Result<ModelWeights> bind_model_weights(const WeightStore& store, const WeightLo
   TESSERA_ASSIGN_OR_RETURN(ModelWeights w, bind_views(store));
   if (options.quant == WeightQuant::kNone) return w;
   ThreadPool pool(ThreadPoolOptions{.num_threads = options.threads});
-  Binder b(store, &w);
+  Binder b(store, &w, options.importance, options.keep_unquantizable);
   for (size_t i = 0; i < w.layers.size(); ++i) {
     LayerWeights& l = w.layers[i];
     const std::string p = fmt::format("model.layers.{}.", i);

@@ -18,6 +18,7 @@
 #include "common/huge_pages.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "model/importance.h"
 #include "model/model_config.h"
 
 namespace tessera {
@@ -131,6 +132,14 @@ struct WeightLoadOptions {
   WeightQuant quant = WeightQuant::kNone;
   bool quantize_lm_head = false;  // also the LM head (a tied one gets its own quantized copy)
   int threads = 0;                // threads for the quantization (0: all)
+  // Calibration (model/importance.h): a weight it names is quantized with the importance of
+  // its columns (kernels/quant.h's quantize_row_weighted) where the format has such an
+  // encoder. A weight whose entry has another length is an InvalidArgument naming both.
+  // Not owned; must outlive the call.
+  const ImportanceMatrix* importance = nullptr;
+  // A matrix whose columns fill no block of the format nor of its fallback stays as stored
+  // instead of failing the load (tessera eval on tiny models, which reports it).
+  bool keep_unquantizable = false;
 };
 
 // Errors name the file, the tensor and both shapes:

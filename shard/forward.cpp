@@ -209,7 +209,10 @@ Status ForwardPass::add_rms_norm(Act delta, WeightRef w, int64_t n) {
 }
 
 Status ForwardPass::project(Act in, std::span<const Projection> outs, int64_t n) {
-  for (const Projection& p : outs) matmul(weight(p.weight), act(in), n, act(p.out), pool_);
+  for (const Projection& p : outs) {
+    if (observer_) observer_(p.weight, act(in), n, weight(p.weight).cols());
+    matmul(weight(p.weight), act(in), n, act(p.out), pool_);
+  }
   return Status::ok();
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -88,6 +89,11 @@ class ForwardPass : private DecoderBackend {
   const ModelConfig& config() const { return config_; }
   const Decoder& decoder() const { return decoder_; }
 
+  // Called with the input of every projection before it runs (x: n_tokens rows of k values;
+  // calibration, model/importance.h). Empty by default; set between runs.
+  using ProjectionObserver = std::function<void(WeightRef w, const float* x, int64_t n_tokens, int64_t k)>;
+  void set_projection_observer(ProjectionObserver observer) { observer_ = std::move(observer); }
+
  private:
   Status validate(std::span<const SequenceInput> batch) const;
   // Validates, then the decoder's first n_layers layers (0: all) over every piece's tokens.
@@ -118,6 +124,7 @@ class ForwardPass : private DecoderBackend {
   ThreadPool* pool_;
   KvCache* cache_;
   Decoder decoder_;
+  ProjectionObserver observer_;
   std::span<const SequenceInput> batch_;  // the step run() is computing
   // Workspace, grown to the largest step seen and reused (no allocation per decode step).
   int64_t capacity_tokens_ = 0;

@@ -118,7 +118,9 @@ TEST(DtypeTest, GgmlTypeTable) {
   std::set<std::string> names;
   size_t with_quant = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) EXPECT_LT(ids[i - 1], ids[i]);
+    if (i > 0) {
+      EXPECT_LT(ids[i - 1], ids[i]);
+    }
     const std::optional<GgmlTypeInfo> g = ggml_type_info(ids[i]);
     ASSERT_TRUE(g.has_value()) << ids[i];
     SCOPED_TRACE(std::string(g->name));
