@@ -66,6 +66,10 @@ void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who) {
       ->check(CLI::IsMember(names))
       ->default_str("none");
   app.add_flag("--quant-lm-head", flags.lm_head, "with --quant: " + who + "quantize the LM head too");
+  app.add_option("--imatrix", flags.imatrix,
+                 "with a GGUF --quant: " + who + "quantize with this importance file (`tessera eval --save-imatrix`): "
+                 "calibrated, the error weighted by the activations' mean square per input column")
+      ->check(CLI::ExistingFile);
 }
 
 }  // namespace tessera::cli

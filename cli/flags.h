@@ -35,9 +35,12 @@ CLI::Option* add_window_pool_flag(CLI::App& app, bool& on);
 
 // --quant / --quant-lm-head: round-to-nearest quantization of float weights at load.
 // `who` starts the help text ("" for this process, "shards " for the shards a command starts).
+// --imatrix FILE: with a GGUF --quant, the importance of each weight's input columns measured
+// on real text (`tessera eval --save-imatrix`, model/importance.h): calibrated quantization.
 struct QuantFlags {
   WeightQuant quant = WeightQuant::kNone;
   bool lm_head = false;
+  std::string imatrix;
 };
 void add_quant_flags(CLI::App& app, QuantFlags& flags, const std::string& who = "");
 

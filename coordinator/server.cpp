@@ -51,6 +51,7 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.extra_mpirun_args = o.extra_mpirun_args;
   spec.quant = o.quant;
   spec.quant_lm_head = o.quant_lm_head;
+  spec.imatrix = o.imatrix;
   spec.kv_dtype = o.kv_dtype;
   // A GPU shard sizes its workspace for the scheduler's largest step.
   spec.max_step_tokens = o.scheduler.max_step_tokens;

@@ -27,6 +27,7 @@ struct ServerOptions {
   KvDtype kv_dtype = KvDtype::kF32;  // the coordinator plans it; the shards must store it
   WeightQuant quant = WeightQuant::kNone;  // for the shards it starts: --quant at load
   bool quant_lm_head = false;
+  std::string imatrix;  // --imatrix for the shards: calibrated --quant
   double headroom = 0.10;
   uint64_t max_kv_bytes = 0;         // per shard; 0: 2 GiB for CPU shards, none for CUDA
   bool kv_window_pool = true;        // the sliding-window layers' KV in a pool of its own (common/kv_config.h)

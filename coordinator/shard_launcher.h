@@ -28,6 +28,7 @@ struct ShardLaunchSpec {
   bool force_mpirun = false;              // use mpirun even for TP = 1
   WeightQuant quant = WeightQuant::kNone;  // --quant for the shards (kNone: not passed)
   bool quant_lm_head = false;              // --quant-lm-head for the shards
+  std::string imatrix;                     // --imatrix for the shards ("": not passed)
   KvDtype kv_dtype = KvDtype::kF32;        // --kv-dtype for the shards (fp32: not passed)
   int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
   int64_t max_step_seqs = 0;              // > 0: --max-step-seqs

@@ -256,20 +256,6 @@ Result<Canaries> run_canaries(LocalModel& m, const Tokenizer& tok, const EvalCor
 
 }  // namespace
 
-Result<std::string> model_sha256(const std::string& path) {
-  if (!fs::is_directory(path)) return sha256_file(path);
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(path))
-    if (e.is_regular_file()) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  std::string all;
-  for (const fs::path& f : files) {
-    TESSERA_ASSIGN_OR_RETURN(std::string h, sha256_file(f.string()));
-    all += f.filename().string() + " " + h + "\n";
-  }
-  return sha256_hex(all);
-}
-
 Result<ModelReport> run_quality_eval(const EvalOptions& o) {
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);

@@ -63,8 +63,4 @@ Result<ModelReport> run_quality_eval(const EvalOptions& options);
 // precision, per class KL mean / p99, top-1, perplexity, then the canaries.
 std::string format_eval_table(const ModelReport& report);
 
-// Hash of a model: the file's SHA-256, or for a directory (Hugging Face) the SHA-256 of its
-// files' names and hashes in name order.
-Result<std::string> model_sha256(const std::string& path);
-
 }  // namespace tessera

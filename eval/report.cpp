@@ -2,15 +2,20 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
+
+#include "common/sha256.h"
 
 namespace tessera {
 
 namespace {
 
+namespace fs = std::filesystem;
 using Json = nlohmann::json;
 constexpr const char* kFormat = "tessera-eval-1";
 
@@ -120,6 +125,28 @@ Status save_eval_report(const EvalReport& report, const std::string& path) {
   return Status::ok();
 }
 
+std::string format_quality_bill(const ModelReport& m, const std::string& report_path) {
+  std::string s = fmt::format("\nQuality by precision ({}; measured {} against {}; mean KL in nats/token)\n",
+                              report_path, m.date, m.reference);
+  s += fmt::format("  {:<14} {:>7} {:>12}", "precision", "bits/w", "weights MiB");
+  for (const std::string& c : m.classes) s += fmt::format(" {:>10}", c + " KL");
+  s += fmt::format(" {:>10} {:>8}\n", "HumanEval", "arith");
+  for (const PrecisionResult& p : m.precisions) {
+    s += fmt::format("  {:<14} {:>7.2f} {:>12.1f}", p.precision + (p.reference ? "*" : ""), p.bits_per_weight,
+                     p.weight_bytes / 1048576.0);
+    for (const std::string& c : m.classes) {
+      auto it = p.classes.find(c);
+      s += it == p.classes.end() ? fmt::format(" {:>10}", "-") : fmt::format(" {:>10.4f}", it->second.kl_mean);
+    }
+    s += p.code ? fmt::format(" {:>9.0f}%", 100 * p.code->pass_at_1) : fmt::format(" {:>10}", "-");
+    s += p.math ? fmt::format(" {:>7.0f}%", 100 * p.math->accuracy) : fmt::format(" {:>8}", "-");
+    s += "\n";
+  }
+  for (const auto& [cls, why] : m.skipped_classes) s += fmt::format("  (class {} not measured: {})\n", cls, why);
+  s += "  (* the reference; serve a precision under a budget with --quant NAME --quality-budget class=max_kl)\n";
+  return s;
+}
+
 std::string default_eval_report_path(const std::string& model_path) {
   std::string p = model_path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -156,6 +183,45 @@ Result<QualityBudget> parse_quality_budget(const std::string& spec) {
   }
   if (b.max_kl.empty()) return Status::invalid_argument("--quality-budget: no class=max_kl given");
   return b;
+}
+
+Result<std::string> model_sha256(const std::string& path) {
+  if (!fs::is_directory(path)) return sha256_file(path);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const fs::path& f : files) {
+    TESSERA_ASSIGN_OR_RETURN(std::string h, sha256_file(f.string()));
+    all += f.filename().string() + " " + h + "\n";
+  }
+  return sha256_hex(all);
+}
+
+std::string served_precision_name(const std::string& quant_name, bool calibrated) {
+  const std::string base = quant_name.empty() || quant_name == "none" ? "file" : quant_name;
+  return calibrated && base != "file" ? base + "+imatrix" : base;
+}
+
+Result<std::string> apply_quality_gate(const std::string& model_path, const std::string& precision,
+                                       const QualityBudget& budget, const std::string& report_path) {
+  auto report = load_eval_report(report_path);
+  if (!report.is_ok()) {
+    if (report.status().code() == StatusCode::kNotFound)
+      return Status::not_found(fmt::format(
+          "--quality-budget: no quality report at {}; measure one with `tessera eval --model {} --precisions {} "
+          "--json {}` (or give --quality-report)",
+          report_path, model_path, precision, report_path));
+    return report.status();
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string sha, model_sha256(model_path));
+  TESSERA_RETURN_IF_ERROR(check_quality_budget(*report, report_path, sha, precision, budget));
+  const PrecisionResult* p = report->models.at(sha).find(precision);
+  std::string line = fmt::format("quality gate: precision '{}' within budget ({}):", precision, report_path);
+  for (const auto& [cls, max_kl] : budget.max_kl)
+    line += fmt::format(" {} KL {:.4f} <= {}", cls, p->classes.at(quality_class_for(cls)).kl_mean, max_kl);
+  return line;
 }
 
 Status check_quality_budget(const EvalReport& report, const std::string& report_path, const std::string& sha256,

@@ -81,6 +81,10 @@ Result<EvalReport> load_eval_report(const std::string& path);
 // Written whole (temporary file renamed over `path`).
 Status save_eval_report(const EvalReport& report, const std::string& path);
 
+// The quality cost beside the memory of each measured precision, for `tessera plan`: one row
+// per precision (bits per linear weight, weight MiB, mean KL per class, canaries).
+std::string format_quality_bill(const ModelReport& m, const std::string& report_path);
+
 // The default report path of a model file: "<model>.eval.json".
 std::string default_eval_report_path(const std::string& model_path);
 
@@ -94,6 +98,20 @@ struct QualityBudget {
 };
 Result<QualityBudget> parse_quality_budget(const std::string& spec);
 std::string quality_class_for(const std::string& budget_class);  // "chat" -> "prose"
+
+// Hash of a model: the file's SHA-256, or for a directory (Hugging Face) the SHA-256 of its
+// files' names and hashes in name order.
+Result<std::string> model_sha256(const std::string& path);
+
+// The precision name a deployment serves: "file" without --quant, else the --quant name, with
+// "+imatrix" when calibrated (the names `tessera eval` reports).
+std::string served_precision_name(const std::string& quant_name, bool calibrated);
+
+// The gate of `tessera serve --quality-budget`: loads the report at report_path (NotFound
+// saying to run `tessera eval`), hashes the model and checks the precision. Returns one line
+// saying what passed, for the log.
+Result<std::string> apply_quality_gate(const std::string& model_path, const std::string& precision,
+                                       const QualityBudget& budget, const std::string& report_path);
 
 // Ok when the report measured `precision` of the model with hash `sha256` and its mean KL is
 // within budget for every class the budget names; else InvalidArgument naming the class,

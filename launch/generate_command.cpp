@@ -158,6 +158,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.kv_dtype = a.kv_dtype.runtime();
   spec.quant = a.quant.quant;
   spec.quant_lm_head = a.quant.lm_head;
+  spec.imatrix = a.quant.imatrix;
   spec.max_step_tokens = chunk;
   spec.max_step_seqs = 1;
   auto child = ChildProcess::spawn(build_shard_command(spec));
@@ -272,6 +273,13 @@ int run_generate(const GenerateArgs& a) {
   mo.block_size = a.block_size;
   mo.quant = a.quant.quant;
   mo.quantize_lm_head = a.quant.lm_head;
+  std::optional<ImportanceMatrix> importance;
+  if (!a.quant.imatrix.empty()) {
+    auto m = load_importance(a.quant.imatrix);
+    if (!m.is_ok()) return fail(m.status().to_string());
+    importance = std::move(m).value();
+    mo.importance = &*importance;
+  }
   mo.kv_dtype = a.kv_dtype.runtime();
   mo.draft = SelfDraftConfig{a.speculation.draft_layers, a.speculation.draft_vocab, {}};
   if (tokenizer && a.speculation.draft_layers > 0) mo.draft.ids = tokenizer->frequent_ids(a.speculation.draft_vocab);

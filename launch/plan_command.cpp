@@ -27,6 +27,7 @@
 #include "coordinator/scheduler_config.h"
 #include "cli/default_model.h"
 #include "cli/flags.h"
+#include "eval/report.h"
 #include "launch/commands.h"
 #include "model/weight_store.h"
 #include "shard/forward.h"
@@ -40,6 +41,7 @@ struct PlanArgs {
   std::string model;
   std::string precision;        // empty: as stored in the model file
   std::string embed_precision;  // empty: as --precision
+  std::string quality_report;   // empty: <model>.eval.json when it exists
   KvDtypeFlag kv_dtype;  // auto unless given
   int tp = 1;
   std::string card = "A100-80GB";
@@ -323,6 +325,27 @@ std::string measured_json(const Measured& m) {
   return to_json_text(j);
 }
 
+// The measured quality of each precision (`tessera eval`'s report), when there is one for this
+// model file: beside the memory bill, what each precision costs.
+std::string quality_section(const PlanArgs& a, const PlanModel& model) {
+  if (!model.has_weights) return {};
+  const std::string path = a.quality_report.empty() ? default_eval_report_path(a.model) : a.quality_report;
+  auto report = load_eval_report(path);
+  if (!report.is_ok()) {
+    if (a.quality_report.empty() && report.status().code() == StatusCode::kNotFound)
+      return fmt::format("\nQuality by precision: not measured (no {}; `tessera eval --model {}` measures it)\n", path,
+                         a.model);
+    return fmt::format("\nQuality by precision: {}\n", report.status().to_string());
+  }
+  auto sha = model_sha256(a.model);
+  if (!sha.is_ok()) return fmt::format("\nQuality by precision: {}\n", sha.status().to_string());
+  auto it = report->models.find(*sha);
+  if (it == report->models.end())
+    return fmt::format("\nQuality by precision: {} has no measurement of this model file (sha256 {})\n", path,
+                       sha->substr(0, 12));
+  return format_quality_bill(it->second, path);
+}
+
 int run_plan(const PlanArgs& a) {
   auto model = load_plan_model(a.model);
   if (!model.is_ok()) return fail(model.status().to_string());
@@ -344,6 +367,7 @@ int run_plan(const PlanArgs& a) {
   // The bill first: a measurement that fails (or takes a while) still leaves it on the screen.
   if (!a.json) {
     std::fputs(format_plan(*plan).c_str(), stdout);
+    std::fputs(quality_section(a, *model).c_str(), stdout);
     std::fflush(stdout);
   }
   std::string measured_text;
@@ -383,6 +407,9 @@ Runner add_plan_command(CLI::App& app) {
                  "weight precision: " + fmt::format("{}", fmt::join(precision_names(), ", ")) +
                      " (default: as stored in the model file)");
   app.add_option("--embed-precision", a->embed_precision, "embedding and LM head precision (default: as --precision)");
+  app.add_option("--quality-report", a->quality_report,
+                 "`tessera eval` report whose measured quality per precision is shown beside the bill (default: "
+                 "<model>.eval.json when it exists)");
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kPlan);
   app.add_option("--tp", a->tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--card", a->card,

@@ -14,6 +14,7 @@
 #include "cli/flags.h"
 #include "common/process.h"
 #include "coordinator/server_cli.h"
+#include "eval/report.h"
 #include "launch/commands.h"
 
 namespace tessera::cli {
@@ -31,6 +32,39 @@ std::shared_ptr<QuantFlags> add_shard_quant_flags(CLI::App& app) {
 void pass_quant(const QuantFlags& q, ServerOptions& o) {
   o.quant = q.quant;
   o.quant_lm_head = q.lm_head;
+  o.imatrix = q.imatrix;
+}
+
+// --quality-budget / --quality-report: the deployment starts only with a precision whose loss,
+// measured by `tessera eval` on this model file, is within budget for every class it serves.
+struct QualityGateFlags {
+  std::string budget;
+  std::string report;
+};
+
+std::shared_ptr<QualityGateFlags> add_quality_gate_flags(CLI::App& app) {
+  auto g = std::make_shared<QualityGateFlags>();
+  app.add_option("--quality-budget", g->budget,
+                 "refuse to start unless the served precision's measured loss is within budget: "
+                 "class=max_kl pieces, e.g. code=0.05,math=0.05,chat=0.02 (mean KL from the reference in nats per "
+                 "token, from `tessera eval`; chat is measured on prose)");
+  app.add_option("--quality-report", g->report, "the `tessera eval` report (default: <model>.eval.json)");
+  return g;
+}
+
+// Ok (printing what passed) or the error naming the numbers.
+Status check_quality_gate(const QualityGateFlags& g, const ServerOptions& o) {
+  if (g.budget.empty()) {
+    if (!g.report.empty()) return Status::invalid_argument("--quality-report without --quality-budget: nothing to check");
+    return Status::ok();
+  }
+  TESSERA_ASSIGN_OR_RETURN(QualityBudget budget, parse_quality_budget(g.budget));
+  const std::string precision =
+      served_precision_name(o.quant == WeightQuant::kNone ? "" : std::string(weight_quant_name(o.quant)), !o.imatrix.empty());
+  const std::string report = g.report.empty() ? default_eval_report_path(o.model_path) : g.report;
+  TESSERA_ASSIGN_OR_RETURN(std::string line, apply_quality_gate(o.model_path, precision, budget, report));
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return Status::ok();
 }
 
 }  // namespace
@@ -39,10 +73,12 @@ Runner add_serve_command(CLI::App& app) {
   auto cli = std::make_shared<ServerCli>();
   cli->add_to(app, /*spawns_shards=*/true);
   auto quant = add_shard_quant_flags(app);
-  return [cli, quant] {
+  auto gate = add_quality_gate_flags(app);
+  return [cli, quant, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     pass_quant(*quant, cli->options);
+    if (Status g = check_quality_gate(*gate, cli->options); !g.is_ok()) return fail(g.to_string());
     return run_server(cli->options);
   };
 }
@@ -63,11 +99,13 @@ Runner add_launch_command(CLI::App& app) {
                  "an extra argument for mpirun (repeatable; --mpirun-arg=-x for one that starts with a dash)");
   app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
   auto quant = add_shard_quant_flags(app);
-  return [cli, dry_run, mca, quant] {
+  auto gate = add_quality_gate_flags(app);
+  return [cli, dry_run, mca, quant, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     ServerOptions& o = cli->options;
     pass_quant(*quant, o);
+    if (Status g = check_quality_gate(*gate, o); !g.is_ok()) return fail(g.to_string());
     for (const auto& [name, value] : *mca) o.extra_mpirun_args.insert(o.extra_mpirun_args.end(), {"--mca", name, value});
     if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";
     if (*dry_run) {

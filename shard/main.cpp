@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   o.debug_step_delay = std::chrono::milliseconds(debug_step_delay_ms);
   o.weight_quant = quant.quant;
   o.quantize_lm_head = quant.lm_head;
+  o.imatrix_path = quant.imatrix;
   o.kv_dtype = kv_dtype.runtime();
   o.bind = !no_bind;
   o.cuda_graphs = !no_graphs;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "comm/control_channel.h"
@@ -122,6 +123,11 @@ class ShardWorker {
     wo.quant = o_.weight_quant;
     wo.quantize_lm_head = o_.quantize_lm_head;
     wo.threads = o_.threads > 0 ? o_.threads : static_cast<int>(bound_cpus_.size());
+    std::optional<ImportanceMatrix> importance;
+    if (!o_.imatrix_path.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(importance, load_importance(o_.imatrix_path));
+      wo.importance = &*importance;
+    }
     TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store_, wo));
     TESSERA_ASSIGN_OR_RETURN(layout_, plan_shard_layout(c, TpConfig{comm_.rank(), comm_.size()}));
     TESSERA_ASSIGN_OR_RETURN(ShardWeights weights, slice_model_weights(std::move(full), c, layout_));
@@ -181,7 +187,7 @@ class ShardWorker {
     if (m.max_step_tokens > 0) h.max_step_tokens = m.max_step_tokens;
     if (m.max_step_seqs > 0) h.max_step_seqs = m.max_step_seqs;
     h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.weight_quant)) +
-                          (o_.quantize_lm_head ? "+lm_head" : "");
+                          (o_.quantize_lm_head ? "+lm_head" : "") + (o_.imatrix_path.empty() ? "" : "+imatrix");
     h.hostname = this_hostname();
     h.pid = static_cast<int32_t>(::getpid());
     return h;
