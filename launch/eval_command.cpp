@@ -2,6 +2,8 @@
 // (eval/evaluator.h), written to a JSON report keyed by the model file's hash (eval/report.h)
 // that `tessera serve --quality-budget` and `tessera plan` read.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -13,6 +15,8 @@
 
 namespace tessera::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct EvalArgs {
   EvalOptions options;
@@ -31,8 +35,22 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// --corpus's default: $TESSERA_EVAL_CORPUS, else models/eval-corpus of the checkout the binary
+// was built in (build/bin/../../models), else of the current directory.
+std::string default_corpus_dir() {
+  if (const char* env = std::getenv("TESSERA_EVAL_CORPUS"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path p = exe.parent_path().parent_path().parent_path() / "models" / "eval-corpus";
+    if (fs::exists(p / "manifest.json")) return p.string();
+  }
+  return "models/eval-corpus";
+}
+
 int run_eval(EvalArgs& a) {
   EvalOptions& o = a.options;
+  if (o.corpus_dir.empty()) o.corpus_dir = default_corpus_dir();
   if (Status st = resolve_model_flag(o.model_path); !st.is_ok()) return fail(st.to_string());
   o.precisions = split_list(a.precisions);
   o.classes = split_list(a.classes);
@@ -73,9 +91,9 @@ Runner add_eval_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--reference", o.reference, "The precision the others are compared with")->capture_default_str();
   app.add_option("--classes", a->classes, "Comma-separated workload classes (default: all of the corpus: code, math, prose)");
-  app.add_option("--corpus", o.corpus_dir, "Corpus directory (scripts/eval_corpus.sh writes it)")
-      ->default_str("models/eval-corpus");
-  o.corpus_dir = "models/eval-corpus";
+  app.add_option("--corpus", o.corpus_dir,
+                 "Corpus directory (scripts/eval_corpus.sh writes it; default $TESSERA_EVAL_CORPUS, else the "
+                 "checkout's models/eval-corpus)");
   app.add_option("--json", a->json, "Report to write or update (default: <model>.eval.json)");
   app.add_option("--table", a->table, "Also write the printed table to this file");
   app.add_option("--tokens-per-class", o.tokens_per_class, "Teacher-forced positions per class")

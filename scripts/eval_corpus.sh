@@ -13,4 +13,4 @@ fi
 if [ ! -f "$OUT/manifest.json" ] || [ tools/eval_corpus.py -nt "$OUT/manifest.json" ]; then
   .venv/bin/python tools/eval_corpus.py --out "$OUT" >&2
 fi
-echo "$OUT"
+(cd "$OUT" && pwd)

