@@ -81,13 +81,15 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
       EXPECT_EQ(tr.ggml_type, -1);
       EXPECT_FALSE(tr.quant_at_load);
       EXPECT_EQ(tr.cuda, CudaWeightForm::kNone) << "the CPU's re-lays never reach the device";
-    } else if (tr.cpu != CpuMatmul::kWiden || tr.ggml_type < 0) {
-      EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
+    } else if (t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 || t == QuantType::kTQ2_0) {
+      // The low-bit GGUF formats: integer-dot CPU kernels, no CUDA kernel yet.
+      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
+      EXPECT_EQ(tr.cuda, CudaWeightForm::kNone);
     } else {
-      // The low-bit GGUF formats (Q2_K, Q3_K, TQ1_0, TQ2_0) have no CUDA kernel yet.
-      EXPECT_TRUE(t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 ||
-                  t == QuantType::kTQ2_0 || tr.cuda != CudaWeightForm::kNone);
+      EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
     }
+    // Widening rows to fp32 is left to the plain integer types.
+    EXPECT_EQ(tr.cpu == CpuMatmul::kWiden, t == QuantType::kI8 || t == QuantType::kI32) << tr.name;
     // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
     if (tr.cuda == CudaWeightForm::kBlocks) {
       EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
