@@ -7,7 +7,7 @@
 // bit-identical across scalar / AVX2 / AVX-512, thread counts, and batch composition):
 //
 // Activations (one row x of k fp32 values per token), blocks of kActBlock32 (32-element weight
-// formats) or kActBlock256 (K-quants):
+// formats) or kActBlock256 (K-quants and the low-bit formats):
 //   amax = max |x_i| over the block; id = amax != 0 ? 127 / amax : 0;
 //   q_i = round_to_nearest_even(x_i * id)   (in [-127, 127]);
 //   d = fp16_round(amax / 127) for 32-blocks, 1 / id for 256-blocks (0 when amax == 0),
@@ -29,7 +29,7 @@
 //     isum = sum_j w_j * q_j (int8 levels);  acc = fma((float)isum, s * dx_b, acc)
 //   I4_G128 (load-time INT4, fp16 d and zero z per 128-group), per 32-block b of group b / 4:
 //     isum = sum_j level_j * q_j - z * bsum32_b;  acc = fma((float)isum, d * dx_b, acc)
-//   (the new formats walk 32-element blocks: kernel_block_elems() is 32 for them).
+//   (I8_CH / I4_G128 walk 32-element blocks: kernel_block_elems() is 32 for them).
 //   The low-bit formats, per 256-superblock (block layouts in kernels/cpu/quant.cpp), with
 //   dot16_s(u, q) = sum of u_j * q_j over the 16 elements of sub-block s (s = 0..15) and
 //   bsum256 = sum_s bsum16[s]:
@@ -44,8 +44,9 @@
 //   TQ1_0, fp16 d, u = the base-3 digit 0..2 of its byte (tq1_digit; the trit is u - 1):
 //     isum = sum_j u_j * q_j - bsum256;  acc = fma((float)isum, d * dx, acc)
 //   These four are computed one row at a time along k by every path (no R16 layouts): the
-//   integer sums are the same whatever the SIMD width, and the two float operations per block
-//   are scalar fmas in the order above.
+//   integer sums are the same whatever the SIMD width, and the float operations of a block
+//   are scalar: d * dx (and dmin * dx) rounded, then the fmas in the order above. |isum| stays
+//   below 2^24, so (float)isum is exact (Q3_K's is the largest: 16 * 32 * 16 * 4 * 127 < 2^22).
 // All integer sums are exact (bounded well inside int32); every float operation is one IEEE
 // fp32 rounding, so any order of the integer work gives the same bits.
 #pragma once
