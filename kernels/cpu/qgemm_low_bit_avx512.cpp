@@ -27,7 +27,7 @@
 namespace tessera::cpu {
 namespace {
 
-constexpr int kTokens = 4;  // tokens per pass over a row
+constexpr int kTokens = 8;  // tokens per pass over a row (the accumulators stay in the 32 registers)
 
 // pshufb indices spreading the 16 scales (broadcast to every 128-bit lane) over the int16 lanes
 // of chunk c (elements 64c..64c+63): 128-bit lane k holds sub-block 4c + k. zx: zero-extended
@@ -258,7 +258,11 @@ TESSERA_AVX512 void rows_of(const QMatmulArgs& a, const PackedActs& x, int64_t r
         case 1: row_pass<kType, 1>(row, bb, nb, x, t0, y, a.y_stride); break;
         case 2: row_pass<kType, 2>(row, bb, nb, x, t0, y, a.y_stride); break;
         case 3: row_pass<kType, 3>(row, bb, nb, x, t0, y, a.y_stride); break;
-        default: row_pass<kType, 4>(row, bb, nb, x, t0, y, a.y_stride); break;
+        case 4: row_pass<kType, 4>(row, bb, nb, x, t0, y, a.y_stride); break;
+        case 5: row_pass<kType, 5>(row, bb, nb, x, t0, y, a.y_stride); break;
+        case 6: row_pass<kType, 6>(row, bb, nb, x, t0, y, a.y_stride); break;
+        case 7: row_pass<kType, 7>(row, bb, nb, x, t0, y, a.y_stride); break;
+        default: row_pass<kType, 8>(row, bb, nb, x, t0, y, a.y_stride); break;
       }
     }
   }
