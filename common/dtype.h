@@ -26,8 +26,8 @@ enum class QuantType : uint8_t {
   kQ4_K,  // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
   kQ5_K,  // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
   kQ6_K,  // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
-  // Low-bit GGUF formats, computed on the CPU by widening rows to fp32 (CpuMatmul::kWiden) until
-  // they get integer-dot kernels; the CUDA backend reads their blocks as stored (kBlocks).
+  // Low-bit GGUF formats: integer-dot CPU kernels (kernels/cpu/qgemm.h, row at a time, no
+  // 16-row re-lay); the CUDA backend reads their blocks as stored (kBlocks).
   kQ2_K,   // ggml: 256 elems, 16 B 4-bit scale|min, 64 B 2-bit levels, fp16 d, dmin   (84 B)
   kQ3_K,   // ggml: 256 elems, 32 B high-bit mask, 64 B 2-bit low, 12 B scales, fp16 d (110 B)
   kTQ1_0,  // ggml ternary: 256 elems, 48 B of 5 trits, 4 B of 4 trits, fp16 d         (54 B)
@@ -61,7 +61,7 @@ enum class QuantType : uint8_t {
 enum class CpuMatmul : uint8_t {
   kFloat,   // the float kernels, as stored (kernels/cpu/fgemm.h)
   kIntDot,  // an integer-dot kernel, as stored (kernels/cpu/qgemm.h); the R16 layouts on AVX-512 or AVX2
-  kWiden,   // widened to fp32 one row at a time (dequantize_row), then the F32 kernel
+  kWiden,   // widened to fp32 one row at a time (dequantize_row), then the F32 kernel (I8, I32)
 };
 
 // How the CUDA backend holds a weight matrix of this type (shard/cuda_forward.cpp's upload).

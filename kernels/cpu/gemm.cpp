@@ -1,8 +1,8 @@
 // CPU matmul for every weight QuantType: picks the kernel family and splits rows over threads.
 //
-//   GGUF block formats (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): the activations are quantized to
-//     int8 blocks once per call (kernels/cpu/qgemm.h), then integer-dot kernels run on the
-//     weight blocks as stored in the file.
+//   GGUF block formats (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, TQ1_0, TQ2_0): the
+//     activations are quantized to int8 blocks once per call (kernels/cpu/qgemm.h), then
+//     integer-dot kernels run on the weight blocks as stored in the file.
 //   Load-time formats I8_CH and I4_G128 (--quant, AWQ / GPTQ): the same scheme with 32-element
 //     activation blocks; I8_CH rows carry their scale after the levels (row_bytes includes it).
 //   F32 / F16 / BF16: fp32 fma kernels (kernels/cpu/fgemm.h), fp32-accurate.

@@ -1,12 +1,13 @@
 // Internal interface of the integer-dot matmul kernels for GGUF block weights (Q8_0, Q4_0,
-// Q5_0, Q4_K, Q5_K, Q6_K): activations are quantized to int8 per block once per matmul and
-// every weight block is dotted with them in integer arithmetic.
+// Q5_0, Q4_K, Q5_K, Q6_K, and the low-bit Q2_K, Q3_K, TQ1_0, TQ2_0): activations are quantized
+// to int8 per block once per matmul and every weight block is dotted with them in integer
+// arithmetic.
 //
 // Canonical arithmetic (the contract every ISA path implements exactly, so results are
 // bit-identical across scalar / AVX2 / AVX-512, thread counts, and batch composition):
 //
 // Activations (one row x of k fp32 values per token), blocks of kActBlock32 (32-element weight
-// formats) or kActBlock256 (K-quants):
+// formats) or kActBlock256 (K-quants and the low-bit formats):
 //   amax = max |x_i| over the block; id = amax != 0 ? 127 / amax : 0;
 //   q_i = round_to_nearest_even(x_i * id)   (in [-127, 127]);
 //   d = fp16_round(amax / 127) for 32-blocks, 1 / id for 256-blocks (0 when amax == 0),
@@ -28,7 +29,24 @@
 //     isum = sum_j w_j * q_j (int8 levels);  acc = fma((float)isum, s * dx_b, acc)
 //   I4_G128 (load-time INT4, fp16 d and zero z per 128-group), per 32-block b of group b / 4:
 //     isum = sum_j level_j * q_j - z * bsum32_b;  acc = fma((float)isum, d * dx_b, acc)
-//   (the new formats walk 32-element blocks: kernel_block_elems() is 32 for them).
+//   (I8_CH / I4_G128 walk 32-element blocks: kernel_block_elems() is 32 for them).
+//   The low-bit formats, per 256-superblock (block layouts in kernels/cpu/quant.cpp), with
+//   dot16_s(u, q) = sum of u_j * q_j over the 16 elements of sub-block s (s = 0..15) and
+//   bsum256 = sum_s bsum16[s]:
+//   Q2_K, fp16 d, dmin, 4-bit sc[16] (low nibble) and m[16] (high nibble), levels u in 0..3:
+//     isum = sum_s sc[s] * dot16_s(u, q);   msum = sum_s m[s] * bsum16[s]
+//     acc = fma((float)isum, d * dx, acc); acc = fma((float)(-msum), dmin * dx, acc)
+//   Q3_K, fp16 d, signed 6-bit scales sc[s] = stored - 32 (q3_k_scale), u = low2 | hbit << 2
+//     in 0..7 (hbit from the high-bit mask; the level is u - 4):
+//     isum = sum_s sc[s] * (dot16_s(u, q) - 4 * bsum16[s]);  acc = fma((float)isum, d * dx, acc)
+//   TQ2_0, fp16 d, stored 2-bit u in 0..3 (the level is u - 1; trit + 1 for valid blocks):
+//     isum = sum_j u_j * q_j - bsum256;  acc = fma((float)isum, d * dx, acc)
+//   TQ1_0, fp16 d, u = the base-3 digit 0..2 of its byte (tq1_digit; the trit is u - 1):
+//     isum = sum_j u_j * q_j - bsum256;  acc = fma((float)isum, d * dx, acc)
+//   These four are computed one row at a time along k by every path (no R16 layouts): the
+//   integer sums are the same whatever the SIMD width, and the float operations of a block
+//   are scalar: d * dx (and dmin * dx) rounded, then the fmas in the order above. |isum| stays
+//   below 2^24, so (float)isum is exact (Q3_K's is the largest: 16 * 32 * 16 * 4 * 127 < 2^22).
 // All integer sums are exact (bounded well inside int32); every float operation is one IEEE
 // fp32 rounding, so any order of the integer work gives the same bits.
 #pragma once
@@ -111,6 +129,12 @@ void repack_r16(QuantType type, const uint8_t* src, int64_t rows, int64_t k, uin
 // base type) back in its base format's layout: row_bytes(type, k) bytes to dst.
 void unpack_r16_row(QuantType type, const uint8_t* data, int64_t row, int64_t k, uint8_t* dst);
 
+// Q2_K, Q3_K, TQ1_0, TQ2_0 (the row-at-a-time kernels of qgemm_low_bit_{avx2,avx512}.cpp;
+// qmatmul_avx2 / qmatmul_avx512 hand these types to them).
+bool is_low_bit(QuantType type);
+void qmatmul_low_bit_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);
+void qmatmul_low_bit_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
+
 void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx2(const QMatmulArgs& a, int64_t r0, int64_t r1);
 void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
@@ -128,6 +152,8 @@ void qmatmul_avx512(const QMatmulArgs& a, int64_t r0, int64_t r1);
 //     does not use it);  I4_G128: aux[0] = bsum32;
 //   Q4_K / Q5_K: aux[j] = bsum32[2j] | bsum32[2j + 1] << 16 (j = 0..3, int16 pairs for pmaddwd);
 //   Q6_K: aux[g] = -32 * bsum16[g] (g = 0..15).
+//   Q2_K / Q3_K: aux[j] = bsum16[2j] | bsum16[2j + 1] << 16 (j = 0..7: the 16 bsum16 as int16,
+//     in order, for pmaddwd with the 16 mins or scales);  TQ1_0 / TQ2_0: aux[0] = bsum256.
 constexpr int64_t kSmallBatch = 16;
 
 struct PackedActs {
@@ -175,6 +201,23 @@ inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
     *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
+}
+
+// The signed 6-bit scale of Q3_K sub-block j (0..15) from its 12 packed bytes: stored + 32,
+// the low 4 bits in the low (j < 8) or high nibble of byte j % 8, the top 2 bits at bits
+// 2(j / 4), 2(j / 4) + 1 of byte 8 + j % 4.
+inline int q3_k_scale(const uint8_t* s, int j) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// Base-3 digit p (0..4, most significant first) of a TQ1_0 byte, 0..2 (the trit plus one):
+// the top trit of byte * 3^p mod 256, i.e. ((byte * 3^p mod 256) * 3) >> 8.
+inline int tq1_digit(uint8_t byte, int p) {
+  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  const auto shifted = static_cast<uint8_t>(byte * kPow3[p]);
+  return (shifted * 3) >> 8;
 }
 
 }  // namespace tessera::cpu

@@ -629,6 +629,7 @@ TESSERA_AVX2 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, con
 }
 
 TESSERA_AVX2 void qmatmul_avx2(const QMatmulArgs& args, int64_t r0, int64_t r1) {
+  if (is_low_bit(args.type)) return qmatmul_low_bit_avx2(args, r0, r1);  // qgemm_low_bit_avx2.cpp
   // R16 matrices run as their base format, each 16-row group as two halves of 8 rows read
   // from the group's blocks as stored (r0 starts a group: matmul_rows checks it). Decode and
   // batched decode walk the group's stream once, both halves per chunk, prefetched as the

@@ -978,6 +978,7 @@ TESSERA_AVX512 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1,
 }
 
 TESSERA_AVX512 void qmatmul_avx512(const QMatmulArgs& args, int64_t r0, int64_t r1) {
+  if (is_low_bit(args.type)) return qmatmul_low_bit_avx512(args, r0, r1);  // qgemm_low_bit_avx512.cpp
   // R16 matrices run as their base format, reading each group's blocks as stored.
   const bool r16 = is_r16(args.type);
   QMatmulArgs a = args;

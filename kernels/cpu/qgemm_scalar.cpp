@@ -152,7 +152,80 @@ float row_dot_i4_g128(const uint8_t* row, const int8_t* xq, const float* xd, con
   return acc;
 }
 
+// ---- the low-bit formats (qgemm.h): unsigned levels u of a 256-superblock in element order.
+
+// Q2_K / Q3_K / TQ2_0's 2-bit plane (64 B): element 128h + 32s + l in bits 2s, 2s + 1 of byte
+// 32h + l.
+void levels_plane2(const uint8_t* qs, int* u) {
+  for (int e = 0; e < 256; ++e) u[e] = (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+// TQ1_0: bytes 0-31 hold elements 32p + l (digits p < 5), bytes 32-47 elements 160 + 16p + l,
+// the 4 bytes at 48 elements 240 + 4p + l (p < 4).
+void levels_tq1_0(const uint8_t* sb, int* u) {
+  for (int p = 0; p < 5; ++p)
+    for (int l = 0; l < 32; ++l) u[32 * p + l] = tq1_digit(sb[l], p);
+  for (int p = 0; p < 5; ++p)
+    for (int l = 0; l < 16; ++l) u[160 + 16 * p + l] = tq1_digit(sb[32 + l], p);
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 4; ++l) u[240 + 4 * p + l] = tq1_digit(sb[48 + l], p);
+}
+
+int32_t dot16(const int* u, const int8_t* x) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += u[j] * x[j];
+  return s;
+}
+
+float row_dot_low_bit(QuantType type, const uint8_t* row, const int8_t* xq, const float* xd, const int16_t* bsum,
+                      int64_t nb) {
+  const size_t bb = static_cast<size_t>(quant_traits(type).block_bytes);
+  float acc = 0.0f;
+  int u[256];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = row + static_cast<size_t>(b) * bb;
+    const int8_t* x = xq + 256 * b;
+    const int16_t* bs = bsum + 16 * b;
+    int32_t isum = 0;
+    switch (type) {
+      case QuantType::kQ2_K: {  // scales[16] | qs[64] | d | dmin
+        levels_plane2(sb + 16, u);
+        int32_t msum = 0;
+        for (int s = 0; s < 16; ++s) {
+          isum += (sb[s] & 0xF) * dot16(u + 16 * s, x + 16 * s);
+          msum += (sb[s] >> 4) * bs[s];
+        }
+        acc = std::fma(static_cast<float>(isum), f16_at(sb + 80) * xd[b], acc);
+        acc = std::fma(static_cast<float>(-msum), f16_at(sb + 82) * xd[b], acc);
+        continue;
+      }
+      case QuantType::kQ3_K: {  // hmask[32] | qs[64] | scales[12] | d
+        levels_plane2(sb + 32, u);
+        for (int e = 0; e < 256; ++e) u[e] |= ((sb[e % 32] >> (e / 32)) & 1) << 2;
+        for (int s = 0; s < 16; ++s) isum += q3_k_scale(sb + 96, s) * (dot16(u + 16 * s, x + 16 * s) - 4 * bs[s]);
+        acc = std::fma(static_cast<float>(isum), f16_at(sb + 108) * xd[b], acc);
+        continue;
+      }
+      case QuantType::kTQ2_0: levels_plane2(sb, u); break;  // qs[64] | d
+      default: levels_tq1_0(sb, u); break;                   // qs[48] | qh[4] | d
+    }
+    for (int s = 0; s < 16; ++s) isum += dot16(u + 16 * s, x + 16 * s) - bs[s];
+    acc = std::fma(static_cast<float>(isum), f16_at(sb + bb - 2) * xd[b], acc);
+  }
+  return acc;
+}
+
 }  // namespace
+
+bool is_low_bit(QuantType type) {
+  switch (type) {
+    case QuantType::kQ2_K:
+    case QuantType::kQ3_K:
+    case QuantType::kTQ1_0:
+    case QuantType::kTQ2_0: return true;
+    default: return false;
+  }
+}
 
 // The R16 layouts (below) answer as their base formats.
 int64_t kernel_block_elems(QuantType type) {
@@ -269,6 +342,10 @@ int64_t act_block(QuantType type) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K:
     case QuantType::kQ6_K:
+    case QuantType::kQ2_K:
+    case QuantType::kQ3_K:
+    case QuantType::kTQ1_0:
+    case QuantType::kTQ2_0:
       return kActBlock256;
     default: return kActBlock32;
   }
@@ -306,6 +383,7 @@ int packed_aux_per_block(QuantType type) {
   switch (type) {
     case QuantType::kQ4_K: case QuantType::kQ5_K: return 4;
     case QuantType::kQ6_K: return 16;
+    case QuantType::kQ2_K: case QuantType::kQ3_K: return 8;
     default: return 1;
   }
 }
@@ -353,6 +431,17 @@ PackedActs pack_acts(const QMatmulArgs& a, void* scratch) {
           for (int g = 0; g < 16; ++g) x[g] = -32 * bs[g];
           break;
         case QuantType::kI4_G128: x[0] = bs[0] + bs[1]; break;
+        case QuantType::kQ2_K:
+        case QuantType::kQ3_K:
+          for (int j = 0; j < 8; ++j)
+            x[j] = static_cast<int32_t>((static_cast<uint32_t>(bs[2 * j]) & 0xFFFFu) |
+                                        (static_cast<uint32_t>(bs[2 * j + 1]) << 16));
+          break;
+        case QuantType::kTQ1_0:
+        case QuantType::kTQ2_0:
+          x[0] = 0;
+          for (int g = 0; g < 16; ++g) x[0] += bs[g];
+          break;
         default: x[0] = -offset * (bs[0] + bs[1]); break;
       }
     }
@@ -415,6 +504,10 @@ void qmatmul_scalar(const QMatmulArgs& a, int64_t r0, int64_t r1) {
         case QuantType::kQ6_K: v = row_dot_q6_k(row, xq, xd, nb); break;
         case QuantType::kI8_CH: v = row_dot_i8_ch(row, a.k, xq, xd, nb); break;
         case QuantType::kI4_G128: v = row_dot_i4_g128(row, xq, xd, bs, nb); break;
+        case QuantType::kQ2_K:
+        case QuantType::kQ3_K:
+        case QuantType::kTQ1_0:
+        case QuantType::kTQ2_0: v = row_dot_low_bit(a.type, row, xq, xd, bs, nb); break;
         default: v = row_dot_q32(a.type, row, block_bytes, xq, xd, nb); break;
       }
       a.y[t * a.y_stride + r] = v;

@@ -24,14 +24,16 @@
 //                     16 sub-blocks of 16, x = (d * (sc & 15)) * q - dmin * (sc >> 4), q 0..3
 //   Q3_K  110 B / 256: u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d
 //                     x = (d * sc) * (q2 - 4 * !hbit), hbit = bit e / 32 of hmask[e % 32];
-//                     sc signed 6-bit of sub-block e / 16 (packing at q3_k_scale)
+//                     sc signed 6-bit of sub-block e / 16 (packing at cpu::q3_k_scale, qgemm.h)
 //   TQ1_0  54 B / 256: u8 qs[48] | u8 qh[4] | f16 d     x = d * t, t in {-1, 0, 1},
 //                     five (qh: four) base-3 digits per byte (packing at tq1_trit)
 //   TQ2_0  66 B / 256: u8 qs[64] | f16 d                x = d * (q2 - 1)
-//   These four are read by the scalar decoders only (and widened for matmul, CpuMatmul::kWiden);
-//   kernels/cuda/gguf_gemm.cu's decode_low_bit repeats them element by element.
+//   These four have scalar decoders only; matmul reads them with the integer-dot kernels
+//   (kernels/cpu/qgemm.h); kernels/cuda/gguf_gemm.cu's decode_low_bit repeats them element by
+//   element.
 #include "kernels/quant.h"
 #include "kernels/cpu/int_quant.h"
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/quant_fit.h"
 
 #include <algorithm>
@@ -195,14 +197,8 @@ TESSERA_DEQUANT_INLINE void dequant_q2_k(const uint8_t* src, float* dst, int64_t
   }
 }
 
-// The signed 6-bit scale of Q3_K sub-block j (0..15), stored + 32: its low 4 bits are the low
-// (j < 8) or high (j >= 8) nibble of byte j % 8, its top 2 bits are bits 2(j / 4), 2(j / 4) + 1
-// of byte 8 + j % 4.
-TESSERA_DEQUANT_INLINE int q3_k_scale(const uint8_t* s, int j) {
-  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
-  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-  return (low | (high << 4)) - 32;
-}
+// The signed 6-bit scale of Q3_K sub-block j (0..15): kernels/cpu/qgemm.h, shared with matmul.
+using cpu::q3_k_scale;
 
 TESSERA_DEQUANT_INLINE void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, src += 110, dst += kQkK) {
@@ -224,11 +220,7 @@ TESSERA_DEQUANT_INLINE void dequant_q3_k(const uint8_t* src, float* dst, int64_t
 // ceil(n * 256 / 243): digit p of a byte is the top trit of byte * 3^p (mod 256), read as
 // (b * 3) >> 8. Bytes 0-31 hold elements 32p + l (p < 5), bytes 32-47 elements 160 + 16p + l,
 // and the 4 bytes of qh elements 240 + 4p + l (p < 4, a fifth digit of 0).
-TESSERA_DEQUANT_INLINE int tq1_trit(uint8_t byte, int p) {
-  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
-  const auto shifted = static_cast<uint8_t>(byte * kPow3[p]);
-  return ((shifted * 3) >> 8) - 1;
-}
+TESSERA_DEQUANT_INLINE int tq1_trit(uint8_t byte, int p) { return cpu::tq1_digit(byte, p) - 1; }
 
 TESSERA_DEQUANT_INLINE void dequant_tq1_0(const uint8_t* src, float* dst, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, src += 54, dst += kQkK) {

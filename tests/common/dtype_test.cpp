@@ -84,8 +84,11 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
     } else {
       EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
     }
-    // What CUDA reads as stored is a GGUF block format (the CPU computes it as stored, or widens
-    // rows of the low-bit formats Q2_K, Q3_K, TQ1_0, TQ2_0).
+    if (t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 || t == QuantType::kTQ2_0)
+      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot) << tr.name;
+    // Widening rows to fp32 is left to the plain integer types.
+    EXPECT_EQ(tr.cpu == CpuMatmul::kWiden, t == QuantType::kI8 || t == QuantType::kI32) << tr.name;
+    // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
     if (tr.cuda == CudaWeightForm::kBlocks) {
       EXPECT_FALSE(tr.is_float);
       EXPECT_GE(tr.ggml_type, 0);

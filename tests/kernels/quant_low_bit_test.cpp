@@ -226,7 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, LowBitRoundTrip,
 TEST(LowBit, CanQuantizeAndSizes) {
   for (QuantType t : {QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kTQ1_0, QuantType::kTQ2_0}) {
     EXPECT_TRUE(can_quantize(t)) << quant_name(t);
-    EXPECT_EQ(quant_traits(t).cpu, CpuMatmul::kWiden) << quant_name(t);
+    EXPECT_EQ(quant_traits(t).cpu, CpuMatmul::kIntDot) << quant_name(t);  // tests/kernels/qgemm_low_bit_test.cpp
   }
   EXPECT_EQ(row_bytes(QuantType::kQ2_K, 512), 168u);
   EXPECT_EQ(row_bytes(QuantType::kQ3_K, 512), 220u);

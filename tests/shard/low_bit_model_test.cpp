@@ -71,8 +71,9 @@ double correlation(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The quantized GGUF against an F32 GGUF holding exactly its dequantized matrices
-// (SyntheticModelSpec::grid_type): the CPU widens the blocks to fp32 rows (CpuMatmul::kWiden),
-// so the two differ at most by the order of fp32 sums.
+// (SyntheticModelSpec::grid_type): the CPU computes the blocks with the integer-dot kernels
+// (kernels/cpu/qgemm.h), whose activations are rounded to int8 per 256 elements, so the two
+// differ by that rounding only (a wrong level or scale would move the logits by far more).
 TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
   TempDir dir;
   std::vector<int32_t> prompt;
@@ -104,11 +105,17 @@ TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
       max_abs = std::max(max_abs, std::fabs(want.prompt_last_logits[i]));
       max_diff = std::max(max_diff, std::fabs(got.prompt_last_logits[i] - want.prompt_last_logits[i]));
     }
-    // Measured: 0 (the widened rows go through the same F32 kernel).
-    std::printf("  %-5s max |logit difference| %.3g (max |logit| %.3g)\n", std::string(quant_name(type)).c_str(),
-                max_diff, max_abs);
-    EXPECT_LE(max_diff, 1e-4f * max_abs + 1e-5f);
-    EXPECT_EQ(got.ids, want.ids);
+    const double corr = correlation(got.prompt_last_logits, want.prompt_last_logits);
+    // Measured (2026-12-03): max difference / max |logit| Q2_K 0.013, Q3_K 0.015, TQ 0.009;
+    // correlation 0.99986 or more. The random model's later greedy tokens sit on near-ties,
+    // so only the first (from these logits) is compared.
+    std::printf("  %-5s max |logit difference| %.3g (max |logit| %.3g), correlation %.6f\n",
+                std::string(quant_name(type)).c_str(), max_diff, max_abs, corr);
+    EXPECT_LE(max_diff, 0.04f * max_abs);
+    EXPECT_GT(corr, 0.999);
+    ASSERT_FALSE(got.ids.empty());
+    ASSERT_FALSE(want.ids.empty());
+    EXPECT_EQ(got.ids[0], want.ids[0]);
   }
 }
 
