@@ -43,16 +43,30 @@ for line in open(src):
         v["detail"] = "%s: %s" % (type(e).__name__, e)
     if v["parses"]:
         with tempfile.TemporaryDirectory() as d:
-            try:
-                r = subprocess.run([sys.executable, "-I", "-S", "-c", p["source"] + "\n" + p["test"]],
-                                   cwd=d, env={}, stdin=subprocess.DEVNULL, capture_output=True,
-                                   timeout=timeout, preexec_fn=limits)
-                v["passed"] = r.returncode == 0
-                if r.returncode != 0:
-                    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-                    v["detail"] = err[-1][:200] if err else "exit status %d" % r.returncode
-            except subprocess.TimeoutExpired:
-                v["detail"] = "timed out after %.1f s" % timeout
+            # Output goes to files, not pipes (a child that keeps a pipe open cannot stall the
+            # driver), and the program's whole process group is killed when it ends or times
+            # out (nothing it forked outlives it).
+            with tempfile.TemporaryFile() as err_file:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", p["source"] + "\n" + p["test"]],
+                                        cwd=d, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=err_file, preexec_fn=limits)
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                if rc is None:
+                    proc.wait()
+                    v["detail"] = "timed out after %.1f s" % timeout
+                else:
+                    v["passed"] = rc == 0
+                    if rc != 0:
+                        err_file.seek(0)
+                        err = err_file.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
+                        v["detail"] = err[-1][:200] if err else "exit status %d" % rc
     out.write(json.dumps(v) + "\n")
 out.close()
 )PY";

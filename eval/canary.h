@@ -2,7 +2,8 @@
 // way a user would notice a broken model. Code: does prompt + completion parse as Python, and
 // does it pass the problem's own tests (HumanEval's check(entry_point)), run in a sandboxed
 // Python subprocess per program (its own empty directory, an empty environment, isolated mode,
-// limits on address space, CPU time, file size and processes, and a wall-clock timeout).
+// limits on address space, CPU time and file size, a wall-clock timeout, and its own process
+// group, killed when the program ends so nothing it started outlives it).
 // Math: is the first line of the completion exactly the answer.
 #pragma once
 

@@ -269,6 +269,7 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
   for (const std::string& name : o.precisions) {
     TESSERA_ASSIGN_OR_RETURN(PrecisionSpec s, parse_precision(name));
     if (s.name == ref_spec.name) continue;  // the reference row is always there
+    if (std::any_of(specs.begin(), specs.end(), [&](const PrecisionSpec& x) { return x.name == s.name; })) continue;
     specs.push_back(s);
   }
   TESSERA_ASSIGN_OR_RETURN(EvalCorpus corpus, load_eval_corpus(o.corpus_dir));
@@ -328,7 +329,6 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
     lo.quant = s.quant;
     lo.quantize_lm_head = s.quant == WeightQuant::kF32;  // the reference computes its head in fp32 too
     lo.importance = importance;
-    lo.keep_unquantizable = true;
     auto m = LocalModel::load(lo);
     if (!m.is_ok()) return m.status().with_context(fmt::format("precision '{}'", s.name));
     return std::move(*m);
@@ -441,10 +441,17 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
                   mass += pr[i];
                 }
                 kl += mass * lse;
-                row_kl[static_cast<size_t>(r)] = std::max(0.0, kl);
+                row_kl[static_cast<size_t>(r)] = std::isfinite(kl) ? std::max(0.0, kl) : kl;
               }
             }
           });
+          for (int64_t r = 0; r < n; ++r)
+            if (!std::isfinite(row_nll[static_cast<size_t>(r)]) || !std::isfinite(row_kl[static_cast<size_t>(r)])) {
+              st = Status::internal(fmt::format("precision '{}' gives non-finite logits on class {} at position {}",
+                                                l.spec.name, cls, p + r));
+              break;
+            }
+          if (!st.is_ok()) break;
           ClassAccum& a = l.acc[cls];
           for (int64_t r = 0; r < n; ++r) {
             a.nll += row_nll[static_cast<size_t>(r)];

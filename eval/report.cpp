@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -175,7 +176,7 @@ Result<QualityBudget> parse_quality_budget(const std::string& spec) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != piece.size() - eq - 1 || !(v >= 0))
+    if (used == 0 || used != piece.size() - eq - 1 || !(v >= 0) || !std::isfinite(v))
       return Status::invalid_argument(
           fmt::format("--quality-budget '{}': '{}' is not a non-negative number (nats per token)", piece,
                       piece.substr(eq + 1)));

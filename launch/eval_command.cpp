@@ -66,7 +66,16 @@ int run_eval(EvalArgs& a) {
   } else if (old.status().code() != StatusCode::kNotFound) {
     return fail(old.status().to_string() + " (not overwritten; give another --json)");
   }
-  report.models[r.sha256] = r;
+  // Precisions measured earlier against the same reference on the same corpus stay in the
+  // report (a later run adds or replaces rows); another reference or corpus starts afresh.
+  ModelReport merged = r;
+  if (auto it = report.models.find(r.sha256); it != report.models.end() && it->second.reference == r.reference &&
+                                               it->second.corpus_sha256 == r.corpus_sha256 &&
+                                               it->second.classes == r.classes) {
+    for (const PrecisionResult& old : it->second.precisions)
+      if (merged.find(old.precision) == nullptr) merged.precisions.push_back(old);
+  }
+  report.models[r.sha256] = merged;
   if (Status st = save_eval_report(report, json); !st.is_ok()) return fail(st.to_string());
   const std::string table = format_eval_table(r);
   std::printf("%s\nreport: %s\n", table.c_str(), json.c_str());

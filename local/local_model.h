@@ -35,7 +35,7 @@ struct LocalModelOptions {
   WeightQuant quant = WeightQuant::kNone;  // RTN of float linear weights at load (--quant)
   bool quantize_lm_head = false;           // with quant: the LM head too
   const ImportanceMatrix* importance = nullptr;  // with quant: calibrated (WeightLoadOptions)
-  bool keep_unquantizable = false;               // with quant: see WeightLoadOptions
+  bool keep_unquantizable = true;                // with quant: see WeightLoadOptions
   KvDtype kv_dtype = KvDtype::kF32;        // fp16: half the memory
   // Speculation's self-draft (shard/self_draft.h): layers > 0 builds it; generate() then takes
   // GenerateOptions::speculation's "draft" proposer (generate() sets its draft_layers from here).

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/logging.h"
 #include "common/thread_pool.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
@@ -275,7 +276,11 @@ class Binder {
       return Status::unimplemented(fmt::format("{}: tensor '{}' is stored as {}, which --quant {} cannot convert",
                                                s_.source_file(name), name, quant_name(m->type), weight_quant_name(q)));
     const int be = quant_traits(type).block_elems;
-    if (cols % be != 0 && keep_unquantizable_) return Status::ok();
+    if (cols % be != 0 && keep_unquantizable_) {
+      TESSERA_LOG_WARN("{}: tensor '{}' stays {}: its {} columns fill no {}-element block as --quant {} needs",
+                       s_.source_file(name), name, quant_name(m->type), cols, be, weight_quant_name(q));
+      return Status::ok();
+    }
     if (cols % be != 0)
       return Status::invalid_argument(fmt::format(
           "{}: tensor '{}' has {} columns, not a multiple of {} as --quant {} needs",

@@ -138,8 +138,10 @@ struct WeightLoadOptions {
   // Not owned; must outlive the call.
   const ImportanceMatrix* importance = nullptr;
   // A matrix whose columns fill no block of the format nor of its fallback stays as stored
-  // instead of failing the load (tessera eval on tiny models, which reports it).
-  bool keep_unquantizable = false;
+  // (logged as a warning naming it; `tessera eval` reports the formats of what it measured, and
+  // the shards load the same way, so the quality gate judges what is served); false: such a
+  // matrix fails the load with an InvalidArgument naming the tensor.
+  bool keep_unquantizable = true;
 };
 
 // Errors name the file, the tensor and both shapes:

@@ -93,9 +93,7 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
       EXPECT_FALSE(tr.is_float);
       EXPECT_GE(tr.ggml_type, 0);
       EXPECT_GE(tr.block_elems, 32);
-      const bool low_bit = t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 ||
-                           t == QuantType::kTQ2_0;
-      EXPECT_EQ(tr.cpu, low_bit ? CpuMatmul::kWiden : CpuMatmul::kIntDot);
+      EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot);
     }
     // The load-time formats are made from float checkpoints and split for the CUDA kernels.
     EXPECT_EQ(tr.quant_at_load, t == QuantType::kI8_CH || t == QuantType::kI4_G128);

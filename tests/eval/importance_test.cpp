@@ -293,7 +293,8 @@ TEST(WeightQuantModes, NamesRoundTripAndFallbacks) {
 }
 
 // stories260K's shape in small: an FFN width (172) that fills no 32-block. --quant refuses it
-// naming the tensor; keep_unquantizable keeps the matrix as stored and quantizes the rest.
+// naming the tensor when keep_unquantizable is off; by default (on) the matrix stays as stored
+// and the rest is quantized.
 TEST(WeightQuantModes, KeepUnquantizableLeavesOddMatricesAsStored) {
   TempDir dir;
   SyntheticModelSpec s = small_spec();
@@ -307,6 +308,7 @@ TEST(WeightQuantModes, KeepUnquantizableLeavesOddMatricesAsStored) {
   WeightLoadOptions o;
   o.quant = WeightQuant::kQ4_0;
   o.threads = 2;
+  o.keep_unquantizable = false;
   auto refused = bind_model_weights(**store, o);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);

@@ -161,8 +161,6 @@ def test_within_budget_passes_the_gate(measured):
 # but the shards of `tessera serve --quant q8_0` load without it and refuse those matrices, so the
 # precision the gate lets through cannot be served. Strict: this fails once that is fixed, and
 # the marker should then go.
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="serve --quant q8_0 cannot load stories260K (down_proj: 172 columns) "
-                                       "although tessera eval measured q8_0 and the gate passes it")
 def test_within_budget_serves(measured):
     cls = measured.classes[0]
     cmd = [TESSERA, *serve_args(measured, "q8_0", f"{cls}={measured.budget_between(cls)}")]
