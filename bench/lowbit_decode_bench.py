@@ -6,11 +6,12 @@ From one source model (default: the default model, Gemma 3 270M Q4_K_M) llama.cp
 into --model-dir (models/lowbit/, git-ignored); files already there are reused. For each file:
 
 * Tessera's greedy decode tok/s: `tessera-bench-cpu --gen N --depth P --no-prompt` (P context
-  tokens prefilled untimed, then N tokens decoded one at a time, greedy; one warm-up first),
+  tokens prefilled untimed, default 0, then N tokens decoded one at a time, greedy; one warm-up
+  first; and its process CPU time per token),
   with the default ISA and, unless --no-avx2, again capped to AVX2 (`--isa avx2`);
 * llama.cpp's greedy decode tok/s on the same file: llama-cpp-python's low-level API, the same
   P context tokens decoded untimed, then the same N single-token decode calls timed with the
-  argmax between them (one warm-up first); its default CPU settings (flash attention auto, fp16
+  argmax between them (a 16-call warm-up first; and the process CPU time); its default CPU settings (flash attention auto, fp16
   KV cache), n_batch = n_ubatch = 512, the same thread count;
 * greedy agreement: both engines greedy from one short text prompt (ids from llama.cpp's
   tokenizer, given to `tessera generate --prompt-ids`, speculation off), llama.cpp with an fp32
@@ -62,6 +63,7 @@ FTYPES = {
     "Q3_K_S": "LLAMA_FTYPE_MOSTLY_Q3_K_S", "Q3_K_L": "LLAMA_FTYPE_MOSTLY_Q3_K_L",
     "Q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K", "Q2_K_S": "LLAMA_FTYPE_MOSTLY_Q2_K_S",
     "TQ1_0": "LLAMA_FTYPE_MOSTLY_TQ1_0", "TQ2_0": "LLAMA_FTYPE_MOSTLY_TQ2_0",
+    "F32": "LLAMA_FTYPE_ALL_F32", "F16": "LLAMA_FTYPE_MOSTLY_F16",
     "Q2_K_pure": "LLAMA_FTYPE_MOSTLY_Q2_K", "Q3_K_pure": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
     "Q4_K_pure": "LLAMA_FTYPE_MOSTLY_Q4_K_S", "Q5_K_pure": "LLAMA_FTYPE_MOSTLY_Q5_K_S",
     "Q6_K_pure": "LLAMA_FTYPE_MOSTLY_Q6_K",
@@ -231,14 +233,16 @@ def llama_worker(args):
             if context:
                 decode(context)
             tok = 1
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 decode([tok])
                 tok = int(logits().argmax())
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
         run(min(args.tokens, 16))  # warm-up: weights paged in, threads started
-        out["gen_tok_s"] = args.tokens / run(args.tokens)
+        wall, cpu = run(args.tokens)
+        out["gen_tok_s"] = args.tokens / wall
+        out["gen_cpu_ms_per_token"] = 1e3 * cpu / args.tokens  # process CPU time, all threads
     else:  # greedy tokens from a text prompt
         raw = args.prompt_text.encode()
         buf = (L.llama_token * (len(raw) + 16))()
@@ -313,7 +317,8 @@ def run_tessera_speed(bin_dir, model, args, isa):
     finally:
         os.unlink(path)
     r = data["runs"][0]
-    return {"gen_tok_s": r["gen_tok_s"], "weight_bytes_per_token": r["weight_bytes_per_token"],
+    return {"gen_tok_s": r["gen_tok_s"], "gen_cpu_ms_per_token": r.get("gen_cpu_ms_per_token"),
+            "weight_bytes_per_token": r["weight_bytes_per_token"],
             "peak_rss_mb": r.get("peak_rss_mb"), "isa": data.get("isa"), "cpu": data.get("cpu")}, None
 
 
@@ -426,15 +431,16 @@ def write_report(files, args, meta, out_md, out_json):
     L.append("Each engine run is a process of its own (load untimed):\n")
     L.append(f"- Tessera: `{' '.join(meta['tessera_cmd'])}` (and the same with `--isa avx2`);")
     L.append(f"- llama.cpp: `{meta['llama_cmd']}`: llama-cpp-python's low-level API, n_threads = n_threads_batch = "
-             f"{args.threads}, n_batch = n_ubatch = 512, flash attention auto, fp16 KV cache (its defaults); the "
-             f"same {args.depth} context tokens ((i * 7919 + 13) % vocab) decoded untimed, then {args.tokens} "
-             f"single-token llama_decode calls timed, greedy argmax between them; a warm-up of 16 calls first;")
+             f"{args.threads}, n_batch = n_ubatch = 512, flash attention auto, fp16 KV cache (its defaults); "
+             + (f"the same {args.depth} context tokens ((i * 7919 + 13) % vocab) decoded untimed, then "
+                if args.depth else "from position 0, ") +
+             f"{args.tokens} single-token llama_decode calls (the first token id 1, as tessera-bench-cpu) timed, greedy argmax between them; a warm-up of 16 calls first;")
     L.append(f"- agreement: `{' '.join(meta['greedy_cmd'])}` against llama.cpp greedy on the same prompt ids "
              f"(prompt {json.dumps(args.prompt_text)}, tokenized by llama.cpp), llama.cpp with an fp32 KV cache "
              f"and flash attention off: the count of identical leading tokens (gap: llama.cpp's top-2 logit gap "
              f"where they part); and along llama.cpp's tokens, Tessera's teacher-forced log-probability of each "
              f"(`tessera serve`, one prefill with echo) against llama.cpp's.\n")
-    L.append(f"Greedy decode, {args.tokens} tokens after {args.depth} tokens of context, {args.threads} threads, "
+    L.append(f"Greedy decode, {args.tokens} tokens from position {args.depth}, {args.threads} threads, "
              f"one request; medians of {args.rounds} rounds, each round over every file with the engines "
              f"alternating (order reversed every other round).\n")
     avx2 = not args.no_avx2
@@ -464,6 +470,25 @@ def write_report(files, args, meta, out_md, out_json):
         wmb = t.get("weight_bytes_per_token") if t else None
         L.append(f"| {label} | {f['bytes'] / 1e6:.1f} | {cell(t)} |" + (f" {cell(a)} |" if avx2 else "") +
                  f" {cell(l)} | {fmt_num(ratio, 2)} | {fmt_num(wmb / 1e6 if wmb else None, 0)} | {agree} | {lp} |")
+    L.append("\nThe least disturbed round of each engine (its best tok/s; on a shared machine the figure "
+             "nearest an idle one), and the process CPU time per generated token (all threads, median; "
+             "time spent descheduled excluded, threads spinning while they wait for a descheduled peer "
+             "included; Tessera's only at --depth 0):\n")
+    head2 = ("| format | Tessera best tok/s |" + (" Tessera AVX2 best tok/s |" if avx2 else "") +
+             " llama.cpp best tok/s | ratio of bests | Tessera cpu-ms/token |" +
+             (" Tessera AVX2 cpu-ms/token |" if avx2 else "") + " llama.cpp cpu-ms/token | ratio (llama.cpp / Tessera) |")
+    L.append(head2)
+    L.append("|" + "---|" * (head2.count("|") - 1))
+    for f in files:
+        if f.get("error"):
+            continue
+        t, a, l = f.get("tessera"), f.get("tessera_avx2"), f.get("llama")
+        best = lambda r: fmt_num(r["best"]) if r and r.get("best") is not None else "-"
+        cms = lambda r: fmt_num(r["cpu_ms_median"], 2) if r and r.get("cpu_ms_median") is not None else "-"
+        rb = t["best"] / l["best"] if t.get("best") and l.get("best") else None
+        rc = l["cpu_ms_median"] / t["cpu_ms_median"] if t.get("cpu_ms_median") and l.get("cpu_ms_median") else None
+        L.append(f"| {f['format']} | {best(t)} |" + (f" {best(a)} |" if avx2 else "") + f" {best(l)} | {fmt_num(rb, 2)} |"
+                 f" {cms(t)} |" + (f" {cms(a)} |" if avx2 else "") + f" {cms(l)} | {fmt_num(rc, 2)} |")
     L.append("\nPer-round tok/s (Tessera / " + ("Tessera AVX2 / " if avx2 else "") + "llama.cpp):\n")
     for f in files:
         if f.get("error"):
@@ -494,7 +519,7 @@ def measure(files, args, py):
     for f in files:
         if not f.get("error"):
             for e in engines:
-                f[e] = {"rounds": [], "error": None}
+                f[e] = {"rounds": [], "cpu_ms_rounds": [], "error": None}
     for rnd in range(args.rounds):
         order = engines if rnd % 2 == 0 else engines[::-1]
         for f in files:
@@ -516,6 +541,7 @@ def measure(files, args, py):
                         args._tessera_cpu = args._tessera_cpu or (r["cpu"] if e == "tessera" else None)
                 f[e]["error"] = err
                 f[e]["rounds"].append(r["gen_tok_s"] if r else None)
+                f[e]["cpu_ms_rounds"].append(r.get("gen_cpu_ms_per_token") if r else None)
                 line.append(f"{e} {fmt_num(r['gen_tok_s']) if r else 'failed: ' + err}")
             print(f"   round {rnd} {f['format']}: " + ", ".join(line) + f" (load {os.getloadavg()[0]:.1f})",
                   file=sys.stderr)
@@ -523,6 +549,8 @@ def measure(files, args, py):
         for e in engines:
             if e in f:
                 f[e]["median"] = median_or_none(f[e]["rounds"])
+                f[e]["best"] = max([v for v in f[e]["rounds"] if v is not None], default=None)
+                f[e]["cpu_ms_median"] = median_or_none(f[e]["cpu_ms_rounds"])
 
 
 def agreement(files, args, py):
@@ -568,7 +596,9 @@ def main():
                          f"({', '.join(FTYPES)}); default {DEFAULT_FORMATS}")
     ap.add_argument("--rounds", type=int, default=5, help="rounds over every file and engine (median reported)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens decoded per timed run")
-    ap.add_argument("--depth", type=int, default=16, help="context tokens prefilled untimed before the decode")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="context tokens prefilled untimed before the decode (0: decode from position 0, first "
+                         "token id 1; Tessera's CPU time per token is reported only then)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--agree-tokens", type=int, default=64, help="greedy tokens compared (0: skip)")
     ap.add_argument("--prompt-text", default=DEFAULT_PROMPT, help="prompt of the agreement run")
