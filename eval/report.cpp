@@ -1,6 +1,7 @@
 #include "eval/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -240,6 +241,7 @@ Status check_quality_budget(const EvalReport& report, const std::string& report_
         "--quality-budget: {} measured {} but not precision '{}'; run `tessera eval --model {} --precisions {} "
         "--json {}`",
         report_path, m.model, precision, m.model, precision, report_path));
+  std::vector<std::string> over;  // every class over budget, named in one message
   for (const auto& [budget_class, max_kl] : budget.max_kl) {
     const std::string cls = quality_class_for(budget_class);
     auto c = p->classes.find(cls);
@@ -250,7 +252,7 @@ Status check_quality_budget(const EvalReport& report, const std::string& report_
           report_path, skipped == m.skipped_classes.end() ? "" : " (skipped: " + skipped->second + ")"));
     }
     if (c->second.kl_mean > max_kl)
-      return Status::invalid_argument(fmt::format(
+      over.push_back(fmt::format(
           "--quality-budget: precision '{}' loses {:.4f} nats/token of KL on {} (p99 {:.3f}, top-1 agreement "
           "{:.1f}%, {} tokens; {}), over the budget {}={} (report {}, reference {})",
           precision, c->second.kl_mean, cls, c->second.kl_p99, 100 * c->second.top1, c->second.tokens,
@@ -259,6 +261,7 @@ Status check_quality_budget(const EvalReport& report, const std::string& report_
                                      : std::string("no canary"),
           budget_class, max_kl, report_path, m.reference));
   }
+  if (!over.empty()) return Status::invalid_argument(fmt::format("{}", fmt::join(over, "; ")));
   return Status::ok();
 }
 
