@@ -123,26 +123,18 @@ std::string hf_linear_name(WeightRef w) {
   return fmt::format("model.layers.{}.{}", w.layer, suffix);
 }
 
-// Runs `tokens` of one sequence through `m` in pieces of `chunk`, calling on_rows(first
-// position, rows, logits) after each piece (every row's logits when want_rows, else none).
-template <typename F>
-Status run_pieces(LocalModel& m, const Segment& tokens, int64_t chunk, bool want_rows, F on_rows) {
+// Runs one window through `m` (no logits: the calibration pass only watches the projections'
+// inputs); its KV blocks are free again after.
+Status prefill_window(LocalModel& m, const Segment& tokens) {
   std::vector<int32_t> table;
-  std::vector<float> logits;
-  Status st = Status::ok();
   if (!m.ensure_blocks(table, static_cast<int64_t>(tokens.size())))
-    st = Status::resource_exhausted(fmt::format("{} tokens do not fit the eval's KV pool", tokens.size()));
-  for (int64_t p = 0; st.is_ok() && p < static_cast<int64_t>(tokens.size()); p += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size()) - p);
-    SequenceInput in;
-    in.tokens = std::span<const int32_t>(tokens).subspan(static_cast<size_t>(p), static_cast<size_t>(n));
-    in.start_pos = p;
-    in.block_table = table;
-    in.want_logits = false;
-    in.all_logits = want_rows;
-    st = m.forward().run(std::span<const SequenceInput>(&in, 1), logits);
-    if (st.is_ok() && want_rows) on_rows(p, n, logits);
-  }
+    return Status::resource_exhausted(fmt::format("{} tokens do not fit the eval's KV pool", tokens.size()));
+  SequenceInput in;
+  in.tokens = tokens;
+  in.block_table = table;
+  in.want_logits = false;
+  std::vector<float> logits;
+  const Status st = m.forward().run(std::span<const SequenceInput>(&in, 1), logits);
   m.release_blocks(table);
   return st;
 }
@@ -358,7 +350,7 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
       if (!name.empty()) acc.add(name, x, n, k);
     });
     for (const Segment& s : cal.segments)
-      TESSERA_RETURN_IF_ERROR(run_pieces(ref, s, o.window, false, [](int64_t, int64_t, const std::vector<float>&) {}));
+      TESSERA_RETURN_IF_ERROR(prefill_window(ref, s));
     ref.forward().set_projection_observer({});
     importance = acc.matrix();
     importance->model = o.model_path;

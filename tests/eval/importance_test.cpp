@@ -122,19 +122,7 @@ TEST(ImportanceFile, LoadErrorsNameTheFileAndTheTensor) {
 // ---- the load path
 
 // Every matrix dimension a multiple of 256, so q2_k keeps its own format everywhere.
-SyntheticModelSpec small_spec() {
-  SyntheticModelSpec s;
-  s.hidden = 256;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.ffn = 512;
-  s.vocab = 512;
-  s.max_positions = 128;
-  s.weight_type = QuantType::kF32;
-  s.seed = 77;
-  return s;
-}
+SyntheticModelSpec small_spec() { return block_aligned_spec(QuantType::kF32, 77); }
 
 const char* const kLinear[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",

@@ -24,19 +24,7 @@ namespace {
 using loader_test::TempDir;
 
 // Every matrix dimension a multiple of 256, so every matrix takes the format itself.
-SyntheticModelSpec small_spec() {
-  SyntheticModelSpec s;
-  s.hidden = 256;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.ffn = 512;
-  s.vocab = 512;
-  s.max_positions = 128;
-  s.weight_type = QuantType::kF32;
-  s.seed = 91;
-  return s;
-}
+SyntheticModelSpec small_spec() { return block_aligned_spec(QuantType::kF32, 91); }
 
 constexpr QuantType kLowBit[] = {QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kTQ1_0, QuantType::kTQ2_0};
 

@@ -45,19 +45,7 @@ class TempDir {
   std::string path_;
 };
 
-SyntheticModelSpec small_spec() {
-  SyntheticModelSpec s;
-  s.hidden = 256;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.ffn = 512;
-  s.vocab = 512;
-  s.max_positions = 128;
-  s.weight_type = QuantType::kF16;
-  s.seed = 77;
-  return s;
-}
+SyntheticModelSpec small_spec() { return block_aligned_spec(QuantType::kF16, 77); }
 
 const char* kLinears[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                           "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",

@@ -385,6 +385,20 @@ const std::vector<std::string>& synthetic_preset_names() {
   return kNames;
 }
 
+SyntheticModelSpec block_aligned_spec(QuantType weight_type, uint64_t seed) {
+  SyntheticModelSpec s;
+  s.hidden = 256;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.ffn = 512;
+  s.vocab = 512;
+  s.max_positions = 128;
+  s.weight_type = weight_type;
+  s.seed = seed;
+  return s;
+}
+
 Result<SyntheticModelSpec> synthetic_preset(std::string_view name) {
   SyntheticModelSpec s;
   auto set = [&](int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t ffn, int64_t vocab, int64_t ctx) {

@@ -84,6 +84,10 @@ struct SyntheticModelSpec {
 // 4 heads of 64, 1 KV head, 7 layers: 5 local (window 8), 1 global, 1 local). NotFound lists the
 // names.
 Result<SyntheticModelSpec> synthetic_preset(std::string_view name);
+
+// A small two-layer model whose every matrix dimension is a multiple of 256 (hidden 256, FFN
+// 512, vocabulary 512), so every GGUF block format fits every matrix: the quantization tests'.
+SyntheticModelSpec block_aligned_spec(QuantType weight_type, uint64_t seed);
 const std::vector<std::string>& synthetic_preset_names();
 
 // Checks sizes and flags for consistency; InvalidArgument names the field and value.
