@@ -473,6 +473,7 @@ void Engine::propose_drafts() {
 }
 
 void Engine::step() {
+  const auto t_schedule = WallClock::now();
   if (speculating_ > 0) propose_drafts();
   std::optional<StepPlan> plan = scheduler_->schedule();
   if (!plan) return;
@@ -516,6 +517,21 @@ void Engine::step() {
     metrics_.add("tessera_spec_draft_seconds_total", static_cast<double>(result->draft_micros) * 1e-6);
   handle_tokens(*plan, *result);
   update_gauges();
+  if (options_.on_step) {
+    const auto t_end = WallClock::now();
+    StepRecord r;
+    r.step_id = plan->step_id;
+    r.start_s = seconds_between(started_, t0);
+    r.schedule_s = seconds_between(t_schedule, t0);
+    r.run_s = step_seconds;
+    r.commit_s = std::max(0.0, seconds_between(t0, t_end) - step_seconds);
+    r.block_size = pool_->block_size();
+    const SchedulerStats st = scheduler_->stats();
+    r.running = st.running;
+    r.waiting = st.waiting;
+    r.features = step_features(*plan, pool_->block_size());
+    options_.on_step(r);
+  }
 }
 
 Result<std::string> run_single_request(StepExecutor& executor, BlockPool& pool, WindowPool window, MetricsRegistry& metrics,

@@ -26,6 +26,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/speculation.h"
+#include "coordinator/step_features.h"
 #include "comm/step_executor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -83,6 +84,10 @@ struct EngineOptions {
   // The window pool beside the block pool (coordinator/scheduler.h; none by default). Not
   // owned: it must outlive the engine.
   WindowPool window;
+  // Called on the engine thread after every step that ran (not for a failed one) with what it
+  // computed and how long it took (`serve --step-log`; the step-time model is fitted on these).
+  // Must not block.
+  std::function<void(const StepRecord&)> on_step;
 };
 
 class Engine {
@@ -151,6 +156,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   MetricsRegistry& metrics_;
   SteadyClock clock_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::unique_ptr<Scheduler> scheduler_;
   SpeculationController spec_;
   int64_t speculating_ = 0;  // live sequences whose mode is not off

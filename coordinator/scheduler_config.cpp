@@ -1,5 +1,7 @@
 #include "coordinator/scheduler_config.h"
 
+#include "common/kv_config.h"
+
 #include <fmt/format.h>
 
 #include <charconv>
@@ -147,6 +149,9 @@ Status validate_scheduler_config(const SchedulerConfig& c) {
   if (c.priority_classes < 1 || c.priority_classes > 16)
     return bad("priority_classes", c.priority_classes, "must be in 1..16");
   if (!std::isfinite(c.aging_ms) || c.aging_ms <= 0) return bad("aging_ms", c.aging_ms, "must be > 0");
+  if (c.block_size != 0 && !validate_block_size(c.block_size).is_ok())
+    return bad("block_size", c.block_size,
+               fmt::format("must be 0 (not set) or in {}..{} tokens", kMinBlockSize, kMaxBlockSize));
   return validate_speculation_config(c.speculation);
 }
 
@@ -162,6 +167,7 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
   if (name == "prefill_chunk") return parse_int(name, value, c.prefill_chunk);
   if (name == "priority_classes") return parse_int(name, value, c.priority_classes);
   if (name == "aging_ms") return parse_double(name, value, c.aging_ms);
+  if (name == "block_size" || name == "kv_block_size") return parse_int(name, value, c.block_size);
   SpeculationConfig& sp = c.speculation;
   if (name == "speculation") {
     auto mode = parse_spec_mode(value);
@@ -205,7 +211,7 @@ Status apply_json(SchedulerConfig& c, std::string_view text, std::string_view so
     if (apply_profile) c = p;
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "profile") continue;
+    if (it.key() == "profile" || it.key() == "comment") continue;
     TESSERA_ASSIGN_OR_RETURN(std::string v, as_text(it.key(), it.value()));
     TESSERA_RETURN_IF_ERROR(set_scheduler_knob(c, it.key(), v).with_context(source));
   }
@@ -284,8 +290,9 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
 std::string format_scheduler_config(const SchedulerConfig& c) {
   return fmt::format(
       "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} priority_classes={} "
-      "aging_ms={} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}{}",
+      "aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}{}",
       c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.priority_classes, c.aging_ms,
+      c.block_size > 0 ? fmt::format(" block_size={}", c.block_size) : std::string(),
       spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,
       c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis,
       c.speculation.draft_layers > 0

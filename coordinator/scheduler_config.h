@@ -34,6 +34,9 @@ struct SchedulerConfig {
   int32_t priority_classes = 2;         // request priority in [0, classes); 0 is served first
   double aging_ms = 5000.0;             // a request's class improves by one per aging_ms in the system
   SpeculationConfig speculation;        // drafts and their gate; mode: what a request without the field gets
+  // KV tokens per block the config was tuned for (`tessera tune` writes it); 0: not set, the
+  // --block-size flag (or its default) decides. An explicit --block-size wins over it.
+  int32_t block_size = 0;
 };
 
 // "interactive" or "offline"; NotFound listing the known names otherwise.
@@ -53,7 +56,8 @@ Status set_scheduler_knob(SchedulerConfig& config, std::string_view name, std::s
 
 // Applies a JSON object's fields to `config` ("profile" first, then the knobs; numbers or
 // numeric strings). `source` names the text in errors (e.g. the file's path). Unknown keys are
-// errors: a misspelt knob in an operator's file should not be silently ignored.
+// errors: a misspelt knob in an operator's file should not be silently ignored ("comment" is
+// the one free-text field).
 Status apply_scheduler_json(SchedulerConfig& config, std::string_view json_text, std::string_view source);
 // Reads and applies a JSON config file (IoError naming the path if it cannot be read).
 Status apply_scheduler_config_file(SchedulerConfig& config, const std::string& path);

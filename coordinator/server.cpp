@@ -1,5 +1,6 @@
 #include "coordinator/server.h"
 
+#include <fstream>
 #include <signal.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -263,6 +265,24 @@ std::string describe_shard_command(const ServerOptions& o, const std::string& en
   return format_command(build_shard_command(launch_spec(o, endpoint)));
 }
 
+namespace {
+
+// The block size in use, where it came from and (auto) why: a gauge whose labels carry the text.
+std::string kv_block_size_prometheus(int64_t block, const std::string& source, const std::string& reason) {
+  std::string r;
+  for (char c : reason) {
+    if (c == '\\' || c == '"') r += '\\';
+    if (c == '\n') continue;
+    r += c;
+  }
+  return fmt::format(
+      "# HELP tessera_kv_block_size_choice KV cache tokens per block and where the number came from; source: default, flag, scheduler-config or auto "
+      "(reason: why auto chose it)\n# TYPE tessera_kv_block_size_choice gauge\ntessera_kv_block_size_choice{{source=\"{}\",reason=\"{}\"}} {}\n",
+      source, r, block);
+}
+
+}  // namespace
+
 int run_server(const ServerOptions& o) {
   set_log_role("coordinator");
   // Signals are taken by this thread with sigtimedwait; every thread started later inherits
@@ -273,6 +293,9 @@ int run_server(const ServerOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (o.block_size_auto)
+    return fail("--block-size auto is resolved by `tessera serve` / `tessera launch` (the step-time model lives "
+                "there): give this process a number");
   auto loaded = load_model_config(o.model_path);  // the config only; the shards load the weights
   if (!loaded.is_ok()) return fail(loaded.status().to_string());
   const ModelConfig& config = *loaded;
@@ -323,8 +346,21 @@ int run_server(const ServerOptions& o) {
   eo.max_positions = config.max_positions;
   eo.max_queued_sequences = o.max_queued_sequences;
   eo.window = set->window();
+  std::ofstream step_log;
+  if (!o.step_log_path.empty()) {
+    step_log.open(o.step_log_path, std::ios::out | std::ios::trunc);
+    if (!step_log) {
+      set->stop("cannot serve");
+      return fail(fmt::format("--step-log {}: cannot open for writing", o.step_log_path));
+    }
+    // Engine thread only; a line per step, flushed so that a reader sees whole lines while serving.
+    eo.on_step = [&step_log](const StepRecord& r) { step_log << step_record_json(r) << '\n' << std::flush; };
+    TESSERA_LOG_INFO("step log: {}", o.step_log_path);
+  }
   Engine engine(eo, *set->group, *set->pool, tokenizer->get(), metrics);
   TESSERA_LOG_INFO("{}", format_scheduler_config(o.scheduler));
+  TESSERA_LOG_INFO("kv block size {} ({}{}{})", o.block_size, o.block_size_source, o.block_size_reason.empty() ? "" : ": ",
+                   o.block_size_reason);
 
   ApiServerOptions ao;
   ao.model_name = o.model_name.empty() ? default_model_name(o.model_path) : o.model_name;
@@ -335,7 +371,9 @@ int run_server(const ServerOptions& o) {
   ao.chat_template_source = served_chat->source;
   const SchedulerConfig sched = o.scheduler;
   auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
-                              [sched] { return scheduler_config_prometheus(sched); });
+                              [sched, block = o.block_size, source = o.block_size_source, reason = o.block_size_reason] {
+                                return scheduler_config_prometheus(sched) + kv_block_size_prometheus(block, source, reason);
+                              });
   if (!api.is_ok()) {
     set->stop("cannot serve");
     return fail(api.status().to_string());

@@ -24,6 +24,14 @@ struct ServerOptions {
   int port = 8000;                   // 0: ephemeral
   SchedulerConfig scheduler;
   int64_t block_size = 16;
+  // --block-size auto: the launcher (launch/, `tessera serve` and `tessera launch`) replaces it
+  // with tune/block_size.h's choice for expected_lengths / expected_trace before run_server;
+  // run_server refuses it unresolved.
+  bool block_size_auto = false;
+  std::string expected_lengths = "chat";  // a tune/trace.h length mix
+  std::string expected_trace;             // a JSONL trace whose lengths are expected (wins over the mix)
+  std::string block_size_source = "default";  // default | flag | scheduler-config | auto: shown in /metrics
+  std::string block_size_reason;              // why (auto): printed at start-up and in /metrics
   KvDtype kv_dtype = KvDtype::kF32;  // the coordinator plans it; the shards must store it
   WeightQuant quant = WeightQuant::kNone;  // for the shards it starts: --quant at load
   bool quant_lm_head = false;
@@ -56,6 +64,10 @@ struct ServerOptions {
   // restarted with backoff, at most this many times in a row (0: never; the server then stays
   // up, unhealthy). Only shards the server starts itself are restarted.
   int max_restarts = 5;
+  // A JSONL file the engine appends one line per step to (coordinator/step_features.h: what the
+  // step computed and how long it took): the data `tessera tune calibrate` fits the step-time
+  // model on. "": none.
+  std::string step_log_path;
 };
 
 // Runs until SIGINT or SIGTERM (then drains: see shutdown_grace_s; and stops every process it

@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +24,7 @@ struct ServerCli {
   std::string scheduler_file;
   std::map<std::string, std::string> knobs;  // knob name -> value given on the command line
   double max_kv_gb = 0;
+  std::string block_size_text;
   cli::KvDtypeFlag kv_dtype;
 
   void add_to(CLI::App& app, bool spawns_shards) {
@@ -32,7 +35,13 @@ struct ServerCli {
     app.add_option("--tp", o.tp, "tensor-parallel shards")->capture_default_str()->check(CLI::Range(1, 512));
     app.add_option("--host", o.host, "HTTP address to listen on")->capture_default_str();
     app.add_option("--port", o.port, "HTTP port (0: ephemeral)")->capture_default_str();
-    cli::add_block_size_flag(app, o.block_size);
+    app.add_option("--block-size", block_size_text,
+                   "KV cache tokens per block (16..1024), or auto: chosen for --expected-lengths / --expected-trace by "
+                   "the step-time model (default 16, or the --scheduler-config's block_size)");
+    app.add_option("--expected-lengths", o.expected_lengths,
+                   "the request lengths --block-size auto plans for: chat, docs, docs-2k or PROMPT/OUTPUT")
+        ->capture_default_str();
+    app.add_option("--expected-trace", o.expected_trace, "a JSONL trace whose lengths --block-size auto plans for");
     cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
     app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
     app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
@@ -48,6 +57,9 @@ struct ServerCli {
     for (const char* knob : {"spec-depth", "spec-ngram-max", "spec-ngram-min", "spec-probe-interval", "spec-probe-steps",
                              "spec-hysteresis", "spec-draft-layers", "spec-draft-vocab"})
       app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
+    app.add_option("--step-log", o.step_log_path,
+                   "append one JSON line per engine step (its tokens, sequences, context and times) to this file, "
+                   "for `tessera tune calibrate`");
     app.add_option("--shard-endpoint", o.shard_endpoint, "control endpoint the shards connect to");
     app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms,
                    "declare a silent shard dead (one on another host; one on this host whose process is gone)")
@@ -82,6 +94,21 @@ struct ServerCli {
     for (const auto& [name, value] : knobs)
       if (!value.empty()) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, name, value));
     TESSERA_RETURN_IF_ERROR(validate_scheduler_config(o.scheduler));
+    if (block_size_text == "auto") {
+      o.block_size_auto = true;
+      o.block_size_source = "auto";
+    } else if (!block_size_text.empty()) {
+      int64_t b = 0;
+      auto [p, ec] = std::from_chars(block_size_text.data(), block_size_text.data() + block_size_text.size(), b);
+      if (ec != std::errc() || p != block_size_text.data() + block_size_text.size())
+        return Status::invalid_argument("--block-size '" + block_size_text + "': expected a number of tokens or auto");
+      TESSERA_RETURN_IF_ERROR(validate_block_size(b).with_context("--block-size"));
+      o.block_size = b;
+      o.block_size_source = "flag";
+    } else if (o.scheduler.block_size > 0) {
+      o.block_size = o.scheduler.block_size;
+      o.block_size_source = "scheduler-config";
+    }
     o.kv_dtype = kv_dtype.runtime();
     if (max_kv_gb > 0) o.max_kv_bytes = static_cast<uint64_t>(max_kv_gb * (1ull << 30));
     return Status::ok();

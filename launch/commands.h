@@ -6,6 +6,11 @@
 
 #include <functional>
 
+namespace tessera {
+struct ServerOptions;
+class Status;
+}  // namespace tessera
+
 namespace tessera::cli {
 
 using Runner = std::function<int()>;
@@ -18,6 +23,13 @@ Runner add_launch_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);   // memory bill and step-time prediction
 Runner add_bench_command(CLI::App& app);  // `bench serve`, `bench scale`
 Runner add_eval_command(CLI::App& app);   // quality per precision and workload class
+Runner add_tune_command(CLI::App& app);   // scheduler profile from a trace and an SLO, on the simulator
+
+// `--block-size auto` (tune/block_size.h): picks o.block_size for o.expected_trace or
+// o.expected_lengths with the step-time model stored for the model (TP o.tp; the CPU entry when
+// the shards run on the CPU), else the roofline prior of this CPU; sets the source and reason.
+// No-op unless o.block_size_auto.
+Status resolve_auto_block_size(ServerOptions& o);
 
 // Prints "error: <message>" to stderr and returns 1 (the common error exit).
 int fail(const std::string& message);

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
       tessera::cli::add_plan_command);
   add("eval", "Quality per precision and workload class (code, math, prose) against a reference: KL, perplexity, canaries",
       tessera::cli::add_eval_command);
+  add("tune", "Scheduler profile from a trace and an SLO, on a simulator calibrated against the engine",
+      tessera::cli::add_tune_command);
   add("bench", "Benchmarks: `bench serve` (load-test an OpenAI-compatible server), `bench scale` (TP scaling)",
       tessera::cli::add_bench_command);
   try {

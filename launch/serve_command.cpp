@@ -77,6 +77,7 @@ Runner add_serve_command(CLI::App& app) {
   return [cli, quant, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
+    if (Status b = resolve_auto_block_size(cli->options); !b.is_ok()) return fail(b.to_string());
     pass_quant(*quant, cli->options);
     if (Status g = check_quality_gate(*gate, cli->options); !g.is_ok()) return fail(g.to_string());
     return run_server(cli->options);
@@ -103,6 +104,7 @@ Runner add_launch_command(CLI::App& app) {
   return [cli, dry_run, mca, quant, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
+    if (Status b = resolve_auto_block_size(cli->options); !b.is_ok()) return fail(b.to_string());
     ServerOptions& o = cli->options;
     pass_quant(*quant, o);
     if (Status g = check_quality_gate(*gate, o); !g.is_ok()) return fail(g.to_string());

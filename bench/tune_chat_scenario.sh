@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The chat-service scenario on the 70B INT4 / A100-80GB cost model (the planner's roofline prior,
+# tune/step_model.h): what max_wait 50 ms / max_batch 32 against 5 ms / 16 does to throughput and
+# P99 latency at a stated load, and what `tessera tune` recommends for a 500 ms P99 TTFT SLO.
+#
+#   bash bench/tune_chat_scenario.sh [RATE ...]     (default: 3 4 5 requests/s)
+#
+# Writes bench/results/tune/chat-70b-a100.md (and the tune plot/table beside it). Simulation
+# only: no model, no device; a few seconds per setting.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TESSERA=${TESSERA:-build/bin/tessera}
+OUT=${OUT:-bench/results/tune}
+mkdir -p "$OUT/work"
+rates=("$@")
+[ ${#rates[@]} -gt 0 ] || rates=(3 4 5)
+DEP=(--model llama-2-70b --precision INT4 --card A100-80GB --kv-dtype fp16)
+SLO="ttft_p99=500ms,itl_p99=150ms"
+md="$OUT/chat-70b-a100.md"
+{
+  echo "# Chat service on Llama-2-70B INT4, one A100-80GB (simulated)"
+  echo
+  echo "- Date: $(date -u '+%Y-%m-%d %H:%M') UTC; simulated on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  echo "- Command: \`bash bench/tune_chat_scenario.sh ${rates[*]}\`"
+  echo "- Trace: \`tessera tune trace --lengths chat --arrivals poisson -n 20000\` at each rate (prompts log-normal mean 160,"
+  echo "  outputs log-normal mean 96 tokens); KV fp16, block 16; speculation not simulated."
+  "$TESSERA" tune simulate "${DEP[@]}" --lengths chat --rate 1 -n 10 | sed -n '1,3p' | sed 's/^/    /'
+  echo
+  echo "| load req/s | setting | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | goodput req/s ($SLO) |"
+  echo "|---|---|---|---|---|---|---|---|"
+} > "$md"
+for rate in "${rates[@]}"; do
+  trace="$OUT/work/chat-70b-rate$rate.jsonl"
+  "$TESSERA" tune trace --lengths chat --arrivals poisson --rate "$rate" -n 20000 --seed 11 --out "$trace" > /dev/null
+  for setting in "50:32" "5:16"; do
+    IFS=: read -r wait batch <<< "$setting"
+    j="$OUT/work/chat-70b-rate$rate-w$wait-b$batch.json"
+    "$TESSERA" tune simulate "${DEP[@]}" --trace "$trace" --max-wait-ms "$wait" --max-batch "$batch" --slo "$SLO" \
+      --json "$j" > /dev/null
+    python3 - "$j" "$rate" "$wait" "$batch" >> "$md" << 'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"| {sys.argv[2]} | wait {sys.argv[3]} ms, batch {sys.argv[4]} | {j['output_tok_s']:.0f} | {j['ttft_p50_s']*1e3:.0f} | "
+      f"{j['ttft_p99_s']*1e3:.0f} | {j['itl_p50_s']*1e3:.1f} | {j['itl_p99_s']*1e3:.1f} | {j['goodput']:.2f} |")
+PY
+  done
+done
+rate=${TUNE_RATE:-${rates[$(( ${#rates[@]} / 2 ))]}}
+{
+  echo
+  echo "## \`tessera tune\` at $rate req/s for $SLO"
+  echo
+  echo "\`tessera tune ${DEP[*]} --lengths chat --rate $rate -n 5000 --slo $SLO --out $OUT/chat-70b-a100-profile.json\`"
+  echo
+} >> "$md"
+"$TESSERA" tune "${DEP[@]}" --lengths chat --rate "$rate" -n 5000 --seed 5 --slo "$SLO" \
+  --out "$OUT/chat-70b-a100-profile.json" --table "$OUT/work/chat-70b-tune-table.md" --json "$OUT/chat-70b-a100-tune.json" \
+  > "$OUT/work/chat-70b-tune.txt"
+cat "$OUT/work/chat-70b-tune-table.md" >> "$md"
+{
+  echo
+  grep '^recommended:' "$OUT/work/chat-70b-tune.txt" || true
+  echo
+  echo "Profile written: \`$OUT/chat-70b-a100-profile.json\`"
+} >> "$md"
+if [ -x .venv/bin/python ] && .venv/bin/python -c 'import matplotlib' 2> /dev/null; then
+  .venv/bin/python tools/plot_tune.py "$OUT/chat-70b-a100-tune.json" "$OUT/chat-70b-a100-pareto.png" && \
+    echo "![throughput against P99 TTFT](chat-70b-a100-pareto.png)" >> "$md"
+fi
+cat "$md"

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Side-by-side table of the real engine and the simulator on the same traces (bench/tune_validate.sh).
+
+Reads WORK/real-NAME-r*.json (`tessera bench serve --json`, one per real run) and
+WORK/sim-NAME-s*.json (`tessera tune simulate --json`, one per jitter seed) for each NAME and
+writes a markdown table: throughput, TTFT and ITL at P50 and P99 (median and range over the
+runs), the simulator's error against the real median, and the real runs' own spread. Standard
+library only.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import subprocess
+
+
+def cpu_line():
+    model, family, mod = "?", "?", "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k, v = k.strip(), v.strip()
+                if k == "model name" and model == "?":
+                    model = v
+                elif k == "cpu family" and family == "?":
+                    family = v
+                elif k == "model" and mod == "?":
+                    mod = v
+    except OSError:
+        pass
+    return f"{model} (family {family} model {mod}), {os.cpu_count()} cores, {platform.machine()}"
+
+
+def real_summary(path):
+    with open(path) as f:
+        j = json.load(f)
+    s = j["levels"][0]["summary"]
+    return {
+        "out_tok_s": s["output_token_throughput"],
+        "req_s": s["request_throughput"],
+        "ttft_p50": s["ttft_ms"]["p50"] / 1e3,
+        "ttft_p99": s["ttft_ms"]["p99"] / 1e3,
+        "itl_p50": s["itl_ms"]["p50"] / 1e3,
+        "itl_p99": s["itl_ms"]["p99"] / 1e3,
+        "completed": s["completed"],
+        "failed": s["failed"],
+        "preemptions": None,
+    }
+
+
+def sim_summary(path):
+    with open(path) as f:
+        j = json.load(f)
+    return {
+        "out_tok_s": j["output_tok_s"],
+        "req_s": j["req_s"],
+        "ttft_p50": j["ttft_p50_s"],
+        "ttft_p99": j["ttft_p99_s"],
+        "itl_p50": j["itl_p50_s"],
+        "itl_p99": j["itl_p99_s"],
+        "completed": j["completed"],
+        "failed": j["failed"],
+        "preemptions": j["preemptions"],
+        "step_model": j.get("step_model", {}),
+    }
+
+
+def err(sim, real):
+    return (sim - real) / real * 100 if real else float("nan")
+
+
+KEYS = ("out_tok_s", "req_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def combine(runs):
+    """Median of each metric over the runs, and its range."""
+    out = {k: median([r[k] for r in runs]) for k in KEYS}
+    out["range"] = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in KEYS}
+    out["runs"] = len(runs)
+    out["completed"] = min(r["completed"] for r in runs)
+    out["failed"] = max(r["failed"] for r in runs)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="")
+    ap.add_argument("names", nargs="+")
+    a = ap.parse_args()
+    rows, worst = [], {k: 0.0 for k in KEYS}
+    step_model = {}
+    for name in a.names:
+        reals = sorted(glob.glob(os.path.join(a.work, f"real-{name}-r*.json")))
+        sims = sorted(glob.glob(os.path.join(a.work, f"sim-{name}-s*.json")))
+        if not reals or not sims:
+            raise SystemExit(f"{name}: no real-{name}-r*.json or sim-{name}-s*.json in {a.work}")
+        r = combine([real_summary(p) for p in reals])
+        sim_runs = [sim_summary(p) for p in sims]
+        step_model = sim_runs[0].get("step_model", step_model)
+        s = combine(sim_runs)
+        for k in KEYS:
+            worst[k] = max(worst[k], abs(err(s[k], r[k])))
+        rows.append((name, r, s))
+
+    def cell(v, k, scale, fmt):
+        lo, hi = v["range"][k]
+        return f"{v[k] * scale:{fmt}} ({lo * scale:{fmt}}-{hi * scale:{fmt}})"
+
+    lines = [
+        "# Simulator against the real engine",
+        "",
+        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- CPU: {cpu_line()}",
+        f"- Model: {a.model}",
+        "- Command: `bash bench/tune_validate.sh all`: calibration at block sizes 16/64/256 "
+        "(`tessera serve --step-log`, `tessera tune calibrate`), then each trace replayed on a fresh "
+        "`tessera serve --threads 2 --speculation off --block-size 16` by `tessera bench serve --trace` "
+        "(real; several runs) and on `tessera tune simulate --trace` (five seeds of the step jitter).",
+        f"- Step model: {step_model.get('source', '?')}; fit |relative error| median "
+        f"{100 * step_model.get('median_abs_rel_error', 0):.1f}%, p90 {100 * step_model.get('p90_abs_rel_error', 0):.1f}%",
+        "- Cells: median over the runs (range). Error: simulated median against real median. "
+        "Real spread: (max - min) / median of the real runs, the engine's own run-to-run variation on this machine.",
+        "",
+        "| trace | side | runs | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r, s in rows:
+        for side, v in (("real", r), ("simulated", s)):
+            lines.append(
+                f"| {name} | {side} | {v['runs']} | {cell(v, 'out_tok_s', 1, '.1f')} | {cell(v, 'ttft_p50', 1e3, '.0f')} | "
+                f"{cell(v, 'ttft_p99', 1e3, '.0f')} | {cell(v, 'itl_p50', 1e3, '.1f')} | {cell(v, 'itl_p99', 1e3, '.0f')} |")
+        lines.append(
+            f"| {name} | error | | {err(s['out_tok_s'], r['out_tok_s']):+.1f}% | {err(s['ttft_p50'], r['ttft_p50']):+.1f}% | "
+            f"{err(s['ttft_p99'], r['ttft_p99']):+.1f}% | {err(s['itl_p50'], r['itl_p50']):+.1f}% | "
+            f"{err(s['itl_p99'], r['itl_p99']):+.1f}% |")
+        spread = {k: (r["range"][k][1] - r["range"][k][0]) / r[k] * 100 if r[k] else 0 for k in KEYS}
+        lines.append(
+            f"| {name} | real spread | | {spread['out_tok_s']:.0f}% | {spread['ttft_p50']:.0f}% | {spread['ttft_p99']:.0f}% | "
+            f"{spread['itl_p50']:.0f}% | {spread['itl_p99']:.0f}% |")
+    lines += [
+        "",
+        f"Largest |error| of the medians: P99 TTFT {worst['ttft_p99']:.1f}% (target 15%), P99 ITL "
+        f"{worst['itl_p99']:.1f}% (target 15%), output throughput {worst['out_tok_s']:.1f}% (target 10%).",
+        "",
+    ]
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

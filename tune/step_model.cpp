@@ -1,0 +1,438 @@
+#include "tune/step_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tessera {
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kTerms = 6;  // fixed, matrices, sequences, context tokens, attention pairs, blocks
+
+std::array<double, kTerms> design_row(const StepFeatures& f, double knee) {
+  return {1.0,
+          std::max(knee, static_cast<double>(f.tokens)),
+          static_cast<double>(f.sequences),
+          static_cast<double>(f.context_tokens),
+          static_cast<double>(f.attention_pairs),
+          static_cast<double>(f.blocks)};
+}
+
+// Solves the normal equations of the weighted problem restricted to `active` terms (the rest are
+// 0). Columns are scaled to unit norm and a tiny ridge keeps collinear terms (blocks and context
+// at one block size) from blowing up: they share the weight instead.
+std::array<double, kTerms> solve_active(const std::vector<std::array<double, kTerms>>& rows,
+                                        const std::vector<double>& y, const std::vector<double>& w,
+                                        const std::array<bool, kTerms>& active) {
+  std::vector<int> idx;
+  for (int j = 0; j < kTerms; ++j)
+    if (active[j]) idx.push_back(j);
+  const size_t m = idx.size();
+  std::array<double, kTerms> coef{};
+  if (m == 0) return coef;
+  std::vector<double> scale(m, 0.0);
+  for (size_t a = 0; a < m; ++a) {
+    double s = 0;
+    for (size_t i = 0; i < rows.size(); ++i) s += std::pow(w[i] * rows[i][idx[a]], 2);
+    scale[a] = s > 0 ? 1.0 / std::sqrt(s) : 0.0;
+  }
+  std::vector<double> ata(m * m, 0.0), atb(m, 0.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t a = 0; a < m; ++a) {
+      const double xa = w[i] * rows[i][idx[a]] * scale[a];
+      atb[a] += xa * w[i] * y[i];
+      for (size_t b = 0; b < m; ++b) ata[a * m + b] += xa * w[i] * rows[i][idx[b]] * scale[b];
+    }
+  }
+  for (size_t a = 0; a < m; ++a) ata[a * m + a] += 1e-9;
+  // Gaussian elimination with partial pivoting.
+  for (size_t c = 0; c < m; ++c) {
+    size_t p = c;
+    for (size_t r = c + 1; r < m; ++r)
+      if (std::abs(ata[r * m + c]) > std::abs(ata[p * m + c])) p = r;
+    if (p != c) {
+      for (size_t k = 0; k < m; ++k) std::swap(ata[c * m + k], ata[p * m + k]);
+      std::swap(atb[c], atb[p]);
+    }
+    const double d = ata[c * m + c];
+    if (std::abs(d) < 1e-300) continue;
+    for (size_t r = c + 1; r < m; ++r) {
+      const double f = ata[r * m + c] / d;
+      for (size_t k = c; k < m; ++k) ata[r * m + k] -= f * ata[c * m + k];
+      atb[r] -= f * atb[c];
+    }
+  }
+  std::vector<double> x(m, 0.0);
+  for (size_t c = m; c-- > 0;) {
+    double s = atb[c];
+    for (size_t k = c + 1; k < m; ++k) s -= ata[c * m + k] * x[k];
+    x[c] = std::abs(ata[c * m + c]) < 1e-300 ? 0.0 : s / ata[c * m + c];
+  }
+  for (size_t a = 0; a < m; ++a) coef[idx[a]] = x[a] * scale[a];
+  return coef;
+}
+
+// Non-negative least squares by elimination: solve, drop the most negative term, solve again.
+std::array<double, kTerms> solve_nonnegative(const std::vector<std::array<double, kTerms>>& rows,
+                                             const std::vector<double>& y, const std::vector<double>& w) {
+  std::array<bool, kTerms> active;
+  active.fill(true);
+  for (;;) {
+    auto c = solve_active(rows, y, w, active);
+    int worst = -1;
+    for (int j = 0; j < kTerms; ++j)
+      if (active[j] && c[j] < 0 && (worst < 0 || c[j] < c[worst])) worst = j;
+    if (worst < 0) return c;
+    active[worst] = false;
+  }
+}
+
+struct Fit {
+  StepTimeModel model;
+  double loss = 0;
+};
+
+StepTimeModel from_coefficients(const std::array<double, kTerms>& c, double knee) {
+  StepTimeModel m;
+  m.fixed_s = c[0];
+  m.per_token_s = c[1];
+  m.weight_floor_s = c[1] * knee;
+  m.per_sequence_s = c[2];
+  m.per_context_token_s = c[3];
+  m.per_attention_pair_s = c[4];
+  m.per_block_s = c[5];
+  return m;
+}
+
+Fit fit_once(const std::vector<const StepRecord*>& steps) {
+  static constexpr double kKnees[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
+  std::vector<double> y, w;
+  for (const StepRecord* s : steps) {
+    y.push_back(s->total_s());
+    w.push_back(1.0 / std::max(s->total_s(), 1e-6));
+  }
+  Fit best;
+  best.loss = INFINITY;
+  for (double knee : kKnees) {
+    std::vector<std::array<double, kTerms>> rows;
+    rows.reserve(steps.size());
+    for (const StepRecord* s : steps) rows.push_back(design_row(s->features, knee));
+    const StepTimeModel m = from_coefficients(solve_nonnegative(rows, y, w), knee);
+    double loss = 0;
+    for (size_t i = 0; i < steps.size(); ++i) loss += std::pow((m.predict_s(steps[i]->features) - y[i]) * w[i], 2);
+    if (loss < best.loss) best = {m, loss};
+  }
+  return best;
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double r = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(r));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (r - static_cast<double>(lo));
+}
+
+Json to_json(const StepTimeModel& m) {
+  return Json{{"model", m.model},
+              {"card", m.card},
+              {"tp", m.tp},
+              {"source", m.source},
+              {"fixed_s", m.fixed_s},
+              {"weight_floor_s", m.weight_floor_s},
+              {"per_token_s", m.per_token_s},
+              {"per_sequence_s", m.per_sequence_s},
+              {"per_context_token_s", m.per_context_token_s},
+              {"per_attention_pair_s", m.per_attention_pair_s},
+              {"per_block_s", m.per_block_s},
+              {"empty_step_s", m.empty_step_s},
+              {"jitter_quantiles", m.jitter_quantiles},
+              {"jitter_quantiles_large", m.jitter_quantiles_large},
+              {"fitted_steps", m.fitted_steps},
+              {"median_abs_rel_error", m.median_abs_rel_error},
+              {"p90_abs_rel_error", m.p90_abs_rel_error}};
+}
+
+Result<StepTimeModel> from_json(const Json& j, std::string_view source) {
+  StepTimeModel m;
+  try {
+    m.model = j.at("model").get<std::string>();
+    m.card = j.at("card").get<std::string>();
+    m.tp = j.at("tp").get<int>();
+    m.source = j.value("source", std::string());
+    const std::pair<const char*, double*> fields[] = {
+        {"fixed_s", &m.fixed_s},
+        {"weight_floor_s", &m.weight_floor_s},
+        {"per_token_s", &m.per_token_s},
+        {"per_sequence_s", &m.per_sequence_s},
+        {"per_context_token_s", &m.per_context_token_s},
+        {"per_attention_pair_s", &m.per_attention_pair_s},
+        {"per_block_s", &m.per_block_s}};
+    for (const auto& [name, dst] : fields) {
+      *dst = j.at(name).get<double>();
+      if (!std::isfinite(*dst) || *dst < 0)
+        return Status::invalid_argument(fmt::format("{}: step model field '{}' is {}, expected a finite value >= 0",
+                                                    source, name, *dst));
+    }
+    m.fitted_steps = j.value("fitted_steps", int64_t{0});
+    m.empty_step_s = j.value("empty_step_s", m.empty_step_s);
+    if (!std::isfinite(m.empty_step_s) || m.empty_step_s < 0)
+      return Status::invalid_argument(fmt::format("{}: step model empty_step_s {} < 0", source, m.empty_step_s));
+    for (auto [name, dst] : {std::pair{"jitter_quantiles", &m.jitter_quantiles},
+                             std::pair{"jitter_quantiles_large", &m.jitter_quantiles_large}}) {
+      if (!j.contains(name)) continue;
+      *dst = j[name].get<std::vector<double>>();
+      const std::vector<double>& q = *dst;
+      for (size_t i = 0; i < q.size(); ++i)
+        if (!std::isfinite(q[i]) || q[i] <= 0 || (i > 0 && q[i] < q[i - 1]))
+          return Status::invalid_argument(fmt::format(
+              "{}: step model {}[{}] = {}: expected positive, non-decreasing factors", source, name, i, q[i]));
+    }
+    m.median_abs_rel_error = j.value("median_abs_rel_error", 0.0);
+    m.p90_abs_rel_error = j.value("p90_abs_rel_error", 0.0);
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument(fmt::format("{}: step model: {}", source, e.what()));
+  }
+  if (m.tp < 1) return Status::invalid_argument(fmt::format("{}: step model tp {} < 1", source, m.tp));
+  return m;
+}
+
+}  // namespace
+
+double StepTimeModel::predict_s(const StepFeatures& f) const {
+  return fixed_s + std::max(weight_floor_s, per_token_s * static_cast<double>(f.tokens)) +
+         per_sequence_s * static_cast<double>(f.sequences) +
+         per_context_token_s * static_cast<double>(f.context_tokens) +
+         per_attention_pair_s * static_cast<double>(f.attention_pairs) + per_block_s * static_cast<double>(f.blocks);
+}
+
+double StepTimeModel::jitter(double u, int64_t tokens) const {
+  const std::vector<double>& q =
+      tokens >= kLargeStepTokens && jitter_quantiles_large.size() >= 2 ? jitter_quantiles_large : jitter_quantiles;
+  if (q.size() < 2) return 1.0;
+  const double r = std::clamp(u, 0.0, 1.0) * static_cast<double>(q.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(r));
+  const size_t hi = std::min(lo + 1, q.size() - 1);
+  return q[lo] + (q[hi] - q[lo]) * (r - static_cast<double>(lo));
+}
+
+std::string StepTimeModel::key() const { return fmt::format("{}|{}|{}", model, card, tp); }
+
+Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::string model, std::string card,
+                                     int tp) {
+  std::vector<const StepRecord*> use;
+  for (const StepRecord& s : steps)
+    if (s.features.tokens > 0 && s.total_s() > 0 && std::isfinite(s.total_s())) use.push_back(&s);
+  if (use.size() < 8)
+    return Status::invalid_argument(
+        fmt::format("step model: {} steps with tokens, need at least 8 (run a load against `serve --step-log`)",
+                    use.size()));
+  auto varies = [&](auto get) {
+    const auto [lo, hi] = std::minmax_element(use.begin(), use.end(),
+                                              [&](const StepRecord* a, const StepRecord* b) { return get(*a) < get(*b); });
+    return get(**lo) != get(**hi);
+  };
+  if (!varies([](const StepRecord& s) { return s.features.tokens; }))
+    return Status::invalid_argument("step model: every step computed the same number of tokens; the fit needs "
+                                    "steps of different sizes (mix prompt lengths and concurrency)");
+  Fit fit = fit_once(use);
+  // Drop steps that took far longer than the first fit says (a preempted process, a page-in), once.
+  std::vector<const StepRecord*> kept;
+  for (const StepRecord* s : use)
+    if (s->total_s() <= 4.0 * fit.model.predict_s(s->features)) kept.push_back(s);
+  if (kept.size() >= 8 && kept.size() < use.size()) fit = fit_once(kept);
+  else kept = use;
+  StepTimeModel m = fit.model;
+  std::vector<double> empty;
+  for (const StepRecord& s : steps)
+    if (s.features.tokens == 0 && s.total_s() > 0 && std::isfinite(s.total_s())) empty.push_back(s.total_s());
+  if (!empty.empty()) m.empty_step_s = quantile(empty, 0.5);
+  m.model = std::move(model);
+  m.card = std::move(card);
+  m.tp = tp;
+  m.fitted_steps = static_cast<int64_t>(kept.size());
+  std::vector<double> err;
+  for (const StepRecord* s : kept) err.push_back(std::abs(m.predict_s(s->features) - s->total_s()) / s->total_s());
+  m.median_abs_rel_error = quantile(err, 0.5);
+  m.p90_abs_rel_error = quantile(err, 0.9);
+  std::vector<double> small, large;
+  for (const StepRecord* s : kept)
+    (s->features.tokens >= StepTimeModel::kLargeStepTokens ? large : small).push_back(s->total_s() / m.predict_s(s->features));
+  // Too few large steps to tell their tail: they share the small steps' quantiles.
+  if (small.empty() || large.size() < 20) small.insert(small.end(), large.begin(), large.end());
+  for (int q = 0; q <= 100; ++q) m.jitter_quantiles.push_back(quantile(small, q / 100.0));
+  if (large.size() >= 20)
+    for (int q = 0; q <= 100; ++q) m.jitter_quantiles_large.push_back(quantile(large, q / 100.0));
+  std::vector<int64_t> sizes;
+  for (const StepRecord* s : kept) sizes.push_back(s->block_size);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  m.source = fmt::format("fitted: {} measured steps ({} dropped as outliers), block sizes {}", kept.size(),
+                         use.size() - kept.size(), fmt::join(sizes, "/"));
+  return m;
+}
+
+Result<std::vector<StepRecord>> parse_step_log(std::string_view jsonl, std::string_view source) {
+  std::vector<StepRecord> out;
+  std::istringstream in{std::string(jsonl)};
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const Json j = Json::parse(line);
+      StepRecord r;
+      r.step_id = j.value("step", uint64_t{0});
+      r.start_s = j.value("start_s", 0.0);
+      r.schedule_s = j.value("schedule_s", 0.0);
+      r.run_s = j.at("run_s").get<double>();
+      r.commit_s = j.value("commit_s", 0.0);
+      r.block_size = j.at("block_size").get<int64_t>();
+      r.running = j.value("running", int64_t{0});
+      r.waiting = j.value("waiting", int64_t{0});
+      StepFeatures& f = r.features;
+      f.tokens = j.at("tokens").get<int64_t>();
+      f.sequences = j.at("sequences").get<int64_t>();
+      f.decode_seqs = j.value("decode_seqs", int64_t{0});
+      f.prefill_tokens = j.value("prefill_tokens", f.tokens - f.decode_seqs);
+      f.context_tokens = j.at("context_tokens").get<int64_t>();
+      f.attention_pairs = j.at("attention_pairs").get<int64_t>();
+      f.blocks = j.at("blocks").get<int64_t>();
+      if (r.run_s < 0 || r.block_size < 1 || f.tokens < 0)
+        return Status::invalid_argument(fmt::format("{}:{}: negative time or count", source, n));
+      out.push_back(r);
+    } catch (const Json::exception& e) {
+      return Status::invalid_argument(fmt::format("{}:{}: not a step record: {}", source, n, e.what()));
+    }
+  }
+  return out;
+}
+
+Result<std::vector<StepRecord>> load_step_log(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::io_error(fmt::format("{}: cannot read the step log", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_step_log(ss.str(), path);
+}
+
+StepTimeModel prior_step_model(const Plan& plan, const PriorEfficiency& eff) {
+  const PlanInput& in = plan.input;
+  const CardSpec& card = in.card;
+  const MemoryBill& mem = plan.memory;
+  const TimeBill& t = plan.time;
+  const double bw = card.memory_bandwidth * eff.bandwidth;
+  const double peak = card.peak_flops * eff.compute;
+  StepTimeModel m;
+  m.model = in.model_name;
+  m.card = card.name;
+  m.tp = in.tp;
+  m.weight_floor_s = static_cast<double>(t.weight_bytes_read) / bw;
+  // The LM head multiplies only the rows that sample (one per sequence), the layers every token.
+  const double head_params = static_cast<double>(mem.vocab_per_rank) * static_cast<double>(in.model.hidden);
+  const double layer_params = std::max(0.0, static_cast<double>(mem.matrix_params_per_rank) - head_params);
+  m.per_token_s = 2.0 * layer_params / peak;
+  m.per_context_token_s = static_cast<double>(mem.kv_bytes_per_token) / bw;
+  m.per_attention_pair_s =
+      4.0 * static_cast<double>(mem.q_heads_per_rank * in.model.head_dim * in.model.n_layers) / peak;
+  // Collectives: the hop latencies per step are fixed, the bytes grow with the tokens.
+  const LinkSpec& link = plan.link;
+  const uint64_t token_bytes = static_cast<uint64_t>(in.model.hidden) * static_cast<uint64_t>(card.activation_bytes);
+  const double ar0 = ring_all_reduce_s(0, in.tp, link);
+  const double ar1 = ring_all_reduce_s(token_bytes, in.tp, link);
+  m.fixed_s = t.launch_graph_s + t.all_reduces_per_step * ar0 + ring_all_gather_s(0, in.tp, link);
+  m.per_token_s += t.all_reduces_per_step * (ar1 - ar0);
+  // A sequence's logits: written and read once (fp32), gathered across ranks for sampling.
+  const double gather1 = ring_all_gather_s(static_cast<uint64_t>(mem.vocab_per_rank) * 4, in.tp, link) -
+                         ring_all_gather_s(0, in.tp, link);
+  m.per_sequence_s = 2.0 * head_params / peak + 2.0 * static_cast<double>(mem.vocab_per_rank) * 4.0 / bw + gather1;
+  // A block: one 128-byte transaction per layer and KV head for its table entry and the
+  // misaligned tail of its keys and values.
+  m.per_block_s = static_cast<double>(in.model.n_layers * mem.kv_heads_per_rank) * 128.0 / bw;
+  m.source = fmt::format("prior: roofline of {} {} on {} x{} (bandwidth x{:.2f}, FLOP/s x{:.2f})", in.model_name,
+                         in.weights.name, card.name, in.tp, eff.bandwidth, eff.compute);
+  return m;
+}
+
+std::string step_model_to_json(const StepTimeModel& m) { return to_json(m).dump(2); }
+
+Result<StepTimeModel> step_model_from_json(std::string_view json, std::string_view source) {
+  try {
+    return from_json(Json::parse(json), source);
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument(fmt::format("{}: not JSON: {}", source, e.what()));
+  }
+}
+
+Result<std::vector<StepTimeModel>> load_step_models(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found(fmt::format("{}: no step models (run `tessera tune calibrate`)", path));
+  std::vector<StepTimeModel> out;
+  try {
+    const Json j = Json::parse(in);
+    for (const Json& e : j.at("models")) {
+      auto m = from_json(e, path);
+      if (!m.is_ok()) return m.status();
+      out.push_back(std::move(*m));
+    }
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument(fmt::format("{}: not a step-model store: {}", path, e.what()));
+  }
+  return out;
+}
+
+Status save_step_model(const std::string& path, const StepTimeModel& model) {
+  std::vector<StepTimeModel> all;
+  if (std::ifstream probe(path); probe) {
+    auto existing = load_step_models(path);
+    if (!existing.is_ok()) return existing.status();
+    all = std::move(*existing);
+  }
+  std::erase_if(all, [&](const StepTimeModel& m) { return m.card == model.card && m.tp == model.tp; });
+  all.push_back(model);
+  Json j{{"models", Json::array()}};
+  for (const StepTimeModel& m : all) j["models"].push_back(to_json(m));
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return Status::io_error(fmt::format("{}: cannot write the step models", path));
+  out << j.dump(2) << "\n";
+  if (!out) return Status::io_error(fmt::format("{}: write failed", path));
+  return Status::ok();
+}
+
+std::string step_model_path(const std::string& model_path) { return model_path + ".steps.json"; }
+
+const StepTimeModel* find_step_model(const std::vector<StepTimeModel>& models, std::string_view card, int tp) {
+  for (const StepTimeModel& m : models)
+    if (m.card == card && m.tp == tp) return &m;
+  return nullptr;
+}
+
+std::string format_step_model(const StepTimeModel& m) {
+  std::string out = fmt::format("step model {} | {} | TP {}  ({})\n", m.model, m.card, m.tp, m.source);
+  out += fmt::format("  fixed {:.1f} us, weights floor {:.1f} us, per token {:.2f} us, per sequence {:.2f} us\n",
+                     m.fixed_s * 1e6, m.weight_floor_s * 1e6, m.per_token_s * 1e6, m.per_sequence_s * 1e6);
+  out += fmt::format("  per context token {:.3f} ns, per attention pair {:.4f} ns, per block {:.1f} ns, empty step {:.1f} us\n",
+                     m.per_context_token_s * 1e9, m.per_attention_pair_s * 1e9, m.per_block_s * 1e9, m.empty_step_s * 1e6);
+  if (m.fitted_steps > 0)
+    out += fmt::format("  fit: {} steps, |relative error| median {:.1f}%, p90 {:.1f}%\n", m.fitted_steps,
+                       100 * m.median_abs_rel_error, 100 * m.p90_abs_rel_error);
+  if (m.jitter_quantiles.size() > 2)
+    out += fmt::format("  jitter (measured / predicted), small steps: p10 {:.2f}, p50 {:.2f}, p90 {:.2f}, p99 {:.2f}\n",
+                       m.jitter(0.1), m.jitter(0.5), m.jitter(0.9), m.jitter(0.99));
+  if (m.jitter_quantiles_large.size() > 2) {
+    const int64_t t = StepTimeModel::kLargeStepTokens;
+    out += fmt::format("  jitter, steps of {}+ tokens: p10 {:.2f}, p50 {:.2f}, p90 {:.2f}, p99 {:.2f}\n", t,
+                       m.jitter(0.1, t), m.jitter(0.5, t), m.jitter(0.9, t), m.jitter(0.99, t));
+  }
+  return out;
+}
+
+}  // namespace tessera
