@@ -28,6 +28,7 @@
 #include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/kernel_tune.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/gemm.h"
 #include "cli/flags.h"
 #include "local/local_model.h"
 
@@ -244,7 +245,13 @@ int run(int argc, char** argv) {
   cli::add_quant_flags(app, quant);
   cli::KvDtypeFlag kv_dtype;
   cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
+  MatmulPrecision precision = MatmulPrecision::kAuto;
+  cli::add_matmul_precision_flag(app, precision);
   CLI11_PARSE(app, argc, argv);
+  if (Status st = set_matmul_precision(precision); !st.is_ok()) {
+    std::fprintf(stderr, "error: --matmul-precision: %s\n", st.to_string().c_str());
+    return 2;
+  }
   if (isa_s == "scalar") cpu::set_max_isa(cpu::Isa::kScalar);
   if (isa_s == "avx2") cpu::set_max_isa(cpu::Isa::kAvx2);
   if (isa_s == "avx512") cpu::set_max_isa(cpu::Isa::kAvx512);
@@ -256,12 +263,14 @@ int run(int argc, char** argv) {
   out["model"] = model_path;
   out["isa"] = cpu::isa_name(cpu::active_isa());
   out["cpu"] = cpu::describe_cpu();
+  out["matmul_precision"] = matmul_precision_name(precision);
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
   out["depth"] = depth;
   out["quant"] = std::string(weight_quant_name(quant.quant));
   out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
-  std::printf("model %s  isa %s\ncpu %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()),
+  std::printf("model %s  isa %s  matmul %s\ncpu %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()),
+              matmul_precision_name(precision),
               cpu::describe_cpu().c_str());
   for (int nt : threads) {
     LocalModelOptions opts;

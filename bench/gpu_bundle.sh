@@ -10,13 +10,15 @@
 # are built here for the device's architecture and run there.
 #
 # The folder holds bin/ (tessera_gpu_tests, tessera-gpu-ops-bench, tessera-gpu-forward-bench),
-# lib/ (libtessera_cuda.so and the third-party shared libraries the programs load, as `ldd`
-# resolves them here, except glibc, libstdc++/libgcc and CUDA's own libraries, which the device
+# lib/ (libtessera_cuda.so, libtessera_fake_cuda.so for the loader test, and the third-party
+# shared libraries the programs load, as `ldd` resolves them here, except glibc, libstdc++/libgcc and CUDA's own libraries, which the device
 # machine has), testdata/stories260K (the gpu tests' model) and MANIFEST (commit, date,
 # architectures, sizes). It must stay well under the tool's 64 MiB (working tree included).
 #
 # Usage: bench/gpu_bundle.sh [OUT_DIR]   (default .gpucheck; git ignores it)
 #   CUDA_ARCHS   architectures to build for (default 90: the lent H200; "80;90" for both)
+# The kernels carry -lineinfo (no cost at run time), so compute-sanitizer on the device
+# machine names the source line of a bad access.
 #   BUILD_DIR    build folder (default build-gpu-bundle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,21 +30,21 @@ TESTDATA=${TESSERA_TESTDATA:-../shared/testdata}
 command -v nvcc >/dev/null || { echo "gpu_bundle: nvcc not found" >&2; exit 1; }
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" >/dev/null
-cmake --build "$BUILD_DIR" --target tessera_cuda tessera_gpu_tests tessera-gpu-ops-bench tessera-gpu-forward-bench
+  -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" -DCMAKE_CUDA_FLAGS="-lineinfo" >/dev/null
+cmake --build "$BUILD_DIR" --target tessera_cuda tessera_fake_cuda tessera_gpu_tests tessera-gpu-ops-bench tessera-gpu-forward-bench
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/testdata"
 for b in tessera_gpu_tests tessera-gpu-ops-bench tessera-gpu-forward-bench; do
   cp "$BUILD_DIR/bin/$b" "$OUT/bin/"
 done
-cp "$BUILD_DIR/lib/libtessera_cuda.so" "$OUT/lib/"
-strip --strip-unneeded "$OUT"/bin/* "$OUT/lib/libtessera_cuda.so"
+cp "$BUILD_DIR/lib/libtessera_cuda.so" "$BUILD_DIR/lib/libtessera_fake_cuda.so" "$OUT/lib/"
+strip --strip-unneeded "$OUT"/bin/* "$OUT/lib/libtessera_cuda.so" "$OUT/lib/libtessera_fake_cuda.so"
 
 # Third-party libraries: what ldd resolves here, minus what every Linux (glibc, the GCC runtime)
 # or the device's CUDA installation provides.
 SYSTEM='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s\.so|libstdc\+\+\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so)'
-for f in "$OUT"/bin/* "$OUT/lib/libtessera_cuda.so"; do
+for f in "$OUT"/bin/* "$OUT/lib/libtessera_cuda.so" "$OUT/lib/libtessera_fake_cuda.so"; do
   ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do
   if [[ ! "$name" =~ $SYSTEM ]]; then cp -L "$path" "$OUT/lib/$name"; fi

@@ -60,6 +60,8 @@ if [ -n "$PREBUILT" ]; then
   LIBDIR=$(cd "$PREBUILT/lib" && pwd)
   export TESSERA_CUDA_LIBRARY=${GPU_CHECK_CUDA_LIBRARY:-$LIBDIR/libtessera_cuda.so}
   export TESSERA_TESTDATA=$(cd "$PREBUILT/testdata" && pwd)
+  # The loader tests' two libraries (their build paths are compiled in).
+  export TESSERA_BUILT_CUDA_LIBRARY="$LIBDIR/libtessera_cuda.so" TESSERA_FAKE_CUDA_LIBRARY="$LIBDIR/libtessera_fake_cuda.so"
   export LD_LIBRARY_PATH="$LIBDIR:$(cuda_lib_dirs | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   MISSING=$(for f in "$BIN"/* "$LIBDIR/libtessera_cuda.so" "$TESSERA_CUDA_LIBRARY"; do ldd "$f" | grep 'not found'; done | sort -u)
   [ -z "$MISSING" ] || die "libraries not found (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):

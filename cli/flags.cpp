@@ -4,6 +4,17 @@
 
 namespace tessera::cli {
 
+CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision) {
+  auto* p = &precision;
+  return app
+      .add_option_function<std::string>(
+          "--matmul-precision", [p](const std::string& s) { parse_matmul_precision(s, p); },
+          "CPU matmuls with float weights: auto (bf16 dot products for F16/BF16 weights where the CPU has "
+          "AVX512_BF16, else fp32), fp32 (fp32-accurate), bf16 (weights and activations rounded to bf16)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->default_str("auto");
+}
+
 CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use) {
   const bool plan = use == KvDtypeUse::kPlan;
   if (plan) flag.value.reset();  // auto unless given

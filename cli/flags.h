@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/kv_config.h"
+#include "kernels/gemm.h"
 #include "model/weight_store.h"
 
 namespace tessera::cli {
@@ -24,6 +25,10 @@ struct KvDtypeFlag {
   KvDtype runtime() const { return value.value_or(KvDtype::kF32); }
 };
 CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use);
+
+// --matmul-precision auto|fp32|bf16: how float-weight matmuls compute on the CPU
+// (kernels/gemm.h). The value keeps its default (auto) when absent.
+CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision);
 
 // --block-size: tokens per KV block, common/kv_config.h's range; the value keeps its default
 // when absent.

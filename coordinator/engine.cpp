@@ -17,6 +17,9 @@ double seconds_between(WallClock::time_point a, WallClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The label of a request's priority class in the by-class histograms.
+std::string class_label(int32_t cls) { return fmt::format("class=\"{}\"", cls); }
+
 // A pool's blocks by disjoint state: used + free + cached = the pool (free_blocks counts the
 // idle cached ones too; cached_blocks counts used ones too).
 void set_block_states(MetricsRegistry& m, const char* name, const BlockPoolStats& kv) {
@@ -105,6 +108,10 @@ void declare_engine_metrics(MetricsRegistry& m) {
                       latency_buckets_s());
   m.declare_histogram("tessera_e2e_latency_seconds", "Arrival to last token", latency_buckets_s());
   m.declare_histogram("tessera_queue_time_seconds", "Arrival to first scheduled step", latency_buckets_s());
+  m.declare_histogram("tessera_class_time_to_first_token_seconds", "Arrival to first token, by priority class",
+                      latency_buckets_s());
+  m.declare_histogram("tessera_class_queue_time_seconds", "Arrival to first scheduled step, by priority class",
+                      latency_buckets_s());
   m.declare_histogram("tessera_step_seconds", "Wall time of one step", latency_buckets_s());
   m.declare_histogram("tessera_prompt_length_tokens", "Prompt length", token_buckets());
   m.declare_histogram("tessera_output_length_tokens", "Output length", token_buckets());
@@ -364,7 +371,9 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
     ++s.generated;
     metrics_.add("tessera_generation_tokens_total");
     if (s.generated == 1) {
-      metrics_.observe("tessera_time_to_first_token_seconds", seconds_between(s.job->arrival, now));
+      const double ttft = seconds_between(s.job->arrival, now);
+      metrics_.observe("tessera_time_to_first_token_seconds", ttft);
+      metrics_.observe("tessera_class_time_to_first_token_seconds", ttft, class_label(s.cls));
     } else {
       metrics_.observe("tessera_inter_token_latency_seconds", seconds_between(s.last_token, now));
     }
@@ -484,7 +493,9 @@ void Engine::step() {
     SeqState& s = *it->second;
     if (!s.scheduled_once) {
       s.scheduled_once = true;
-      metrics_.observe("tessera_queue_time_seconds", seconds_between(s.job->arrival, now));
+      const double queued = seconds_between(s.job->arrival, now);
+      metrics_.observe("tessera_queue_time_seconds", queued);
+      metrics_.observe("tessera_class_queue_time_seconds", queued, class_label(s.cls));
       metrics_.add("tessera_prompt_tokens_total", static_cast<double>(s.prompt_len));
     }
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;

@@ -486,6 +486,26 @@ bool Scheduler::preempt_lower_classes(StepBuilder& b, const Sequence& s, int64_t
   return pool_.num_free() - kept_free() >= needed;
 }
 
+// The running sequence `s` may take the batch slot of: the lowest-ranked one of a strictly
+// lower effective class that is not new in this step; nullptr if none.
+Scheduler::Sequence* Scheduler::slot_victim(const StepBuilder& b, const Sequence& s) const {
+  const int cls = effective_class(s, b.now);
+  Sequence* victim = nullptr;
+  for (Sequence* r : running_) {
+    if (effective_class(*r, b.now) <= cls || !schedulable(*r)) continue;
+    if (r->step_mark == b.step_id && b.pieces[r->piece_index].is_new) continue;
+    if (victim == nullptr || ranks_before(*victim, *r, b.now)) victim = r;
+  }
+  return victim;
+}
+
+bool Scheduler::preempt_for_slot(StepBuilder& b, const Sequence& s) {
+  Sequence* v = slot_victim(b, s);
+  if (v == nullptr) return false;
+  preempt(b, *v);
+  return true;
+}
+
 bool Scheduler::admit(StepBuilder& b, Sequence& s) {
   const int64_t bs = pool_.block_size();
   const auto n_tok = static_cast<int64_t>(s.tokens.size());
@@ -600,7 +620,8 @@ std::optional<StepPlan> Scheduler::schedule() {
     std::optional<bool> hold;
     for (Sequence* s : queue) {
       if (s->preempted_step == b.step_id) break;
-      if (static_cast<int64_t>(running_.size()) >= config_.max_batch || b.tokens_left < 1) break;
+      if (b.tokens_left < 1) break;
+      if (static_cast<int64_t>(running_.size()) >= config_.max_batch && !slot_victim(b, *s)) break;
       if (!s->sent && !hold) hold = should_hold(b);
       if (!s->sent && *hold) {
         for (const Sequence* w : waiting_) stats_.held += !w->sent;
@@ -610,6 +631,7 @@ std::optional<StepPlan> Scheduler::schedule() {
         ++stats_.prefix_waits;
         continue;
       }
+      if (static_cast<int64_t>(running_.size()) >= config_.max_batch && !preempt_for_slot(b, *s)) break;
       if (!admit(b, *s)) break;
     }
   }

@@ -44,6 +44,10 @@
 //  * Admission is strictly in rank order and stops at the first request that cannot start
 //    (no batch slot, no tokens left, no blocks): a big request at the head is not overtaken
 //    forever by smaller ones behind it.
+//  * A full batch (max_batch running) does not hold back a better class: a request takes the
+//    slot of the lowest-ranked running sequence of a strictly lower effective class (preempted
+//    as below), so a class-0 arrival starts within max_wait_ms plus one step however long the
+//    batch-class work runs. Within a class nobody is preempted for a slot.
 //  * max_wait_ms: a request that has never run may wait up to max_wait_ms after its arrival for
 //    companions, so that arrivals close together share one prefill step (one slow step instead
 //    of several, and bigger GEMMs). The wait ends early when the waiting prompts would fill the
@@ -231,6 +235,8 @@ class Scheduler {
   void trim_blocks(Sequence& s);
   void add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n);
   bool should_hold(const StepBuilder& b) const;
+  Sequence* slot_victim(const StepBuilder& b, const Sequence& s) const;
+  bool preempt_for_slot(StepBuilder& b, const Sequence& s);
   bool admit(StepBuilder& b, Sequence& s);
   bool preempt_lower_classes(StepBuilder& b, const Sequence& s, int64_t needed, const std::vector<int32_t>& keep);
   int64_t match_prefix(Sequence& s);

@@ -34,6 +34,8 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   if (s.quant_lm_head) shard.push_back("--quant-lm-head");
   if (!s.imatrix.empty()) shard.insert(shard.end(), {"--imatrix", s.imatrix});
   if (s.kv_dtype != KvDtype::kF32) shard.insert(shard.end(), {"--kv-dtype", std::string(kv_dtype_name(s.kv_dtype))});
+  if (s.matmul_precision != MatmulPrecision::kAuto)
+    shard.insert(shard.end(), {"--matmul-precision", matmul_precision_name(s.matmul_precision)});
   if (s.device != "cpu" && s.max_step_tokens > 0)
     shard.insert(shard.end(), {"--max-step-tokens", std::to_string(s.max_step_tokens)});
   if (s.device != "cpu" && s.max_step_seqs > 0)

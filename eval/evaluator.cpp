@@ -16,6 +16,7 @@
 #include "coordinator/speculation.h"
 #include "eval/corpus.h"
 #include "kernels/cpu/cpu_info.h"
+#include "kernels/gemm.h"
 #include "local/local_model.h"
 #include "model/importance.h"
 #include "model/weight_store.h"
@@ -32,11 +33,24 @@ struct PrecisionSpec {
   std::string name;
   WeightQuant quant = WeightQuant::kNone;
   bool calibrated = false;
+  MatmulPrecision compute = MatmulPrecision::kAuto;  // "@fp32" / "@bf16": how its float matmuls compute
 };
 
 Result<PrecisionSpec> parse_precision(const std::string& name) {
   PrecisionSpec p{name};
   std::string base = name;
+  if (const size_t at = base.rfind('@'); at != std::string::npos) {
+    const std::string compute = base.substr(at + 1);
+    if (!parse_matmul_precision(compute, &p.compute))
+      return Status::invalid_argument(
+          fmt::format("precision '{}': '@{}' is not a matmul precision (auto, fp32, bf16)", name, compute));
+    if (p.compute == MatmulPrecision::kBf16) {
+      if (Status st = set_matmul_precision(p.compute); !st.is_ok())  // checks the CPU; restored below
+        return Status::invalid_argument(fmt::format("precision '{}': {}", name, st.message()));
+      (void)set_matmul_precision(MatmulPrecision::kAuto);
+    }
+    base.resize(at);
+  }
   if (base.size() > kImatrixSuffix.size() && base.ends_with(kImatrixSuffix)) {
     base.resize(base.size() - kImatrixSuffix.size());
     p.calibrated = true;
@@ -49,7 +63,8 @@ Result<PrecisionSpec> parse_precision(const std::string& name) {
   if (!q.is_ok() || *q == WeightQuant::kNone)
     return Status::invalid_argument(fmt::format(
         "precision '{}': expected 'file', a --quant name (f32, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, q3_k, q2_k, "
-        "tq2_0, tq1_0, int8, int4, int4-sym) or one of those with '+imatrix'",
+        "tq2_0, tq1_0, int8, int4, int4-sym) or one of those with '+imatrix', each optionally with '@fp32' or '@bf16' "
+        "(how its float matmuls compute)",
         name));
   p.quant = *q;
   if (p.calibrated && (p.quant == WeightQuant::kF32 || p.quant == WeightQuant::kInt8 ||
@@ -349,8 +364,10 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
       const std::string name = hf_linear_name(w);
       if (!name.empty()) acc.add(name, x, n, k);
     });
-    for (const Segment& s : cal.segments)
-      TESSERA_RETURN_IF_ERROR(prefill_window(ref, s));
+    {
+      MatmulPrecisionScope compute(models[0].spec.compute);
+      for (const Segment& s : cal.segments) TESSERA_RETURN_IF_ERROR(prefill_window(ref, s));
+    }
     ref.forward().set_projection_observer({});
     importance = acc.matrix();
     importance->model = o.model_path;
@@ -400,7 +417,10 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
           in.block_table = tables[mi];
           in.want_logits = false;
           in.all_logits = true;
-          st = l.model->forward().run(std::span<const SequenceInput>(&in, 1), logits);
+          {
+            MatmulPrecisionScope compute(l.spec.compute);
+            st = l.model->forward().run(std::span<const SequenceInput>(&in, 1), logits);
+          }
           if (!st.is_ok()) break;
           row_kl.assign(static_cast<size_t>(n), 0);
           row_nll.assign(static_cast<size_t>(n), 0);
@@ -501,6 +521,7 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
   for (Loaded& l : models) {
     if (co.code_canaries == 0 && co.math_canaries == 0) break;
     say(fmt::format("canaries: {}", l.spec.name));
+    MatmulPrecisionScope compute(l.spec.compute);
     TESSERA_ASSIGN_OR_RETURN(Canaries c, run_canaries(*l.model, *tok, corpus, co));
     l.result.code = c.code;
     l.result.math = c.math;

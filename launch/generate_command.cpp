@@ -51,6 +51,7 @@ struct GenerateArgs {
   std::vector<std::string> shard_args;
   QuantFlags quant;
   KvDtypeFlag kv_dtype;
+  MatmulPrecision matmul_precision = MatmulPrecision::kAuto;
   SpeculationConfig speculation;
   std::string speculation_mode = "auto";
 };
@@ -156,6 +157,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.hosts = a.hosts;
   spec.extra_shard_args = a.shard_args;
   spec.kv_dtype = a.kv_dtype.runtime();
+  spec.matmul_precision = a.matmul_precision;
   spec.quant = a.quant.quant;
   spec.quant_lm_head = a.quant.lm_head;
   spec.imatrix = a.quant.imatrix;
@@ -267,6 +269,7 @@ int run_generate(const GenerateArgs& a) {
 
   if (a.tp > 0) return run_remote(a, prompt, tokenizer.get());
 
+  if (Status st = set_matmul_precision(a.matmul_precision); !st.is_ok()) return fail("--matmul-precision: " + st.to_string());
   LocalModelOptions mo;
   mo.path = a.model;
   mo.threads = a.threads;
@@ -326,6 +329,7 @@ Runner add_generate_command(CLI::App& app) {
   add_window_pool_flag(app, a->kv_window_pool);
   add_quant_flags(app, a->quant);
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
+  add_matmul_precision_flag(app, a->matmul_precision);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
   app.add_option("--speculation", a->speculation_mode,
                  "speculative decoding: off, auto (drafts gated by measured acceptance), ngram (always), draft (the "

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/kernel_tune.h"
+#include "kernels/gemm.h"
 #include "topology/topology.h"
 
 namespace tessera {
@@ -42,9 +43,16 @@ uint64_t CpuBackend::kv_window_bytes_per_token() const {
 
 Result<BackendMemory> CpuBackend::memory() const {
   BackendMemory m;
-  m.device = fmt::format("cpu ({} threads{}; {})", pool_->size(),
+  // How the layer matmuls compute (kernels/gemm.h: --matmul-precision), e.g. "matmul F16: bf16 (auto)".
+  std::string matmul;
+  if (!weights_.weights.layers.empty()) {
+    const QuantType t = weights_.weights.layers[0].w_gate.type;
+    matmul = fmt::format("; matmul {}: {} ({})", quant_name(t), matmul_compute_for(t),
+                         matmul_precision_name(matmul_precision()));
+  }
+  m.device = fmt::format("cpu ({} threads{}; {}{})", pool_->size(),
                          options_.bound_cpus.empty() ? "" : ", cpus " + format_cpu_list(options_.bound_cpus),
-                         cpu::describe_cpu());
+                         cpu::describe_cpu(), matmul);
   m.memory_available_bytes = mem_available_bytes() / static_cast<uint64_t>(std::max(1, options_.local_ranks));
   m.kv_dtype = kv_dtype();
   m.kv_bytes_per_token = kv_bytes_per_token();

@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   cli::add_quant_flags(app, quant);
   cli::KvDtypeFlag kv_dtype;
   cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
+  MatmulPrecision precision = MatmulPrecision::kAuto;
+  cli::add_matmul_precision_flag(app, precision);
   app.add_option("--max-step-tokens", o.max_step_tokens,
                  "CUDA: tokens of the largest step the workspace holds (the coordinator's max_step_tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -64,6 +66,10 @@ int main(int argc, char** argv) {
   o.quantize_lm_head = quant.lm_head;
   o.imatrix_path = quant.imatrix;
   o.kv_dtype = kv_dtype.runtime();
+  if (Status st = set_matmul_precision(precision); !st.is_ok()) {
+    std::fprintf(stderr, "error: --matmul-precision: %s\n", st.to_string().c_str());
+    return 2;
+  }
   o.bind = !no_bind;
   o.cuda_graphs = !no_graphs;
   o.device_sampling = !no_device_sampling;

@@ -5,7 +5,9 @@
 //     integer-dot kernels run on the weight blocks as stored in the file.
 //   Load-time formats I8_CH and I4_G128 (--quant, AWQ / GPTQ): the same scheme with 32-element
 //     activation blocks; I8_CH rows carry their scale after the levels (row_bytes includes it).
-//   F32 / F16 / BF16: fp32 fma kernels (kernels/cpu/fgemm.h), fp32-accurate.
+//   F32 / F16 / BF16: fp32 fma kernels (kernels/cpu/fgemm.h), fp32-accurate; or, in the bf16
+//     matmul precision (kernels/gemm.h), bf16 dot products (kernels/cpu/fgemm_bf16.h) on
+//     activations converted to bf16 once per call.
 //   Anything else (I8, I32): each row dequantized, then the F32 kernel.
 // Every output element is computed by one thread in an order fixed by the format (see those
 // headers), so the result depends neither on the thread count, nor on the ISA path, nor on
@@ -13,11 +15,14 @@
 #include "kernels/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "common/check.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/fgemm.h"
+#include "kernels/cpu/fgemm_bf16.h"
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/quant.h"
@@ -61,7 +66,52 @@ void for_rows(ThreadPool* pool, int64_t n, int64_t grain, Fn&& fn) {
   pool->parallel_for(n, grain, [&fn](int64_t b, int64_t e, int) { fn(b, e); });
 }
 
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::kAuto};
+
+bool uses_bf16(QuantType type) {
+  switch (g_precision.load(std::memory_order_relaxed)) {
+    case MatmulPrecision::kFp32: return false;
+    case MatmulPrecision::kBf16: return true;
+    case MatmulPrecision::kAuto: break;
+  }
+  return (type == QuantType::kF16 || type == QuantType::kBF16) && cpu::has_bf16_dot();
+}
+
 }  // namespace
+
+const char* matmul_precision_name(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::kAuto: return "auto";
+    case MatmulPrecision::kFp32: return "fp32";
+    case MatmulPrecision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+bool parse_matmul_precision(const std::string& text, MatmulPrecision* out) {
+  for (MatmulPrecision p : {MatmulPrecision::kAuto, MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
+    if (text == matmul_precision_name(p)) {
+      *out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status set_matmul_precision(MatmulPrecision p) {
+  if (p == MatmulPrecision::kBf16 && !cpu::has_bf16_dot())
+    return Status::invalid_argument("matmul precision bf16 needs AVX512_BF16, which this CPU (" +
+                                    cpu::cpu_info().brand + ") does not have; use fp32 or auto");
+  g_precision.store(p, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+MatmulPrecision matmul_precision() { return g_precision.load(std::memory_order_relaxed); }
+
+const char* matmul_compute_for(QuantType type) {
+  if (!cpu::is_float_weight(type)) return cpu::has_qdot(type) ? "int8-dot" : "fp32";
+  return uses_bf16(type) ? "bf16" : "fp32";
+}
 
 void matmul_rows(const TensorView& w, int64_t row_begin, int64_t row_end, const float* x,
                  int64_t n_tokens, float* y, int64_t y_stride, ThreadPool* pool) {
@@ -117,6 +167,16 @@ void matmul_rows(const TensorView& w, int64_t row_begin, int64_t row_end, const 
   a.y_stride = y_stride;
   if (cpu::is_float_weight(w.type)) {
     a.type = w.type;
+    if (uses_bf16(w.type)) {
+      auto* xb = static_cast<uint16_t*>(acts_scratch(cpu::bf16_acts_bytes(n_tokens, k)));
+      if (n_tokens >= 8 && pool != nullptr) {
+        pool->parallel_for(n_tokens, 1, [&](int64_t b, int64_t e, int) { cpu::convert_acts_bf16(x, k, b, e, xb); });
+      } else {
+        cpu::convert_acts_bf16(x, k, 0, n_tokens, xb);
+      }
+      for_rows(pool, n_rows, cpu::kFRowGroup, [&a, xb](int64_t b, int64_t e) { cpu::fmatmul_bf16(a, xb, b, e); });
+      return;
+    }
     for_rows(pool, n_rows, cpu::kFRowGroup, [&a](int64_t b, int64_t e) { cpu::fmatmul(a, b, e); });
     return;
   }

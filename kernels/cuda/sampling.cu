@@ -160,25 +160,39 @@ struct Eligible {
   }
 };
 
-// Block-wide sum (uint64, exact) / sum (double, fixed tree: xor butterfly in each warp, then the
-// warps in index order) / argmax on (key desc, id asc). Every thread gets the result; two
-// __syncthreads, so every thread of the block must call them.
-__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, SampleShared& sh) {
+// Block-wide sum (uint64, exact) / sum (double, fixed tree: xor butterfly in each warp, then an
+// xor butterfly over the warps' sums) / argmax on (key desc, id asc). Every thread gets the
+// result; two __syncthreads, so every thread of the block must call them.
+// The second level has one warp slot per lane (kSampleWarps == 32): each warp reads the 32
+// slots lane by lane and reduces them with shuffles. (A serial loop over the slots, unrolled,
+// was compiled by ptxas 13.0 into reads past the slots on sm_90: compute-sanitizer found
+// out-of-bounds shared reads on an H200, bench/results/gpu-check-*.)
+static_assert(kSampleWarps == 32, "the second level of the block reductions has one lane per warp");
+
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+  for (int off = 16; off > 0; off >>= 1) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, SampleShared& sh) {
+  v = warp_sum_u64(v);
   if ((threadIdx.x & 31) == 0) sh.warp_u64[threadIdx.x >> 5] = v;
   __syncthreads();
-  unsigned long long total = 0;
-  for (int k = 0; k < kSampleWarps; ++k) total += sh.warp_u64[k];
+  const unsigned long long total = warp_sum_u64(sh.warp_u64[threadIdx.x & 31]);
   __syncthreads();
   return total;
 }
 
 __device__ __forceinline__ double block_sum_f64(double v, SampleShared& sh) {
-  for (int off = 16; off > 0; off >>= 1) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
+  v = warp_sum_f64(v);
   if ((threadIdx.x & 31) == 0) sh.warp_f64[threadIdx.x >> 5] = v;
   __syncthreads();
-  double total = sh.warp_f64[0];
-  for (int k = 1; k < kSampleWarps; ++k) total = __dadd_rn(total, sh.warp_f64[k]);
+  const double total = warp_sum_f64(sh.warp_f64[threadIdx.x & 31]);
   __syncthreads();
   return total;
 }
@@ -187,8 +201,7 @@ __device__ __forceinline__ bool key_before(uint32_t key, int id, uint32_t best_k
   return key > best_key || (key == best_key && id < best_id);
 }
 
-// Threads without a candidate pass key 0 (below every real key) and id INT_MAX.
-__device__ __forceinline__ void block_argmax(uint32_t& key, int& id, SampleShared& sh) {
+__device__ __forceinline__ void warp_argmax(uint32_t& key, int& id) {
   for (int off = 16; off > 0; off >>= 1) {
     const uint32_t ok = __shfl_xor_sync(kFullMask, key, off);
     const int oi = __shfl_xor_sync(kFullMask, id, off);
@@ -197,18 +210,19 @@ __device__ __forceinline__ void block_argmax(uint32_t& key, int& id, SampleShare
       id = oi;
     }
   }
+}
+
+// Threads without a candidate pass key 0 (below every real key) and id INT_MAX.
+__device__ __forceinline__ void block_argmax(uint32_t& key, int& id, SampleShared& sh) {
+  warp_argmax(key, id);
   if ((threadIdx.x & 31) == 0) {
     sh.warp_key[threadIdx.x >> 5] = key;
     sh.warp_id[threadIdx.x >> 5] = id;
   }
   __syncthreads();
-  key = sh.warp_key[0];
-  id = sh.warp_id[0];
-  for (int k = 1; k < kSampleWarps; ++k)
-    if (key_before(sh.warp_key[k], sh.warp_id[k], key, id)) {
-      key = sh.warp_key[k];
-      id = sh.warp_id[k];
-    }
+  key = sh.warp_key[threadIdx.x & 31];
+  id = sh.warp_id[threadIdx.x & 31];
+  warp_argmax(key, id);
   __syncthreads();
 }
 
@@ -223,14 +237,16 @@ __device__ __forceinline__ unsigned long long block_exclusive_scan(unsigned long
   }
   if (lane == 31) sh.warp_u64[warp] = incl;
   __syncthreads();
-  unsigned long long before = 0, sum = 0;
-  for (int k = 0; k < kSampleWarps; ++k) {
-    const unsigned long long s = sh.warp_u64[k];
-    if (k < warp) before += s;
-    sum += s;
+  // Lane l scans the warps' sums; warp w's offset is the exclusive scan at lane w.
+  const unsigned long long s = sh.warp_u64[lane];
+  unsigned long long warps_incl = s;
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFullMask, warps_incl, off);
+    if (lane >= off) warps_incl += y;
   }
+  const unsigned long long before = __shfl_sync(kFullMask, warps_incl - s, warp);
+  *total = __shfl_sync(kFullMask, warps_incl, 31);
   __syncthreads();
-  *total = sum;
   return before + incl - v;
 }
 

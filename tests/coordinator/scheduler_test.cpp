@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "coordinator/scheduler_config.h"
 
@@ -739,6 +740,110 @@ TEST(SchedulerTest, MaxWaitWhileDecodingThenJoin) {
   h.clock.advance(milliseconds(6));
   // ... and admitted beside the decodes when its time is up.
   EXPECT_EQ(h.step(), "+3 1:42+1s 2:7+1s 3:0+4s");
+}
+
+// ---- latency bounds under load (issue 21): a prefill arriving during a full decode batch, a
+// long prefill beside running decodes ---------------------------------------------------------
+
+// The pieces of a step summary ("+5 1:32+1s 5:0+8s"): id -> (start, tokens).
+std::map<uint64_t, std::pair<int64_t, int64_t>> pieces_of(const std::string& line) {
+  std::map<uint64_t, std::pair<int64_t, int64_t>> out;
+  std::istringstream in(line);
+  std::string w;
+  while (in >> w) {
+    const size_t colon = w.find(':'), plus = w.find('+', 1);
+    if (w[0] == '+' || colon == std::string::npos || plus == std::string::npos) continue;
+    out[std::stoull(w.substr(0, colon))] = {std::stoll(w.substr(colon + 1, plus - colon - 1)),
+                                            std::stoll(w.substr(plus + 1))};
+  }
+  return out;
+}
+
+TEST(SchedulerTest, InteractiveArrivalTakesASlotOfAFullBatchOfBatchWork) {
+  // Four batch-class sequences fill max_batch and decode for a long time. An interactive
+  // request arriving meanwhile is admitted in the first step after its max_wait_ms (its class's
+  // bound), in the slot of the newest batch sequence; the other decoders keep their token in
+  // that step, and the preempted one resumes first when a slot frees.
+  Harness h(knobs(4, 256, 64, /*wait_ms=*/5), 64, 16, /*cache=*/false);
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(h.add(id, 8, 40, /*priority=*/1).is_ok());
+  h.clock.advance(milliseconds(5));
+  EXPECT_EQ(h.step(), "+1 +2 +3 +4 1:0+8s 2:0+8s 3:0+8s 4:0+8s");
+  for (int i = 0; i < 3; ++i) h.step();
+  ASSERT_TRUE(h.add(5, 12, 3, /*priority=*/0).is_ok());
+  // No companion can come (the batch is full), so the request does not wait for one.
+  EXPECT_EQ(h.step(), "+5 1:11+1s 2:11+1s 3:11+1s 5:0+12s");
+  EXPECT_EQ(h.sched.info(4)->state, SequenceState::kWaiting);
+  EXPECT_EQ(h.sched.info(4)->preemptions, 1);
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+  // (A step lists its pieces in rank order: the interactive sequence first.)
+  EXPECT_EQ(h.step(), "5:12+1s 1:12+1s 2:12+1s 3:12+1s");
+  EXPECT_EQ(h.step(), "5:13+1s 1:13+1s 2:13+1s 3:13+1s");
+  // 5 is done (3 tokens) and finished; 4 takes the free slot back first and recomputes.
+  EXPECT_EQ(h.step(), "-5 1:14+1s 2:14+1s 3:14+1s 4:0+12sr");
+  h.run();
+  EXPECT_EQ(h.outputs[4].size(), 48u);
+  EXPECT_EQ(h.pool.num_used(), 0);
+}
+
+TEST(SchedulerTest, FullBatchOfTheSameClassIsNotPreemptedForASlot) {
+  Harness h(knobs(2, 256, 64), 64, 16, /*cache=*/false);
+  ASSERT_TRUE(h.add(1, 8, 4).is_ok());
+  ASSERT_TRUE(h.add(2, 8, 6).is_ok());
+  EXPECT_EQ(h.step(), "+1 +2 1:0+8s 2:0+8s");
+  ASSERT_TRUE(h.add(3, 8, 2).is_ok());
+  EXPECT_EQ(h.step(), "1:8+1s 2:8+1s");
+  EXPECT_EQ(h.step(), "1:9+1s 2:9+1s");
+  EXPECT_EQ(h.step(), "1:10+1s 2:10+1s");
+  // 1 finished: 3 starts in the slot it left.
+  EXPECT_EQ(h.step(), "-1 +3 2:11+1s 3:0+8s");
+  EXPECT_EQ(h.sched.stats().preemptions, 0);
+}
+
+TEST(SchedulerTest, LongPrefillDoesNotStallDecodesBeyondTheChunk) {
+  // Six sequences decode; a 1000-token prompt arrives. Until its prefill is done, every step
+  // carries every decoder's token and at most prefill_chunk tokens of the prompt, so each
+  // decoder waits at most one chunk's compute per token.
+  constexpr int64_t kChunk = 64;
+  Harness h(knobs(8, 512, kChunk), 256, 16, /*cache=*/false);
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(h.add(id, 8, 200).is_ok());
+  h.step();
+  ASSERT_TRUE(h.add(7, 1000, 4).is_ok());
+  int64_t prefilled = 0;
+  int prefill_steps = 0;
+  while (prefilled < 1000) {
+    const auto pieces = pieces_of(h.step());
+    ASSERT_TRUE(pieces.count(7)) << "the long prompt got no piece";
+    EXPECT_LE(pieces.at(7).second, kChunk);
+    EXPECT_EQ(pieces.at(7).first, prefilled);
+    prefilled += pieces.at(7).second;
+    for (uint64_t id = 1; id <= 6; ++id) {
+      ASSERT_TRUE(pieces.count(id)) << "decoder " << id << " stalled in prefill step " << prefill_steps;
+      EXPECT_EQ(pieces.at(id).second, 1);
+    }
+    ++prefill_steps;
+  }
+  EXPECT_EQ(prefill_steps, (1000 + kChunk - 1) / kChunk);
+  // Several long prompts at once share the step's token budget: the decoders still run in
+  // every step and each prompt's piece stays within the chunk.
+  Harness g(knobs(8, 6 + 2 * kChunk, kChunk), 512, 16, /*cache=*/false);
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(g.add(id, 8, 300).is_ok());
+  g.step();
+  for (uint64_t id = 7; id <= 8; ++id) ASSERT_TRUE(g.add(id, 900, 2).is_ok());
+  int steps_with_prompts = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::string line = g.step();
+    const auto pieces = pieces_of(line);
+    if (!pieces.count(7) && !pieces.count(8)) break;  // both prompts prefilled and answered
+    ++steps_with_prompts;
+    int64_t prefill = 0;
+    for (const auto& [id, p] : pieces) {
+      if (id >= 7) prefill += p.second;
+      else EXPECT_EQ(p.second, 1) << "decoder " << id;
+    }
+    for (uint64_t id = 1; id <= 6; ++id) EXPECT_TRUE(pieces.count(id)) << "decoder " << id << " stalled: " << line;
+    EXPECT_LE(prefill, 2 * kChunk) << line;
+  }
+  EXPECT_GE(steps_with_prompts, 900 / kChunk);
 }
 
 TEST(SchedulerTest, PreemptedSequencesDoNotWait) {

@@ -260,6 +260,27 @@ def test_models_health_tokenize(stories_server):
         assert name in text, name
 
 
+def class_count(text, metric, cls):
+    prefix = f'{metric}_count{{class="{cls}"}} '
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    return int(float(lines[0].split()[-1])) if lines else 0
+
+
+def test_ttft_and_queue_time_by_priority_class(stories_server):
+    s = stories_server
+    text = s.get("/metrics")[1]
+    before = {c: class_count(text, "tessera_class_time_to_first_token_seconds", c) for c in (0, 1)}
+    queued = class_count(text, "tessera_class_queue_time_seconds", 1)
+    for priority in (1, 1, 0):
+        status, body = s.post_raw("/v1/completions", json.dumps(
+            {"prompt": "Once upon a time", "max_tokens": 2, "priority": priority}).encode())
+        assert status == 200, body
+    text = s.get("/metrics")[1]
+    assert class_count(text, "tessera_class_time_to_first_token_seconds", 1) == before[1] + 2
+    assert class_count(text, "tessera_class_time_to_first_token_seconds", 0) == before[0] + 1
+    assert class_count(text, "tessera_class_queue_time_seconds", 1) == queued + 2
+
+
 def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
     s = stories_server
     cases = [

@@ -107,6 +107,7 @@ TEST(FastMatmul, EveryBatchedDecodeSizeMatchesEachTokenAlone) {
 
 TEST(FastMatmul, FloatEveryIsaMatchesReferenceAndEachOther) {
   IsaGuard guard;
+  MatmulPrecisionScope fp32(MatmulPrecision::kFp32);  // the fp32 kernels (bf16: matmul_precision_test)
   ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
   for (QuantType type : {QuantType::kF32, QuantType::kF16, QuantType::kBF16}) {
     for (int64_t rows : {1, 5, 17, 33}) {
@@ -138,6 +139,7 @@ TEST(FastMatmul, FloatEveryIsaMatchesReferenceAndEachOther) {
 TEST(FastMatmul, LargeRowsAndVocabularySlices) {
   // Long rows (many blocks per tile) and a row slice written with a stride, on the fastest path.
   IsaGuard guard;
+  MatmulPrecisionScope fp32(MatmulPrecision::kFp32);  // the fp32 kernels (bf16: matmul_precision_test)
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
   for (QuantType type : {QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K, QuantType::kF16}) {
     const int64_t rows = 70, k = 256 * 22, n_tokens = 3, begin = 19, end = 61, stride = 50;

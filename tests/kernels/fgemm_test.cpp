@@ -98,6 +98,7 @@ void check_shape(QuantType type, const Shape& s, ThreadPool* pool) {
 
 TEST(FloatMatmulBatch, BlockedPathIsCanonicalOverBlockEdges) {
   IsaGuard guard;
+  MatmulPrecisionScope fp32(MatmulPrecision::kFp32);  // the fp32 kernels (bf16: matmul_precision_test)
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
   const Shape shapes[] = {
       {1, 16, 3},      {3, 7, 17},       {5, 33, 1},      {7, 100, 64},    {13, 1000, 129},  {17, 1024, 6},

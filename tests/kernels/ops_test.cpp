@@ -116,6 +116,7 @@ const QuantType kAllWeightTypes[] = {QuantType::kF32,  QuantType::kF16,  QuantTy
 using MatmulTest = BothPaths;
 
 TEST_P(MatmulTest, MatchesReferenceOverShapesAndTypes) {
+  MatmulPrecisionScope fp32(MatmulPrecision::kFp32);  // the fp32 kernels (bf16: matmul_precision_test)
   ThreadPool pool3(ThreadPoolOptions{.num_threads = 3});
   for (QuantType type : kAllWeightTypes) {
     const int be = quant_traits(type).block_elems;
