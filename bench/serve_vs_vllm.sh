@@ -84,11 +84,13 @@ for run in $(seq 1 "$RUNS"); do
     "start_$engine" "$log"
     for c in $LEVELS; do
       n=$((REQ_FACTOR * c)); [ "$n" -lt "$REQ_MIN" ] && n=$REQ_MIN
+      # A seed per round and level: each level's prompts are new to the server (a level that
+      # reused the previous level's prompts would measure Tessera's prefix cache, not prefill).
       # One warm-up request per level (first-request costs: vLLM compiles, pages fault in).
       "$BIN/tessera" bench serve --url "$url" -c 1 -n 1 --prompt-tokens "$PROMPT" --output-tokens 8 \
         --seed 999 --no-plots --no-progress --metrics-interval-ms 0 >/dev/null 2>&1 || true
       "$BIN/tessera" bench serve --url "$url" -c "$c" -n "$n" --prompt-tokens "$PROMPT" \
-        --output-tokens "$OUTPUT" --temperature 0 --seed "$run" --metrics-interval-ms 0 \
+        --output-tokens "$OUTPUT" --temperature 0 --seed "$((1000 * run + c))" --metrics-interval-ms 0 \
         --title "$engine c$c r$run" --json "$OUT/work/$NAME-$engine-c$c-r$run.json" --no-plots --no-progress
     done
     stop_server
