@@ -16,6 +16,7 @@
 #include "coordinator/speculation.h"
 #include "eval/corpus.h"
 #include "kernels/cpu/cpu_info.h"
+#include "kernels/cpu/fgemm_bf16.h"
 #include "kernels/gemm.h"
 #include "local/local_model.h"
 #include "model/importance.h"
@@ -44,11 +45,10 @@ Result<PrecisionSpec> parse_precision(const std::string& name) {
     if (!parse_matmul_precision(compute, &p.compute))
       return Status::invalid_argument(
           fmt::format("precision '{}': '@{}' is not a matmul precision (auto, fp32, bf16)", name, compute));
-    if (p.compute == MatmulPrecision::kBf16) {
-      if (Status st = set_matmul_precision(p.compute); !st.is_ok())  // checks the CPU; restored below
-        return Status::invalid_argument(fmt::format("precision '{}': {}", name, st.message()));
-      (void)set_matmul_precision(MatmulPrecision::kAuto);
-    }
+    if (p.compute == MatmulPrecision::kBf16 && !cpu::has_bf16_dot())
+      return Status::invalid_argument(fmt::format("precision '{}': bf16 matmuls need AVX512_BF16, which this CPU ({}) "
+                                                  "does not have; use '@fp32' or '@auto'",
+                                                  name, cpu::cpu_info().brand));
     base.resize(at);
   }
   if (base.size() > kImatrixSuffix.size() && base.ends_with(kImatrixSuffix)) {

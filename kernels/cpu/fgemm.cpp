@@ -48,14 +48,6 @@ inline float weight_at(QuantType type, const uint8_t* row, int64_t c) {
   }
 }
 
-inline float reduce16(const float* s) {
-  float t[8], u[4], v[2];
-  for (int i = 0; i < 8; ++i) t[i] = s[i] + s[i + 8];
-  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
-  for (int i = 0; i < 2; ++i) v[i] = u[i] + u[i + 2];
-  return v[0] + v[1];
-}
-
 void fmatmul_scalar(const FMatmulArgs& a, int64_t r0, int64_t r1) {
   const int64_t kpad = (a.k + kLanes - 1) / kLanes * kLanes;
   for (int64_t t = 0; t < a.n_tokens; ++t) {

@@ -29,6 +29,15 @@ struct FMatmulArgs {
 // Rows a thread should take at a time.
 constexpr int64_t kFRowGroup = 16;
 
+// The canonical reduction of 16 partial sums above (the bf16 kernels of fgemm_bf16.h use it too).
+inline float reduce16(const float* s) {
+  float t[8], u[4], v[2];
+  for (int i = 0; i < 8; ++i) t[i] = s[i] + s[i + 8];
+  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
+  for (int i = 0; i < 2; ++i) v[i] = u[i] + u[i + 2];
+  return v[0] + v[1];
+}
+
 bool is_float_weight(QuantType type);
 void fmatmul(const FMatmulArgs& a, int64_t r0, int64_t r1);  // dispatches on active_isa()
 

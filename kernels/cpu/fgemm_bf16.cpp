@@ -76,14 +76,6 @@ inline uint16_t weight_bf16(QuantType type, const uint8_t* row, int64_t c) {
   }
 }
 
-inline float reduce16(const float* s) {
-  float t[8], u[4], v[2];
-  for (int i = 0; i < 8; ++i) t[i] = s[i] + s[i + 8];
-  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
-  for (int i = 0; i < 2; ++i) v[i] = u[i] + u[i + 2];
-  return v[0] + v[1];
-}
-
 void convert_acts_scalar(const float* x, int64_t k, int64_t t0, int64_t t1, uint16_t* dst) {
   const int64_t kpad = bf16_kpad(k);
   for (int64_t t = t0; t < t1; ++t)
