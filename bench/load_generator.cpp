@@ -217,10 +217,14 @@ Result<SloSpec> SloSpec::parse(std::string_view spec) {
       s.ttft_s = *v * scale;
     } else if (name == "itl" || name == "tpot") {
       s.itl_s = *v * scale;
+      s.itl_per_gap = false;
+    } else if (name == "itl_p99") {
+      s.itl_s = *v * scale;
+      s.itl_per_gap = true;
     } else if (name == "e2e") {
       s.e2e_s = *v * scale;
     } else {
-      return Status::invalid_argument(fmt::format("--slo '{}': unknown SLO '{}' (ttft, itl, e2e)", spec, name));
+      return Status::invalid_argument(fmt::format("--slo '{}': unknown SLO '{}' (ttft, itl, itl_p99, e2e)", spec, name));
     }
   }
   return s;
@@ -234,7 +238,7 @@ std::string SloSpec::to_string() const {
     s += fmt::format("{}={:g}ms", name, *v * 1e3);
   };
   add("ttft", ttft_s);
-  add("itl", itl_s);
+  add(itl_per_gap ? "itl_p99" : "itl", itl_s);
   add("e2e", e2e_s);
   return s;
 }
@@ -336,7 +340,14 @@ double RequestRecord::tpot_s() const {
 bool meets_slo(const RequestRecord& r, const SloSpec& slo) {
   if (!r.ok) return false;
   if (slo.ttft_s && r.ttft_s > *slo.ttft_s) return false;
-  if (slo.itl_s && r.tpot_s() > *slo.itl_s) return false;
+  if (slo.itl_s && !slo.itl_per_gap && r.tpot_s() > *slo.itl_s) return false;
+  if (slo.itl_s && slo.itl_per_gap && !r.itl_s.empty()) {
+    // Nearest rank: the gap that 99% of the request's gaps do not exceed.
+    std::vector<double> gaps = r.itl_s;
+    const auto k = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(gaps.size()))) - 1;
+    std::nth_element(gaps.begin(), gaps.begin() + static_cast<ptrdiff_t>(k), gaps.end());
+    if (gaps[k] > *slo.itl_s) return false;
+  }
   if (slo.e2e_s && r.e2e_s > *slo.e2e_s) return false;
   return true;
 }

@@ -63,9 +63,12 @@ struct TraceEntry {
 Result<std::vector<TraceEntry>> parse_trace(std::string_view jsonl, std::string_view source);
 Result<std::vector<TraceEntry>> load_trace(const std::string& path);
 
-// "ttft=200ms,itl=50ms,e2e=2s": any subset; units ms, s or us (default ms). "tpot" = "itl".
+// "ttft=200ms,itl=50ms,e2e=2s": any subset; units ms, s or us (default ms). "tpot" = "itl": a
+// request's mean time per output token. "itl_p99" instead bounds the P99 of the request's own
+// gaps between tokens (a stream that stalls fails it even when its mean is low).
 struct SloSpec {
   std::optional<double> ttft_s, itl_s, e2e_s;
+  bool itl_per_gap = false;  // itl_s bounds each request's P99 gap ("itl_p99"), not its mean
   static Result<SloSpec> parse(std::string_view spec);
   bool empty() const { return !ttft_s && !itl_s && !e2e_s; }
   std::string to_string() const;

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The simulator against the real engine (tune/simulator.h; issue: `tessera tune`).
 #
-#   bash bench/tune_validate.sh [calibrate|validate|all]
+#   bash bench/tune_validate.sh [calibrate|fit|validate|all]
 #
 # calibrate: runs `tessera serve --step-log` on the model at block sizes 16, 64 and 256 under a
 #   mixed load (chat-length requests at concurrency 1, 4 and 16; 1.5k-token documents at
 #   concurrency 2 and 4; at block 16 also an open-loop chat trace of its own seed) and fits the
 #   step-time model and its jitter (`tessera tune calibrate`), stored beside the model.
+# fit: only the fit, on the step logs a calibrate run left in WORK.
 # validate: for each trace (chat Poisson, chat bursty, 1.2k-token documents Poisson), generated with
 #   `tessera tune trace`, replays it REPEATS times (default 3) on a fresh real server (`tessera bench
 #   serve --trace`) and on the simulator with five jitter seeds (`tessera tune simulate --trace`),
 #   and writes the side-by-side table: medians, ranges, and the simulator's error against the real
-#   median beside the real runs' own spread.
+#   median beside the real runs' own spread. SIM_ONLY=1 keeps the real runs already in WORK and
+#   replays only the simulator (after a new fit of the same logs).
 #
 # Environment: MODEL (default: the Gemma file), TESSERA (the binary), OUT (results directory),
 # THREADS (shard threads, default 2). Speculation is off on both sides (the simulator does not
@@ -54,7 +56,6 @@ trap stop_server EXIT
 bench() { "$TESSERA" bench serve --url "http://127.0.0.1:$PORT" --no-plots --no-progress "$@"; }
 
 if [ "$what" = calibrate ] || [ "$what" = all ]; then
-  logs=()
   for block in 16 64 256; do
     log="$WORK/steps-$block.jsonl"
     start_server "$block" "$log"
@@ -71,8 +72,11 @@ if [ "$what" = calibrate ] || [ "$what" = all ]; then
       bench --trace "$WORK/trace-calibrate.jsonl"
     fi
     stop_server
-    logs+=(--step-log "$log")
   done
+fi
+if [ "$what" = calibrate ] || [ "$what" = fit ] || [ "$what" = all ]; then
+  logs=()
+  for block in 16 64 256; do logs+=(--step-log "$WORK/steps-$block.jsonl"); done
   "$TESSERA" tune calibrate --model "$MODEL" --card cpu "${logs[@]}" | tee "$OUT/step-model-cpu.txt"
 fi
 
@@ -86,6 +90,7 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
     "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n "$n" --seed 7 --out "$trace"
     # The same trace REPEATS times on a fresh server (runs already there are kept: FIRST_RUN).
     for run in $(seq "${FIRST_RUN:-1}" "${REPEATS:-3}"); do
+      [ "${SIM_ONLY:-0}" = 1 ] && break
       start_server 16 "$WORK/steps-validate-$name-r$run.jsonl"
       bench --trace "$trace" --json "$WORK/real-$name-r$run.json"
       stop_server
@@ -94,6 +99,14 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
     for seed in 1 2 3 4 5; do
       "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$seed" \
         --json "$WORK/sim-$name-s$seed.json" > /dev/null
+    done
+    # And at the level each real run ran at (its own step log against the model): the machine's
+    # drift between the calibration and the run, apart from the simulator's error.
+    for log in "$WORK"/steps-validate-"$name"-r*.jsonl; do
+      [ -e "$log" ] || continue
+      run=${log##*-r}; run=${run%.jsonl}
+      "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$run" \
+        --level-from "$log" --json "$WORK/simlevel-$name-r$run.json" > /dev/null
     done
     rows+=("$name")
   done

@@ -39,7 +39,7 @@ struct ServerCli {
                    "KV cache tokens per block (16..1024), or auto: chosen for --expected-lengths / --expected-trace by "
                    "the step-time model (default 16, or the --scheduler-config's block_size)");
     app.add_option("--expected-lengths", o.expected_lengths,
-                   "the request lengths --block-size auto plans for: chat, docs, docs-2k or PROMPT/OUTPUT")
+                   "the request lengths --block-size auto plans for: chat, docs, docs-2k, PROMPT/OUTPUT or MIX*W+MIX*W")
         ->capture_default_str();
     app.add_option("--expected-trace", o.expected_trace, "a JSONL trace whose lengths --block-size auto plans for");
     cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);

@@ -150,7 +150,7 @@ struct TraceArgs {
 
 void add_trace_flags(CLI::App& app, TraceArgs& t) {
   app.add_option("--trace", t.trace, "JSONL of {arrival_s, prompt_tokens, output_tokens[, priority]}");
-  app.add_option("--lengths", t.lengths, "length mix: chat, docs, docs-2k or PROMPT/OUTPUT (lognormal:512,0.5/64)");
+  app.add_option("--lengths", t.lengths, "length mix: chat, docs, docs-2k, PROMPT/OUTPUT (lognormal:512,0.5/64) or MIX*W+MIX*W (chat*0.9+docs-2k*0.1)");
   app.add_option("--rate", t.rate, "requests per second (with --lengths)");
   app.add_option("--arrivals", t.arrivals, "poisson, bursty, bursty:CV or fixed")->capture_default_str();
   app.add_option("--num-requests,-n", t.num_requests, "requests to generate")->capture_default_str();
@@ -176,12 +176,15 @@ Result<std::vector<SimRequest>> resolve_trace(const TraceArgs& t) {
 }
 
 // "ttft_p99=500ms,itl_p99=100ms" (and the load generator's ttft=, itl=, e2e=).
+// "ttft_p99=500ms,itl_p99=100ms": P99 targets over the run; a request counts for goodput when its
+// TTFT is within the TTFT target and the P99 of its own gaps within the ITL one (SloSpec's
+// itl_p99). "ttft" and "itl" alone mean the same here.
 Result<SloSpec> parse_tune_slo(std::string spec) {
-  for (const char* suffix : {"_p99"}) {
-    size_t p;
-    while ((p = spec.find(suffix)) != std::string::npos) spec.erase(p, 4);
-  }
-  return SloSpec::parse(spec);
+  size_t p;
+  while ((p = spec.find("ttft_p99")) != std::string::npos) spec.erase(p + 4, 4);
+  auto slo = SloSpec::parse(spec);
+  if (slo.is_ok() && slo->itl_s) slo->itl_per_gap = true;
+  return slo;
 }
 
 void print_summary_row(const char* tag, const RunSummary& s, int64_t preemptions) {
@@ -272,6 +275,8 @@ struct SimulateArgs {
   double overhead_ms = 0;
   bool no_jitter = false;
   uint64_t sim_seed = 1;
+  double level = 1.0;
+  std::string level_from;
 };
 
 int run_simulate(const SimulateArgs& a) {
@@ -298,6 +303,14 @@ int run_simulate(const SimulateArgs& a) {
   o.keep_requests = false;
   o.jitter = !a.no_jitter;
   o.seed = a.sim_seed;
+  o.level = a.level;
+  if (!a.level_from.empty()) {
+    auto log = load_step_log(a.level_from);
+    if (!log.is_ok()) return fail(log.status().to_string());
+    auto level = step_level(o.cost, *log);
+    if (!level.is_ok()) return fail(fmt::format("--level-from {}: {}", a.level_from, level.status().message()));
+    o.level = *level;
+  }
   auto r = simulate(*trace, o);
   if (!r.is_ok()) return fail(r.status().to_string());
   std::fputs(format_step_model(dep->cost).c_str(), stdout);
@@ -306,6 +319,7 @@ int run_simulate(const SimulateArgs& a) {
               static_cast<long long>(o.num_blocks), trace->size(), r->sim_wall_s, static_cast<long long>(r->steps));
   print_summary_header();
   print_summary_row("simulated", r->summary, r->preemptions);
+  if (o.level != 1.0) std::printf("steps at %.3f x the model's time (--level%s)\n", o.level, a.level_from.empty() ? "" : "-from");
   std::printf("mean batch %.1f, mean step tokens %.1f, busy %.0f%%, fragmentation %.1f%%, peak KV use %.1f%%\n",
               r->mean_batch, r->mean_step_tokens, 100 * r->busy_fraction, 100 * r->mean_fragmentation,
               100 * r->peak_kv_usage);
@@ -315,6 +329,7 @@ int run_simulate(const SimulateArgs& a) {
     j["mean_batch"] = r->mean_batch;
     j["mean_fragmentation"] = r->mean_fragmentation;
     j["block_size"] = o.block_size;
+    j["level"] = o.level;
     j["kv_blocks"] = o.num_blocks;
     j["step_model"] = nlohmann::json::parse(step_model_to_json(dep->cost));
     if (Status s = write_file(a.json, j.dump(2) + "\n"); !s.is_ok()) return fail(s.to_string());
@@ -368,6 +383,7 @@ struct TuneArgs {
   DeploymentArgs dep;
   TraceArgs trace;
   std::string slo;
+  double slo_margin = 0.15;
   std::string out;
   std::string table;
   std::string json;
@@ -400,6 +416,7 @@ int run_tune_main(const TuneArgs& a) {
   }
   o.cost = dep->cost;
   o.slo = *slo;
+  o.slo_margin = a.slo_margin;
   o.threads = a.threads;
   int32_t classes = 1;
   for (const SimRequest& r : *trace) classes = std::max(classes, r.priority + 1);
@@ -548,6 +565,9 @@ Runner add_tune_command(CLI::App& app) {
   add_deployment_flags(app, t->dep);
   add_trace_flags(app, t->trace);
   app.add_option("--slo", t->slo, "targets: ttft_p99=500ms,itl_p99=100ms (P99 TTFT, P99 inter-token; goodput per request)");
+  app.add_option("--slo-margin", t->slo_margin,
+                 "a simulated candidate meets the SLO within targets x (1 - margin): the simulator's P99 error")
+      ->capture_default_str();
   app.add_option("--out", t->out, "write the recommended profile here (scheduler-config JSON for serve)");
   app.add_option("--table", t->table, "also write the Pareto table as markdown");
   app.add_option("--json", t->json, "every simulated setting as JSON");
@@ -580,6 +600,11 @@ Runner add_tune_command(CLI::App& app) {
   sim->add_option("--json", s->json, "write the summary as JSON");
   sim->add_flag("--no-jitter", s->no_jitter, "every step takes the model's prediction (no measured jitter)");
   sim->add_option("--sim-seed", s->sim_seed, "seed of the simulated step jitter")->capture_default_str();
+  sim->add_option("--level", s->level, "every step's time x this: the machine against the calibration (1.15: 15% slower)")
+      ->check(CLI::PositiveNumber);
+  sim->add_option("--level-from", s->level_from,
+                  "a `serve --step-log` of a real run: simulate at the level it ran at (median measured / predicted)")
+      ->excludes("--level");
   sim->add_option("--overhead-ms", s->overhead_ms, "client round trip outside the engine, added to TTFT")->capture_default_str();
 
   auto tr = std::make_shared<TraceCmdArgs>();

@@ -43,6 +43,8 @@ std::vector<int32_t> prompt_ids(size_t index, int64_t n) {
 Result<SimResult> simulate(const std::vector<SimRequest>& trace, const SimOptions& o) {
   TESSERA_RETURN_IF_ERROR(validate_scheduler_config(o.scheduler));
   TESSERA_RETURN_IF_ERROR(validate_block_size(o.block_size));
+  if (!(o.level > 0) || !std::isfinite(o.level))
+    return Status::invalid_argument(fmt::format("simulator: level {}: expected a factor > 0", o.level));
   if (o.num_blocks < 1) return Status::invalid_argument(fmt::format("simulator: KV pool of {} blocks", o.num_blocks));
   if (trace.empty()) return Status::invalid_argument("simulator: the trace has no requests");
   for (size_t i = 1; i < trace.size(); ++i)
@@ -110,8 +112,9 @@ Result<SimResult> simulate(const std::vector<SimRequest>& trace, const SimOption
       continue;
     }
     const StepFeatures f = step_features(*plan, o.block_size);
-    double dt = f.tokens > 0 ? o.cost.predict_s(f) : o.cost.empty_step_s;
+    double dt = f.tokens > 0 ? o.cost.predict_s(f) * o.cost.block_factor(o.block_size, f.tokens) : o.cost.empty_step_s;
     if (o.jitter) dt *= o.cost.jitter(unit(rng), f.tokens);
+    dt *= o.level;
     busy += dt;
     if (f.tokens > 0) {
       batch_sum += static_cast<double>(f.sequences);

@@ -40,6 +40,9 @@ struct SimOptions {
   // (a seeded generator: the same options give the same result); false: the prediction alone.
   bool jitter = true;
   uint64_t seed = 1;
+  // Every step's time times this: the machine's speed against the one the model was fitted on
+  // (1.15: a phase 15% slower; step_level() measures it from a step log).
+  double level = 1.0;
 };
 
 struct SimResult {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -13,11 +14,14 @@ namespace tessera {
 namespace {
 
 using Json = nlohmann::json;
-constexpr int kTerms = 6;  // fixed, matrices, sequences, context tokens, attention pairs, blocks
+// fixed, matrices, matrices past the cache knee, sequences, context tokens, attention pairs, blocks
+constexpr int kTerms = 7;
 
-std::array<double, kTerms> design_row(const StepFeatures& f, double knee) {
+std::array<double, kTerms> design_row(const StepFeatures& f, double knee, double cache_knee) {
+  const auto tokens = static_cast<double>(f.tokens);
   return {1.0,
-          std::max(knee, static_cast<double>(f.tokens)),
+          std::max(knee, tokens),
+          cache_knee > 0 ? std::max(0.0, tokens - cache_knee) : 0.0,
           static_cast<double>(f.sequences),
           static_cast<double>(f.context_tokens),
           static_cast<double>(f.attention_pairs),
@@ -98,35 +102,52 @@ struct Fit {
   double loss = 0;
 };
 
-StepTimeModel from_coefficients(const std::array<double, kTerms>& c, double knee) {
+StepTimeModel from_coefficients(const std::array<double, kTerms>& c, double knee, double cache_knee) {
   StepTimeModel m;
   m.fixed_s = c[0];
   m.per_token_s = c[1];
   m.weight_floor_s = c[1] * knee;
-  m.per_sequence_s = c[2];
-  m.per_context_token_s = c[3];
-  m.per_attention_pair_s = c[4];
-  m.per_block_s = c[5];
+  m.per_token_over_knee_s = c[2];
+  m.token_knee = c[2] > 0 ? static_cast<int64_t>(cache_knee) : 0;
+  m.per_sequence_s = c[3];
+  m.per_context_token_s = c[4];
+  m.per_attention_pair_s = c[5];
+  m.per_block_s = c[6];
   return m;
+}
+
+// Weights: relative error (1 / time), each power-of-two bin of step sizes weighing the same in
+// all (a bin of n steps: 1 / sqrt(n) on the residual, 1 / n on its square).
+std::vector<double> fit_weights(const std::vector<const StepRecord*>& steps) {
+  auto bin = [](const StepRecord* s) { return std::bit_width(static_cast<uint64_t>(std::max<int64_t>(s->features.tokens, 1))); };
+  std::array<int64_t, 65> count{};
+  for (const StepRecord* s : steps) ++count[bin(s)];
+  std::vector<double> w;
+  w.reserve(steps.size());
+  for (const StepRecord* s : steps)
+    w.push_back(1.0 / std::max(s->total_s(), 1e-6) / std::sqrt(static_cast<double>(count[bin(s)])));
+  return w;
 }
 
 Fit fit_once(const std::vector<const StepRecord*>& steps) {
   static constexpr double kKnees[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
-  std::vector<double> y, w;
-  for (const StepRecord* s : steps) {
-    y.push_back(s->total_s());
-    w.push_back(1.0 / std::max(s->total_s(), 1e-6));
-  }
+  // 0: no cache knee. A knee needs steps past it: one no step reaches fits like none.
+  static constexpr double kCacheKnees[] = {0, 256, 512, 1024};
+  std::vector<double> y;
+  for (const StepRecord* s : steps) y.push_back(s->total_s());
+  const std::vector<double> w = fit_weights(steps);
   Fit best;
   best.loss = INFINITY;
-  for (double knee : kKnees) {
-    std::vector<std::array<double, kTerms>> rows;
-    rows.reserve(steps.size());
-    for (const StepRecord* s : steps) rows.push_back(design_row(s->features, knee));
-    const StepTimeModel m = from_coefficients(solve_nonnegative(rows, y, w), knee);
-    double loss = 0;
-    for (size_t i = 0; i < steps.size(); ++i) loss += std::pow((m.predict_s(steps[i]->features) - y[i]) * w[i], 2);
-    if (loss < best.loss) best = {m, loss};
+  for (double cache_knee : kCacheKnees) {
+    for (double knee : kKnees) {
+      std::vector<std::array<double, kTerms>> rows;
+      rows.reserve(steps.size());
+      for (const StepRecord* s : steps) rows.push_back(design_row(s->features, knee, cache_knee));
+      const StepTimeModel m = from_coefficients(solve_nonnegative(rows, y, w), knee, cache_knee);
+      double loss = 0;
+      for (size_t i = 0; i < steps.size(); ++i) loss += std::pow((m.predict_s(steps[i]->features) - y[i]) * w[i], 2);
+      if (loss < best.loss) best = {m, loss};
+    }
   }
   return best;
 }
@@ -140,6 +161,64 @@ double quantile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (r - static_cast<double>(lo));
 }
 
+// Per block size (when the steps have more than one), the median ratio of its small and its large
+// steps (too few large ones: the small ones' median).
+std::vector<StepTimeModel::BlockLevel> fit_block_levels(const std::vector<const StepRecord*>& steps,
+                                                        const std::vector<double>& ratio) {
+  std::vector<int64_t> sizes;
+  for (const StepRecord* s : steps) sizes.push_back(s->block_size);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<StepTimeModel::BlockLevel> out;
+  if (sizes.size() < 2) return out;
+  for (int64_t b : sizes) {
+    std::vector<double> small, large;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i]->block_size == b)
+        (steps[i]->features.tokens >= StepTimeModel::kLargeStepTokens ? large : small).push_back(ratio[i]);
+    if (small.empty() && large.empty()) continue;
+    StepTimeModel::BlockLevel level{b, 1.0, 1.0};
+    level.small = quantile(small.empty() ? large : small, 0.5);
+    level.large = large.size() >= 20 ? quantile(large, 0.5) : level.small;
+    out.push_back(level);
+  }
+  return out;
+}
+
+// The local level of each step's ratio (measured / predicted): the median ratio of the steps of
+// the same run within `window_s` of it. Runs are told apart by their clocks restarting (the step
+// logs of several servers, one after another).
+std::vector<double> local_levels(const std::vector<const StepRecord*>& steps, const std::vector<double>& ratio,
+                                 double window_s) {
+  std::vector<double> level(steps.size(), 1.0);
+  size_t run_begin = 0;
+  std::vector<double> scratch;
+  for (size_t end = 1; end <= steps.size(); ++end) {
+    if (end < steps.size() && steps[end]->start_s >= steps[end - 1]->start_s) continue;
+    // [run_begin, end) is one run, in time order.
+    size_t lo = run_begin, hi = run_begin;
+    for (size_t i = run_begin; i < end; ++i) {
+      const double t = steps[i]->start_s;
+      while (steps[lo]->start_s < t - window_s) ++lo;
+      while (hi < end && steps[hi]->start_s <= t + window_s) ++hi;
+      scratch.assign(ratio.begin() + static_cast<ptrdiff_t>(lo), ratio.begin() + static_cast<ptrdiff_t>(hi));
+      auto mid = scratch.begin() + static_cast<ptrdiff_t>(scratch.size() / 2);
+      std::nth_element(scratch.begin(), mid, scratch.end());
+      level[i] = *mid;
+    }
+    run_begin = end;
+  }
+  return level;
+}
+
+
+Json block_levels_json(const StepTimeModel& m) {
+  Json a = Json::array();
+  for (const StepTimeModel::BlockLevel& b : m.block_levels)
+    a.push_back({{"block_size", b.block_size}, {"small", b.small}, {"large", b.large}});
+  return a;
+}
+
 Json to_json(const StepTimeModel& m) {
   return Json{{"model", m.model},
               {"card", m.card},
@@ -148,6 +227,8 @@ Json to_json(const StepTimeModel& m) {
               {"fixed_s", m.fixed_s},
               {"weight_floor_s", m.weight_floor_s},
               {"per_token_s", m.per_token_s},
+              {"per_token_over_knee_s", m.per_token_over_knee_s},
+              {"token_knee", m.token_knee},
               {"per_sequence_s", m.per_sequence_s},
               {"per_context_token_s", m.per_context_token_s},
               {"per_attention_pair_s", m.per_attention_pair_s},
@@ -155,6 +236,8 @@ Json to_json(const StepTimeModel& m) {
               {"empty_step_s", m.empty_step_s},
               {"jitter_quantiles", m.jitter_quantiles},
               {"jitter_quantiles_large", m.jitter_quantiles_large},
+              {"drift_quantiles", m.drift_quantiles},
+              {"block_levels", block_levels_json(m)},
               {"fitted_steps", m.fitted_steps},
               {"median_abs_rel_error", m.median_abs_rel_error},
               {"p90_abs_rel_error", m.p90_abs_rel_error}};
@@ -181,12 +264,19 @@ Result<StepTimeModel> from_json(const Json& j, std::string_view source) {
         return Status::invalid_argument(fmt::format("{}: step model field '{}' is {}, expected a finite value >= 0",
                                                     source, name, *dst));
     }
+    // Optional (stores written before the cache knee have neither).
+    m.per_token_over_knee_s = j.value("per_token_over_knee_s", 0.0);
+    m.token_knee = j.value("token_knee", int64_t{0});
+    if (!std::isfinite(m.per_token_over_knee_s) || m.per_token_over_knee_s < 0 || m.token_knee < 0)
+      return Status::invalid_argument(fmt::format("{}: step model per_token_over_knee_s {} / token_knee {}: expected values >= 0",
+                                                  source, m.per_token_over_knee_s, m.token_knee));
     m.fitted_steps = j.value("fitted_steps", int64_t{0});
     m.empty_step_s = j.value("empty_step_s", m.empty_step_s);
     if (!std::isfinite(m.empty_step_s) || m.empty_step_s < 0)
       return Status::invalid_argument(fmt::format("{}: step model empty_step_s {} < 0", source, m.empty_step_s));
     for (auto [name, dst] : {std::pair{"jitter_quantiles", &m.jitter_quantiles},
-                             std::pair{"jitter_quantiles_large", &m.jitter_quantiles_large}}) {
+                             std::pair{"jitter_quantiles_large", &m.jitter_quantiles_large},
+                             std::pair{"drift_quantiles", &m.drift_quantiles}}) {
       if (!j.contains(name)) continue;
       *dst = j[name].get<std::vector<double>>();
       const std::vector<double>& q = *dst;
@@ -194,6 +284,18 @@ Result<StepTimeModel> from_json(const Json& j, std::string_view source) {
         if (!std::isfinite(q[i]) || q[i] <= 0 || (i > 0 && q[i] < q[i - 1]))
           return Status::invalid_argument(fmt::format(
               "{}: step model {}[{}] = {}: expected positive, non-decreasing factors", source, name, i, q[i]));
+    }
+    if (j.contains("block_levels")) {
+      for (const Json& b : j["block_levels"]) {
+        StepTimeModel::BlockLevel level{b.at("block_size").get<int64_t>(), b.at("small").get<double>(),
+                                        b.at("large").get<double>()};
+        if (level.block_size < 1 || !(level.small > 0) || !(level.large > 0) || !std::isfinite(level.small) ||
+            !std::isfinite(level.large))
+          return Status::invalid_argument(fmt::format("{}: step model block_levels: block {} with factors {} / {}: "
+                                                      "expected a block size >= 1 and factors > 0",
+                                                      source, level.block_size, level.small, level.large));
+        m.block_levels.push_back(level);
+      }
     }
     m.median_abs_rel_error = j.value("median_abs_rel_error", 0.0);
     m.p90_abs_rel_error = j.value("p90_abs_rel_error", 0.0);
@@ -207,8 +309,9 @@ Result<StepTimeModel> from_json(const Json& j, std::string_view source) {
 }  // namespace
 
 double StepTimeModel::predict_s(const StepFeatures& f) const {
+  const auto over_knee = token_knee > 0 ? static_cast<double>(std::max<int64_t>(0, f.tokens - token_knee)) : 0.0;
   return fixed_s + std::max(weight_floor_s, per_token_s * static_cast<double>(f.tokens)) +
-         per_sequence_s * static_cast<double>(f.sequences) +
+         per_token_over_knee_s * over_knee + per_sequence_s * static_cast<double>(f.sequences) +
          per_context_token_s * static_cast<double>(f.context_tokens) +
          per_attention_pair_s * static_cast<double>(f.attention_pairs) + per_block_s * static_cast<double>(f.blocks);
 }
@@ -221,6 +324,17 @@ double StepTimeModel::jitter(double u, int64_t tokens) const {
   const auto lo = static_cast<size_t>(std::floor(r));
   const size_t hi = std::min(lo + 1, q.size() - 1);
   return q[lo] + (q[hi] - q[lo]) * (r - static_cast<double>(lo));
+}
+
+double StepTimeModel::block_factor(int64_t block_size, int64_t tokens) const {
+  const BlockLevel* best = nullptr;
+  double best_d = INFINITY;
+  for (const BlockLevel& b : block_levels) {
+    const double d = std::abs(std::log2(static_cast<double>(b.block_size)) - std::log2(static_cast<double>(std::max<int64_t>(block_size, 1))));
+    if (d < best_d) best = &b, best_d = d;
+  }
+  if (best == nullptr) return 1.0;
+  return tokens >= kLargeStepTokens ? best->large : best->small;
 }
 
 std::string StepTimeModel::key() const { return fmt::format("{}|{}|{}", model, card, tp); }
@@ -262,9 +376,19 @@ Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::
   for (const StepRecord* s : kept) err.push_back(std::abs(m.predict_s(s->features) - s->total_s()) / s->total_s());
   m.median_abs_rel_error = quantile(err, 0.5);
   m.p90_abs_rel_error = quantile(err, 0.9);
+  std::vector<double> ratio;
+  for (const StepRecord* s : kept) ratio.push_back(s->total_s() / m.predict_s(s->features));
+  // The local level first (the calibration runs one server per block size: a block size's own
+  // speed and the machine's phase during its run cannot be told apart, so both count as drift);
+  // then, against it, what a block size does to small and large steps; the rest is jitter.
+  const std::vector<double> level = local_levels(kept, ratio, StepTimeModel::kDriftWindowS);
+  for (double q : {0.1, 0.5, 0.9}) m.drift_quantiles.push_back(quantile(level, q));
+  for (size_t i = 0; i < kept.size(); ++i) ratio[i] /= level[i];
+  m.block_levels = fit_block_levels(kept, ratio);
   std::vector<double> small, large;
-  for (const StepRecord* s : kept)
-    (s->features.tokens >= StepTimeModel::kLargeStepTokens ? large : small).push_back(s->total_s() / m.predict_s(s->features));
+  for (size_t i = 0; i < kept.size(); ++i)
+    (kept[i]->features.tokens >= StepTimeModel::kLargeStepTokens ? large : small)
+        .push_back(ratio[i] / m.block_factor(kept[i]->block_size, kept[i]->features.tokens));
   // Too few large steps to tell their tail: they share the small steps' quantiles.
   if (small.empty() || large.size() < 20) small.insert(small.end(), large.begin(), large.end());
   for (int q = 0; q <= 100; ++q) m.jitter_quantiles.push_back(quantile(small, q / 100.0));
@@ -277,6 +401,17 @@ Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::
   m.source = fmt::format("fitted: {} measured steps ({} dropped as outliers), block sizes {}", kept.size(),
                          use.size() - kept.size(), fmt::join(sizes, "/"));
   return m;
+}
+
+Result<double> step_level(const StepTimeModel& model, const std::vector<StepRecord>& steps) {
+  std::vector<double> ratio;
+  for (const StepRecord& s : steps) {
+    if (s.features.tokens <= 0 || !(s.total_s() > 0)) continue;
+    const double p = model.predict_s(s.features) * model.block_factor(s.block_size, s.features.tokens);
+    if (p > 0) ratio.push_back(s.total_s() / p);
+  }
+  if (ratio.empty()) return Status::invalid_argument("step level: the log has no step that computed tokens");
+  return quantile(std::move(ratio), 0.5);
 }
 
 Result<std::vector<StepRecord>> parse_step_log(std::string_view jsonl, std::string_view source) {
@@ -419,14 +554,25 @@ std::string format_step_model(const StepTimeModel& m) {
   std::string out = fmt::format("step model {} | {} | TP {}  ({})\n", m.model, m.card, m.tp, m.source);
   out += fmt::format("  fixed {:.1f} us, weights floor {:.1f} us, per token {:.2f} us, per sequence {:.2f} us\n",
                      m.fixed_s * 1e6, m.weight_floor_s * 1e6, m.per_token_s * 1e6, m.per_sequence_s * 1e6);
+  if (m.token_knee > 0)
+    out += fmt::format("  per token past {} tokens in a step: +{:.2f} us\n", m.token_knee, m.per_token_over_knee_s * 1e6);
   out += fmt::format("  per context token {:.3f} ns, per attention pair {:.4f} ns, per block {:.1f} ns, empty step {:.1f} us\n",
                      m.per_context_token_s * 1e9, m.per_attention_pair_s * 1e9, m.per_block_s * 1e9, m.empty_step_s * 1e6);
   if (m.fitted_steps > 0)
     out += fmt::format("  fit: {} steps, |relative error| median {:.1f}%, p90 {:.1f}%\n", m.fitted_steps,
                        100 * m.median_abs_rel_error, 100 * m.p90_abs_rel_error);
   if (m.jitter_quantiles.size() > 2)
-    out += fmt::format("  jitter (measured / predicted), small steps: p10 {:.2f}, p50 {:.2f}, p90 {:.2f}, p99 {:.2f}\n",
+    out += fmt::format("  jitter (measured / predicted, against the local level), small steps: p10 {:.2f}, p50 {:.2f}, p90 {:.2f}, p99 {:.2f}\n",
                        m.jitter(0.1), m.jitter(0.5), m.jitter(0.9), m.jitter(0.99));
+  if (!m.block_levels.empty()) {
+    out += "  block size factors (small / large steps):";
+    for (const StepTimeModel::BlockLevel& b : m.block_levels)
+      out += fmt::format(" {}: {:.2f} / {:.2f};", b.block_size, b.small, b.large);
+    out.back() = '\n';
+  }
+  if (m.drift_quantiles.size() == 3)
+    out += fmt::format("  machine drift (local level of measured / predicted over +-{:g} s, not simulated): p10 {:.2f}, p50 {:.2f}, p90 {:.2f}\n",
+                       StepTimeModel::kDriftWindowS, m.drift_quantiles[0], m.drift_quantiles[1], m.drift_quantiles[2]);
   if (m.jitter_quantiles_large.size() > 2) {
     const int64_t t = StepTimeModel::kLargeStepTokens;
     out += fmt::format("  jitter, steps of {}+ tokens: p10 {:.2f}, p50 {:.2f}, p90 {:.2f}, p99 {:.2f}\n", t,

@@ -24,21 +24,53 @@ LengthDistribution lognormal(double mean, double sigma, int64_t lo, int64_t hi) 
   return d;
 }
 
-}  // namespace
-
-Result<LengthMix> parse_length_mix(std::string_view spec) {
+Result<LengthMix> parse_one_mix(std::string_view spec) {
   if (spec == "chat") return LengthMix{"chat", lognormal(160, 0.8, 8, 2048), lognormal(96, 0.7, 4, 512)};
   if (spec == "docs") return LengthMix{"docs", lognormal(16000, 0.35, 4096, 32000), lognormal(256, 0.5, 16, 1024)};
   if (spec == "docs-2k") return LengthMix{"docs-2k", lognormal(2000, 0.35, 512, 4096), lognormal(64, 0.5, 8, 256)};
   const size_t slash = spec.find('/');
   if (slash == std::string_view::npos)
-    return Status::invalid_argument(
-        fmt::format("--lengths '{}': expected chat, docs, docs-2k or PROMPT/OUTPUT (e.g. lognormal:512,0.5/64)", spec));
+    return Status::invalid_argument(fmt::format(
+        "--lengths '{}': expected chat, docs, docs-2k, PROMPT/OUTPUT (e.g. lognormal:512,0.5/64) or a mixture "
+        "MIX*W+MIX*W (e.g. chat*0.9+docs-2k*0.1)",
+        spec));
   auto prompt = LengthDistribution::parse(spec.substr(0, slash));
   if (!prompt.is_ok()) return Status::invalid_argument(fmt::format("--lengths '{}': prompt: {}", spec, prompt.status().message()));
   auto output = LengthDistribution::parse(spec.substr(slash + 1));
   if (!output.is_ok()) return Status::invalid_argument(fmt::format("--lengths '{}': output: {}", spec, output.status().message()));
-  return LengthMix{std::string(spec), *prompt, *output};
+  return LengthMix{std::string(spec), *prompt, *output, {}};
+}
+
+}  // namespace
+
+Result<LengthMix> parse_length_mix(std::string_view spec) {
+  if (spec.find('+') == std::string_view::npos && spec.find('*') == std::string_view::npos) return parse_one_mix(spec);
+  LengthMix mix;
+  mix.name = std::string(spec);
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t plus = std::min(spec.find('+', begin), spec.size());
+    const std::string_view part = spec.substr(begin, plus - begin);
+    const size_t star = part.rfind('*');
+    double weight = 1.0;
+    std::string_view lengths = part;
+    if (star != std::string_view::npos) {
+      const std::string w(part.substr(star + 1));
+      char* end = nullptr;
+      weight = std::strtod(w.c_str(), &end);
+      if (w.empty() || end != w.c_str() + w.size() || !std::isfinite(weight) || weight <= 0)
+        return Status::invalid_argument(
+            fmt::format("--lengths '{}': part '{}': the weight after '*' must be a number > 0", spec, part));
+      lengths = part.substr(0, star);
+    }
+    auto one = parse_one_mix(lengths);
+    if (!one.is_ok()) return Status::invalid_argument(fmt::format("--lengths '{}': part '{}': {}", spec, part, one.status().message()));
+    mix.parts.push_back(LengthMixPart{weight, one->prompt, one->output});
+    begin = plus + 1;
+  }
+  mix.prompt = mix.parts.front().prompt;
+  mix.output = mix.parts.front().output;
+  return mix;
 }
 
 Result<ArrivalSpec> ArrivalSpec::parse(std::string_view spec) {
@@ -91,14 +123,31 @@ Result<std::vector<SimRequest>> generate_trace(const TraceSpec& spec) {
   std::gamma_distribution<double> gamma(shape, mean_gap / shape);
   std::exponential_distribution<double> expo(spec.rate);
   std::uniform_int_distribution<int32_t> cls(0, spec.priority_classes - 1);
+  double total_weight = 0;
+  for (const LengthMixPart& p : spec.lengths.parts) total_weight += p.weight;
   std::vector<SimRequest> out;
   out.reserve(static_cast<size_t>(spec.num_requests));
   double t = 0;
   for (int64_t i = 0; i < spec.num_requests; ++i) {
     SimRequest r;
     r.arrival_s = t;
-    r.prompt_tokens = spec.lengths.prompt.sample(length_rng);
-    r.output_tokens = spec.lengths.output.sample(length_rng);
+    const LengthDistribution* prompt = &spec.lengths.prompt;
+    const LengthDistribution* output = &spec.lengths.output;
+    if (!spec.lengths.parts.empty()) {
+      double u = std::uniform_real_distribution<double>(0.0, total_weight)(length_rng);
+      const LengthMixPart* pick = &spec.lengths.parts.back();
+      for (const LengthMixPart& p : spec.lengths.parts) {
+        if (u < p.weight) {
+          pick = &p;
+          break;
+        }
+        u -= p.weight;
+      }
+      prompt = &pick->prompt;
+      output = &pick->output;
+    }
+    r.prompt_tokens = prompt->sample(length_rng);
+    r.output_tokens = output->sample(length_rng);
     r.priority = cls(class_rng);
     out.push_back(r);
     switch (spec.arrivals.kind) {

@@ -9,7 +9,9 @@
 // Length mixes (prompt / output, log-normal, clamped): "chat" (prompts ~200 tokens, outputs ~100:
 // a short-chat service), "docs" (prompts ~16k tokens, outputs ~250: long documents), "docs-2k"
 // (prompts ~2k: long documents at a length a CPU prefills in seconds), or
-// "PROMPT/OUTPUT" with bench/load_generator.h's distributions ("lognormal:512,0.5/64").
+// "PROMPT/OUTPUT" with bench/load_generator.h's distributions ("lognormal:512,0.5/64"), or a
+// mixture of those by weight, "MIX*W+MIX*W" ("chat*0.9+docs-2k*0.1": a chat service where one
+// request in ten brings a 2k-token document); each request draws its component by weight.
 //
 // Thread-safety: values.
 #pragma once
@@ -32,12 +34,19 @@ struct SimRequest {
   int32_t priority = 0;
 };
 
-struct LengthMix {
-  std::string name;
+struct LengthMixPart {
+  double weight = 1;  // > 0; the parts' weights need not sum to 1
   LengthDistribution prompt;
   LengthDistribution output;
 };
-// "chat", "docs", "docs-2k" or "PROMPT/OUTPUT"; InvalidArgument naming the spec otherwise.
+struct LengthMix {
+  std::string name;
+  LengthDistribution prompt;  // one component: its lengths; a mixture: its first part's
+  LengthDistribution output;
+  std::vector<LengthMixPart> parts;  // a mixture's components (empty: prompt and output alone)
+};
+// "chat", "docs", "docs-2k", "PROMPT/OUTPUT" or "MIX*W+MIX*W"; InvalidArgument naming the spec
+// (and the part) otherwise.
 Result<LengthMix> parse_length_mix(std::string_view spec);
 
 struct ArrivalSpec {

@@ -55,7 +55,7 @@ void simulate_all(const std::vector<SimRequest>& trace, const TuneOptions& o, st
         continue;
       }
       c.result = std::move(*r);
-      c.meets_slo = meets_p99_slo(c.result.summary, o.slo);
+      c.meets_slo = meets_p99_slo(c.result.summary, o.slo, o.slo_margin);
     }
   };
   std::vector<std::thread> pool;
@@ -66,11 +66,12 @@ void simulate_all(const std::vector<SimRequest>& trace, const TuneOptions& o, st
 
 }  // namespace
 
-bool meets_p99_slo(const RunSummary& s, const SloSpec& slo) {
+bool meets_p99_slo(const RunSummary& s, const SloSpec& slo, double margin) {
   if (s.failed > 0 || s.completed == 0) return false;
-  if (slo.ttft_s && s.ttft.p99 > *slo.ttft_s) return false;
-  if (slo.itl_s && s.itl.p99 > *slo.itl_s) return false;
-  if (slo.e2e_s && s.e2e.p99 > *slo.e2e_s) return false;
+  const double f = 1.0 - margin;
+  if (slo.ttft_s && s.ttft.p99 > *slo.ttft_s * f) return false;
+  if (slo.itl_s && s.itl.p99 > *slo.itl_s * f) return false;
+  if (slo.e2e_s && s.e2e.p99 > *slo.e2e_s * f) return false;
   return true;
 }
 
@@ -82,6 +83,8 @@ int64_t kv_blocks_for(int64_t kv_bytes, uint64_t kv_bytes_per_token, int64_t blo
 Result<TuneResult> run_tune(const std::vector<SimRequest>& trace, const TuneOptions& o) {
   if (trace.empty()) return Status::invalid_argument("tune: the trace has no requests");
   if (o.slo.empty()) return Status::invalid_argument("tune: --slo needs a target (ttft_p99=500ms, itl_p99=100ms)");
+  if (!(o.slo_margin >= 0 && o.slo_margin < 1))
+    return Status::invalid_argument(fmt::format("tune: --slo-margin {}: expected a fraction in [0, 1)", o.slo_margin));
   for (int64_t b : o.block_sizes)
     if (kv_blocks_for(o.kv_bytes, o.kv_bytes_per_token, b) < 1)
       return Status::invalid_argument(fmt::format("tune: a KV budget of {} bytes holds no block of {} tokens", o.kv_bytes, b));

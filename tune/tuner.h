@@ -1,7 +1,8 @@
 // `tessera tune`: from a trace (or a length mix and a rate) and an SLO to a scheduler profile.
 // Every candidate setting of the knobs runs the trace on the simulator (tune/simulator.h); the
 // recommendation is the candidate with the most goodput (requests per second that meet the SLO:
-// TTFT <= ttft, mean inter-token latency <= itl) among those whose P99 TTFT and P99 ITL meet the
+// TTFT <= ttft and the P99 of the request's own inter-token gaps <= itl, so that a stream stalled
+// behind a long prefill step counts as missed) among those whose P99 TTFT and P99 ITL meet the
 // SLO's targets; ties (within 1%) go to the higher throughput. When no candidate meets the SLO,
 // the one with the most goodput is recommended and `meets_slo` is false.
 //
@@ -38,6 +39,10 @@ struct TuneOptions {
   uint64_t kv_bytes_per_token = 0;  // all layers, this rank
   StepTimeModel cost;
   SloSpec slo;                      // ttft and itl are P99 targets
+  // A candidate meets the SLO when its simulated P99s are within the targets x (1 - slo_margin):
+  // the simulator's P99s are off by up to 15-25% against real runs (bench/results/tune/
+  // sim-vs-real.md), so a setting that meets them with nothing to spare fails as often as not.
+  double slo_margin = 0.15;
   std::vector<int32_t> max_batch = {8, 16, 32, 64, 128};
   std::vector<int32_t> max_step_tokens = {256, 512, 1024, 2048, 4096};
   std::vector<double> max_wait_ms = {0, 2, 5, 20, 50, 100};
@@ -59,8 +64,9 @@ struct TuneResult {
 // InvalidArgument for an empty trace or SLO, a KV budget that holds no block.
 Result<TuneResult> run_tune(const std::vector<SimRequest>& trace, const TuneOptions& options);
 
-// Whether a summary meets the SLO's P99 targets (TTFT, ITL) and lost no request.
-bool meets_p99_slo(const RunSummary& summary, const SloSpec& slo);
+// Whether a summary meets the SLO's P99 targets (TTFT, ITL) and lost no request; with margin m,
+// the targets x (1 - m).
+bool meets_p99_slo(const RunSummary& summary, const SloSpec& slo, double margin = 0);
 
 // Blocks of a KV budget at a block size (at least 0).
 int64_t kv_blocks_for(int64_t kv_bytes, uint64_t kv_bytes_per_token, int64_t block_size);

@@ -456,6 +456,28 @@ TEST(LoadParse, Slo) {
   for (const char* bad : {"ttft", "ttft=abc", "latency=1ms", "ttft=-1ms"}) EXPECT_FALSE(SloSpec::parse(bad).is_ok()) << bad;
 }
 
+TEST(LoadParse, SloOnTheGapsOfEachRequest) {
+  // A stream of 20 gaps of 10 ms and one stall of 400 ms: a mean of 28 ms, a P99 gap of 400 ms.
+  RequestRecord r;
+  r.ok = true;
+  r.ttft_s = 0.1;
+  r.output_tokens = 22;
+  r.itl_s.assign(20, 0.010);
+  r.itl_s.push_back(0.400);
+  r.e2e_s = r.ttft_s + 0.6;
+  auto mean = SloSpec::parse("ttft=200ms,itl=50ms");
+  ASSERT_TRUE(mean.is_ok());
+  EXPECT_FALSE(mean->itl_per_gap);
+  EXPECT_TRUE(meets_slo(r, *mean));
+  auto gap = SloSpec::parse("ttft=200ms,itl_p99=50ms");
+  ASSERT_TRUE(gap.is_ok());
+  EXPECT_TRUE(gap->itl_per_gap);
+  EXPECT_EQ(gap->to_string(), "ttft=200ms,itl_p99=50ms");
+  EXPECT_FALSE(meets_slo(r, *gap));
+  r.itl_s.back() = 0.045;  // no stall
+  EXPECT_TRUE(meets_slo(r, *gap));
+}
+
 TEST(LoadParse, ServerGauges) {
   const auto g = parse_server_gauges(
       "# HELP tessera_batch_size Sequences in the last step\n"

@@ -40,6 +40,28 @@ TEST(Simulator, OneRequestTakesThePredictedSteps) {
   EXPECT_EQ(r->summary.completed, 1);
 }
 
+TEST(Simulator, ALevelScalesEveryStep) {
+  SimOptions o = options();
+  o.level = 1.5;  // a machine phase 50% slower than the calibration
+  auto r = simulate({{0.0, 10, 3, 0}}, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_NEAR(r->requests[0].ttft_s, 3.0e-3, 1e-9);
+  EXPECT_NEAR(r->requests[0].itl_s[0], 1.65e-3, 1e-9);
+  o.level = 0;
+  EXPECT_NE(simulate({{0.0, 10, 3, 0}}, o).status().message().find("level"), std::string::npos);
+  // step_level: the median of measured / predicted over a log's steps that computed tokens.
+  std::vector<StepRecord> log(3);
+  for (size_t i = 0; i < log.size(); ++i) {
+    log[i].features.tokens = 10;
+    log[i].features.sequences = 1;
+    log[i].run_s = 2e-3 * (1.0 + 0.1 * static_cast<double>(i));  // 1.0, 1.1, 1.2 x the 2 ms predicted
+  }
+  auto level = step_level(simple_model(), log);
+  ASSERT_TRUE(level.is_ok());
+  EXPECT_NEAR(*level, 1.1, 1e-9);
+  EXPECT_FALSE(step_level(simple_model(), {}).is_ok());
+}
+
 TEST(Simulator, MaxWaitGathersArrivalsIntoOnePrefill) {
   // The first request waits up to 5 ms for companions; the second joins it at 1 ms; one step of
   // 20 tokens (3 ms) starts when the first one's wait runs out.

@@ -94,6 +94,71 @@ TEST(StepTimeModelFit, DropsOutliersAndKeepsCoefficientsNonNegative) {
     EXPECT_GE(c, 0.0);
 }
 
+TEST(StepTimeModelFit, FindsTheCacheKneeOfLargeSteps) {
+  StepTimeModel t = truth();
+  t.per_token_over_knee_s = 0.2e-3;  // tokens past 512 in a step cost 40% more
+  t.token_knee = 512;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> batch(1, 16), ctx(16, 2000), pieces(0, 4), plen(64, 1024);
+  std::normal_distribution<double> eps(0.0, 0.01);
+  std::vector<StepRecord> steps;
+  for (int i = 0; i < 800; ++i) {
+    std::vector<std::pair<int64_t, int32_t>> p;
+    for (int b = batch(rng); b > 0; --b) p.push_back({ctx(rng), 1});
+    for (int k = pieces(rng); k > 0; --k) p.push_back({0, plen(rng)});
+    StepRecord r;
+    r.block_size = 16;
+    r.start_s = 0.05 * i;
+    r.features = step_features(plan_of(p), 16);
+    r.run_s = t.predict_s(r.features) * (1.0 + eps(rng));
+    steps.push_back(r);
+  }
+  auto m = fit_step_model(steps, "toy", "cpu", 1);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->token_knee, 512);
+  EXPECT_NEAR(m->per_token_over_knee_s, t.per_token_over_knee_s, 0.2 * t.per_token_over_knee_s);
+  StepFeatures big;
+  big.tokens = 3000;
+  big.sequences = 4;
+  big.context_tokens = 3000;
+  big.attention_pairs = 4 * 750 * 751 / 2;
+  big.blocks = 4 * 47;
+  EXPECT_NEAR(m->predict_s(big), t.predict_s(big), 0.05 * t.predict_s(big));
+  // Without the knee in the truth, the fit finds none worth its term.
+  auto plain = fit_step_model(synthetic_steps(truth(), 0.01, 600, 8), "toy", "cpu", 1);
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_LT(plain->per_token_over_knee_s, 0.05 * truth().per_token_s);
+}
+
+TEST(StepTimeModelFit, KeepsMachineDriftOutOfTheStepJitter) {
+  // Two servers' logs one after the other (the clock restarts); in each, a fast phase and a slow
+  // one (x1.3) of 20 s apiece, and 2% step-to-step noise.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> eps(0.0, 0.02);
+  std::vector<StepRecord> steps;
+  for (int run = 0; run < 2; ++run) {
+    auto part = synthetic_steps(truth(), 0.0, 800, 20 + run);
+    for (int i = 0; i < 800; ++i) {
+      StepRecord r = part[i];
+      r.start_s = 0.05 * i;
+      r.run_s *= (r.start_s < 20 ? 1.0 : 1.3) * (1.0 + eps(rng));
+      steps.push_back(r);
+    }
+  }
+  auto m = fit_step_model(steps, "toy", "cpu", 1);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  ASSERT_EQ(m->drift_quantiles.size(), 3u);
+  EXPECT_GT(m->drift_quantiles[2] / m->drift_quantiles[0], 1.2);  // the two phases
+  // The jitter is the 2% noise (and the edges of the phases' windows), not the 30% between phases.
+  EXPECT_LT(m->jitter(0.9) / m->jitter(0.1), 1.1);
+  EXPECT_NEAR(m->jitter(0.5), 1.0, 0.03);
+  // The store keeps both.
+  auto back = step_model_from_json(step_model_to_json(*m), "m.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->drift_quantiles, m->drift_quantiles);
+  EXPECT_EQ(back->token_knee, m->token_knee);
+}
+
 TEST(StepTimeModelFit, RefusesTooFewOrUniformSteps) {
   auto few = synthetic_steps(truth(), 0.0, 5, 1);
   EXPECT_NE(fit_step_model(few, "m", "cpu", 1).status().message().find("at least 8"), std::string::npos);

@@ -51,8 +51,31 @@ TEST(Trace, LengthMixesHaveTheirMeans) {
   EXPECT_EQ(custom->output.a, 64);
   EXPECT_NE(parse_length_mix("nonsense").status().message().find("nonsense"), std::string::npos);
   EXPECT_FALSE(parse_length_mix("lognormal:x/64").is_ok());
+  EXPECT_FALSE(parse_length_mix("chat*0+docs").is_ok());
+  EXPECT_NE(parse_length_mix("chat*0.9+nonsense*0.1").status().message().find("part 'nonsense*0.1'"), std::string::npos);
   EXPECT_FALSE(ArrivalSpec::parse("bursty:0.5").is_ok());
   EXPECT_FALSE(ArrivalSpec::parse("weekly").is_ok());
+}
+
+TEST(Trace, MixturesDrawTheirPartsByWeight) {
+  auto mix = parse_length_mix("chat*0.8+docs-2k*0.2");
+  ASSERT_TRUE(mix.is_ok()) << mix.status().message();
+  ASSERT_EQ(mix->parts.size(), 2u);
+  EXPECT_DOUBLE_EQ(mix->parts[1].weight, 0.2);
+  TraceSpec s = spec("chat", "poisson", 1, 5000);
+  s.lengths = *mix;
+  auto t = generate_trace(s);
+  ASSERT_TRUE(t.is_ok());
+  // Chat prompts over 1200 tokens are rare (0.2%); 90% of docs-2k prompts are over it.
+  int64_t docs = 0;
+  for (const SimRequest& r : *t) docs += r.prompt_tokens >= 1200;
+  EXPECT_NEAR(static_cast<double>(docs) / 5000.0, 0.2 * 0.9, 0.02);
+  const TraceLengthStats st = trace_length_stats(*t);
+  EXPECT_NEAR(st.mean_prompt, 0.8 * 160 + 0.2 * 2000, 60);
+  // No weight is a weight of 1: the two parts in equal shares.
+  auto even = parse_length_mix("chat+lognormal:1000,0.1/8");
+  ASSERT_TRUE(even.is_ok());
+  EXPECT_DOUBLE_EQ(even->parts[0].weight, 1.0);
 }
 
 TEST(Trace, IsDeterministicAndRoundTripsThroughJsonl) {

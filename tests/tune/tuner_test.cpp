@@ -54,6 +54,9 @@ TEST(Tuner, RecommendsTheBestGoodputThatMeetsTheSlo) {
   EXPECT_TRUE(r->meets_slo);
   EXPECT_TRUE(best.meets_slo);
   EXPECT_TRUE(meets_p99_slo(best.result.summary, slo));
+  // With the default margin, within 85% of the targets.
+  EXPECT_LE(best.result.summary.ttft.p99, 0.85 * *slo.ttft_s);
+  EXPECT_LE(best.result.summary.itl.p99, 0.85 * *slo.itl_s);
   for (const TuneCandidate& c : r->candidates) {
     if (c.meets_slo) {
       EXPECT_LE(c.result.summary.goodput, best.result.summary.goodput * 1.01) << c.label;
@@ -70,6 +73,20 @@ TEST(Tuner, RecommendsTheBestGoodputThatMeetsTheSlo) {
   const std::string table = format_tune_table(*r, slo, true);
   EXPECT_NE(table.find("recommended"), std::string::npos);
   EXPECT_NE(table.find("offline"), std::string::npos);
+}
+
+TEST(Tuner, TheSloMarginIsRequiredOfTheSimulatedP99s) {
+  RunSummary s;
+  s.completed = 10;
+  s.ttft.p99 = 0.45;
+  s.itl.p99 = 0.05;
+  const SloSpec slo = *SloSpec::parse("ttft=500ms,itl=100ms");
+  EXPECT_TRUE(meets_p99_slo(s, slo));
+  EXPECT_FALSE(meets_p99_slo(s, slo, 0.15));  // 450 ms > 425 ms
+  EXPECT_TRUE(meets_p99_slo(s, slo, 0.05));
+  TuneOptions o = quick_options(slo);
+  o.slo_margin = 1.0;
+  EXPECT_NE(run_tune(chat_trace(8, 50, 1), o).status().message().find("slo-margin"), std::string::npos);
 }
 
 TEST(Tuner, TheProfileRoundTripsThroughTheSchedulerConfig) {
