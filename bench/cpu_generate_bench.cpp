@@ -245,6 +245,8 @@ int run(int argc, char** argv) {
   cli::add_quant_flags(app, quant);
   cli::KvDtypeFlag kv_dtype;
   cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
+  SparseAttentionConfig sparse;
+  cli::add_sparse_attention_flags(app, sparse);
   MatmulPrecision precision = MatmulPrecision::kAuto;
   cli::add_matmul_precision_flag(app, precision);
   CLI11_PARSE(app, argc, argv);
@@ -269,6 +271,9 @@ int run(int argc, char** argv) {
   out["depth"] = depth;
   out["quant"] = std::string(weight_quant_name(quant.quant));
   out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
+  out["sparse_attention"] = sparse.enabled;
+  out["sparse_threshold"] = sparse.threshold_tokens;
+  out["sparse_top_blocks"] = sparse.select.top_blocks;
   std::printf("model %s  isa %s  matmul %s\ncpu %s\n", model_path.c_str(), cpu::isa_name(cpu::active_isa()),
               matmul_precision_name(precision),
               cpu::describe_cpu().c_str());
@@ -279,6 +284,7 @@ int run(int argc, char** argv) {
     opts.quant = quant.quant;
     opts.quantize_lm_head = quant.lm_head;
     opts.kv_dtype = kv_dtype.runtime();
+    opts.sparse = sparse;
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).

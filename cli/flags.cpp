@@ -15,6 +15,23 @@ CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision
       ->default_str("auto");
 }
 
+void add_sparse_attention_flags(CLI::App& app, SparseAttentionConfig& config) {
+  auto* c = &config;
+  app.add_option_function<std::string>(
+         "--sparse-attention", [c](const std::string& s) { c->enabled = s == "on"; },
+         "CPU: decodes of the global-attention layers from --sparse-threshold tokens of context attend to the "
+         "blocks their query selects (per-block key bounds; the first block and the last two always): on or off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str("off");
+  app.add_option("--sparse-threshold", config.threshold_tokens, "context tokens from which a decode attends sparsely")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--sparse-top-blocks", config.select.top_blocks,
+                 "blocks a sparse decode selects besides the first and the last two")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+}
+
 CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use) {
   const bool plan = use == KvDtypeUse::kPlan;
   if (plan) flag.value.reset();  // auto unless given

@@ -12,6 +12,7 @@
 
 #include "common/kv_config.h"
 #include "kernels/gemm.h"
+#include "kernels/sparse_attention.h"
 #include "model/weight_store.h"
 
 namespace tessera::cli {
@@ -29,6 +30,11 @@ CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use)
 // --matmul-precision auto|fp32|bf16: how float-weight matmuls compute on the CPU
 // (kernels/gemm.h). The value keeps its default (auto) when absent.
 CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision);
+
+// --sparse-attention on|off, --sparse-threshold N, --sparse-top-blocks K: sparse decode attention
+// for the global-attention layers on the CPU (kernels/sparse_attention.h); values keep their
+// defaults (off, 8192, 16) when absent.
+void add_sparse_attention_flags(CLI::App& app, SparseAttentionConfig& config);
 
 // --block-size: tokens per KV block, common/kv_config.h's range; the value keeps its default
 // when absent.

@@ -56,6 +56,7 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.imatrix = o.imatrix;
   spec.kv_dtype = o.kv_dtype;
   spec.matmul_precision = o.matmul_precision;
+  spec.sparse = o.sparse;
   // A GPU shard sizes its workspace for the scheduler's largest step.
   spec.max_step_tokens = o.scheduler.max_step_tokens;
   spec.max_step_seqs = o.scheduler.max_batch;

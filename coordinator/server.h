@@ -10,6 +10,7 @@
 #include "common/kv_config.h"
 #include "coordinator/scheduler_config.h"
 #include "kernels/gemm.h"
+#include "kernels/sparse_attention.h"
 #include "model/weight_store.h"
 
 namespace tessera {
@@ -35,6 +36,7 @@ struct ServerOptions {
   std::string block_size_reason;              // why (auto): printed at start-up and in /metrics
   KvDtype kv_dtype = KvDtype::kF32;  // the coordinator plans it; the shards must store it
   MatmulPrecision matmul_precision = MatmulPrecision::kAuto;  // --matmul-precision for the shards
+  SparseAttentionConfig sparse;  // --sparse-attention ... for the shards (CPU backend)
   WeightQuant quant = WeightQuant::kNone;  // for the shards it starts: --quant at load
   bool quant_lm_head = false;
   std::string imatrix;  // --imatrix for the shards: calibrated --quant

@@ -44,6 +44,7 @@ struct ServerCli {
     app.add_option("--expected-trace", o.expected_trace, "a JSONL trace whose lengths --block-size auto plans for");
     cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
     cli::add_matmul_precision_flag(app, o.matmul_precision);
+    cli::add_sparse_attention_flags(app, o.sparse);
     app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
     app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
     cli::add_window_pool_flag(app, o.kv_window_pool);

@@ -12,6 +12,7 @@
 #include "common/kv_config.h"
 #include "common/status.h"
 #include "kernels/gemm.h"
+#include "kernels/sparse_attention.h"
 #include "model/weight_store.h"
 
 namespace tessera {
@@ -32,6 +33,7 @@ struct ShardLaunchSpec {
   std::string imatrix;                     // --imatrix for the shards ("": not passed)
   KvDtype kv_dtype = KvDtype::kF32;        // --kv-dtype for the shards (fp32: not passed)
   MatmulPrecision matmul_precision = MatmulPrecision::kAuto;  // --matmul-precision (auto: not passed)
+  SparseAttentionConfig sparse;           // --sparse-attention on ... (off: not passed)
   int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
   int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
   int coordinator_pid = 0;                // > 0: --coordinator-pid (shards on the coordinator's host)

@@ -73,6 +73,14 @@ struct SparseSelectOptions {
   int64_t top_blocks = 16;    // highest-scoring blocks in between (>= 0)
 };
 
+// Where an engine uses it (shard/forward.h): a decode piece of a global-attention layer whose
+// context reaches threshold_tokens attends to the selected blocks only.
+struct SparseAttentionConfig {
+  bool enabled = false;             // needs a cache with key summaries (shard/kv_cache.h)
+  int64_t threshold_tokens = 8192;  // a decode at position p goes sparse when p + 1 >= this
+  SparseSelectOptions select;
+};
+
 // Working memory of sparse selection and attention for one caller thread: grown on first use,
 // then reused. After sparse_select_blocks or sparse_decode_attention, `selected` holds the
 // selection (logical block indices, increasing).
@@ -109,8 +117,14 @@ std::span<const int32_t> sparse_select_blocks(const PagedKvLayer& kv, const KvBl
 int64_t sparse_compact_block_table(std::span<const int32_t> selected, const int32_t* block_table, int64_t pos,
                                    int64_t block_size, int32_t* compact_table);
 
-// Sparse attention of one decode token: sparse_select_blocks, sparse_compact_block_table, then
-// paged_attention over the compacted table into args.out. Preconditions: args.n_tokens == 1,
+// The arguments of dense attention over the selection: args with the compacted block table (in
+// scratch.table, valid until the scratch's next use) and the remapped start_pos. For a caller
+// that runs many sequences' attention in one paged_attention_batch.
+AttentionArgs sparse_decode_args(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
+                                 const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch);
+
+// Sparse attention of one decode token: sparse_decode_args, then paged_attention over the
+// compacted table into args.out. Preconditions: args.n_tokens == 1,
 // args.sliding_window == 0, the cache and the summaries hold positions 0 .. args.start_pos.
 void sparse_decode_attention(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
                              const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch);

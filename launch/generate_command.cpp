@@ -43,6 +43,7 @@ struct GenerateArgs {
   int64_t block_size = 16;
   bool kv_window_pool = true;
   int64_t prefill_chunk = 0;
+  SparseAttentionConfig sparse;
   int tp = 0;                 // 0: in this process; >= 1: through a coordinator and shards
   std::string device = "auto";
   int64_t heartbeat_timeout_ms = 2000;
@@ -158,6 +159,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.extra_shard_args = a.shard_args;
   spec.kv_dtype = a.kv_dtype.runtime();
   spec.matmul_precision = a.matmul_precision;
+  spec.sparse = a.sparse;
   spec.quant = a.quant.quant;
   spec.quant_lm_head = a.quant.lm_head;
   spec.imatrix = a.quant.imatrix;
@@ -284,6 +286,7 @@ int run_generate(const GenerateArgs& a) {
     mo.importance = &*importance;
   }
   mo.kv_dtype = a.kv_dtype.runtime();
+  mo.sparse = a.sparse;
   mo.draft = SelfDraftConfig{a.speculation.draft_layers, a.speculation.draft_vocab, {}};
   if (tokenizer && a.speculation.draft_layers > 0) mo.draft.ids = tokenizer->frequent_ids(a.speculation.draft_vocab);
   auto model = LocalModel::load(mo);
@@ -331,6 +334,7 @@ Runner add_generate_command(CLI::App& app) {
   add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
   add_matmul_precision_flag(app, a->matmul_precision);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
+  add_sparse_attention_flags(app, a->sparse);
   app.add_option("--speculation", a->speculation_mode,
                  "speculative decoding: off, auto (drafts gated by measured acceptance), ngram (always), draft (the "
                  "self-draft, always; needs --spec-draft-layers)")

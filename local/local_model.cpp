@@ -26,6 +26,7 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.threads});
   CpuBackendOptions bo;
   bo.kv_dtype = options.kv_dtype;
+  bo.sparse = options.sparse;
   m->backend_ = std::make_unique<CpuBackend>(c, m->layout_, std::move(weights), m->pool_.get(), m->comm_.get(), bo);
   m->executor_ = std::make_unique<ShardExecutor>(*m->backend_, c, ShardExecutorOptions{});
   const int64_t kv_tokens = options.kv_tokens > 0 ? options.kv_tokens : c.max_positions;

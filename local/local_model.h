@@ -40,6 +40,7 @@ struct LocalModelOptions {
   // Speculation's self-draft (shard/self_draft.h): layers > 0 builds it; generate() then takes
   // GenerateOptions::speculation's "draft" proposer (generate() sets its draft_layers from here).
   SelfDraftConfig draft;
+  SparseAttentionConfig sparse;  // sparse decode attention for the global layers (off by default)
 };
 
 struct GenerateOptions {

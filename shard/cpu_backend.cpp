@@ -73,6 +73,7 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
     shape.window_layers = window_.layers;
     shape.num_window_blocks = num_window_blocks;
   }
+  shape.key_summaries = options_.sparse.enabled;
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   cache_ = std::make_unique<KvCache>(std::move(cache));
   const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_);
@@ -81,6 +82,12 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
   TESSERA_RETURN_IF_ERROR(arch.validate(config_, &weights_.weights));
   forward_ = std::make_unique<ForwardPass>(config_, layout_, weights_.weights, pool_, cache_.get(), comm_,
                                            std::move(arch));
+  TESSERA_RETURN_IF_ERROR(forward_->set_sparse_attention(options_.sparse));
+  if (options_.sparse.enabled)
+    TESSERA_LOG_INFO("sparse attention: decodes of the global layers from {} tokens of context attend to {} sink + {} "
+                     "recent + {} selected blocks",
+                     options_.sparse.threshold_tokens, options_.sparse.select.sink_blocks,
+                     options_.sparse.select.recent_blocks, options_.sparse.select.top_blocks);
   if (num_window_blocks > 0)
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens; window pool: {} blocks for {} layers (window {})", num_blocks,
                       block_size, num_window_blocks, window_.count(), window_.window);

@@ -22,6 +22,8 @@ struct CpuBackendOptions {
   std::vector<int> bound_cpus;  // the cores this rank is bound to (for the device name)
   // The layers' description; default: describe_architecture(config, weights).
   std::optional<ArchSpec> arch;
+  // Sparse decode attention for the global layers (enabled: the KV cache keeps key summaries).
+  SparseAttentionConfig sparse;
 };
 
 class CpuBackend : public ShardBackend {

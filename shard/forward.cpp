@@ -235,13 +235,20 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
   // A windowed layer with a window pool keeps its KV there, addressed by the window tables.
   const bool windowed = cache_->shape().pool_of(l) == KvPool::kWindow;
   PagedKvLayer kv = cache_->layer(l);
+  // Key summaries (a main-pool layer of a cache that keeps them): updated with every write;
+  // a global layer's decode piece past the threshold attends to the blocks they select.
+  const KvBlockSummaries sums = cache_->summaries(l);
+  const bool sparse_layer = sums.kmin != nullptr && sparse_.enabled && spec.sliding_window == 0;
+  if (sparse_layer && sparse_scratch_.size() < batch_.size()) sparse_scratch_.resize(batch_.size());
   int64_t t = 0;
   attention_args_.clear();
-  for (const SequenceInput& in : batch_) {
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const SequenceInput& in = batch_[i];
     const auto len = static_cast<int64_t>(in.tokens.size());
     const int32_t* table = windowed ? in.window_block_table.data() : in.block_table.data();
     kv_write(kv, table, in.start_pos, len, &k_[static_cast<size_t>(t * kv_dim)],
              &v_[static_cast<size_t>(t * kv_dim)]);
+    if (sums.kmin != nullptr) kv_summary_update(kv, sums, table, in.start_pos, len);
     AttentionArgs args;
     args.q = &q_[static_cast<size_t>(t * q_dim)];
     args.out = &attn_[static_cast<size_t>(t * q_dim)];
@@ -251,11 +258,31 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
     args.scale = scale;
     args.sliding_window = spec.sliding_window;
     args.block_table = table;
+    if (sparse_layer && len == 1) {
+      if (in.start_pos + 1 >= sparse_.threshold_tokens) {
+        args = sparse_decode_args(kv, sums, args, sparse_.select, pool_, sparse_scratch_[i]);
+        ++sparse_attentions;
+      } else {
+        ++dense_global_decodes;
+      }
+    }
     attention_args_.push_back(args);
     t += len;
   }
   // All sequences in one pass over the pool (every kv_write above is done first).
   paged_attention_batch(kv, attention_args_, pool_);
+  return Status::ok();
+}
+
+Status ForwardPass::set_sparse_attention(const SparseAttentionConfig& config) {
+  if (config.enabled && !cache_->shape().key_summaries)
+    return Status::invalid_argument("sparse attention needs a KV cache with key summaries (KvCacheShape::key_summaries)");
+  if (config.threshold_tokens < 1 || config.select.recent_blocks < 1 || config.select.sink_blocks < 0 ||
+      config.select.top_blocks < 0)
+    return Status::invalid_argument(fmt::format(
+        "sparse attention: threshold {} tokens (>= 1), sink {} / recent {} (>= 1) / top {} blocks", config.threshold_tokens,
+        config.select.sink_blocks, config.select.recent_blocks, config.select.top_blocks));
+  sparse_ = config;
   return Status::ok();
 }
 

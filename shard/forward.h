@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "decoder/decoder.h"
 #include "kernels/paged_attention.h"
+#include "kernels/sparse_attention.h"
 #include "model/model_config.h"
 #include "model/weight_store.h"
 #include "shard/kv_cache.h"
@@ -86,6 +87,10 @@ class ForwardPass : private DecoderBackend {
   // final-normed hidden states ([n, hidden]), into `logits` (resized).
   Status head(const float* hidden, int64_t n, std::vector<float>& logits);
 
+  // InvalidArgument when enabling it on a cache without key summaries.
+  Status set_sparse_attention(const SparseAttentionConfig& config);
+  const SparseAttentionConfig& sparse_attention() const { return sparse_; }
+
   const ModelConfig& config() const { return config_; }
   const Decoder& decoder() const { return decoder_; }
 
@@ -133,11 +138,16 @@ class ForwardPass : private DecoderBackend {
   std::vector<uint8_t> embed_row_;  // one embedding row back in its file layout (16-row layouts)
   std::vector<float> local_logits_, gathered_logits_;
   std::vector<AttentionArgs> attention_args_;  // one per sequence of the step
+  SparseAttentionConfig sparse_;
+  std::vector<SparseScratch> sparse_scratch_;  // one per sequence of the step (compacted tables)
   int64_t kv_window_ = 0;  // with a window pool: the largest window of its layers
 
  public:
   // Time spent in collectives, accumulated over run() calls (for the per-step breakdown).
   uint64_t comm_micros = 0;
+  // Decode pieces x layers that attended sparsely, and densely in a layer sparse could serve.
+  uint64_t sparse_attentions = 0;
+  uint64_t dense_global_decodes = 0;
 };
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "common/check.h"
@@ -92,12 +93,32 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
                                                   shape.num_blocks, shape.num_window_blocks, cache.bytes_ >> 20));
   }
   cache.storage_ = p;
+  if (shape.key_summaries) {
+    // Large: malloc maps it, and its pages cost nothing until a block's summary is written.
+    const size_t n = static_cast<size_t>(2 * shape.pool_layers(KvPool::kMain) * shape.num_blocks * shape.n_kv_heads *
+                                         shape.head_dim);
+    cache.summaries_.reset(new (std::nothrow) float[n]);
+    if (!cache.summaries_)
+      return Status::resource_exhausted(fmt::format("KV key summaries ({} MiB) do not fit in memory", (n * 4) >> 20));
+  }
   return cache;
+}
+
+KvBlockSummaries KvCache::summaries(int64_t l) {
+  KvBlockSummaries s;
+  if (!summaries_ || shape_.pool_of(l) != KvPool::kMain) return s;
+  const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.n_kv_heads * shape_.head_dim);
+  s.kmin = summaries_.get() + static_cast<size_t>(2 * pool_index_[static_cast<size_t>(l)]) * per_array;
+  s.kmax = s.kmin + per_array;
+  s.num_blocks = shape_.num_blocks;
+  s.n_kv_heads = shape_.n_kv_heads;
+  s.head_dim = shape_.head_dim;
+  return s;
 }
 
 KvCache::KvCache(KvCache&& o) noexcept
     : shape_(std::move(o.shape_)), storage_(std::exchange(o.storage_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
-      pool_index_(std::move(o.pool_index_)) {}
+      pool_index_(std::move(o.pool_index_)), summaries_(std::move(o.summaries_)) {}
 
 KvCache& KvCache::operator=(KvCache&& o) noexcept {
   if (this != &o) {
@@ -106,6 +127,7 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
     storage_ = std::exchange(o.storage_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     pool_index_ = std::move(o.pool_index_);
+    summaries_ = std::move(o.summaries_);
   }
   return *this;
 }
@@ -154,6 +176,11 @@ Status KvCache::copy_block(int32_t src, int32_t dst, KvPool pool) {
     } else {
       std::copy_n(kv.k + from, per_block, kv.k + to);
       std::copy_n(kv.v + from, per_block, kv.v + to);
+    }
+    if (const KvBlockSummaries s = summaries(l); s.kmin != nullptr) {
+      const size_t row = static_cast<size_t>(shape_.n_kv_heads * shape_.head_dim);
+      for (float* a : {s.kmin, s.kmax})
+        std::copy_n(a + row * static_cast<size_t>(src), row, a + row * static_cast<size_t>(dst));
     }
   }
   return Status::ok();

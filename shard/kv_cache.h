@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "common/status.h"
 #include "decoder/arch.h"
 #include "kernels/paged_attention.h"
+#include "kernels/sparse_attention.h"
 
 namespace tessera {
 
@@ -39,6 +41,9 @@ struct KvCacheShape {
   // block count. Both needed: without num_window_blocks > 0 every layer is in the main pool.
   std::vector<bool> window_layers;
   int64_t num_window_blocks = 0;
+  // Per block of the main pool and each of its layers, the element-wise min and max of the
+  // block's keys (kernels/sparse_attention.h): what sparse decode attention selects blocks by.
+  bool key_summaries = false;
 
   bool f16() const { return dtype == KvDtype::kF16; }
   bool has_window_pool() const { return num_window_blocks > 0; }
@@ -91,15 +96,19 @@ class KvCache {
   const KvCacheShape& shape() const { return shape_; }
   // Layer l's K and V in the pool that holds it (num_blocks: that pool's count).
   PagedKvLayer layer(int64_t l);
-  // Copy-on-write of a shared block of `pool`: the K and V of every layer stored there, of
-  // block src into block dst. OutOfRange for ids outside the pool.
+  // Copy-on-write of a shared block of `pool`: the K and V of every layer stored there (and
+  // their key summaries), of block src into block dst. OutOfRange for ids outside the pool.
   Status copy_block(int32_t src, int32_t dst, KvPool pool = KvPool::kMain);
+  // Layer l's key summaries (shape().key_summaries, a main-pool layer); null arrays otherwise.
+  // Their pages cost nothing until written (kv_summary_update after each kv_write).
+  KvBlockSummaries summaries(int64_t l);
 
  private:
   KvCacheShape shape_;
   void* storage_ = nullptr;
   size_t bytes_ = 0;
   std::vector<int64_t> pool_index_;  // per layer: its index among its pool's layers
+  std::unique_ptr<float[]> summaries_;  // [main-pool layer][min|max][num_blocks][n_kv_heads][head_dim]
 };
 
 }  // namespace tessera

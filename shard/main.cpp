@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--collective-timeout-ms", collective_timeout_ms,
                  "TP over MPI: fail a collective (and exit) when a peer has not joined it for this long (0: wait for ever)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cli::add_sparse_attention_flags(app, o.sparse);
   int64_t debug_step_delay_ms = 0;
   app.add_option("--debug-step-delay-ms", debug_step_delay_ms, "testing only: sleep before each step")->group("");
   CLI11_PARSE(app, argc, argv);

@@ -141,6 +141,7 @@ class ShardWorker {
       co.kv_dtype = o_.kv_dtype;
       co.local_ranks = o_.local_ranks;
       co.bound_cpus = bound_cpus_;
+      co.sparse = o_.sparse;
       backend_ = std::make_unique<CpuBackend>(c, layout_, std::move(weights), pool_.get(), &comm_, co);
     }
     executor_ = std::make_unique<ShardExecutor>(

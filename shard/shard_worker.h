@@ -10,6 +10,7 @@
 
 #include "comm/device_comm.h"
 #include "common/kv_config.h"
+#include "kernels/sparse_attention.h"
 #include "model/weight_store.h"
 #include "topology/topology.h"
 
@@ -35,6 +36,7 @@ struct ShardOptions {
   bool quantize_lm_head = false;                  // --quant-lm-head: the LM head too
   std::string imatrix_path;                       // --imatrix: calibrated --quant (model/importance.h)
   KvDtype kv_dtype = KvDtype::kF32;               // --kv-dtype: the KV cache elements (fp16: CPU backend)
+  SparseAttentionConfig sparse;                   // --sparse-attention ... (CPU backend)
   // The CUDA backend's workspace holds steps of at most this many tokens / sequences (the
   // coordinator passes its scheduler's max_step_tokens / max_batch); decode steps run as CUDA
   // graph replays unless cuda_graphs is off.

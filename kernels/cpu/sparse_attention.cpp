@@ -201,15 +201,20 @@ int64_t sparse_compact_block_table(std::span<const int32_t> selected, const int3
   return (static_cast<int64_t>(selected.size()) - 1) * block_size + pos % block_size;
 }
 
-void sparse_decode_attention(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
-                             const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch) {
+AttentionArgs sparse_decode_args(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
+                                 const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch) {
   const std::span<const int32_t> selected = sparse_select_blocks(kv, s, args, opt, pool, scratch);
   scratch.table.resize(selected.size());
   AttentionArgs compact = args;
   compact.start_pos =
       sparse_compact_block_table(selected, args.block_table, args.start_pos, kv.block_size, scratch.table.data());
   compact.block_table = scratch.table.data();
-  paged_attention(kv, compact, pool);
+  return compact;
+}
+
+void sparse_decode_attention(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
+                             const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch) {
+  paged_attention(kv, sparse_decode_args(kv, s, args, opt, pool, scratch), pool);
 }
 
 }  // namespace tessera

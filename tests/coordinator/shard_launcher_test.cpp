@@ -36,6 +36,17 @@ TEST(BuildShardCommand, OneShardWithoutMpirunIgnoresMpirunOptions) {
   EXPECT_EQ(find_words(argv, {"btl"}), -1);
 }
 
+TEST(BuildShardCommand, SparseAttentionReachesTheShardsOnlyWhenOn) {
+  ShardLaunchSpec s = spec_for(2);
+  EXPECT_EQ(find_words(build_shard_command(s), {"--sparse-attention"}), -1);
+  s.sparse.enabled = true;
+  s.sparse.threshold_tokens = 4096;
+  s.sparse.select.top_blocks = 32;
+  const std::vector<std::string> argv = build_shard_command(s);
+  EXPECT_GE(find_words(argv, {"--sparse-attention", "on", "--sparse-threshold", "4096", "--sparse-top-blocks", "32"}),
+            0);
+}
+
 TEST(BuildShardCommand, HostsLaunchAgentAndMpirunArgsComeBeforeTheShard) {
   ShardLaunchSpec s = spec_for(2);
   s.hosts = {"hostA:1", "hostB:1"};

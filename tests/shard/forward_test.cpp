@@ -132,6 +132,72 @@ TEST_P(StoriesForwardTest, TinyBlocksAndChunksKeepTheReferenceLogits) {
   }
 }
 
+// Sparse decode attention (kernels/sparse_attention.h) through the CPU backend: the prompt,
+// then greedy decode steps, with 4-token blocks so that a short story spans many blocks.
+struct DecodeRun {
+  std::vector<std::vector<float>> logits;  // per decode step
+  uint64_t sparse = 0, dense = 0;          // ForwardPass's counters
+};
+DecodeRun decode_with(const std::string& path, const RefCase& c, const SparseAttentionConfig& sparse, int64_t steps) {
+  DecodeRun out;
+  auto store = WeightStore::open(path);
+  EXPECT_TRUE(store.is_ok());
+  const ModelConfig& config = (*store)->config();
+  auto full = bind_model_weights(**store);
+  auto layout = plan_shard_layout(config, TpConfig{});
+  auto weights = slice_model_weights(std::move(full).value(), config, *layout);
+  auto comm = make_single_rank_comm();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
+  CpuBackendOptions options;
+  options.sparse = sparse;
+  CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comm.get(), options);
+  const int64_t block = 4;
+  const auto n = static_cast<int64_t>(c.prompt.size());
+  const int64_t blocks = (n + steps + block - 1) / block;
+  EXPECT_TRUE(backend.configure_kv(block, blocks, 0).is_ok());
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(table.size() - 1 - b);
+  std::vector<float> logits;
+  SequenceInput prefill{c.prompt, 0, table, true};
+  EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&prefill, 1), logits).is_ok());
+  for (int64_t s = 0; s < steps; ++s) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    SequenceInput in{std::span<const int32_t>(&next, 1), n + s, table, true};
+    EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&in, 1), logits).is_ok());
+    out.logits.push_back(logits);
+  }
+  out.sparse = backend.forward().sparse_attentions;
+  out.dense = backend.forward().dense_global_decodes;
+  return out;
+}
+
+TEST_P(StoriesForwardTest, SparseDecodeEqualsDenseWhenItSelectsEveryBlock) {
+  const RefCase c = load_cases().back();
+  const int64_t steps = 12;
+  const DecodeRun dense = decode_with(model_path(), c, {}, steps);
+  SparseAttentionConfig all;
+  all.enabled = true;
+  all.threshold_tokens = 1;
+  all.select.top_blocks = 1 << 20;
+  const DecodeRun covered = decode_with(model_path(), c, all, steps);
+  ASSERT_EQ(covered.logits.size(), dense.logits.size());
+  EXPECT_GT(covered.sparse, 0u);
+  for (size_t s = 0; s < dense.logits.size(); ++s) EXPECT_EQ(covered.logits[s], dense.logits[s]) << "step " << s;
+  // Few blocks selected: the path really attends to fewer keys (other logits), and a threshold
+  // past the context keeps every decode dense.
+  SparseAttentionConfig few = all;
+  few.select.top_blocks = 1;
+  few.select.recent_blocks = 1;
+  const DecodeRun sparse = decode_with(model_path(), c, few, steps);
+  EXPECT_NE(sparse.logits.back(), dense.logits.back());
+  for (float v : sparse.logits.back()) ASSERT_TRUE(std::isfinite(v));
+  few.threshold_tokens = static_cast<int64_t>(c.prompt.size()) + steps + 1;
+  const DecodeRun below = decode_with(model_path(), c, few, steps);
+  EXPECT_EQ(below.sparse, 0u);
+  EXPECT_GT(below.dense, 0u);
+  EXPECT_EQ(below.logits.back(), dense.logits.back());
+}
+
 TEST_P(StoriesForwardTest, BatchedSequencesMatchSingle) {
   auto loaded = LocalModel::load({.path = model_path(), .threads = 2, .block_size = 16});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
