@@ -235,10 +235,10 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
   // A windowed layer with a window pool keeps its KV there, addressed by the window tables.
   const bool windowed = cache_->shape().pool_of(l) == KvPool::kWindow;
   PagedKvLayer kv = cache_->layer(l);
-  // Key summaries (a main-pool layer of a cache that keeps them): updated with every write;
-  // a global layer's decode piece past the threshold attends to the blocks they select.
-  const KvBlockSummaries sums = cache_->summaries(l);
-  const bool sparse_layer = sums.kmin != nullptr && sparse_.enabled && spec.sliding_window == 0;
+  // Key summaries (a global layer of a cache that keeps them; a windowed layer never selects):
+  // updated with every write; a decode piece past the threshold attends to the blocks they select.
+  const KvBlockSummaries sums = spec.sliding_window == 0 ? cache_->summaries(l) : KvBlockSummaries{};
+  const bool sparse_layer = sums.kmin != nullptr && sparse_.enabled;
   if (sparse_layer && sparse_scratch_.size() < batch_.size()) sparse_scratch_.resize(batch_.size());
   int64_t t = 0;
   attention_args_.clear();

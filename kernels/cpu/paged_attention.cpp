@@ -37,6 +37,7 @@
 #include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/exp_poly.h"
+#include "kernels/cpu/fgemm.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__x86_64__)
@@ -85,13 +86,8 @@ TESSERA_AVX2 inline __m256 load8(const uint16_t* p) {
 // which is negligible next to the largest term, 1).
 inline float exp_poly(float x) { return cpu::exp_poly_clamped(std::max(x, cpu::kExpPolyLo)); }
 
-inline float reduce16(const float* s) {
-  float t[8], u[4], v[2];
-  for (int i = 0; i < 8; ++i) t[i] = s[i] + s[i + 8];
-  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
-  for (int i = 0; i < 2; ++i) v[i] = u[i] + u[i + 2];
-  return v[0] + v[1];
-}
+// The canonical reduction of 16 partial sums, the float matmuls' (kernels/cpu/fgemm.h).
+using cpu::reduce16;
 
 // The cache rows of one head are scattered (blocks, and n_kv_heads rows per slot), so the
 // hardware prefetchers do not follow them: prefetch the row kPrefetchAhead keys ahead.
