@@ -11,7 +11,7 @@
 # on --sparse-threshold 1: every decode of a global layer attends to 1 + 2 + TOP blocks). Prefill
 # is dense in both (the sparse run skips its prompt figure). Context ids are synthetic (timing
 # only; quality is measured apart).
-# Environment: MODEL (default: the Gemma file), BIN (build/bin), THREADS (2), GEN (32), TOP (16),
+# Environment: MODEL (default: the Gemma file), BIN (build/bin), THREADS (2), GEN (32), TOP (128),
 # OUT (bench/results), APPEND=1 (add rows to an existing table). Writes OUT/long-context-<cpu>.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
 BIN=${BIN:-build/bin}
 THREADS=${THREADS:-2}
 GEN=${GEN:-32}
-TOP=${TOP:-16}
+TOP=${TOP:-128}
 OUT=${OUT:-bench/results}
 depths=("$@")
 [ ${#depths[@]} -gt 0 ] || depths=(1024 4096 8192 16384 32704)
@@ -45,7 +45,7 @@ md="$OUT/long-context-$tag.md"
 } > "$md"
 for d in "${depths[@]}"; do
   "$BIN/tessera-bench-cpu" --model "$MODEL" --threads "$THREADS" --prompt "$d" --gen "$GEN" --depth "$d" --reps 1 \
-    --no-bandwidth --json "$work/dense-$d.json" > "$work/dense-$d.txt"
+    --no-bandwidth --sparse-attention off --json "$work/dense-$d.json" > "$work/dense-$d.txt"
   "$BIN/tessera-bench-cpu" --model "$MODEL" --threads "$THREADS" --no-prompt --gen "$GEN" --depth "$d" --reps 1 \
     --no-bandwidth --sparse-attention on --sparse-threshold 1 --sparse-top-blocks "$TOP" \
     --json "$work/sparse-$d.json" > "$work/sparse-$d.txt"

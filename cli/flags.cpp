@@ -17,15 +17,34 @@ CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision
 
 void add_sparse_attention_flags(CLI::App& app, SparseAttentionConfig& config) {
   auto* c = &config;
+  c->measure = true;  // auto unless told
+  c->enabled = false;
   app.add_option_function<std::string>(
-         "--sparse-attention", [c](const std::string& s) { c->enabled = s == "on"; },
+         "--sparse-attention",
+         [c](const std::string& s) {
+           c->measure = s == "auto";
+           c->enabled = s == "on";
+         },
          "CPU: decodes of the global-attention layers from --sparse-threshold tokens of context attend to the "
-         "blocks their query selects (per-block key bounds; the first block and the last two always): on or off")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->default_str("off");
-  app.add_option("--sparse-threshold", config.threshold_tokens, "context tokens from which a decode attends sparsely")
+         "blocks their query selects (per-block key bounds; the first block and the last two always): auto (the "
+         "threshold measured at start-up: the shortest context where it makes a layer's decode attention 2x as "
+         "fast; dense when none), on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->default_str("auto");
+  // Defined after --sparse-attention, so its callback runs after that one's: a threshold given
+  // with auto replaces the measurement.
+  app.add_option_function<int64_t>(
+         "--sparse-threshold",
+         [c](int64_t t) {
+           c->threshold_tokens = t;
+           if (c->measure) {
+             c->measure = false;
+             c->enabled = true;
+           }
+         },
+         "context tokens from which a decode attends sparsely (with auto: instead of the measured one)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
+      ->default_str(std::to_string(config.threshold_tokens));
   app.add_option("--sparse-top-blocks", config.select.top_blocks,
                  "blocks a sparse decode selects besides the first and the last two")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))

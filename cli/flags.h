@@ -31,9 +31,10 @@ CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use)
 // (kernels/gemm.h). The value keeps its default (auto) when absent.
 CLI::Option* add_matmul_precision_flag(CLI::App& app, MatmulPrecision& precision);
 
-// --sparse-attention on|off, --sparse-threshold N, --sparse-top-blocks K: sparse decode attention
-// for the global-attention layers on the CPU (kernels/sparse_attention.h); values keep their
-// defaults (off, 8192, 16) when absent.
+// --sparse-attention auto|on|off, --sparse-threshold N, --sparse-top-blocks K: sparse decode
+// attention for the global-attention layers on the CPU (kernels/sparse_attention.h). Sets
+// `config` to auto (measure) first; a threshold given with auto means on from there; the
+// threshold and the budget keep config's values when absent.
 void add_sparse_attention_flags(CLI::App& app, SparseAttentionConfig& config);
 
 // --block-size: tokens per KV block, common/kv_config.h's range; the value keeps its default

@@ -96,6 +96,7 @@ struct Writer {
     b.setKvDtype(static_cast<proto::KvDtype>(h.kv_dtype));
     b.setKvWindow(h.kv_window);
     b.setKvWindowBytesPerToken(h.kv_window_bytes_per_token);
+    b.setKvSummaryBytesPerBlock(h.kv_summary_bytes_per_block);
   }
   void operator()(const ConfigureMsg& c) {
     auto b = env.initConfigure();
@@ -157,6 +158,9 @@ struct Writer {
     b.setComputeMicros(r.compute_micros);
     b.setCommMicros(r.comm_micros);
     b.setDraftMicros(r.draft_micros);
+    b.setSparseThresholdTokens(r.sparse_threshold_tokens);
+    b.setSparseDecodes(r.sparse_decodes);
+    b.setDenseGlobalDecodes(r.dense_global_decodes);
     auto pls = b.initPromptLogprobs(static_cast<unsigned>(r.prompt_logprobs.size()));
     for (unsigned i = 0; i < r.prompt_logprobs.size(); ++i) {
       const PromptLogprob& p = r.prompt_logprobs[i];
@@ -213,6 +217,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       h.kv_dtype = read_kv_dtype(r.getKvDtype());
       h.kv_window = r.getKvWindow();
       h.kv_window_bytes_per_token = r.getKvWindowBytesPerToken();
+      h.kv_summary_bytes_per_block = r.getKvSummaryBytesPerBlock();
       return h;
     }
     case proto::Envelope::CONFIGURE: {
@@ -257,6 +262,9 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
       res.compute_micros = r.getComputeMicros();
       res.comm_micros = r.getCommMicros();
       res.draft_micros = r.getDraftMicros();
+      res.sparse_threshold_tokens = r.getSparseThresholdTokens();
+      res.sparse_decodes = r.getSparseDecodes();
+      res.dense_global_decodes = r.getDenseGlobalDecodes();
       for (auto t : r.getTokens()) {
         StepToken st{t.getSeqId(), t.getToken(), t.getLogprob(), {}};
         for (auto tl : t.getTopLogprobs()) st.top_logprobs.emplace_back(tl.getToken(), tl.getLogprob());

@@ -32,6 +32,7 @@ struct ShardHello {
   // kv_bytes_per_token. 0 and 0: no layer has a window shorter than the context (one pool).
   int64_t kv_window = 0;
   uint64_t kv_window_bytes_per_token = 0;
+  uint64_t kv_summary_bytes_per_block = 0;  // BackendMemory::kv_summary_bytes_per_block
 };
 
 struct ConfigureMsg {
@@ -120,6 +121,11 @@ struct StepResult {
   uint64_t comm_micros = 0;
   std::vector<PromptLogprob> prompt_logprobs;
   uint64_t draft_micros = 0;  // of compute_micros, the shard drafter's time
+  // Sparse decode attention: the threshold in effect (0: off) and this step's decode pieces x
+  // global layers that attended sparsely / densely (ShardBackend::sparse_stats).
+  int64_t sparse_threshold_tokens = 0;
+  uint64_t sparse_decodes = 0;
+  uint64_t dense_global_decodes = 0;
 };
 
 struct Heartbeat {

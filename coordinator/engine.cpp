@@ -97,6 +97,13 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_counter("tessera_spec_switches_total", "Times the gate switched a traffic class on or off");
   m.declare_gauge("tessera_spec_predicted_gain",
                   "The gate's predicted decode rate with drafts over the rate without, by traffic class");
+  m.declare_gauge("tessera_sparse_attention_threshold_tokens",
+                  "Context from which decodes of the global-attention layers attend sparsely (0: dense; "
+                  "--sparse-attention auto measures it at start-up)");
+  m.declare_counter("tessera_sparse_attention_decodes_total",
+                    "Decode pieces x global-attention layers that attended to selected KV blocks only");
+  m.declare_counter("tessera_dense_global_decodes_total",
+                    "Decode pieces x global-attention layers that attended to every KV block");
   m.declare_counter("tessera_spec_draft_seconds_total",
                     "Time the shards' self-draft took (its rounds and, through every layer, the verification)");
   m.declare_gauge("tessera_spec_depth", "Drafts per sequence in the last step of a class that had any");
@@ -526,6 +533,11 @@ void Engine::step() {
   spec_.on_step(*plan, *result, step_seconds);
   if (result->draft_micros > 0)
     metrics_.add("tessera_spec_draft_seconds_total", static_cast<double>(result->draft_micros) * 1e-6);
+  metrics_.set("tessera_sparse_attention_threshold_tokens", static_cast<double>(result->sparse_threshold_tokens));
+  if (result->sparse_decodes > 0)
+    metrics_.add("tessera_sparse_attention_decodes_total", static_cast<double>(result->sparse_decodes));
+  if (result->dense_global_decodes > 0)
+    metrics_.add("tessera_dense_global_decodes_total", static_cast<double>(result->dense_global_decodes));
   handle_tokens(*plan, *result);
   update_gauges();
   if (options_.on_step) {

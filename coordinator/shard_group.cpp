@@ -74,7 +74,9 @@ Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const S
   p.min_available_bytes = UINT64_MAX;
   const auto block = static_cast<uint64_t>(o.block_size);
   for (const ShardHello& h : hellos) {
-    p.kv_bytes_per_block = std::max<uint64_t>(p.kv_bytes_per_block, h.kv_bytes_per_token * block);
+    // A block of the main pool also costs its key summaries (sparse attention).
+    p.kv_bytes_per_block =
+        std::max<uint64_t>(p.kv_bytes_per_block, h.kv_bytes_per_token * block + h.kv_summary_bytes_per_block);
     p.min_available_bytes = std::min(p.min_available_bytes, h.memory_available_bytes);
     if (h.kv_window_bytes_per_token > h.kv_bytes_per_token)
       return Status::invalid_argument(fmt::format("rank {} reports {} windowed KV bytes per token of {} in all", h.rank,

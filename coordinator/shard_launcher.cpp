@@ -36,9 +36,14 @@ std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
   if (s.kv_dtype != KvDtype::kF32) shard.insert(shard.end(), {"--kv-dtype", std::string(kv_dtype_name(s.kv_dtype))});
   if (s.matmul_precision != MatmulPrecision::kAuto)
     shard.insert(shard.end(), {"--matmul-precision", matmul_precision_name(s.matmul_precision)});
-  if (s.sparse.enabled)
+  // The shard's own default is auto: off and a fixed threshold are passed.
+  if (s.sparse.measure)
+    shard.insert(shard.end(), {"--sparse-top-blocks", std::to_string(s.sparse.select.top_blocks)});
+  else if (s.sparse.enabled)
     shard.insert(shard.end(), {"--sparse-attention", "on", "--sparse-threshold", std::to_string(s.sparse.threshold_tokens),
                                "--sparse-top-blocks", std::to_string(s.sparse.select.top_blocks)});
+  else
+    shard.insert(shard.end(), {"--sparse-attention", "off"});
   if (s.device != "cpu" && s.max_step_tokens > 0)
     shard.insert(shard.end(), {"--max-step-tokens", std::to_string(s.max_step_tokens)});
   if (s.device != "cpu" && s.max_step_seqs > 0)

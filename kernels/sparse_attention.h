@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/paged_attention.h"
@@ -70,7 +71,7 @@ void kv_summary_update(const PagedKvLayer& kv, const KvBlockSummaries& s, const 
 struct SparseSelectOptions {
   int64_t sink_blocks = 1;    // first blocks, always attended (>= 0)
   int64_t recent_blocks = 2;  // last blocks, always attended, the current one included (>= 1)
-  int64_t top_blocks = 16;    // highest-scoring blocks in between (>= 0)
+  int64_t top_blocks = 128;   // highest-scoring blocks in between (>= 0; bench/long_quality.sh chose 128)
 };
 
 // Where an engine uses it (shard/forward.h): a decode piece of a global-attention layer whose
@@ -79,7 +80,42 @@ struct SparseAttentionConfig {
   bool enabled = false;             // needs a cache with key summaries (shard/kv_cache.h)
   int64_t threshold_tokens = 8192;  // a decode at position p goes sparse when p + 1 >= this
   SparseSelectOptions select;
+  // `--sparse-attention auto`: the backend measures the threshold at start-up
+  // (measure_sparse_crossover) and sets enabled and threshold_tokens from it.
+  bool measure = false;
 };
+
+// The start-up measurement behind `--sparse-attention auto`: one decode query's attention in one
+// global layer of this shape, dense (paged_attention over the whole context) against sparse
+// (selection + attention over the selected blocks), over synthetic keys and values in the
+// cache's element type, at contexts of 1024, 2048, ... tokens up to max_context (the last one
+// max_context itself), the fastest of `reps` timings each after one warm-up. The measurement
+// stops at the first context where sparse attention is at least min_speedup times as fast as
+// dense: that context is threshold_tokens (0 when no measured context reaches it; then sparse
+// attention does not pay for this shape on this machine). Allocates the K, V and summaries of
+// the largest context measured (freed on return).
+struct SparseCrossoverPoint {
+  int64_t context = 0;
+  double dense_us = 0;
+  double sparse_us = 0;
+};
+struct SparseCrossover {
+  std::vector<SparseCrossoverPoint> points;
+  int64_t threshold_tokens = 0;
+  double min_speedup = 0;
+  double seconds = 0;  // the measurement's own time
+};
+struct SparseCrossoverShape {
+  int64_t n_heads = 0;  // query heads of the shard
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 16;
+  bool fp16 = false;  // the cache's elements
+};
+SparseCrossover measure_sparse_crossover(const SparseCrossoverShape& shape, const SparseSelectOptions& opt,
+                                         int64_t max_context, double min_speedup, int reps, ThreadPool* pool);
+// "1024: 210/190 us, 2048: ... -> sparse from 4096 tokens (>= 2x)" for start-up logs.
+std::string describe_sparse_crossover(const SparseCrossover& c);
 
 // Working memory of sparse selection and attention for one caller thread: grown on first use,
 // then reused. After sparse_select_blocks or sparse_decode_attention, `selected` holds the
@@ -122,6 +158,21 @@ int64_t sparse_compact_block_table(std::span<const int32_t> selected, const int3
 // that runs many sequences' attention in one paged_attention_batch.
 AttentionArgs sparse_decode_args(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
                                  const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch);
+
+// The same in two phases, for tensor parallelism, where each rank holds some of the query heads
+// and the ranks must attend to the same blocks (the selection of one process over every head):
+// sparse_score_blocks writes the scores of the competing blocks (logical sink_blocks ..
+// n_blocks - recent_blocks - 1) into scratch.scores and returns them as a span (empty when the
+// selection covers every block: nothing to score); the caller may combine them across ranks
+// (the element-wise max is the score over every rank's heads, bit-exact); then
+// sparse_args_from_scores selects from scratch.scores and returns the compacted arguments, as
+// sparse_decode_args. sparse_select_scored: the selection alone (as sparse_select_blocks).
+std::span<float> sparse_score_blocks(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
+                                     const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch);
+std::span<const int32_t> sparse_select_scored(int64_t pos, int64_t block_size, const SparseSelectOptions& opt,
+                                              SparseScratch& scratch);
+AttentionArgs sparse_args_from_scores(const PagedKvLayer& kv, const AttentionArgs& args,
+                                      const SparseSelectOptions& opt, SparseScratch& scratch);
 
 // Sparse attention of one decode token: sparse_decode_args, then paged_attention over the
 // compacted table into args.out. Preconditions: args.n_tokens == 1,

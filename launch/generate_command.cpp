@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -232,7 +233,7 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   while (std::getline(ss, item, ',')) {
     size_t b = item.find_first_not_of(" \t");
     size_t e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) return Status::invalid_argument("--prompt-ids: empty item in '" + text + "'");
+    if (b == std::string::npos) return Status::invalid_argument("--prompt-ids: item " + std::to_string(ids.size() + 1) + " is empty");
     item = item.substr(b, e - b + 1);
     char* end = nullptr;
     errno = 0;
@@ -262,7 +263,16 @@ int run_generate(const GenerateArgs& a) {
 
   std::vector<int32_t> prompt;
   if (!a.prompt_ids.empty()) {
-    auto ids = parse_ids(a.prompt_ids);
+    std::string list = a.prompt_ids;
+    if (list[0] == '@') {  // a file of them (a long prompt outgrows one argument)
+      std::ifstream f(list.substr(1));
+      if (!f) return fail("--prompt-ids: cannot read " + list.substr(1));
+      std::stringstream ss;
+      ss << f.rdbuf();
+      list = ss.str();
+      while (!list.empty() && (list.back() == '\n' || list.back() == ' ')) list.pop_back();
+    }
+    auto ids = parse_ids(list);
     if (!ids.is_ok()) return fail(ids.status().message());
     prompt = std::move(ids).value();
   } else {
@@ -316,7 +326,7 @@ Runner add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   add_model_flag(app, a->model, "HF model directory or .gguf file");
   app.add_option("--prompt", a->prompt, "prompt text (BOS and template tokens added)");
-  app.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
+  app.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids, or @FILE holding them");
   app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
   app.add_option("--top-p", a->top_p)->capture_default_str();

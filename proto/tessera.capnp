@@ -42,6 +42,7 @@ struct ShardHello {
   kvDtype @12 :KvDtype;            # the elements its KV cache stores (the coordinator checks it)
   kvWindow @13 :Int64;             # sliding window of its windowed layers (0: none; every layer sees all keys)
   kvWindowBytesPerToken @14 :UInt64;  # of kvBytesPerToken, the bytes of the windowed layers (0 when kvWindow is 0)
+  kvSummaryBytesPerBlock @15 :UInt64; # sparse attention's key summaries per main-pool block (0: none)
 }
 
 # common/kv_config.h's KvDtype, same order.
@@ -128,6 +129,9 @@ struct StepResult {
   commMicros @5 :UInt64;
   promptLogprobs @6 :List(PromptLogprob);  # rank 0 only
   draftMicros @7 :UInt64;           # of computeMicros, the time its self-draft took
+  sparseThresholdTokens @8 :Int64;  # sparse decode attention from this context (0: off)
+  sparseDecodes @9 :UInt64;         # this step's decode pieces x global layers attended sparsely
+  denseGlobalDecodes @10 :UInt64;   # ... and densely
 }
 
 struct Heartbeat {

@@ -58,6 +58,12 @@ Result<BackendMemory> CpuBackend::memory() const {
   m.kv_bytes_per_token = kv_bytes_per_token();
   m.kv_window = window_.window;
   m.kv_window_bytes_per_token = kv_window_bytes_per_token();
+  // Key summaries: billed when sparse attention is on, or auto and the context can outgrow the
+  // selection at the smallest block size (else auto resolves to off and keeps none).
+  const SparseAttentionConfig& sp = options_.sparse;
+  const int64_t min_budget = (sp.select.sink_blocks + sp.select.recent_blocks + sp.select.top_blocks) * kMinBlockSize;
+  if (global_layers() > 0 && (sp.enabled || (sp.measure && config_.max_positions > min_budget)))
+    m.kv_summary_bytes_per_block = key_summary_bytes_per_block(global_layers(), layout_.n_kv_heads, config_.head_dim);
   m.weight_bytes = weights_.bytes;
   return m;
 }
@@ -69,10 +75,10 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
         "a window pool of {} blocks, but this model ({}) has no sliding-window layers that could use it",
         num_window_blocks, arch_.name));
   KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_dtype};
-  if (num_window_blocks > 0) {
-    shape.window_layers = window_.layers;
-    shape.num_window_blocks = num_window_blocks;
-  }
+  // window_layers also tells the key summaries which layers are global (without a window pool too).
+  shape.window_layers = window_.layers;
+  shape.num_window_blocks = num_window_blocks;
+  TESSERA_RETURN_IF_ERROR(resolve_sparse(block_size));
   shape.key_summaries = options_.sparse.enabled;
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   cache_ = std::make_unique<KvCache>(std::move(cache));
@@ -85,14 +91,60 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
   TESSERA_RETURN_IF_ERROR(forward_->set_sparse_attention(options_.sparse));
   if (options_.sparse.enabled)
     TESSERA_LOG_INFO("sparse attention: decodes of the global layers from {} tokens of context attend to {} sink + {} "
-                     "recent + {} selected blocks",
+                     "recent + {} selected blocks of {} tokens",
                      options_.sparse.threshold_tokens, options_.sparse.select.sink_blocks,
-                     options_.sparse.select.recent_blocks, options_.sparse.select.top_blocks);
+                     options_.sparse.select.recent_blocks, options_.sparse.select.top_blocks, block_size);
   if (num_window_blocks > 0)
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens; window pool: {} blocks for {} layers (window {})", num_blocks,
                       block_size, num_window_blocks, window_.count(), window_.window);
   else
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens", num_blocks, block_size);
+  return Status::ok();
+}
+
+ShardBackend::SparseStats CpuBackend::sparse_stats() const {
+  SparseStats s;
+  if (!forward_) return s;
+  s.threshold_tokens = options_.sparse.enabled ? options_.sparse.threshold_tokens : 0;
+  s.sparse = forward_->sparse_attentions;
+  s.dense = forward_->dense_global_decodes;
+  return s;
+}
+
+int64_t CpuBackend::global_layers() const { return config_.n_layers - window_.count(); }
+
+Status CpuBackend::resolve_sparse(int64_t block_size) {
+  SparseAttentionConfig& sp = options_.sparse;
+  if (!sp.measure) return Status::ok();
+  sp.measure = false;
+  sp.enabled = false;
+  const int64_t budget = (sp.select.sink_blocks + sp.select.recent_blocks + sp.select.top_blocks) * block_size;
+  if (global_layers() == 0 || config_.max_positions <= budget) {
+    TESSERA_LOG_DEBUG("sparse attention (auto): off, {}", global_layers() == 0
+                                                             ? std::string("no global-attention layer")
+                                                             : fmt::format("the context ({} tokens) fits the selection "
+                                                                           "({} tokens)",
+                                                                           config_.max_positions, budget));
+    return Status::ok();
+  }
+  // Rank 0 measures and the others take its threshold: every rank attends to the same blocks
+  // of its heads (and their own measurements, taken side by side on shared cores, would differ).
+  int64_t threshold = 0;
+  if (!comm_ || comm_->rank() == 0) {
+    SparseCrossoverShape shape{layout_.n_heads, layout_.n_kv_heads, config_.head_dim, block_size,
+                               options_.kv_dtype == KvDtype::kF16};
+    const SparseCrossover c = measure_sparse_crossover(
+        shape, sp.select, std::min<int64_t>(config_.max_positions, 32768), kSparseMinSpeedup, 5, pool_);
+    TESSERA_LOG_INFO("sparse attention (auto): one global layer's decode attention, dense/sparse: {}",
+                     describe_sparse_crossover(c));
+    threshold = c.threshold_tokens;
+  }
+  if (comm_ && comm_->size() > 1)
+    TESSERA_RETURN_IF_ERROR(comm_->broadcast(&threshold, sizeof threshold, 0));
+  if (threshold > 0) {
+    sp.enabled = true;
+    sp.threshold_tokens = threshold;
+  }
   return Status::ok();
 }
 

@@ -22,7 +22,8 @@ struct CpuBackendOptions {
   std::vector<int> bound_cpus;  // the cores this rank is bound to (for the device name)
   // The layers' description; default: describe_architecture(config, weights).
   std::optional<ArchSpec> arch;
-  // Sparse decode attention for the global layers (enabled: the KV cache keeps key summaries).
+  // Sparse decode attention for the global layers (enabled: the KV cache keeps key summaries;
+  // measure: configure_kv measures the threshold, kernels/sparse_attention.h).
   SparseAttentionConfig sparse;
 };
 
@@ -42,6 +43,7 @@ class CpuBackend : public ShardBackend {
   Status configure_draft(const SelfDraftConfig& config) override;
   ShardDrafter* drafter() override { return drafter_.get(); }
   uint64_t comm_micros() const override { return forward_ ? forward_->comm_micros : 0; }
+  SparseStats sparse_stats() const override;
   ThreadPool* host_pool() override { return pool_; }
 
   // After configure_kv: the forward pass (direct runs for tests and benchmarks) and its cache.
@@ -52,6 +54,8 @@ class CpuBackend : public ShardBackend {
   uint64_t kv_bytes_per_token() const;
   // Of kv_bytes_per_token(), the windowed layers' (0 when the model has none).
   uint64_t kv_window_bytes_per_token() const;
+  // The sparse decode attention in effect once configured (auto resolved).
+  const SparseAttentionConfig& sparse_attention() const { return options_.sparse; }
 
  private:
   const ModelConfig& config_;
@@ -59,6 +63,12 @@ class CpuBackend : public ShardBackend {
   ShardWeights weights_;
   ThreadPool* pool_;
   DeviceComm* comm_;
+  // Auto sparse attention: measure, then enable from the shortest context where it makes a
+  // layer's decode attention this many times as fast.
+  static constexpr double kSparseMinSpeedup = 2.0;
+  Status resolve_sparse(int64_t block_size);
+  int64_t global_layers() const;  // layers without a sliding window shorter than the context
+
   CpuBackendOptions options_;
   ArchSpec arch_;
   KvWindowLayers window_;  // the layers a window pool would hold, from arch_

@@ -18,6 +18,10 @@ int64_t KvCacheShape::pool_layers(KvPool pool) const {
   return pool == KvPool::kWindow ? windowed : n_layers - windowed;
 }
 
+uint64_t key_summary_bytes_per_block(int64_t n_global_layers, int64_t n_kv_heads, int64_t head_dim) {
+  return 2ull * sizeof(float) * static_cast<uint64_t>(n_global_layers * n_kv_heads * head_dim);
+}
+
 uint64_t kv_bytes_per_token(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, KvDtype dtype) {
   return 2ull * static_cast<uint64_t>(n_layers * n_kv_heads * head_dim) * static_cast<uint64_t>(kv_dtype_bytes(dtype));
 }
@@ -74,7 +78,8 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
   if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16)
     return Status::unimplemented(
         fmt::format("--kv-dtype {}: the CPU KV cache stores fp32 or fp16", kv_dtype_name(shape.dtype)));
-  if (shape.has_window_pool() && static_cast<int64_t>(shape.window_layers.size()) != shape.n_layers)
+  if ((shape.has_window_pool() || !shape.window_layers.empty()) &&
+      static_cast<int64_t>(shape.window_layers.size()) != shape.n_layers)
     return Status::invalid_argument(fmt::format("window pool: window_layers has {} entries for {} layers",
                                                 shape.window_layers.size(), shape.n_layers));
   if (shape.has_window_pool() && shape.pool_layers(KvPool::kWindow) == 0)
@@ -94,9 +99,14 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
   }
   cache.storage_ = p;
   if (shape.key_summaries) {
+    // The global layers only: a windowed layer never selects (also without a window pool).
+    int64_t n_sum = 0;
+    for (int64_t l = 0; l < shape.n_layers; ++l) {
+      const bool windowed = !shape.window_layers.empty() && shape.window_layers[static_cast<size_t>(l)];
+      cache.summary_index_.push_back(windowed ? -1 : n_sum++);
+    }
     // Large: malloc maps it, and its pages cost nothing until a block's summary is written.
-    const size_t n = static_cast<size_t>(2 * shape.pool_layers(KvPool::kMain) * shape.num_blocks * shape.n_kv_heads *
-                                         shape.head_dim);
+    const size_t n = static_cast<size_t>(2 * n_sum * shape.num_blocks * shape.n_kv_heads * shape.head_dim);
     cache.summaries_.reset(new (std::nothrow) float[n]);
     if (!cache.summaries_)
       return Status::resource_exhausted(fmt::format("KV key summaries ({} MiB) do not fit in memory", (n * 4) >> 20));
@@ -106,9 +116,9 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
 
 KvBlockSummaries KvCache::summaries(int64_t l) {
   KvBlockSummaries s;
-  if (!summaries_ || shape_.pool_of(l) != KvPool::kMain) return s;
+  if (!summaries_ || summary_index_[static_cast<size_t>(l)] < 0) return s;
   const size_t per_array = static_cast<size_t>(shape_.num_blocks * shape_.n_kv_heads * shape_.head_dim);
-  s.kmin = summaries_.get() + static_cast<size_t>(2 * pool_index_[static_cast<size_t>(l)]) * per_array;
+  s.kmin = summaries_.get() + static_cast<size_t>(2 * summary_index_[static_cast<size_t>(l)]) * per_array;
   s.kmax = s.kmin + per_array;
   s.num_blocks = shape_.num_blocks;
   s.n_kv_heads = shape_.n_kv_heads;
@@ -118,7 +128,8 @@ KvBlockSummaries KvCache::summaries(int64_t l) {
 
 KvCache::KvCache(KvCache&& o) noexcept
     : shape_(std::move(o.shape_)), storage_(std::exchange(o.storage_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
-      pool_index_(std::move(o.pool_index_)), summaries_(std::move(o.summaries_)) {}
+      pool_index_(std::move(o.pool_index_)), summary_index_(std::move(o.summary_index_)),
+      summaries_(std::move(o.summaries_)) {}
 
 KvCache& KvCache::operator=(KvCache&& o) noexcept {
   if (this != &o) {
@@ -127,6 +138,7 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
     storage_ = std::exchange(o.storage_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     pool_index_ = std::move(o.pool_index_);
+    summary_index_ = std::move(o.summary_index_);
     summaries_ = std::move(o.summaries_);
   }
   return *this;

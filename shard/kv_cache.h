@@ -41,8 +41,10 @@ struct KvCacheShape {
   // block count. Both needed: without num_window_blocks > 0 every layer is in the main pool.
   std::vector<bool> window_layers;
   int64_t num_window_blocks = 0;
-  // Per block of the main pool and each of its layers, the element-wise min and max of the
-  // block's keys (kernels/sparse_attention.h): what sparse decode attention selects blocks by.
+  // Per block of the main pool and each of its global layers (those window_layers does not
+  // mark, with or without a window pool), the element-wise min and max of the block's keys
+  // (kernels/sparse_attention.h): what sparse decode attention selects blocks by.
+  // key_summary_bytes_per_block() bytes per block.
   bool key_summaries = false;
 
   bool f16() const { return dtype == KvDtype::kF16; }
@@ -53,6 +55,9 @@ struct KvCacheShape {
   int64_t pool_layers(KvPool pool) const;  // layers stored in `pool`
   int64_t pool_blocks(KvPool pool) const { return pool == KvPool::kWindow ? num_window_blocks : num_blocks; }
 };
+
+// Key summaries' bytes per block of the main pool for n_global_layers layers (fp32 min and max).
+uint64_t key_summary_bytes_per_block(int64_t n_global_layers, int64_t n_kv_heads, int64_t head_dim);
 
 // K and V bytes of one token over n_layers layers of n_kv_heads heads of head_dim elements.
 uint64_t kv_bytes_per_token(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, KvDtype dtype);
@@ -99,7 +104,8 @@ class KvCache {
   // Copy-on-write of a shared block of `pool`: the K and V of every layer stored there (and
   // their key summaries), of block src into block dst. OutOfRange for ids outside the pool.
   Status copy_block(int32_t src, int32_t dst, KvPool pool = KvPool::kMain);
-  // Layer l's key summaries (shape().key_summaries, a main-pool layer); null arrays otherwise.
+  // Layer l's key summaries (shape().key_summaries, a layer not marked in window_layers); null
+  // arrays otherwise.
   // Their pages cost nothing until written (kv_summary_update after each kv_write).
   KvBlockSummaries summaries(int64_t l);
 
@@ -108,7 +114,8 @@ class KvCache {
   void* storage_ = nullptr;
   size_t bytes_ = 0;
   std::vector<int64_t> pool_index_;  // per layer: its index among its pool's layers
-  std::unique_ptr<float[]> summaries_;  // [main-pool layer][min|max][num_blocks][n_kv_heads][head_dim]
+  std::vector<int64_t> summary_index_;  // per layer: its index among the summarized layers, -1: none
+  std::unique_ptr<float[]> summaries_;  // [summarized layer][min|max][num_blocks][n_kv_heads][head_dim]
 };
 
 }  // namespace tessera

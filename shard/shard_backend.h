@@ -34,6 +34,9 @@ struct BackendMemory {
   // 0 and 0 when the model has no such layers (one pool only).
   int64_t kv_window = 0;
   uint64_t kv_window_bytes_per_token = 0;
+  // Key summaries of sparse decode attention (shard/kv_cache.h), per block of the main pool: 0
+  // unless the backend may keep them (--sparse-attention on, or auto where it may enable).
+  uint64_t kv_summary_bytes_per_block = 0;
   uint64_t weight_bytes = 0;          // this rank's weights where they are computed from
   int64_t max_step_tokens = 0;        // the largest step its workspace holds (0: no limit)
   int64_t max_step_seqs = 0;
@@ -90,6 +93,15 @@ class ShardBackend {
 
   // Microseconds spent in collectives outside the device's stream (CPU ranks), accumulated.
   virtual uint64_t comm_micros() const { return 0; }
+  // Sparse decode attention (kernels/sparse_attention.h) once configured: the threshold in
+  // effect (0: off) and, accumulated, the decode pieces x global layers that attended sparsely
+  // and densely.
+  struct SparseStats {
+    int64_t threshold_tokens = 0;
+    uint64_t sparse = 0;
+    uint64_t dense = 0;
+  };
+  virtual SparseStats sparse_stats() const { return {}; }
   // Host threads idle between steps that the executor's sampling may use (the CPU backend's
   // pool); nullptr: sample on the calling thread.
   virtual ThreadPool* host_pool() { return nullptr; }

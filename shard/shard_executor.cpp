@@ -209,6 +209,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
     const bool on_device =
         !greedy && options_.device_sampling && backend_.samples_on_device() && device_sampling_rows(plan);
     const uint64_t comm_before = backend_.comm_micros();
+    const ShardBackend::SparseStats sparse_before = backend_.sparse_stats();
     if (s.is_ok() && batch_.empty() && !target_logits_.empty()) {
       logits_.clear();  // every row came from the drafter
     } else if (s.is_ok() && !batch_.empty()) {
@@ -220,6 +221,10 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
         s = backend_.run(batch_, logits_);
     }
     r.comm_micros = backend_.comm_micros() - comm_before;
+    const ShardBackend::SparseStats sparse_after = backend_.sparse_stats();
+    r.sparse_threshold_tokens = sparse_after.threshold_tokens;
+    r.sparse_decodes = sparse_after.sparse - sparse_before.sparse;
+    r.dense_global_decodes = sparse_after.dense - sparse_before.dense;
     if (!s.is_ok()) drop_drafts(plan);
     if (s.is_ok()) {
       if (greedy)

@@ -184,6 +184,7 @@ class ShardWorker {
     h.kv_bytes_per_token = m.kv_bytes_per_token;
     h.kv_window = m.kv_window;
     h.kv_window_bytes_per_token = m.kv_window_bytes_per_token;
+    h.kv_summary_bytes_per_block = m.kv_summary_bytes_per_block;
     h.weight_bytes = m.weight_bytes;
     if (m.max_step_tokens > 0) h.max_step_tokens = m.max_step_tokens;
     if (m.max_step_seqs > 0) h.max_step_seqs = m.max_step_seqs;

@@ -164,28 +164,46 @@ void sparse_block_scores(const KvBlockSummaries& s, const AttentionArgs& args, s
   pool->parallel_for(n, kScoreGrain, [job](int64_t b, int64_t e, int t) { (*job)(b, e, t); });
 }
 
-std::span<const int32_t> sparse_select_blocks(const PagedKvLayer& kv, const KvBlockSummaries& s,
-                                              const AttentionArgs& args, const SparseSelectOptions& opt,
-                                              ThreadPool* pool, SparseScratch& scratch) {
+std::span<float> sparse_score_blocks(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
+                                     const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch) {
   check_summaries(kv, s);
   check_decode_args(args, opt);
   const int64_t n_blocks = args.start_pos / kv.block_size + 1;
+  if (n_blocks <= opt.sink_blocks + opt.recent_blocks + opt.top_blocks) return {};
+  // Only the blocks between the sinks and the recent ones compete.
+  const int64_t lo = opt.sink_blocks, hi = n_blocks - opt.recent_blocks;
+  scratch.scores.resize(static_cast<size_t>(n_blocks));
+  AttentionArgs middle = args;
+  middle.block_table = args.block_table + lo;
+  const std::span<float> scores(scratch.scores.data() + lo, static_cast<size_t>(hi - lo));
+  sparse_block_scores(s, middle, scores, pool);
+  return scores;
+}
+
+std::span<const int32_t> sparse_select_scored(int64_t pos, int64_t block_size, const SparseSelectOptions& opt,
+                                              SparseScratch& scratch) {
+  const int64_t n_blocks = pos / block_size + 1;
   std::vector<int32_t>& sel = scratch.selected;
   sel.clear();
   if (n_blocks <= opt.sink_blocks + opt.recent_blocks + opt.top_blocks) {
     for (int64_t b = 0; b < n_blocks; ++b) sel.push_back(static_cast<int32_t>(b));
     return sel;
   }
-  // Only the blocks between the sinks and the recent ones compete.
   const int64_t lo = opt.sink_blocks, hi = n_blocks - opt.recent_blocks;
-  scratch.scores.resize(static_cast<size_t>(n_blocks));
-  AttentionArgs middle = args;
-  middle.block_table = args.block_table + lo;
-  sparse_block_scores(s, middle, std::span<float>(scratch.scores.data() + lo, static_cast<size_t>(hi - lo)), pool);
+  TESSERA_CHECK(static_cast<int64_t>(scratch.scores.size()) >= n_blocks,
+                "sparse_select_scored: {} scores for {} blocks (sparse_score_blocks first)", scratch.scores.size(),
+                n_blocks);
   for (int64_t b = 0; b < lo; ++b) sel.push_back(static_cast<int32_t>(b));
   select_top(scratch.scores.data(), lo, hi, opt.top_blocks, scratch);
   for (int64_t b = hi; b < n_blocks; ++b) sel.push_back(static_cast<int32_t>(b));
   return sel;
+}
+
+std::span<const int32_t> sparse_select_blocks(const PagedKvLayer& kv, const KvBlockSummaries& s,
+                                              const AttentionArgs& args, const SparseSelectOptions& opt,
+                                              ThreadPool* pool, SparseScratch& scratch) {
+  sparse_score_blocks(kv, s, args, opt, pool, scratch);
+  return sparse_select_scored(args.start_pos, kv.block_size, opt, scratch);
 }
 
 int64_t sparse_compact_block_table(std::span<const int32_t> selected, const int32_t* block_table, int64_t pos,
@@ -203,7 +221,13 @@ int64_t sparse_compact_block_table(std::span<const int32_t> selected, const int3
 
 AttentionArgs sparse_decode_args(const PagedKvLayer& kv, const KvBlockSummaries& s, const AttentionArgs& args,
                                  const SparseSelectOptions& opt, ThreadPool* pool, SparseScratch& scratch) {
-  const std::span<const int32_t> selected = sparse_select_blocks(kv, s, args, opt, pool, scratch);
+  sparse_score_blocks(kv, s, args, opt, pool, scratch);
+  return sparse_args_from_scores(kv, args, opt, scratch);
+}
+
+AttentionArgs sparse_args_from_scores(const PagedKvLayer& kv, const AttentionArgs& args,
+                                      const SparseSelectOptions& opt, SparseScratch& scratch) {
+  const std::span<const int32_t> selected = sparse_select_scored(args.start_pos, kv.block_size, opt, scratch);
   scratch.table.resize(selected.size());
   AttentionArgs compact = args;
   compact.start_pos =

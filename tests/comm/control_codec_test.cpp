@@ -129,6 +129,22 @@ TEST(ControlCodecTest, WindowPoolFieldsRoundTrip) {
   d = decode_message(bytes.data(), bytes.size());
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   EXPECT_EQ(std::get<StepResult>(*d).draft_micros, 1234567u);
+  EXPECT_EQ(std::get<StepResult>(*d).sparse_threshold_tokens, 0);
+  // Sparse attention's figures: the hello's summary bytes, a step's threshold and counts.
+  h.kv_summary_bytes_per_block = 6144;
+  bytes = encode_message(h);
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ShardHello>(*d).kv_summary_bytes_per_block, 6144u);
+  res.sparse_threshold_tokens = 8192;
+  res.sparse_decodes = 96;
+  res.dense_global_decodes = 7;
+  bytes = encode_message(res);
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<StepResult>(*d).sparse_threshold_tokens, 8192);
+  EXPECT_EQ(std::get<StepResult>(*d).sparse_decodes, 96u);
+  EXPECT_EQ(std::get<StepResult>(*d).dense_global_decodes, 7u);
 
   StepPlan p = sample_plan();
   p.scheduled[0].append_window_blocks = {-1, 12};

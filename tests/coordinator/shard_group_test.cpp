@@ -107,6 +107,33 @@ TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
   EXPECT_FALSE(plan_kv_memory(hellos, o).is_ok());
 }
 
+TEST(ShardGroupTest, KeySummariesAreBilledToTheMainPoolsBlocks) {
+  // Gemma-like: 18 layers of 4 bytes per token, 15 windowed; the 3 global layers' key summaries
+  // cost 96 bytes per block of the main pool.
+  std::vector<ShardHello> hellos = {hello(0, 1)};
+  hellos[0].kv_bytes_per_token = 72;
+  hellos[0].kv_window = 512;
+  hellos[0].kv_window_bytes_per_token = 60;
+  hellos[0].memory_available_bytes = 64ull << 20;
+  ShardGroupOptions o;
+  o.block_size = 16;
+  o.headroom = 0.0;
+  o.step_seqs = 4;
+  o.step_tokens = 256;
+  o.window_pool = true;
+  const auto without = plan_kv_memory(hellos, o);
+  hellos[0].kv_summary_bytes_per_block = 96;
+  const auto with = plan_kv_memory(hellos, o);
+  ASSERT_TRUE(without.is_ok() && with.is_ok());
+  EXPECT_EQ(with->kv_bytes_per_block, 12u * 16 + 96);
+  EXPECT_EQ(with->window_bytes_per_block, 60u * 16);
+  EXPECT_EQ(with->num_window_blocks, without->num_window_blocks);
+  EXPECT_LT(with->num_blocks, without->num_blocks);
+  EXPECT_LE(with->planned_kv_bytes, 64ull << 20);
+  o.window_pool = false;  // one pool: every block carries them
+  EXPECT_EQ(plan_kv_memory(hellos, o)->kv_bytes_per_block, 72u * 16 + 96);
+}
+
 TEST(ShardGroupTest, WorldSizeMismatchNamesTheRank) {
   Status s = start_with({hello(0, 2), hello(1, 3)}, 2);
   ASSERT_FALSE(s.is_ok());

@@ -36,9 +36,14 @@ TEST(BuildShardCommand, OneShardWithoutMpirunIgnoresMpirunOptions) {
   EXPECT_EQ(find_words(argv, {"btl"}), -1);
 }
 
-TEST(BuildShardCommand, SparseAttentionReachesTheShardsOnlyWhenOn) {
+TEST(BuildShardCommand, SparseAttentionModeReachesTheShards) {
   ShardLaunchSpec s = spec_for(2);
+  EXPECT_GE(find_words(build_shard_command(s), {"--sparse-attention", "off"}), 0);  // the spec's default
+  s.sparse.measure = true;  // auto: the shard's default, with the budget
+  s.sparse.select.top_blocks = 48;
   EXPECT_EQ(find_words(build_shard_command(s), {"--sparse-attention"}), -1);
+  EXPECT_GE(find_words(build_shard_command(s), {"--sparse-top-blocks", "48"}), 0);
+  s.sparse.measure = false;
   s.sparse.enabled = true;
   s.sparse.threshold_tokens = 4096;
   s.sparse.select.top_blocks = 32;

@@ -459,3 +459,51 @@ TEST(SparseDecodeDeathTest, RefusesSlidingWindowsPrefillAndNoRecentBlock) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// measure_sparse_crossover: the contexts it measures and the rule that picks the threshold
+// (the first context where sparse * min_speedup <= dense; 0 when none), not the timings.
+TEST(SparseCrossover, MeasuresUpToTheFirstContextThatPaysAndStopsThere) {
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
+  for (const bool fp16 : {false, true}) {
+    const SparseCrossoverShape shape{4, 1, 64, 16, fp16};
+    SparseSelectOptions opt;
+    opt.top_blocks = 8;
+    // Never pays at a million times: every context up to max_context, the last one max_context.
+    SparseCrossover c = measure_sparse_crossover(shape, opt, 5000, 1e6, 1, &pool);
+    ASSERT_EQ(c.points.size(), 4u);
+    EXPECT_EQ(c.points[0].context, 1024);
+    EXPECT_EQ(c.points[2].context, 4096);
+    EXPECT_EQ(c.points[3].context, 5000);
+    EXPECT_EQ(c.threshold_tokens, 0);
+    for (const SparseCrossoverPoint& p : c.points) {
+      EXPECT_GT(p.dense_us, 0.0);
+      EXPECT_GT(p.sparse_us, 0.0);
+    }
+    EXPECT_NE(describe_sparse_crossover(c).find("never"), std::string::npos);
+    // Always pays at a millionth: the first context.
+    c = measure_sparse_crossover(shape, opt, 5000, 1e-6, 3, &pool);
+    ASSERT_EQ(c.points.size(), 1u);
+    EXPECT_EQ(c.threshold_tokens, 1024);
+    EXPECT_NE(describe_sparse_crossover(c).find("from 1024 tokens"), std::string::npos);
+    // The rule in between: the threshold is the first point that meets it.
+    c = measure_sparse_crossover(shape, opt, 8192, 1.5, 3, &pool);
+    for (size_t i = 0; i + 1 < c.points.size(); ++i)
+      EXPECT_GT(c.points[i].sparse_us * 1.5, c.points[i].dense_us) << c.points[i].context;
+    if (c.threshold_tokens > 0) {
+      EXPECT_EQ(c.threshold_tokens, c.points.back().context);
+      EXPECT_LE(c.points.back().sparse_us * 1.5, c.points.back().dense_us);
+    } else {
+      EXPECT_EQ(c.points.back().context, 8192);
+    }
+    // A context shorter than the first step: measured at itself.
+    c = measure_sparse_crossover(shape, opt, 600, 1e6, 1, &pool);
+    ASSERT_EQ(c.points.size(), 1u);
+    EXPECT_EQ(c.points[0].context, 600);
+  }
+}
+
+}  // namespace
+}  // namespace tessera

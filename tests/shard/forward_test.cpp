@@ -8,7 +8,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "comm/device_comm.h"
 #include "common/env.h"
 #include "tests/shard/stories_reference.h"
 #include "local/local_model.h"
@@ -138,37 +140,46 @@ struct DecodeRun {
   std::vector<std::vector<float>> logits;  // per decode step
   uint64_t sparse = 0, dense = 0;          // ForwardPass's counters
 };
-DecodeRun decode_with(const std::string& path, const RefCase& c, const SparseAttentionConfig& sparse, int64_t steps) {
-  DecodeRun out;
+// At tp > 1 the ranks run as threads over in-process communicators; rank 0's logits and counters.
+DecodeRun decode_with(const std::string& path, const RefCase& c, const SparseAttentionConfig& sparse, int64_t steps,
+                      int tp = 1) {
+  std::vector<DecodeRun> runs(static_cast<size_t>(tp));
   auto store = WeightStore::open(path);
   EXPECT_TRUE(store.is_ok());
+  if (!store.is_ok()) return {};
   const ModelConfig& config = (*store)->config();
-  auto full = bind_model_weights(**store);
-  auto layout = plan_shard_layout(config, TpConfig{});
-  auto weights = slice_model_weights(std::move(full).value(), config, *layout);
-  auto comm = make_single_rank_comm();
-  ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
-  CpuBackendOptions options;
-  options.sparse = sparse;
-  CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comm.get(), options);
-  const int64_t block = 4;
-  const auto n = static_cast<int64_t>(c.prompt.size());
-  const int64_t blocks = (n + steps + block - 1) / block;
-  EXPECT_TRUE(backend.configure_kv(block, blocks, 0).is_ok());
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(table.size() - 1 - b);
-  std::vector<float> logits;
-  SequenceInput prefill{c.prompt, 0, table, true};
-  EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&prefill, 1), logits).is_ok());
-  for (int64_t s = 0; s < steps; ++s) {
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    SequenceInput in{std::span<const int32_t>(&next, 1), n + s, table, true};
-    EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&in, 1), logits).is_ok());
-    out.logits.push_back(logits);
-  }
-  out.sparse = backend.forward().sparse_attentions;
-  out.dense = backend.forward().dense_global_decodes;
-  return out;
+  std::vector<std::unique_ptr<DeviceComm>> comms = make_in_process_comms(tp);
+  auto rank = [&](int r) {
+    DecodeRun& out = runs[static_cast<size_t>(r)];
+    auto full = bind_model_weights(**store);
+    auto layout = plan_shard_layout(config, TpConfig{r, tp});
+    auto weights = slice_model_weights(std::move(full).value(), config, *layout);
+    ThreadPool pool(ThreadPoolOptions{.num_threads = tp == 1 ? 2 : 1});
+    CpuBackendOptions options;
+    options.sparse = sparse;
+    CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comms[static_cast<size_t>(r)].get(), options);
+    const int64_t block = 4;
+    const auto n = static_cast<int64_t>(c.prompt.size());
+    const int64_t blocks = (n + steps + block - 1) / block;
+    EXPECT_TRUE(backend.configure_kv(block, blocks, 0).is_ok());
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(table.size() - 1 - b);
+    std::vector<float> logits;
+    SequenceInput prefill{c.prompt, 0, table, true};
+    EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&prefill, 1), logits).is_ok());
+    for (int64_t s = 0; s < steps; ++s) {
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      SequenceInput in{std::span<const int32_t>(&next, 1), n + s, table, true};
+      EXPECT_TRUE(backend.run(std::span<const SequenceInput>(&in, 1), logits).is_ok());
+      out.logits.push_back(logits);
+    }
+    out.sparse = backend.forward().sparse_attentions;
+    out.dense = backend.forward().dense_global_decodes;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) threads.emplace_back(rank, r);
+  for (std::thread& t : threads) t.join();
+  return std::move(runs[0]);
 }
 
 TEST_P(StoriesForwardTest, SparseDecodeEqualsDenseWhenItSelectsEveryBlock) {
@@ -196,6 +207,72 @@ TEST_P(StoriesForwardTest, SparseDecodeEqualsDenseWhenItSelectsEveryBlock) {
   EXPECT_EQ(below.sparse, 0u);
   EXPECT_GT(below.dense, 0u);
   EXPECT_EQ(below.logits.back(), dense.logits.back());
+}
+
+// At TP 2 each rank scores blocks with its own query heads; the ranks combine their scores, so
+// they attend to the blocks a TP 1 run selects. With few blocks selected, a rank-local choice
+// would give visibly other logits; the combined one agrees with TP 1 to rounding (the o_proj
+// and FFN partial sums add up in another order).
+TEST_P(StoriesForwardTest, SparseDecodeAtTp2SelectsWhatTp1Selects) {
+  const RefCase c = load_cases().back();
+  const int64_t steps = 12;
+  SparseAttentionConfig few;
+  few.enabled = true;
+  few.threshold_tokens = 1;
+  few.select = {.sink_blocks = 1, .recent_blocks = 1, .top_blocks = 2};
+  const DecodeRun one = decode_with(model_path(), c, few, steps, 1);
+  const DecodeRun two = decode_with(model_path(), c, few, steps, 2);
+  const DecodeRun dense = decode_with(model_path(), c, {}, steps, 1);
+  ASSERT_EQ(two.logits.size(), one.logits.size());
+  EXPECT_GT(two.sparse, 0u);
+  float max_tp = 0, max_dense = 0;
+  for (size_t s = 0; s < one.logits.size(); ++s)
+    for (size_t v = 0; v < one.logits[s].size(); ++v) {
+      max_tp = std::max(max_tp, std::abs(two.logits[s][v] - one.logits[s][v]));
+      max_dense = std::max(max_dense, std::abs(dense.logits[s][v] - one.logits[s][v]));
+    }
+  EXPECT_LT(max_tp, 1e-3f);
+  EXPECT_GT(max_dense, 100 * max_tp) << "the selection must change the logits for this test to mean anything";
+}
+
+// Through the engine: a step's sparse and dense global decodes and the threshold in effect
+// reach the metrics (what /metrics shows); auto resolves at load to a measured threshold or off.
+TEST_P(StoriesForwardTest, SparseDecodesReachTheMetricsAndAutoResolves) {
+  const RefCase c = load_cases().back();
+  LocalModelOptions o{.path = model_path(), .threads = 2, .block_size = 16};
+  o.sparse.enabled = true;
+  o.sparse.threshold_tokens = 40;
+  o.sparse.select = {.sink_blocks = 1, .recent_blocks = 1, .top_blocks = 1};
+  auto loaded = LocalModel::load(o);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  GenerateOptions go;
+  go.max_tokens = 48;
+  go.ignore_eos = true;
+  go.speculation.mode = SpecMode::kOff;  // one-token decodes only
+  ASSERT_TRUE(generate(**loaded, c.prompt, go).is_ok());
+  const MetricsRegistry& m = (*loaded)->metrics();
+  EXPECT_EQ(m.value("tessera_sparse_attention_threshold_tokens"), 40.0);
+  const double n_global = static_cast<double>((*loaded)->config().n_layers);  // no sliding window
+  // Every decode of the 47 after the prompt counts once per layer, sparse from position 39 on.
+  EXPECT_EQ(m.value("tessera_sparse_attention_decodes_total") + m.value("tessera_dense_global_decodes_total"),
+            47.0 * n_global);
+  EXPECT_GT(m.value("tessera_sparse_attention_decodes_total"), 0.0);
+  EXPECT_EQ((*loaded)->forward().sparse_attentions, static_cast<uint64_t>(m.value("tessera_sparse_attention_decodes_total")));
+
+  LocalModelOptions a{.path = model_path(), .threads = 2, .block_size = 16};
+  a.sparse.measure = true;
+  a.sparse.select.top_blocks = 2;
+  auto measured = LocalModel::load(a);
+  ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
+  const SparseAttentionConfig& in_effect = (*measured)->forward().sparse_attention();
+  EXPECT_FALSE(in_effect.measure);
+  if (in_effect.enabled) {
+    EXPECT_GE(in_effect.threshold_tokens, 1);
+    EXPECT_LE(in_effect.threshold_tokens, (*measured)->config().max_positions);
+  }
+  ASSERT_TRUE(generate(**measured, c.prompt, go).is_ok());
+  EXPECT_EQ((*measured)->metrics().value("tessera_sparse_attention_threshold_tokens"),
+            in_effect.enabled ? static_cast<double>(in_effect.threshold_tokens) : 0.0);
 }
 
 TEST_P(StoriesForwardTest, BatchedSequencesMatchSingle) {

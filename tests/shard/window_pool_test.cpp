@@ -189,11 +189,14 @@ TEST_F(WindowPool, BackendReportsTheWindowAndRefusesAPoolWithoutOne) {
     ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
     CpuBackendOptions o;
     o.kv_dtype = KvDtype::kF16;
+    o.sparse.enabled = windowed;  // key summaries for its one global layer, billed per block
     CpuBackend backend(c, *layout, std::move(w).value(), &pool, comm.get(), o);
     auto m = backend.memory();
     ASSERT_TRUE(m.is_ok());
     const uint64_t per_layer = 2ull * static_cast<uint64_t>(layout->n_kv_heads * c.head_dim) * 2;  // fp16
     EXPECT_EQ(m->kv_bytes_per_token, per_layer * static_cast<uint64_t>(c.n_layers));
+    EXPECT_EQ(m->kv_summary_bytes_per_block,
+              windowed ? 2ull * 4 * static_cast<uint64_t>(layout->n_kv_heads * c.head_dim) : 0u);
     if (windowed) {
       EXPECT_EQ(m->kv_window, kWindow);
       EXPECT_EQ(m->kv_window_bytes_per_token, 6 * per_layer);
@@ -202,6 +205,8 @@ TEST_F(WindowPool, BackendReportsTheWindowAndRefusesAPoolWithoutOne) {
       EXPECT_TRUE(backend.cache().shape().has_window_pool());
       EXPECT_EQ(backend.cache().layer(5).num_blocks, 8) << "the global layer";
       EXPECT_EQ(backend.cache().layer(0).num_blocks, 4);
+      EXPECT_NE(backend.cache().summaries(5).kmin, nullptr);
+      EXPECT_EQ(backend.cache().summaries(0).kmin, nullptr);
       EXPECT_EQ(backend.copy_block(3, 2, KvPool::kWindow).code(), StatusCode::kOk);
       EXPECT_EQ(backend.copy_block(3, 4, KvPool::kWindow).code(), StatusCode::kOutOfRange);
       EXPECT_EQ(backend.copy_block(3, 7, KvPool::kMain).code(), StatusCode::kOk);
@@ -262,6 +267,37 @@ TEST(KvCacheWindowPool, LayersLiveInTheirPoolAndCopiesStayInIt) {
   shape.num_window_blocks = 0;  // no window pool: the marks do not matter
   EXPECT_TRUE(KvCache::create(shape).is_ok());
   EXPECT_EQ(KvCache::bytes_per_block(shape, KvPool::kMain), 2u * 3 * 16 * 2 * 4 * 4);
+}
+
+// Key summaries (sparse attention) exist for the global layers only, with or without a window
+// pool, and a block copy carries them.
+TEST(KvCacheSummaries, OnlyTheGlobalLayersKeepThem) {
+  for (int64_t window_blocks : {0, 3}) {
+    KvCacheShape shape{3, 2, 4, 16, 5, KvDtype::kF32};
+    shape.window_layers = {true, false, true};
+    shape.num_window_blocks = window_blocks;
+    shape.key_summaries = true;
+    auto cache = KvCache::create(shape);
+    ASSERT_TRUE(cache.is_ok()) << cache.status().to_string();
+    EXPECT_EQ(cache->summaries(0).kmin, nullptr) << window_blocks;
+    EXPECT_EQ(cache->summaries(2).kmin, nullptr) << window_blocks;
+    const KvBlockSummaries s = cache->summaries(1);
+    ASSERT_NE(s.kmin, nullptr);
+    EXPECT_EQ(s.num_blocks, 5);
+    EXPECT_EQ(s.kmax, s.kmin + 5 * 2 * 4);
+    s.kmin[2 * 8 + 3] = 7.0f;
+    s.kmax[2 * 8 + 3] = 9.0f;
+    ASSERT_TRUE(cache->copy_block(2, 4, KvPool::kMain).is_ok());
+    EXPECT_EQ(s.kmin[4 * 8 + 3], 7.0f);
+    EXPECT_EQ(s.kmax[4 * 8 + 3], 9.0f);
+  }
+  KvCacheShape plain{2, 2, 4, 16, 5, KvDtype::kF16};
+  plain.key_summaries = true;  // no marks: every layer is global
+  auto cache = KvCache::create(plain);
+  ASSERT_TRUE(cache.is_ok());
+  EXPECT_NE(cache->summaries(0).kmin, nullptr);
+  EXPECT_NE(cache->summaries(1).kmin, cache->summaries(0).kmin);
+  EXPECT_EQ(key_summary_bytes_per_block(3, 1, 256), 2u * 4 * 3 * 256);
 }
 
 // The executor's checks of a plan's window fields, each naming the sequence, the field and the
