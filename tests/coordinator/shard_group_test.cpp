@@ -69,19 +69,29 @@ TEST(ShardGroupTest, StartsAndPlansMemoryWithHeadroom) {
   }
 }
 
-TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
-  // 18 layers of 4 bytes per token, 15 of them windowed (Gemma 3's 5:1), window 512.
+// 18 layers of 4 bytes per token, 15 of them windowed (Gemma 3's 5:1), window 512; 64 MiB, no
+// headroom, a window pool for 4 sequences of 256-token steps.
+std::vector<ShardHello> gemma_like_hellos() {
   std::vector<ShardHello> hellos = {hello(0, 1)};
   hellos[0].kv_bytes_per_token = 72;
   hellos[0].kv_window = 512;
   hellos[0].kv_window_bytes_per_token = 60;
   hellos[0].memory_available_bytes = 64ull << 20;
+  return hellos;
+}
+ShardGroupOptions window_pool_options() {
   ShardGroupOptions o;
   o.block_size = 16;
   o.headroom = 0.0;
   o.step_seqs = 4;
   o.step_tokens = 256;
   o.window_pool = true;
+  return o;
+}
+
+TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
+  std::vector<ShardHello> hellos = gemma_like_hellos();
+  ShardGroupOptions o = window_pool_options();
   auto p = plan_kv_memory(hellos, o);
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   const int64_t w = window_pool_blocks(512, 256, 16, 4);
@@ -108,19 +118,9 @@ TEST(ShardGroupTest, WindowPoolTakesTheWindowedLayersOutOfTheFullPool) {
 }
 
 TEST(ShardGroupTest, KeySummariesAreBilledToTheMainPoolsBlocks) {
-  // Gemma-like: 18 layers of 4 bytes per token, 15 windowed; the 3 global layers' key summaries
-  // cost 96 bytes per block of the main pool.
-  std::vector<ShardHello> hellos = {hello(0, 1)};
-  hellos[0].kv_bytes_per_token = 72;
-  hellos[0].kv_window = 512;
-  hellos[0].kv_window_bytes_per_token = 60;
-  hellos[0].memory_available_bytes = 64ull << 20;
-  ShardGroupOptions o;
-  o.block_size = 16;
-  o.headroom = 0.0;
-  o.step_seqs = 4;
-  o.step_tokens = 256;
-  o.window_pool = true;
+  // The 3 global layers' key summaries cost 96 bytes per block of the main pool.
+  std::vector<ShardHello> hellos = gemma_like_hellos();
+  ShardGroupOptions o = window_pool_options();
   const auto without = plan_kv_memory(hellos, o);
   hellos[0].kv_summary_bytes_per_block = 96;
   const auto with = plan_kv_memory(hellos, o);
