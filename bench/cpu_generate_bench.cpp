@@ -128,6 +128,7 @@ int32_t argmax(const float* v, int64_t n) {
 struct Runner {
   LocalModel& model;
   std::vector<float> logits;
+  double depth_prefill_seconds = 0;  // the last context prefill of decode() (timed, not in its figure)
 
   // One prompt of n tokens from position 0; returns seconds.
   double prefill(int64_t n) {
@@ -165,7 +166,9 @@ struct Runner {
         SequenceInput in;
         in.tokens = ids;
         in.block_table = table;
+        const auto p0 = Clock::now();
         const Status s = model.forward().run(std::span<const SequenceInput>(&in, 1), logits);
+        depth_prefill_seconds = seconds_since(p0);
         TESSERA_CHECK(s.is_ok(), "context prefill: {}", s.to_string());
       }
     }
@@ -316,6 +319,7 @@ int run(int argc, char** argv) {
     const double gen_tok_s = static_cast<double>(n_gen) / median(t);
     r["gen_tok_s"] = gen_tok_s;
     if (depth == 0) r["gen_cpu_ms_per_token"] = cpu_ms;  // else it includes the context prefills
+    if (depth > 0) r["depth_prefill_tok_s"] = static_cast<double>(depth) / runner.depth_prefill_seconds;
     if (sampled) {
       // Temperature 0.8, top-p 0.95 over the whole vocabulary, alternating with greedy runs.
       SamplingParams sp;

@@ -5,7 +5,8 @@ Per context length L (default 1024, 4096, 8192, 16384, 32704): prefill tok/s of 
 decode ms/token for GEN greedy tokens after it, and the process's peak RSS, for
   * llama.cpp (PyPI's llama-cpp-python, low-level API, flash attention on, its default fp16 KV
     cache; one process per length: the timed prefill, then the decodes after it),
-  * Tessera dense (tessera-bench-cpu --prompt L --depth L --sparse-attention off),
+  * Tessera dense (tessera-bench-cpu --depth L --sparse-attention off; its prefill figure is the
+    context's prefill, timed),
   * Tessera sparse (tessera-bench-cpu --depth L --sparse-attention on --sparse-threshold 1: every
     decode of a global layer attends to the selected blocks; the default budget),
 both Tessera runs with an fp16 KV cache (--kv-dtype fp16) as llama.cpp's. The engines alternate
@@ -80,8 +81,9 @@ def tessera(bin_dir, model, length, gen, threads, sparse):
         path = f.name
     cmd = [os.path.join(bin_dir, "tessera-bench-cpu"), "--model", model, "--threads", str(threads), "--gen", str(gen),
            "--depth", str(length), "--reps", "1", "--no-bandwidth", "--kv-dtype", "fp16", "--json", path]
-    cmd += (["--no-prompt", "--sparse-attention", "on", "--sparse-threshold", "1"] if sparse
-            else ["--prompt", str(length), "--sparse-attention", "off"])
+    # One prefill per run: the context's (depth_prefill_tok_s, timed apart from the decodes).
+    cmd += ["--no-prompt"] + (["--sparse-attention", "on", "--sparse-threshold", "1"] if sparse
+                              else ["--sparse-attention", "off"])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(path) as f:
         data = json.load(f)
@@ -111,7 +113,7 @@ def main():
         row = (n, lm, dense, sparse)
         rows.append(row)
         print(f"{n}: llama.cpp pp {lm['prompt_tok_s']:.0f} tok/s, {1e3 / lm['gen_tok_s']:.1f} ms/token, "
-              f"{lm['peak_rss_mb']:.0f} MB | tessera pp {dense.get('prompt_tok_s', 0):.0f}, dense "
+              f"{lm['peak_rss_mb']:.0f} MB | tessera pp {dense.get('depth_prefill_tok_s', 0):.0f}, dense "
               f"{1e3 / dense['gen_tok_s']:.1f} ms/token, sparse {1e3 / sparse['gen_tok_s']:.1f}, "
               f"{dense['peak_rss_mb']:.0f} / {sparse['peak_rss_mb']:.0f} MB", flush=True)
     end = datetime.datetime.now(datetime.timezone.utc)
@@ -136,7 +138,7 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, lm, dense, sparse in rows:
-        pp_t = dense.get("prompt_tok_s", 0)
+        pp_t = dense.get("depth_prefill_tok_s", 0)
         ms_l, ms_d, ms_s = 1e3 / lm["gen_tok_s"], 1e3 / dense["gen_tok_s"], 1e3 / sparse["gen_tok_s"]
         lines.append(f"| {n} | {lm['prompt_tok_s']:.0f} | {pp_t:.0f} | {pp_t / lm['prompt_tok_s']:.2f} | {ms_l:.1f} | "
                      f"{ms_d:.1f} | {ms_s:.1f} | {ms_l / ms_s:.2f} | {lm['peak_rss_mb']:.0f} | "
