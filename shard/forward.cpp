@@ -260,8 +260,7 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
     args.block_table = table;
     if (sparse_layer && len == 1) {
       if (in.start_pos + 1 >= sparse_.threshold_tokens) {
-        sparse_score_blocks(kv, sums, args, sparse_.select, pool_, sparse_scratch_[i]);
-        sparse_seqs_.push_back(i);
+        sparse_seqs_.push_back({i, sparse_score_blocks(kv, sums, args, sparse_.select, pool_, sparse_scratch_[i])});
         ++sparse_attentions;
       } else {
         ++dense_global_decodes;
@@ -271,10 +270,11 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
     t += len;
   }
   if (!sparse_seqs_.empty()) {
-    const Status combined = combine_sparse_scores(kv.block_size);
+    const Status combined = combine_sparse_scores();
     if (combined.is_ok())
-      for (const size_t i : sparse_seqs_)
-        attention_args_[i] = sparse_args_from_scores(kv, attention_args_[i], sparse_.select, sparse_scratch_[i]);
+      for (const ScoredSeq& q : sparse_seqs_)
+        attention_args_[q.index] =
+            sparse_args_from_scores(kv, attention_args_[q.index], sparse_.select, sparse_scratch_[q.index]);
     sparse_seqs_.clear();
     TESSERA_RETURN_IF_ERROR(combined);
   }
@@ -283,46 +283,37 @@ Status ForwardPass::attention(int64_t l, const LayerSpec& spec, float scale, int
   return Status::ok();
 }
 
-Status ForwardPass::combine_sparse_scores(int64_t block_size) {
+Status ForwardPass::combine_sparse_scores() {
   if (layout_.tp_size == 1) return Status::ok();
   // Every rank scored the same blocks of the same sequences with its own query heads; the
   // element-wise max over ranks is the score over all heads, so every rank (and a TP 1 run)
   // selects the same blocks.
-  const SparseSelectOptions& o = sparse_.select;
   int64_t n = 0;
-  for (const size_t i : sparse_seqs_) {
-    const int64_t n_blocks = attention_args_[i].start_pos / block_size + 1;
-    if (n_blocks > o.sink_blocks + o.recent_blocks + o.top_blocks) n += n_blocks - o.sink_blocks - o.recent_blocks;
-  }
+  for (const ScoredSeq& q : sparse_seqs_) n += static_cast<int64_t>(q.scores.size());
   if (n == 0) return Status::ok();
   local_logits_.resize(static_cast<size_t>(n));
   gathered_logits_.resize(static_cast<size_t>(n * layout_.tp_size));
-  auto each_span = [&](auto&& fn) {
-    int64_t off = 0;
-    for (const size_t i : sparse_seqs_) {
-      const int64_t n_blocks = attention_args_[i].start_pos / block_size + 1;
-      if (n_blocks <= o.sink_blocks + o.recent_blocks + o.top_blocks) continue;
-      const int64_t len = n_blocks - o.sink_blocks - o.recent_blocks;
-      fn(sparse_scratch_[i].scores.data() + o.sink_blocks, off, len);
-      off += len;
-    }
-  };
-  each_span([&](float* s, int64_t off, int64_t len) { std::copy_n(s, len, &local_logits_[static_cast<size_t>(off)]); });
+  size_t off = 0;
+  for (const ScoredSeq& q : sparse_seqs_) {
+    std::copy(q.scores.begin(), q.scores.end(), local_logits_.begin() + static_cast<std::ptrdiff_t>(off));
+    off += q.scores.size();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   TESSERA_RETURN_IF_ERROR(
       comm_->all_gather(local_logits_.data(), gathered_logits_.data(), n * static_cast<int64_t>(sizeof(float))));
   comm_micros += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
-  each_span([&](float* s, int64_t off, int64_t len) {
-    for (int64_t j = 0; j < len; ++j) {
-      float m = gathered_logits_[static_cast<size_t>(off + j)];
+  off = 0;
+  for (const ScoredSeq& q : sparse_seqs_)
+    for (float& s : q.scores) {
+      float m = gathered_logits_[off];
       for (int r = 1; r < layout_.tp_size; ++r) {
-        const float v = gathered_logits_[static_cast<size_t>(r * n + off + j)];
+        const float v = gathered_logits_[static_cast<size_t>(r * n) + off];
         m = std::isnan(m) || v > m ? v : m;  // a NaN bound counts as -inf (sparse_block_scores)
       }
-      s[j] = m;
+      s = m;
+      ++off;
     }
-  });
   return Status::ok();
 }
 

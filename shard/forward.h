@@ -140,10 +140,16 @@ class ForwardPass : private DecoderBackend {
   std::vector<AttentionArgs> attention_args_;  // one per sequence of the step
   SparseAttentionConfig sparse_;
   std::vector<SparseScratch> sparse_scratch_;  // one per sequence of the step (compacted tables)
-  std::vector<size_t> sparse_seqs_;            // this layer's sparse decodes (indices into the step)
-  // At TP > 1: each score of sparse_seqs_' scratches becomes the max over the ranks' scores
-  // (one all_gather; local_logits_ / gathered_logits_ as staging).
-  Status combine_sparse_scores(int64_t block_size);
+  // This layer's sparse decodes: the index into the step and its scores (in its scratch; empty
+  // when the selection takes every block).
+  struct ScoredSeq {
+    size_t index;
+    std::span<float> scores;
+  };
+  std::vector<ScoredSeq> sparse_seqs_;
+  // At TP > 1: every score of sparse_seqs_ becomes the max over the ranks' scores (one
+  // all_gather; local_logits_ / gathered_logits_ as staging).
+  Status combine_sparse_scores();
   int64_t kv_window_ = 0;  // with a window pool: the largest window of its layers
 
  public:
