@@ -19,7 +19,8 @@
 // share of the step the host spends enqueueing.
 //
 // Usage: tessera-gpu-forward-bench [--types f16,int8,int4] [--batches 1,8] [--steps N]
-//        [--context N] [--layers N] [--budget-s S]   (types after the budget are skipped)
+//        [--context N] [--layers N] [--kv-dtype fp32|fp16] [--budget-s S]
+//        (types after the budget are skipped)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,6 +98,7 @@ int run(int argc, char** argv) {
   std::string types = "f16,int8,int4", batches_s = "1,8";
   int64_t steps = 20, context = 128, layers = -1;
   double budget_s = 1e9;
+  KvDtype kv_dtype = KvDtype::kF32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--types") types = v;
@@ -105,6 +107,11 @@ int run(int argc, char** argv) {
     else if (k == "--context") context = std::stoll(v);
     else if (k == "--layers") layers = std::stoll(v);
     else if (k == "--budget-s") budget_s = std::stod(v);
+    else if (k == "--kv-dtype") {
+      Result<KvDtype> d = parse_kv_dtype(v);
+      if (!d.is_ok()) die(d.status().message());
+      kv_dtype = *d;
+    }
     else die("unknown option " + k);
   }
   const auto t_start = Clock::now();
@@ -153,7 +160,8 @@ int run(int argc, char** argv) {
     api->event_destroy(e1);
     api->stream_destroy(stream);
   }
-  std::printf("device copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
+  std::printf("device copy bandwidth (read + write): %.0f GB/s; context %lld tokens, KV cache %s\n\n", copy_gbs,
+              static_cast<long long>(context), std::string(kv_dtype_name(kv_dtype)).c_str());
   std::printf(
       "| weights | layers | batch | decode step ms | tokens/s | weight GB/step | floor ms | floor/step "
       "| eager step ms | launches/step eager -> graph | host share eager -> graph | sampled step ms "
@@ -201,6 +209,7 @@ int run(int argc, char** argv) {
     o.max_tokens_per_step = std::max<int64_t>(512, *std::max_element(batches.begin(), batches.end()) * context);
     o.max_seqs_per_step = 256;
     o.max_logit_rows = 256;
+    o.kv_dtype = kv_dtype;
     const int64_t max_b = *std::max_element(batches.begin(), batches.end());
     o.max_kv_blocks = max_b * ((context + 5 * (steps + 3) + 8 + 15) / 16 + 1);
     const auto t_up = Clock::now();

@@ -149,6 +149,18 @@ else
 (timed out after $TORCH_TIMEOUT s)"
 fi
 
+# The KV cache's element type at a long context: fp32 against fp16 keys and values (8 layers of
+# the same shape, F16 weights, 4,096 tokens a sequence), the decode step where attention reads
+# most of the bytes.
+step "KV cache fp32 vs fp16 at 4k context (tessera-gpu-forward-bench --kv-dtype)"
+KV_OUT=""
+for KV in fp32 fp16; do
+  if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then KV_OUT="(skipped)"; break; fi
+  KV_OUT="$KV_OUT
+$(timeout 60 "$BIN/tessera-gpu-forward-bench" --types f16 --layers 8 --batches 1,32 --steps 10 --context 4096 \
+    --kv-dtype "$KV" 2>&1 | grep -E '^\||KV cache|timed out')"
+done
+
 # The summary: per batch, Tessera F16 / INT4 decode step (graphs) against PyTorch eager, the
 # INT4 step against its bandwidth floor, and the host share of a graphed INT4 step.
 SUMMARY=$(printf '%s\n@@TORCH@@\n%s\n' "$FWD_OUT" "$TORCH_OUT" | awk -F'|' '
@@ -189,6 +201,10 @@ SUMMARY=$(printf '%s\n@@TORCH@@\n%s\n' "$FWD_OUT" "$TORCH_OUT" | awk -F'|' '
   echo
   echo "$TORCH_OUT"
   echo
+  echo "## KV cache fp32 vs fp16, 8 layers, context 4096 (tessera-gpu-forward-bench --kv-dtype)"
+  echo
+  echo "$KV_OUT"
+  echo
   echo "## Summary (targets: INT4 batch 1 at >= 75% of the floor, >= 3x PyTorch eager at batch 1, graphed host share < 10%)"
   echo
   echo "$SUMMARY"
@@ -203,6 +219,8 @@ echo
 echo "$FWD_OUT"
 echo
 echo "$TORCH_OUT"
+echo
+echo "$KV_OUT"
 echo
 echo "$SUMMARY"
 echo

@@ -82,7 +82,7 @@ class Serve:
 
     def plan(self):
         text = "".join(self.log)
-        m = re.search(r"KV cache plan: (\d+) blocks of (\d+) tokens \(([\d.]+) MiB per shard", text)
+        m = re.search(r"KV cache plan: (\d+) blocks of (\d+) tokens (?:of \w+ )?\(([\d.]+) MiB per shard", text)
         w = re.search(r"KV window pool: (\d+) blocks .*?\(([\d.]+) MiB per shard", text)
         return {"blocks": int(m.group(1)), "block": int(m.group(2)), "mib": float(m.group(3)),
                 "window_blocks": int(w.group(1)) if w else 0}

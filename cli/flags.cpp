@@ -64,9 +64,9 @@ CLI::Option* add_kv_dtype_flag(CLI::App& app, KvDtypeFlag& flag, KvDtypeUse use)
         }
         f->value = parse_kv_dtype(s).value();  // the check below admitted only known names
       },
-      plan ? "KV cache elements to plan: auto (what the runtime stores on the card: fp32; fp16 for CPU "
-             "cards with `--kv-dtype fp16`), fp32, fp16, bf16 or fp8 (the others plan ahead)"
-           : "KV cache elements: fp32, or fp16 (half the memory; CPU backend)");
+      plan ? "KV cache elements to plan: auto (what the runtime stores by default: fp32; fp16 with "
+             "`--kv-dtype fp16`), fp32, fp16, bf16 or fp8 (the others plan ahead)"
+           : "KV cache elements: fp32, or fp16 (half the memory; CPU and CUDA backends)");
   if (plan)
     o->check(CLI::Validator(
         [](std::string& s) -> std::string {

@@ -194,8 +194,9 @@ Status ShardGroup::start(const std::function<Status()>& still_starting) {
           h.rank, h.device, h.max_step_seqs, o_.step_seqs, o_.step_seqs)));
   }
   TESSERA_ASSIGN_OR_RETURN(plan_, plan_kv_memory(hellos_, o_));
-  TESSERA_LOG_INFO("KV cache plan: {} blocks of {} tokens ({:.1f} MiB per shard, limited by {}, {:.0f}% headroom)",
-                   plan_.num_blocks, plan_.block_size, static_cast<double>(plan_.planned_kv_bytes) / (1 << 20),
+  TESSERA_LOG_INFO("KV cache plan: {} blocks of {} tokens of {} ({:.1f} MiB per shard, limited by {}, {:.0f}% headroom)",
+                   plan_.num_blocks, plan_.block_size, kv_dtype_name(o_.kv_dtype),
+                   static_cast<double>(plan_.planned_kv_bytes) / (1 << 20),
                    plan_.limited_by, o_.headroom * 100);
   if (plan_.num_window_blocks > 0)
     TESSERA_LOG_INFO("KV window pool: {} blocks for the layers with a {}-token window ({:.1f} MiB per shard; the "

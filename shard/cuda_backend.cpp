@@ -10,10 +10,9 @@ namespace tessera {
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& config, const ShardLayout& layout,
                                                          ShardWeights weights, DeviceComm& comm,
                                                          const CudaBackendOptions& options) {
-  if (options.kv_dtype != KvDtype::kF32)
-    return Status::unimplemented(fmt::format(
-        "--kv-dtype {}: the CUDA backend's KV cache is fp32 only (fp16 runs on the CPU backend)",
-        kv_dtype_name(options.kv_dtype)));
+  if (options.kv_dtype != KvDtype::kF32 && options.kv_dtype != KvDtype::kF16)
+    return Status::unimplemented(fmt::format("--kv-dtype {}: the CUDA backend's KV cache is fp32 or fp16",
+                                             kv_dtype_name(options.kv_dtype)));
   TESSERA_ASSIGN_OR_RETURN(const CudaApi* api, load_cuda_api_with_device());
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->options_ = options;
@@ -30,6 +29,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& conf
   co.max_seqs_per_step = options.max_step_seqs;
   co.max_logit_rows = std::min<int64_t>(options.max_step_tokens, std::max<int64_t>(options.max_step_seqs, 256));
   co.defer_kv_pool = true;
+  co.kv_dtype = options.kv_dtype;
   co.cuda_graphs = options.cuda_graphs;
   co.max_graph_batch = options.max_step_seqs;
   ArchSpec arch = options.arch ? *options.arch : describe_architecture(config, weights.weights);

@@ -20,7 +20,7 @@ struct CudaBackendOptions {
   int64_t max_step_tokens = 8192;  // the workspace holds steps of at most this many tokens
   int64_t max_step_seqs = 256;     // ... and sequences
   bool cuda_graphs = true;         // decode steps as CUDA graph replays
-  KvDtype kv_dtype = KvDtype::kF32;  // the CUDA KV cache is fp32: others are refused
+  KvDtype kv_dtype = KvDtype::kF32;  // fp32 or fp16: others are refused
   std::optional<ArchSpec> arch;    // default: describe_architecture(config, weights)
 };
 
@@ -33,7 +33,7 @@ class CudaBackend : public ShardBackend {
                                                      const CudaBackendOptions& options);
 
   Result<BackendMemory> memory() const override;
-  KvDtype kv_dtype() const override { return KvDtype::kF32; }  // create() refuses the others
+  KvDtype kv_dtype() const override { return options_.kv_dtype; }  // fp32 or fp16: create() refuses the others
   int64_t kv_window() const override { return forward_->kv_window(); }
   Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
   Status copy_block(int32_t src, int32_t dst, KvPool pool) override;

@@ -96,6 +96,9 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
         "be > 0 and kv_headroom {} in [0, 1)",
         options.block_size, options.max_tokens_per_step, options.max_seqs_per_step, options.max_logit_rows,
         options.kv_headroom));
+  if (options.kv_dtype != KvDtype::kF32 && options.kv_dtype != KvDtype::kF16)
+    return Status::unimplemented(fmt::format("CudaForward: a KV cache of {}: the CUDA kernels store fp32 or fp16",
+                                             kv_dtype_name(options.kv_dtype)));
   if (options.max_graph_tokens < 1 || (options.max_graph_tokens & (options.max_graph_tokens - 1)) != 0)
     return Status::invalid_argument(
         fmt::format("CudaForward options: max_graph_tokens {} must be a power of two >= 1", options.max_graph_tokens));
@@ -460,14 +463,14 @@ Status CudaForward::allocate_workspace() {
   return Status::ok();
 }
 
-int64_t CudaForward::kv_bytes_per_token() const {  // K and V of every layer, fp32
+int64_t CudaForward::kv_bytes_per_token() const {  // K and V of every layer
   return static_cast<int64_t>(
-      tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, KvDtype::kF32));
+      tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.kv_dtype));
 }
 
 int64_t CudaForward::kv_window_bytes_per_token() const {
   return static_cast<int64_t>(
-      tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, KvDtype::kF32));
+      tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, options_.kv_dtype));
 }
 
 Result<int64_t> CudaForward::free_device_bytes() const {
@@ -544,8 +547,9 @@ Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks, int64_t 
     const bool windowed = window_pool && window_.layers[static_cast<size_t>(l)];
     pool_index_.push_back(windowed ? n_window++ : l - n_window);
   }
-  const int64_t block_floats = block_size * layout_.n_kv_heads * config_.head_dim;
-  const int64_t layer_block_bytes = 2 * block_floats * 4;  // K and V of one layer
+  kv_elem_bytes_ = kv_dtype_bytes(options_.kv_dtype);
+  const int64_t block_bytes = block_size * layout_.n_kv_heads * config_.head_dim * kv_elem_bytes_;
+  const int64_t layer_block_bytes = 2 * block_bytes;  // K and V of one layer
   const int64_t bytes = num_blocks * (config_.n_layers - n_window) * layer_block_bytes;
   const int64_t window_bytes = num_window_blocks * n_window * layer_block_bytes;
   for (const auto& [pool_bytes, blocks, what, out] :
@@ -559,12 +563,12 @@ Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks, int64_t 
           "and {} of workspace: {}",
           options_.device, what, blocks, block_size, pool_bytes, weight_bytes_, workspace_bytes_, api_->last_error()));
     allocations_.push_back(p);
-    *out = static_cast<float*>(p);
+    *out = static_cast<uint8_t*>(p);
   }
   num_blocks_ = num_blocks;
   num_window_blocks_ = num_window_blocks;
-  layer_kv_floats_ = num_blocks * block_floats;
-  window_layer_kv_floats_ = num_window_blocks * block_floats;
+  layer_kv_bytes_ = num_blocks * block_bytes;
+  window_layer_kv_bytes_ = num_window_blocks * block_bytes;
   kv_bytes_ = bytes + window_bytes;
   kv_ready_ = true;
   return Status::ok();
@@ -579,15 +583,15 @@ Status CudaForward::copy_block(int32_t src, int32_t dst, KvPool pool) {
   if (src < 0 || dst < 0 || src >= blocks || dst >= blocks)
     return Status::out_of_range(
         fmt::format("block copy {} -> {} outside the {} (0..{})", src, dst, kv_pool_name(pool), blocks - 1));
-  const int64_t block_floats = options_.block_size * layout_.n_kv_heads * config_.head_dim;
+  const int64_t block_bytes = options_.block_size * layout_.n_kv_heads * config_.head_dim * kv_elem_bytes_;
   const int64_t layers = window ? window_.count() : config_.n_layers - (num_window_blocks_ > 0 ? window_.count() : 0);
-  float* const pool_base = window ? window_pool_ : kv_pool_;
-  const int64_t layer_floats = window ? window_layer_kv_floats_ : layer_kv_floats_;
+  uint8_t* const pool_base = window ? window_pool_ : kv_pool_;
+  const int64_t layer_bytes = window ? window_layer_kv_bytes_ : layer_kv_bytes_;
   TESSERA_CUDA_TRY(api_->set_device(options_.device), "select the CUDA device");
   for (int64_t part = 0; part < 2 * layers; ++part) {  // [the pool's layer][K|V]
-    float* base = pool_base + part * layer_floats;
+    uint8_t* base = pool_base + part * layer_bytes;
     TESSERA_CUDA_TRY(
-        api_->device_memcpy_async(base + dst * block_floats, base + src * block_floats, block_floats * 4, stream_),
+        api_->device_memcpy_async(base + dst * block_bytes, base + src * block_bytes, block_bytes, stream_),
         fmt::format("copy {} block {} -> {}", kv_pool_name(pool), src, dst));
   }
   return Status::ok();
@@ -708,9 +712,10 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   // A windowed layer with a window pool: its KV, slots and tables are the window pool's.
   const bool windowed = num_window_blocks_ > 0 && window_.layers[static_cast<size_t>(l)];
   const int64_t i = pool_index_[static_cast<size_t>(l)];
-  const int64_t layer_floats = windowed ? window_layer_kv_floats_ : layer_kv_floats_;
-  float* k_cache = (windowed ? window_pool_ : kv_pool_) + (2 * i) * layer_floats;
-  float* v_cache = k_cache + layer_floats;
+  const int64_t layer_bytes = windowed ? window_layer_kv_bytes_ : layer_kv_bytes_;
+  uint8_t* k_cache = (windowed ? window_pool_ : kv_pool_) + (2 * i) * layer_bytes;
+  uint8_t* v_cache = k_cache + layer_bytes;
+  const int32_t kv_dtype = options_.kv_dtype == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
   const int32_t* tables = meta_ + (windowed ? meta.window_tables : meta.tables);
   const int64_t hd = config_.head_dim;
 
@@ -729,6 +734,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   rope.head_dim = hd;
   rope.block_size = options_.block_size;
   rope.num_blocks = windowed ? num_window_blocks_ : num_blocks_;
+  rope.kv_dtype = kv_dtype;
   TESSERA_CUDA_LAUNCH(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
   ++last_step_.launches;  // the attention kernel below
 
@@ -748,6 +754,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
     a.max_blocks_per_seq = table_stride_;
     a.scale = scale;
     a.sliding_window = spec.sliding_window;
+    a.kv_dtype = kv_dtype;
     // Few (sequence, head) blocks for the device: split every sequence's keys over several
     // blocks (flash-decoding), so a long context at a small batch still fills the GPU.
     if (decode_splits_ > 1 && n_seqs_ * layout_.n_heads < kSplitBelowBlocks) {
@@ -779,6 +786,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   a.max_blocks_per_seq = table_stride_;
   a.scale = scale;
   a.sliding_window = spec.sliding_window;
+  a.kv_dtype = kv_dtype;
   return api_->check(api_->paged_prefill_attention_f32(&a, stream_), "paged prefill attention");
 }
 

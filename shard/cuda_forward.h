@@ -24,7 +24,7 @@
 //     matrix into it and use cuBLAS (the register-dequantizing kernels re-read the packed
 //     weights once per 8 tokens).
 //  3. the KV pool as ONE allocation, [layer][K|V][num_blocks][block_size][n_kv_heads][head_dim]
-//     fp32 (the CPU layout per layer), with the block tables' metadata. Either at create()
+//     of options.kv_dtype, fp32 or fp16 (the CPU layout and rounding per layer), with the block tables' metadata. Either at create()
 //     (cudaMemGetInfo's free bytes minus kv_headroom * total, capped at max_kv_blocks when > 0),
 //     or, with options.defer_kv_pool, by configure_kv() with the block size and block count the
 //     coordinator chose from free_device_bytes() (the shard reports that in its hello).
@@ -85,6 +85,7 @@ struct CudaForwardOptions {
   double kv_headroom = 0.10;            // fraction of total device memory left free after the KV pool
   int64_t max_kv_blocks = 0;            // > 0: at most this many KV blocks
   bool defer_kv_pool = false;           // true: no KV pool until configure_kv()
+  KvDtype kv_dtype = KvDtype::kF32;     // the KV pools' elements: fp32 or fp16 (others are refused)
   bool cuda_graphs = true;              // decode steps as CUDA graph replays
   int64_t max_graph_batch = 256;        // the largest graphed bucket (also <= max_seqs_per_step)
   // The most tokens of one sequence in a graphed step (a speculative piece's k + 1), a power of
@@ -175,7 +176,7 @@ class CudaForward : private DecoderBackend {
   // block src into block dst, ordered before the next run() on the forward stream. OutOfRange
   // for bad ids, InvalidArgument for the window pool when there is none.
   Status copy_block(int32_t src, int32_t dst, KvPool pool = KvPool::kMain);
-  // KV bytes of one token (every layer, K and V, this rank's KV heads, fp32).
+  // KV bytes of one token (every layer, K and V, this rank's KV heads, in options.kv_dtype).
   int64_t kv_bytes_per_token() const;
   // The window pool's figures (kv_window_layers of the config and the description): the
   // largest window of the windowed layers, and their share of kv_bytes_per_token(). 0 and 0
@@ -331,14 +332,16 @@ class CudaForward : private DecoderBackend {
   std::vector<float> h_gathered_;
 
   // KV pool
-  float* kv_pool_ = nullptr;
+  // The pools' elements (options_.kv_dtype) are kv_elem_bytes_ bytes each.
+  int64_t kv_elem_bytes_ = 4;
+  uint8_t* kv_pool_ = nullptr;
   int64_t num_blocks_ = 0;
-  int64_t layer_kv_floats_ = 0;  // floats of one layer's K (or V)
+  int64_t layer_kv_bytes_ = 0;  // bytes of one layer's K (or V)
   // window pool (num_window_blocks_ > 0): the layers window_.layers marks live there
   KvWindowLayers window_;       // from the description, at create()
-  float* window_pool_ = nullptr;
+  uint8_t* window_pool_ = nullptr;
   int64_t num_window_blocks_ = 0;
-  int64_t window_layer_kv_floats_ = 0;
+  int64_t window_layer_kv_bytes_ = 0;
   std::vector<int64_t> pool_index_;  // per layer: its index among its pool's layers
   int64_t table_stride_ = 0;     // block-table columns of the current step
   int64_t n_seqs_ = 0;

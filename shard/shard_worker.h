@@ -35,7 +35,7 @@ struct ShardOptions {
   WeightQuant weight_quant = WeightQuant::kNone;  // --quant: RTN of float weights at load
   bool quantize_lm_head = false;                  // --quant-lm-head: the LM head too
   std::string imatrix_path;                       // --imatrix: calibrated --quant (model/importance.h)
-  KvDtype kv_dtype = KvDtype::kF32;               // --kv-dtype: the KV cache elements (fp16: CPU backend)
+  KvDtype kv_dtype = KvDtype::kF32;               // --kv-dtype: the KV cache elements (fp32 or fp16)
   SparseAttentionConfig sparse;                   // --sparse-attention ... (CPU backend)
   // The CUDA backend's workspace holds steps of at most this many tokens / sequences (the
   // coordinator passes its scheduler's max_step_tokens / max_batch); decode steps run as CUDA

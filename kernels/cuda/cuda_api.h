@@ -43,22 +43,23 @@ struct TesseraCudaRopeKvArgs {
   const int32_t* positions; // [n_tokens]
   const int64_t* slots;     // [n_tokens]
   const float* inv_freq;    // [head_dim / 2]
-  float* k_cache;
-  float* v_cache;
+  void* k_cache;            // elements of kv_dtype
+  void* v_cache;
   int64_t n_tokens;
   int64_t n_heads;
   int64_t n_kv_heads;
   int64_t head_dim;         // even
   int64_t block_size;
   int64_t num_blocks;       // slots >= num_blocks * block_size are skipped like negative ones
+  int32_t kv_dtype;         // the cache's elements: TESSERA_CUDA_F32 or TESSERA_CUDA_F16
 };
 
 // The arguments of paged_decode_attention_f32.
 struct TesseraCudaDecodeAttentionArgs {
   const float* q;               // [n_seqs, n_heads, head_dim], RoPE applied
   float* out;                   // [n_seqs, n_heads, head_dim]
-  const float* k_cache;         // the paged layout of rope_kv_write_f32
-  const float* v_cache;
+  const void* k_cache;          // the paged layout of rope_kv_write_f32, elements of kv_dtype
+  const void* v_cache;
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq] block ids
   const int32_t* seq_lens;      // [n_seqs] keys in the cache including this token, >= 1
   int64_t n_seqs;
@@ -72,6 +73,7 @@ struct TesseraCudaDecodeAttentionArgs {
   int64_t n_splits;             // <= 1: one block per (sequence, head); else split (the op's doc)
   int64_t split_keys;           // keys per piece when n_splits > 1 (> 0)
   float* partial;               // [n_seqs, n_heads, n_splits, head_dim + 2] when n_splits > 1
+  int32_t kv_dtype;             // the cache's elements: TESSERA_CUDA_F32 or TESSERA_CUDA_F16
 };
 
 // The arguments of sample_f32 (device sampling).
@@ -115,8 +117,8 @@ struct TesseraCudaSampleArgs {
 struct TesseraCudaPrefillAttentionArgs {
   const float* q;               // [rows, n_heads, head_dim], RoPE applied
   float* out;                   // [rows, n_heads, head_dim]
-  const float* k_cache;
-  const float* v_cache;
+  const void* k_cache;          // elements of kv_dtype
+  const void* v_cache;
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq] block ids
   const int32_t* query_begin;   // [n_seqs]
   const int32_t* query_len;     // [n_seqs], each in [0, max_query_len]
@@ -130,6 +132,7 @@ struct TesseraCudaPrefillAttentionArgs {
   int64_t max_blocks_per_seq;
   float scale;                  // usually 1/sqrt(head_dim)
   int64_t sliding_window;       // > 0: a query at p sees keys (p - sliding_window, p]
+  int32_t kv_dtype;             // the cache's elements: TESSERA_CUDA_F32 or TESSERA_CUDA_F16
 };
 
 // The weight types of gemm_gguf / dequantize_gguf: the numeric values of tessera::QuantType
@@ -264,10 +267,12 @@ enum {
      i + head_dim/2 of a head rotate by angle (float)position * inv_freq[i], cosf/sinf in fp32)                      \
      applied in place to q, and to k on its way into the paged cache; v is copied unchanged.                         \
      Cache layout as kernels/paged_attention.h (one layer): [num_blocks][block_size][n_kv_heads]                     \
-     [head_dim] fp32 for K and for V. Token t goes to global slot slots[t] = block_id *                              \
-     block_size + offset, i.e. block slots[t] / block_size, offset slots[t] % block_size; the                        \
-     host builds slots from each sequence's block table. A negative slot skips the cache write                       \
-     (padding tokens); q is still rotated. Arguments: TesseraCudaRopeKvArgs. */                                      \
+     [head_dim] for K and for V, of kv_dtype: fp32, or fp16 (written rounded to nearest even,                        \
+     as the CPU's fp16 cache; the attention ops widen it exactly and compute in fp32). Token t                       \
+     goes to global slot slots[t] = block_id * block_size + offset, i.e. block slots[t] /                            \
+     block_size, offset slots[t] % block_size; the host builds slots from each sequence's block                      \
+     table. A negative slot skips the cache write (padding tokens); q is still rotated.                              \
+     Arguments: TesseraCudaRopeKvArgs. */                                                                            \
   OP(int, tessera_cuda_rope_kv_write_f32, rope_kv_write_f32,                                                         \
      (const struct TesseraCudaRopeKvArgs* args, void* stream), (args, stream))                                       \
                                                                                                                      \

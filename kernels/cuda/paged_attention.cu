@@ -12,6 +12,8 @@
 // same way and writes its merged state (acc unnormalized, M, L) to args.partial; then
 // decode_combine_kernel, grid (n_heads, n_seqs), 128 threads, merges the pieces with the same
 // formula.
+// The cache is fp32 or fp16 (kv_dtype); fp16 elements are widened as they are read.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -26,6 +28,10 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxHeadDim = 256;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+
+template <typename KV>
 __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) {
   const int64_t h = blockIdx.x, s = blockIdx.y, piece = blockIdx.z;
   const bool split = a.n_splits > 1;
@@ -68,13 +74,13 @@ __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) 
   for (int64_t key = first + warp; key < end; key += kWarps) {
     const int64_t block = table[key / a.block_size];
     const int64_t offset = ((block * a.block_size + key % a.block_size) * a.n_kv_heads + kvh) * hd;
-    const float* k = a.k_cache + offset;
-    const float* v = a.v_cache + offset;
+    const KV* k = static_cast<const KV*>(a.k_cache) + offset;
+    const KV* v = static_cast<const KV*>(a.v_cache) + offset;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kDimsPerLane; ++j) {
       const int64_t d = lane + 32 * j;
-      if (d < hd) dot += qr[j] * k[d];
+      if (d < hd) dot += qr[j] * load(&k[d]);
     }
     const float score = warp_sum(dot) * a.scale;
     const float m_new = fmaxf(m, score);
@@ -84,7 +90,7 @@ __global__ void paged_decode_attention_kernel(TesseraCudaDecodeAttentionArgs a) 
 #pragma unroll
     for (int j = 0; j < kDimsPerLane; ++j) {
       const int64_t d = lane + 32 * j;
-      acc[j] = acc[j] * correction + (d < hd ? p * v[d] : 0.0f);
+      acc[j] = acc[j] * correction + (d < hd ? p * load(&v[d]) : 0.0f);
     }
     m = m_new;
   }
@@ -170,10 +176,16 @@ extern "C" int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAt
   if (split && (a.n_splits > 65535 || a.split_keys <= 0 || !a.partial))
     return record_message(
         "tessera_cuda_paged_decode_attention_f32: a split needs n_splits <= 65535, split_keys > 0 and partial");
+  if (a.kv_dtype != TESSERA_CUDA_F32 && a.kv_dtype != TESSERA_CUDA_F16)
+    return record_message(
+        "tessera_cuda_paged_decode_attention_f32: kv_dtype must be TESSERA_CUDA_F32 or TESSERA_CUDA_F16");
   if (a.n_seqs == 0) return 0;
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_seqs),
                   split ? static_cast<unsigned>(a.n_splits) : 1u);
-  paged_decode_attention_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (a.kv_dtype == TESSERA_CUDA_F16)
+    paged_decode_attention_kernel<__half><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  else
+    paged_decode_attention_kernel<float><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   if (int rc = check_launch("paged_decode_attention_kernel launch"); rc != 0 || !split) return rc;
   const dim3 combine_grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_seqs));
   decode_combine_kernel<<<combine_grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);

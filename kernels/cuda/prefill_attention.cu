@@ -15,6 +15,8 @@
 // the query and key, so it is uniform over the warp and the warp reductions stay convergent),
 // and a barrier at the start of the next tile keeps the copy from overwriting keys in use.
 // Every query sees at least its own key, so its softmax sum is > 0 at the end.
+// The cache is fp32 or fp16 (kv_dtype); the tiles in shared memory are fp32 either way.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -32,6 +34,10 @@ constexpr int kKeyTile = 16;
 constexpr int kMaxHeadDim = 256;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+
+template <typename KV>
 __global__ void paged_prefill_attention_kernel(TesseraCudaPrefillAttentionArgs a) {
   extern __shared__ float smem[];  // K tile [kKeyTile][head_dim], then V tile, same shape
   const int64_t h = blockIdx.x, tile = blockIdx.y, s = blockIdx.z;
@@ -79,8 +85,8 @@ __global__ void paged_prefill_attention_kernel(TesseraCudaPrefillAttentionArgs a
       const int64_t j = e / hd, d = e % hd, key = kt + j;
       const int64_t block = table[key / a.block_size];
       const int64_t off = ((block * a.block_size + key % a.block_size) * a.n_kv_heads + kvh) * hd + d;
-      ks[j * hd + d] = a.k_cache[off];
-      vs[j * hd + d] = a.v_cache[off];
+      ks[j * hd + d] = load(static_cast<const KV*>(a.k_cache) + off);
+      vs[j * hd + d] = load(static_cast<const KV*>(a.v_cache) + off);
     }
     __syncthreads();  // the tile is in shared memory
 #pragma unroll
@@ -144,9 +150,15 @@ extern "C" int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefill
   const int64_t tiles = (a.max_query_len + kQueryTile - 1) / kQueryTile;
   if (tiles > 65535)
     return record_message("tessera_cuda_paged_prefill_attention_f32: max_query_len must be < 65535 * 16");
+  if (a.kv_dtype != TESSERA_CUDA_F32 && a.kv_dtype != TESSERA_CUDA_F16)
+    return record_message(
+        "tessera_cuda_paged_prefill_attention_f32: kv_dtype must be TESSERA_CUDA_F32 or TESSERA_CUDA_F16");
   if (a.n_seqs == 0 || tiles == 0) return 0;
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_seqs));
   const size_t smem = 2 * kKeyTile * static_cast<size_t>(a.head_dim) * sizeof(float);
-  paged_prefill_attention_kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
+  if (a.kv_dtype == TESSERA_CUDA_F16)
+    paged_prefill_attention_kernel<__half><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
+  else
+    paged_prefill_attention_kernel<float><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
   return check_launch("paged_prefill_attention_kernel launch");
 }

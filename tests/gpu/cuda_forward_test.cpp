@@ -164,6 +164,46 @@ TEST_P(CudaForwardTest, GreedyIdsMatchReferenceAndLogitsMatchCpu) {
   }
 }
 
+// An fp16 KV cache (half the bytes a token): the reference's greedy ids, the last prompt
+// position's logits within the fp16 tolerance of the CPU backend's fp16 cache, and not the
+// fp32 cache's logits (the keys and values are stored rounded, not only billed as fp16), through
+// eager decode steps, graph replays and split decode attention.
+TEST_P(CudaForwardTest, Fp16KvMatchesTheCpuFp16Kv) {
+  auto fp32 = load_gpu_model(model_path(), 16);
+  ASSERT_TRUE(fp32.is_ok()) << fp32.status().to_string();
+  auto cpu = LocalModel::load({.path = model_path(), .threads = 2, .kv_dtype = KvDtype::kF16});
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  const int64_t vocab = (*fp32)->config().vocab;
+  for (const int64_t split_keys : {int64_t{-1}, int64_t{16}})
+    for (const bool graphs : {true, false}) {
+      const std::string what = std::string(graphs ? "graphed" : "eager") + (split_keys > 0 ? ", split" : "");
+      auto gpu = load_gpu_model(model_path(), 16, WeightQuant::kNone, [&](CudaForwardOptions& o) {
+        o.kv_dtype = KvDtype::kF16;
+        o.cuda_graphs = graphs;
+        o.decode_split_keys = split_keys;
+      });
+      ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+      EXPECT_EQ((*gpu)->forward->kv_bytes_per_token() * 2, (*fp32)->forward->kv_bytes_per_token());
+      EXPECT_EQ((*gpu)->forward->kv_bytes(),
+                (*gpu)->forward->num_kv_blocks() * 16 * (*gpu)->forward->kv_bytes_per_token());
+      for (const RefCase& c : load_cases()) {
+        std::vector<float> logits16, logits32;
+        EXPECT_EQ(greedy(**gpu, c.prompt, static_cast<int64_t>(c.greedy.size()), 0, &logits16), c.greedy)
+            << c.name << " " << what;
+        greedy(**fp32, c.prompt, 1, 0, &logits32);
+        ASSERT_EQ(static_cast<int64_t>(logits16.size()), vocab);
+        GenerateOptions go;
+        go.max_tokens = 1;
+        go.sampling.temperature = 0.0f;
+        go.ignore_eos = true;
+        auto out = generate(**cpu, c.prompt, go);
+        ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+        EXPECT_LT(max_rel_err(logits16, out->prompt_last_logits.data(), vocab), 1e-2f) << c.name << " vs CPU fp16 KV";
+        if (c.prompt.size() > 1) EXPECT_NE(logits16, logits32) << c.name << ": fp16 KV gave the fp32 KV's logits";
+      }
+    }
+}
+
 TEST_P(CudaForwardTest, ChunkedPrefillAndBlockSizesAgree) {
   const RefCase c = load_cases().back();
   const std::vector<int32_t> want(c.greedy.begin(), c.greedy.begin() + std::min<size_t>(16, c.greedy.size()));

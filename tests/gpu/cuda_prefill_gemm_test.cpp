@@ -21,6 +21,7 @@ namespace tessera {
 namespace {
 
 using gpu_test::gaussian;
+using gpu_test::to_f16;
 using CudaPrefill = gpu_test::GpuTest;
 using CudaQuantGemm = gpu_test::GpuTest;
 using CudaElementwise = gpu_test::GpuTest;
@@ -30,6 +31,7 @@ struct PrefillCase {
   std::vector<std::pair<int64_t, int64_t>> seqs;  // (start_pos, n_query_tokens)
 };
 
+// With an fp32 and with an fp16 cache (the CPU reference reads the same fp16 values).
 TEST_F(CudaPrefill, MatchesCpuPagedAttention) {
   const PrefillCase cases[] = {
       {64, 4, 4, 16, 0, {{0, 5}}},
@@ -40,80 +42,84 @@ TEST_F(CudaPrefill, MatchesCpuPagedAttention) {
       {80, 4, 2, 16, 7, {{0, 30}, {25, 18}}},  // sliding window, odd head_dim
       {16, 2, 1, 4, 3, {{10, 5}}},
   };
-  for (const PrefillCase& c : cases) {
-    const int64_t hd = c.head_dim, n_kv = c.n_kv_heads, bs = c.block_size;
-    const int64_t n_seqs = static_cast<int64_t>(c.seqs.size());
-    // Blocks: each sequence gets its own blocks, in a shuffled global order.
-    int64_t total_blocks = 0, max_blocks = 1, n_tokens = 0, max_q = 0;
-    for (auto [start, len] : c.seqs) {
-      const int64_t blocks = (start + len + bs - 1) / bs;
-      total_blocks += blocks;
-      max_blocks = std::max(max_blocks, blocks);
-      n_tokens += len;
-      max_q = std::max(max_q, len);
-    }
-    std::vector<int32_t> ids(static_cast<size_t>(total_blocks));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
-    std::vector<int32_t> tables(static_cast<size_t>(n_seqs * max_blocks), 0);
-    std::vector<int32_t> qbegin, qlen, spos;
-    size_t next = 0;
-    int64_t row = 0;
-    for (int64_t s = 0; s < n_seqs; ++s) {
-      auto [start, len] = c.seqs[static_cast<size_t>(s)];
-      const int64_t blocks = (start + len + bs - 1) / bs;
-      for (int64_t b = 0; b < blocks; ++b) tables[static_cast<size_t>(s * max_blocks + b)] = ids[next++];
-      qbegin.push_back(static_cast<int32_t>(row));
-      qlen.push_back(static_cast<int32_t>(len));
-      spos.push_back(static_cast<int32_t>(start));
-      row += len;
-    }
-    const int64_t cache_floats = total_blocks * bs * n_kv * hd;
-    std::vector<float> kc = gaussian(cache_floats, 11), vc = gaussian(cache_floats, 12);
-    const std::vector<float> q = gaussian(n_tokens * c.n_heads * hd, 13);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (const bool f16 : {false, true})
+    for (const PrefillCase& c : cases) {
+      const int64_t hd = c.head_dim, n_kv = c.n_kv_heads, bs = c.block_size;
+      const int64_t n_seqs = static_cast<int64_t>(c.seqs.size());
+      // Blocks: each sequence gets its own blocks, in a shuffled global order.
+      int64_t total_blocks = 0, max_blocks = 1, n_tokens = 0, max_q = 0;
+      for (auto [start, len] : c.seqs) {
+        const int64_t blocks = (start + len + bs - 1) / bs;
+        total_blocks += blocks;
+        max_blocks = std::max(max_blocks, blocks);
+        n_tokens += len;
+        max_q = std::max(max_q, len);
+      }
+      std::vector<int32_t> ids(static_cast<size_t>(total_blocks));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+      std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+      std::vector<int32_t> tables(static_cast<size_t>(n_seqs * max_blocks), 0);
+      std::vector<int32_t> qbegin, qlen, spos;
+      size_t next = 0;
+      int64_t row = 0;
+      for (int64_t s = 0; s < n_seqs; ++s) {
+        auto [start, len] = c.seqs[static_cast<size_t>(s)];
+        const int64_t blocks = (start + len + bs - 1) / bs;
+        for (int64_t b = 0; b < blocks; ++b) tables[static_cast<size_t>(s * max_blocks + b)] = ids[next++];
+        qbegin.push_back(static_cast<int32_t>(row));
+        qlen.push_back(static_cast<int32_t>(len));
+        spos.push_back(static_cast<int32_t>(start));
+        row += len;
+      }
+      const int64_t cache_floats = total_blocks * bs * n_kv * hd;
+      std::vector<float> kc = gaussian(cache_floats, 11), vc = gaussian(cache_floats, 12);
+      std::vector<uint16_t> kc16 = to_f16(kc), vc16 = to_f16(vc);
+      const std::vector<float> q = gaussian(n_tokens * c.n_heads * hd, 13);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-    std::vector<float> want(q.size(), 0.0f);
-    PagedKvLayer kv{kc.data(), vc.data(), total_blocks, bs, n_kv, hd};
-    for (int64_t s = 0; s < n_seqs; ++s) {
-      AttentionArgs a;
-      a.q = &q[static_cast<size_t>(qbegin[s] * c.n_heads * hd)];
-      a.out = &want[static_cast<size_t>(qbegin[s] * c.n_heads * hd)];
-      a.n_tokens = qlen[s];
-      a.start_pos = spos[s];
+      std::vector<float> want(q.size(), 0.0f);
+      PagedKvLayer kv{kc.data(), vc.data(), total_blocks, bs, n_kv, hd};
+      if (f16) kv = {nullptr, nullptr, total_blocks, bs, n_kv, hd, kc16.data(), vc16.data()};
+      for (int64_t s = 0; s < n_seqs; ++s) {
+        AttentionArgs a;
+        a.q = &q[static_cast<size_t>(qbegin[s] * c.n_heads * hd)];
+        a.out = &want[static_cast<size_t>(qbegin[s] * c.n_heads * hd)];
+        a.n_tokens = qlen[s];
+        a.start_pos = spos[s];
+        a.n_heads = c.n_heads;
+        a.scale = scale;
+        a.sliding_window = c.sliding_window;
+        a.block_table = &tables[static_cast<size_t>(s * max_blocks)];
+        paged_attention(kv, a, nullptr);
+      }
+
+      TesseraCudaPrefillAttentionArgs a{};
+      a.q = to_device(q);
+      float* d_out = alloc<float>(static_cast<int64_t>(q.size()));
+      a.out = d_out;
+      a.k_cache = f16 ? static_cast<const void*>(to_device(kc16)) : to_device(kc);
+      a.v_cache = f16 ? static_cast<const void*>(to_device(vc16)) : to_device(vc);
+      a.kv_dtype = f16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
+      a.block_tables = to_device(tables);
+      a.query_begin = to_device(qbegin);
+      a.query_len = to_device(qlen);
+      a.start_pos = to_device(spos);
+      a.n_seqs = n_seqs;
+      a.max_query_len = max_q;
       a.n_heads = c.n_heads;
+      a.n_kv_heads = n_kv;
+      a.head_dim = hd;
+      a.block_size = bs;
+      a.max_blocks_per_seq = max_blocks;
       a.scale = scale;
       a.sliding_window = c.sliding_window;
-      a.block_table = &tables[static_cast<size_t>(s * max_blocks)];
-      paged_attention(kv, a, nullptr);
+      ASSERT_EQ(api_->paged_prefill_attention_f32(&a, nullptr), 0) << api_->last_error();
+      const std::vector<float> got = to_host(d_out, static_cast<int64_t>(q.size()));
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-5f + 2e-4f * std::fabs(want[i]))
+            << (f16 ? "fp16" : "fp32") << " cache, head_dim " << hd << " heads " << c.n_heads << "/" << n_kv
+            << " block " << bs << " window " << c.sliding_window << " element " << i;
     }
-
-    TesseraCudaPrefillAttentionArgs a{};
-    a.q = to_device(q);
-    float* d_out = alloc<float>(static_cast<int64_t>(q.size()));
-    a.out = d_out;
-    a.k_cache = to_device(kc);
-    a.v_cache = to_device(vc);
-    a.block_tables = to_device(tables);
-    a.query_begin = to_device(qbegin);
-    a.query_len = to_device(qlen);
-    a.start_pos = to_device(spos);
-    a.n_seqs = n_seqs;
-    a.max_query_len = max_q;
-    a.n_heads = c.n_heads;
-    a.n_kv_heads = n_kv;
-    a.head_dim = hd;
-    a.block_size = bs;
-    a.max_blocks_per_seq = max_blocks;
-    a.scale = scale;
-    a.sliding_window = c.sliding_window;
-    ASSERT_EQ(api_->paged_prefill_attention_f32(&a, nullptr), 0) << api_->last_error();
-    const std::vector<float> got = to_host(d_out, static_cast<int64_t>(q.size()));
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 2e-5f + 2e-4f * std::fabs(want[i]))
-          << "head_dim " << hd << " heads " << c.n_heads << "/" << n_kv << " block " << bs << " window "
-          << c.sliding_window << " element " << i;
-  }
 }
 
 TEST_F(CudaPrefill, RejectsBadArguments) {
@@ -127,12 +133,10 @@ TEST_F(CudaPrefill, RejectsBadArguments) {
   a.n_kv_heads = 2;
   EXPECT_NE(api_->paged_prefill_attention_f32(&a, nullptr), 0);
   EXPECT_NE(api_->paged_prefill_attention_f32(nullptr, nullptr), 0);
-}
-
-std::vector<uint16_t> to_f16(const std::vector<float>& x) {
-  std::vector<uint16_t> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_fp16(x[i]);
-  return h;
+  a.n_heads = 2;
+  a.kv_dtype = 7;  // neither fp32 nor fp16
+  EXPECT_NE(api_->paged_prefill_attention_f32(&a, nullptr), 0);
+  EXPECT_NE(std::string(api_->last_error()).find("kv_dtype"), std::string::npos) << api_->last_error();
 }
 
 void expect_gemm_close(const std::vector<float>& got, const std::vector<double>& want,

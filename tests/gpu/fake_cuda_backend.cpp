@@ -102,8 +102,24 @@ int run_or_record(A... args) {
   });
 }
 
+// A KV cache of kv_dtype elements (fp32, or fp16 widened exactly as it is read).
+struct KvView {
+  const void* data;
+  int32_t dtype;
+  float operator[](int64_t i) const {
+    return dtype == TESSERA_CUDA_F16 ? fp16_to_f32(static_cast<const uint16_t*>(data)[i])
+                                     : static_cast<const float*>(data)[i];
+  }
+};
+// Stores x into element i of a kv_dtype cache (fp16: rounded to nearest even).
+void kv_store(void* cache, int32_t dtype, int64_t i, float x) {
+  if (dtype == TESSERA_CUDA_F16) static_cast<uint16_t*>(cache)[i] = f32_to_fp16(x);
+  else static_cast<float*>(cache)[i] = x;
+}
+bool bad_kv_dtype(int32_t dtype) { return dtype != TESSERA_CUDA_F32 && dtype != TESSERA_CUDA_F16; }
+
 // Softmax-weighted sum over the keys [first, last] of one (sequence, query head).
-void attend(const float* q, float* out, const float* k_cache, const float* v_cache, const int32_t* table,
+void attend(const float* q, float* out, KvView k_cache, KvView v_cache, const int32_t* table,
             int64_t first, int64_t last, int64_t hd, int64_t n_kv, int64_t kv_head, int64_t block_size, float scale) {
   auto offset = [&](int64_t key) {
     return ((static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * n_kv + kv_head) * hd;
@@ -855,27 +871,35 @@ int tessera_cuda_convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n, 
 }
 int tessera_cuda_rope_kv_write_f32(const TesseraCudaRopeKvArgs* a, void* stream) {
   const int64_t hd = a->head_dim, half = hd / 2, row = a->n_kv_heads * hd;
-  auto rotate = [&](const float* src, float* dst, int64_t i, float pos) {
+  if (bad_kv_dtype(a->kv_dtype)) return fail("tessera_cuda_rope_kv_write_f32: bad kv_dtype");
+  // Rotates pair (i, i + half) of src; put(j, x) stores element j of the rotated head.
+  auto rotate = [&](const float* src, int64_t i, float pos, auto put) {
     const float angle = pos * a->inv_freq[i], c = std::cos(angle), s = std::sin(angle);
     const float x0 = src[i], x1 = src[i + half];
-    dst[i] = x0 * c - x1 * s;
-    dst[i + half] = x0 * s + x1 * c;
+    put(i, x0 * c - x1 * s);
+    put(i + half, x0 * s + x1 * c);
   };
   for (int64_t t = 0; t < a->n_tokens; ++t) {
     const auto pos = static_cast<float>(a->positions[t]);
-    for (int64_t h = 0; h < a->n_heads; ++h)
-      for (int64_t i = 0; i < half; ++i) rotate(a->q + (t * a->n_heads + h) * hd, a->q + (t * a->n_heads + h) * hd, i, pos);
+    for (int64_t h = 0; h < a->n_heads; ++h) {
+      float* qh = a->q + (t * a->n_heads + h) * hd;
+      for (int64_t i = 0; i < half; ++i) rotate(qh, i, pos, [qh](int64_t j, float x) { qh[j] = x; });
+    }
     const int64_t slot = a->slots[t];
     if (slot < 0 || slot >= a->num_blocks * a->block_size) continue;
     for (int64_t h = 0; h < a->n_kv_heads; ++h)
-      for (int64_t i = 0; i < half; ++i) rotate(a->k + t * row + h * hd, a->k_cache + slot * row + h * hd, i, pos);
-    std::memcpy(a->v_cache + slot * row, a->v + t * row, static_cast<size_t>(row) * 4);
+      for (int64_t i = 0; i < half; ++i)
+        rotate(a->k + t * row + h * hd, i, pos,
+               [&](int64_t j, float x) { kv_store(a->k_cache, a->kv_dtype, slot * row + h * hd + j, x); });
+    for (int64_t e = 0; e < row; ++e) kv_store(a->v_cache, a->kv_dtype, slot * row + e, a->v[t * row + e]);
   }
   return 0;
 }
 int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs* a, void* stream) {
   const int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
   if (a->n_splits > 1 && (a->split_keys <= 0 || !a->partial)) return fail("fake backend: bad split arguments");
+  if (bad_kv_dtype(a->kv_dtype)) return fail("tessera_cuda_paged_decode_attention_f32: bad kv_dtype");
+  const KvView k_cache{a->k_cache, a->kv_dtype}, v_cache{a->v_cache, a->kv_dtype};
   for (int64_t s = 0; s < a->n_seqs; ++s)
     for (int64_t h = 0; h < a->n_heads; ++h) {
       const int64_t n = a->seq_lens[s];
@@ -884,7 +908,7 @@ int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs
       float* out = a->out + (s * a->n_heads + h) * hd;
       const int32_t* table = a->block_tables + s * a->max_blocks_per_seq;
       if (a->n_splits <= 1) {
-        attend(q, out, a->k_cache, a->v_cache, table, first, n - 1, hd, a->n_kv_heads, h / group, a->block_size,
+        attend(q, out, k_cache, v_cache, table, first, n - 1, hd, a->n_kv_heads, h / group, a->block_size,
                a->scale);
         continue;
       }
@@ -902,12 +926,12 @@ int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs
                h / group) *
               hd;
           float dot = 0.0f;
-          for (int64_t d = 0; d < hd; ++d) dot += q[d] * a->k_cache[off + d];
+          for (int64_t d = 0; d < hd; ++d) dot += q[d] * k_cache[off + d];
           const float score = dot * a->scale, m_new = std::max(m, score);
           const float corr = std::exp(m - m_new), w = std::exp(score - m_new);
           l = l * corr + w;
           for (int64_t d = 0; d < hd; ++d)
-            acc[static_cast<size_t>(d)] = acc[static_cast<size_t>(d)] * corr + w * a->v_cache[off + d];
+            acc[static_cast<size_t>(d)] = acc[static_cast<size_t>(d)] * corr + w * v_cache[off + d];
           m = m_new;
         }
         std::copy(acc.begin(), acc.end(), st);
@@ -937,6 +961,8 @@ int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionAr
   if (a.head_dim <= 0 || a.head_dim > 256 || a.n_kv_heads <= 0 || a.n_heads <= 0 || a.n_heads % a.n_kv_heads != 0 ||
       a.block_size <= 0 || a.max_blocks_per_seq <= 0)
     return fail("bad prefill attention arguments");
+  if (bad_kv_dtype(a.kv_dtype)) return fail("tessera_cuda_paged_prefill_attention_f32: bad kv_dtype");
+  const KvView k_cache{a.k_cache, a.kv_dtype}, v_cache{a.v_cache, a.kv_dtype};
   constexpr int kWarps = 4, kPerWarp = 4, kTile = 16, kKeys = 16;
   const int64_t hd = a.head_dim, tiles = (a.max_query_len + kTile - 1) / kTile;
   std::vector<float> ks(kKeys * hd), vs(kKeys * hd);
@@ -962,8 +988,8 @@ int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionAr
             const int64_t off =
                 ((static_cast<int64_t>(table[key / a.block_size]) * a.block_size + key % a.block_size) * a.n_kv_heads +
                  kvh) * hd + d;
-            ks[static_cast<size_t>(j * hd + d)] = a.k_cache[off];
-            vs[static_cast<size_t>(j * hd + d)] = a.v_cache[off];
+            ks[static_cast<size_t>(j * hd + d)] = k_cache[off];
+            vs[static_cast<size_t>(j * hd + d)] = v_cache[off];
           }
           for (int qw = 0; qw < kWarps * kPerWarp; ++qw) {
             const int64_t qi = tile_begin + qw;

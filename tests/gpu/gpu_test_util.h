@@ -8,12 +8,25 @@
 #include <random>
 #include <vector>
 
+#include "common/dtype.h"
 #include "kernels/cuda/cuda_loader.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace tessera::gpu_test {
 
 using test::gaussian;  // seeded normal data, as in the CPU kernel tests
+
+// fp32 <-> fp16 element by element (round to nearest even; widening is exact).
+inline std::vector<uint16_t> to_f16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_fp16(x[i]);
+  return h;
+}
+inline std::vector<float> from_f16(const std::vector<uint16_t>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = fp16_to_f32(h[i]);
+  return x;
+}
 
 // Skips the test ("no CUDA device: ...") unless the library loads and a device is present;
 // allocations made through it are freed at TearDown.

@@ -53,6 +53,27 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
   }
 }
 
+// An fp16 KV cache on CUDA shards: the coordinator plans fp16 blocks (the shards' hellos carry
+// it; a mismatch is refused), and the reference greedy ids come out at TP 1 and 2.
+TEST_F(CudaShardFakeBackend, Fp16KvCacheGivesTheReferenceIds) {
+  const std::string stories = testdata_dir() + "/stories260K";
+  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  std::ifstream in(stories + "/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto& c = ref["cases"].back();
+  const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+  for (const char* tp : {"1", "2"}) {
+    const ProcessResult r =
+        run(env_ + "TESSERA_LOG_LEVEL=info " + bin("tessera") + " generate --model " + quote(stories + "/hf") +
+            " --prompt-ids " + join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +
+            std::to_string(greedy.size()) + " --temperature 0 --ignore-eos --print-ids --device cuda --kv-dtype fp16 --tp " +
+            tp);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(last_line(r.output), join_ids(greedy)) << "TP " << tp;
+    EXPECT_NE(r.output.find("tokens of fp16"), std::string::npos) << r.output;
+  }
+}
+
 // Speculation on CUDA shards: the pieces with drafts (k + 1 rows of logits, verified on the
 // host) beside graphed plain decode steps; the reference greedy ids at TP 1 and 2, and seeded
 // sampling draws the same tokens with and without drafts.
