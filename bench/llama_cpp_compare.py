@@ -220,7 +220,8 @@ def run_tessera(bin_dir, model, threads, prompt, gen, reps, batches, batch_gen, 
 
 def tessera_greedy(bin_dir, model, prompt, n, threads):
     cmd = [os.path.join(bin_dir, "tessera"), "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
-           "--max-tokens", str(n), "--temperature", "0", "--print-ids", "--ignore-eos", "--threads", str(threads)]
+           "--max-tokens", str(n), "--temperature", "0", "--print-ids", "--ignore-eos", "--threads", str(threads),
+           "--matmul-precision", "fp32"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()
     return [int(t) for t in out[-1].split(",") if t]
 
@@ -229,8 +230,10 @@ class TesseraServer:
     """One `tessera serve` process for teacher-forced scoring (close() stops it)."""
 
     def __init__(self, bin_dir, model, threads):
+        # fp32 matmuls, as llama.cpp's CPU backend computes them (`auto` would take bf16 dot products
+        # for 16-bit weights on CPUs with AVX512_BF16).
         cmd = [os.path.join(bin_dir, "tessera"), "serve", "--model", model, "--port", "0", "--model-name", "m",
-               "--threads", str(threads)]
+               "--threads", str(threads), "--matmul-precision", "fp32"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.base, log = None, []
