@@ -103,6 +103,17 @@ std::vector<int32_t> greedy(GpuModel& m, const std::vector<int32_t>& prompt, int
   return out;
 }
 
+// The CPU LocalModel's logits at the last prompt position (empty on failure, which is reported).
+std::vector<float> cpu_prompt_logits(LocalModel& cpu, const std::vector<int32_t>& prompt) {
+  GenerateOptions go;
+  go.max_tokens = 1;
+  go.sampling.temperature = 0.0f;
+  go.ignore_eos = true;
+  auto out = generate(cpu, prompt, go);
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  return out.is_ok() ? out->prompt_last_logits : std::vector<float>{};
+}
+
 class CudaForwardTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -154,13 +165,9 @@ TEST_P(CudaForwardTest, GreedyIdsMatchReferenceAndLogitsMatchCpu) {
     ASSERT_EQ(static_cast<int64_t>(gpu_logits.size()), vocab) << c.name;
     EXPECT_LT(max_rel_err(gpu_logits, c.logits.data(), vocab), 1e-2f) << c.name << " vs reference.json";
 
-    GenerateOptions go;
-    go.max_tokens = 1;
-    go.sampling.temperature = 0.0f;
-    go.ignore_eos = true;
-    auto out = generate(**cpu, c.prompt, go);
-    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-    EXPECT_LT(max_rel_err(gpu_logits, out->prompt_last_logits.data(), vocab), 1e-2f) << c.name << " vs CPU";
+    const std::vector<float> cpu_logits = cpu_prompt_logits(**cpu, c.prompt);
+    ASSERT_EQ(static_cast<int64_t>(cpu_logits.size()), vocab) << c.name;
+    EXPECT_LT(max_rel_err(gpu_logits, cpu_logits.data(), vocab), 1e-2f) << c.name << " vs CPU";
   }
 }
 
@@ -192,14 +199,12 @@ TEST_P(CudaForwardTest, Fp16KvMatchesTheCpuFp16Kv) {
             << c.name << " " << what;
         greedy(**fp32, c.prompt, 1, 0, &logits32);
         ASSERT_EQ(static_cast<int64_t>(logits16.size()), vocab);
-        GenerateOptions go;
-        go.max_tokens = 1;
-        go.sampling.temperature = 0.0f;
-        go.ignore_eos = true;
-        auto out = generate(**cpu, c.prompt, go);
-        ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-        EXPECT_LT(max_rel_err(logits16, out->prompt_last_logits.data(), vocab), 1e-2f) << c.name << " vs CPU fp16 KV";
-        if (c.prompt.size() > 1) EXPECT_NE(logits16, logits32) << c.name << ": fp16 KV gave the fp32 KV's logits";
+        const std::vector<float> cpu_logits = cpu_prompt_logits(**cpu, c.prompt);
+        ASSERT_EQ(static_cast<int64_t>(cpu_logits.size()), vocab) << c.name;
+        EXPECT_LT(max_rel_err(logits16, cpu_logits.data(), vocab), 1e-2f) << c.name << " vs CPU fp16 KV";
+        if (c.prompt.size() > 1) {
+          EXPECT_NE(logits16, logits32) << c.name << ": fp16 KV gave the fp32 KV's logits";
+        }
       }
     }
 }
