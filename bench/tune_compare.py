@@ -7,7 +7,9 @@ writes a markdown table: throughput, TTFT and ITL at P50 and P99 (median and ran
 runs), the simulator's error against the real median, and the real runs' own spread. Where
 WORK/simlevel-NAME-r*.json exist (the simulator at the level each real run measured, `tune
 simulate --level-from`), a second pair of rows shows how much of the error is the machine's
-drift between calibration and the runs. Standard library only.
+drift between calibration and the runs; where WORK/simprobe-NAME-r*.json exist (the simulator at
+the level a short probe measured right before each run), a third pair shows how well a calibration
+taken just before a run predicts it. Standard library only.
 """
 import argparse
 import datetime
@@ -101,7 +103,9 @@ def main():
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
     rows, worst = [], {k: 0.0 for k in KEYS}
-    worst_level = {k: 0.0 for k in KEYS}
+    # The simulator at other levels than the calibration's: file prefix -> (row label, worst errors).
+    level_kinds = {"simlevel": ["the runs' levels", {k: 0.0 for k in KEYS}],
+                   "simprobe": ["the probed levels", {k: 0.0 for k in KEYS}]}
     step_model = {}
     for name in a.names:
         reals = sorted(glob.glob(os.path.join(a.work, f"real-{name}-r*.json")))
@@ -114,18 +118,20 @@ def main():
         s = combine(sim_runs)
         for k in KEYS:
             worst[k] = max(worst[k], abs(err(s[k], r[k])))
-        at_level = sorted(glob.glob(os.path.join(a.work, f"simlevel-{name}-r*.json")))
-        lv = None
-        if at_level:
-            lv = combine([sim_summary(p) for p in at_level])
-            levels = []
-            for p in at_level:
+        at = {}
+        for kind, (_, worst_kind) in level_kinds.items():
+            files = sorted(glob.glob(os.path.join(a.work, f"{kind}-{name}-r*.json")))
+            if not files:
+                continue
+            lv = combine([sim_summary(p) for p in files])
+            lv["levels"] = []
+            for p in files:
                 with open(p) as f:
-                    levels.append(json.load(f).get("level", 1.0))
-            lv["levels"] = levels
+                    lv["levels"].append(json.load(f).get("level", 1.0))
             for k in KEYS:
-                worst_level[k] = max(worst_level[k], abs(err(lv[k], r[k])))
-        rows.append((name, r, s, lv))
+                worst_kind[k] = max(worst_kind[k], abs(err(lv[k], r[k])))
+            at[kind] = lv
+        rows.append((name, r, s, at))
 
     def cell(v, k, scale, fmt):
         lo, hi = v["range"][k]
@@ -149,7 +155,7 @@ def main():
         "| trace | side | runs | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r, s, lv in rows:
+    for name, r, s, at in rows:
         for side, v in (("real", r), ("simulated", s)):
             lines.append(
                 f"| {name} | {side} | {v['runs']} | {cell(v, 'out_tok_s', 1, '.1f')} | {cell(v, 'ttft_p50', 1e3, '.0f')} | "
@@ -162,14 +168,15 @@ def main():
         lines.append(
             f"| {name} | real spread | | {spread['out_tok_s']:.0f}% | {spread['ttft_p50']:.0f}% | {spread['ttft_p99']:.0f}% | "
             f"{spread['itl_p50']:.0f}% | {spread['itl_p99']:.0f}% |")
-        if lv:
+        for kind, lv in at.items():
+            label = level_kinds[kind][0]
             levels = "/".join(f"{x:.2f}" for x in lv["levels"])
             lines.append(
-                f"| {name} | simulated at the runs' levels ({levels}) | {lv['runs']} | {cell(lv, 'out_tok_s', 1, '.1f')} | "
+                f"| {name} | simulated at {label} ({levels}) | {lv['runs']} | {cell(lv, 'out_tok_s', 1, '.1f')} | "
                 f"{cell(lv, 'ttft_p50', 1e3, '.0f')} | {cell(lv, 'ttft_p99', 1e3, '.0f')} | {cell(lv, 'itl_p50', 1e3, '.1f')} | "
                 f"{cell(lv, 'itl_p99', 1e3, '.0f')} |")
             lines.append(
-                f"| {name} | error at the runs' levels | | {err(lv['out_tok_s'], r['out_tok_s']):+.1f}% | "
+                f"| {name} | error at {label} | | {err(lv['out_tok_s'], r['out_tok_s']):+.1f}% | "
                 f"{err(lv['ttft_p50'], r['ttft_p50']):+.1f}% | {err(lv['ttft_p99'], r['ttft_p99']):+.1f}% | "
                 f"{err(lv['itl_p50'], r['itl_p50']):+.1f}% | {err(lv['itl_p99'], r['itl_p99']):+.1f}% |")
     lines += [
@@ -178,12 +185,21 @@ def main():
         f"{worst['itl_p99']:.1f}% (target 15%), output throughput {worst['out_tok_s']:.1f}% (target 10%).",
         "",
     ]
-    if any(lv for *_, lv in rows):
+    seen = {kind for *_, at in rows for kind in at}
+    texts = {
+        "simlevel": "At the levels the real runs measured (the median of measured / predicted step time over each "
+        "run's own `--step-log`; the simulator otherwise runs at the calibration's median level)",
+        "simprobe": "At the levels probed right before each run (a fifth of the trace's requests, another seed, on a "
+        "fresh server, its `--step-log` against the model; the probe never sees the run)",
+    }
+    for kind in ("simlevel", "simprobe"):
+        if kind not in seen:
+            continue
+        w = level_kinds[kind][1]
         lines[-1:-1] = [
-            f"At the levels the real runs measured (the median of measured / predicted step time over each run's own "
-            f"`--step-log`; the simulator otherwise runs at the calibration's median level): P99 TTFT "
-            f"{worst_level['ttft_p99']:.1f}%, P99 ITL {worst_level['itl_p99']:.1f}%, output throughput "
-            f"{worst_level['out_tok_s']:.1f}%.",
+            f"{texts[kind]}: P99 TTFT {w['ttft_p99']:.1f}%, P99 ITL {w['itl_p99']:.1f}%, output throughput "
+            f"{w['out_tok_s']:.1f}%.",
+            "",
         ]
     with open(a.out, "w") as f:
         f.write("\n".join(lines))

@@ -14,6 +14,12 @@
 #   and writes the side-by-side table: medians, ranges, and the simulator's error against the real
 #   median beside the real runs' own spread. SIM_ONLY=1 keeps the real runs already in WORK and
 #   replays only the simulator (after a new fit of the same logs).
+#   Probed level (PROBE=1, the default): right before each real run a short probe of the same
+#   traffic (the trace's spec, another seed, a fifth of its requests) runs on a fresh server with
+#   its own --step-log; the simulator then also replays the trace at the level that probe
+#   measured (`tune simulate --level-from` the probe's log): how well a calibration taken just
+#   before the run predicts it on a machine whose speed drifts by +-15% over minutes. The probe
+#   never sees the run it predicts.
 #
 # Environment: MODEL (default: the Gemma file), TESSERA (the binary), OUT (results directory),
 # THREADS (shard threads, default 2). Speculation is off on both sides (the simulator does not
@@ -88,9 +94,18 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
     IFS='|' read -r name lengths arrivals rate n <<< "$spec"
     trace="$WORK/trace-$name.jsonl"
     "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n "$n" --seed 7 --out "$trace"
-    # The same trace REPEATS times on a fresh server (runs already there are kept: FIRST_RUN).
+    probe="$WORK/probe-$name.jsonl"
+    "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n $(( n / 5 > 8 ? n / 5 : 8 )) \
+      --seed 8 --out "$probe"
+    # The same trace REPEATS times on a fresh server (runs already there are kept: FIRST_RUN),
+    # each right after its probe.
     for run in $(seq "${FIRST_RUN:-1}" "${REPEATS:-3}"); do
       [ "${SIM_ONLY:-0}" = 1 ] && break
+      if [ "${PROBE:-1}" = 1 ]; then
+        start_server 16 "$WORK/steps-probe-$name-r$run.jsonl"
+        bench --trace "$probe" > /dev/null
+        stop_server
+      fi
       start_server 16 "$WORK/steps-validate-$name-r$run.jsonl"
       bench --trace "$trace" --json "$WORK/real-$name-r$run.json"
       stop_server
@@ -100,13 +115,16 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
       "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$seed" \
         --json "$WORK/sim-$name-s$seed.json" > /dev/null
     done
-    # And at the level each real run ran at (its own step log against the model): the machine's
-    # drift between the calibration and the run, apart from the simulator's error.
-    for log in "$WORK"/steps-validate-"$name"-r*.jsonl; do
-      [ -e "$log" ] || continue
-      run=${log##*-r}; run=${run%.jsonl}
-      "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$run" \
-        --level-from "$log" --json "$WORK/simlevel-$name-r$run.json" > /dev/null
+    # And at other levels than the calibration's median: the level each real run measured over
+    # its own step log (the machine's drift between calibration and run, apart from the
+    # simulator's error), and the level its probe measured just before it.
+    for kind in validate:simlevel probe:simprobe; do
+      for log in "$WORK"/steps-"${kind%%:*}"-"$name"-r*.jsonl; do
+        [ -e "$log" ] || continue
+        run=${log##*-r}; run=${run%.jsonl}
+        "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$run" \
+          --level-from "$log" --json "$WORK/${kind##*:}-$name-r$run.json" > /dev/null
+      done
     done
     rows+=("$name")
   done

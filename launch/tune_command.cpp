@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,9 @@
 #include "coordinator/scheduler_config.h"
 #include "coordinator/server.h"
 #include "launch/commands.h"
+#include "launch/measure_step.h"
 #include "launch/tune_verify.h"
+#include "model/weight_store.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
 #include "tune/block_size.h"
@@ -240,7 +243,50 @@ struct CalibrateArgs {
   DeploymentArgs dep;
   std::vector<std::string> logs;
   std::string out;
+  std::string measure_blocks = "auto";  // auto: on for the CPU card
+  int64_t block_context = 4096;
+  int threads = 0;
 };
+
+// The block term measured apart: decode steps of 8 sequences at one context, KV blocks of 16 and
+// of 256 tokens, three rounds alternating after a warm-up (a shared machine's drift hits both
+// sizes alike); the median of the rounds' differences over the difference in block-table entries
+// walked, >= 0.
+Result<double> measure_per_block(const CalibrateArgs& a) {
+  TESSERA_ASSIGN_OR_RETURN(auto store, WeightStore::open(a.dep.model));
+  MeasureArgs m;
+  m.model = a.dep.model;
+  m.tp = a.dep.tp;
+  m.threads = a.threads;
+  m.batch = 8;
+  m.steps = 8;
+  TESSERA_ASSIGN_OR_RETURN(m.kv_dtype, parse_kv_dtype(a.dep.kv_dtype));
+  const int64_t context = std::min<int64_t>(a.block_context, store->config().max_positions - m.steps - 8);
+  constexpr int64_t kSmall = 16, kLarge = 256;
+  if (context < 2 * kLarge)
+    return Status::invalid_argument(fmt::format(
+        "--measure-blocks: the model's {} positions leave no context long enough to tell blocks of {} from {}",
+        store->config().max_positions, kSmall, kLarge));
+  m.block_size = kSmall;  // a warm-up run: the first one in a process pays the weights' page-in
+  TESSERA_RETURN_IF_ERROR(measure_decode_steps(m, context).status());
+  std::vector<double> diffs;
+  for (int round = 0; round < 3; ++round) {
+    double t[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      m.block_size = (round + k) % 2 == 0 ? kSmall : kLarge;  // alternate which size goes first
+      TESSERA_ASSIGN_OR_RETURN(Measured r, measure_decode_steps(m, context));
+      t[m.block_size == kSmall ? 0 : 1] = r.step_median_s;
+    }
+    diffs.push_back(t[0] - t[1]);
+    std::printf("  blocks measured apart, round %d: %lld-token context, 8 sequences: block %lld %.3f ms, block %lld %.3f ms\n",
+                round + 1, static_cast<long long>(context), static_cast<long long>(kSmall), t[0] * 1e3,
+                static_cast<long long>(kLarge), t[1] * 1e3);
+  }
+  std::sort(diffs.begin(), diffs.end());
+  // Block-table entries one decode step walks at each size (step_features.h: ceil((s + 1) / block)).
+  const auto entries = [&](int64_t block) { return m.batch * ((context + 1 + block - 1) / block); };
+  return std::max(0.0, diffs[1]) / static_cast<double>(entries(kSmall) - entries(kLarge));
+}
 
 int run_calibrate(const CalibrateArgs& a) {
   std::vector<StepRecord> steps;
@@ -250,8 +296,21 @@ int run_calibrate(const CalibrateArgs& a) {
     steps.insert(steps.end(), s->begin(), s->end());
   }
   const bool cpu = a.dep.card == "cpu" || a.dep.card == "CPU";
+  std::optional<double> per_block;
+  if (a.measure_blocks == "on" || (a.measure_blocks == "auto" && cpu)) {
+    if (!cpu) return fail("--measure-blocks on: the block measurement runs on this machine's CPU (--card cpu)");
+    auto measured = measure_per_block(a);
+    if (measured.is_ok()) {
+      per_block = *measured;
+    } else if (a.measure_blocks == "on" || measured.status().code() != StatusCode::kInvalidArgument) {
+      return fail(measured.status().to_string());
+    } else {  // auto, a model too short to tell the block sizes apart: the block term from the logs
+      std::printf("  blocks not measured apart (%s): the block term is fitted on the step logs\n",
+                  std::string(measured.status().message()).c_str());
+    }
+  }
   auto model = fit_step_model(steps, std::filesystem::path(a.dep.model).filename().string(), cpu ? "cpu" : a.dep.card,
-                              a.dep.tp);
+                              a.dep.tp, per_block);
   if (!model.is_ok()) return fail(model.status().to_string());
   std::fputs(format_step_model(*model).c_str(), stdout);
   const std::string store = !a.out.empty() ? a.out : step_model_path(a.dep.model);
@@ -586,6 +645,15 @@ Runner add_tune_command(CLI::App& app) {
   add_deployment_flags(*cal, c->dep);
   cal->add_option("--step-log", c->logs, "step log(s) from `tessera serve --step-log`")->required();
   cal->add_option("--out", c->out, "store (default: <model>.steps.json)");
+  cal->add_option("--measure-blocks", c->measure_blocks,
+                  "time decode steps at KV blocks of 16 and 256 tokens (alternating) and take the block term from "
+                  "them instead of the step logs: auto (on for --card cpu), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cal->add_option("--block-context", c->block_context, "the context of --measure-blocks' decode steps")
+      ->check(CLI::Range(int64_t{512}, int64_t{1} << 20))
+      ->capture_default_str();
+  cal->add_option("--threads", c->threads, "CPU threads of --measure-blocks (0: all)")->capture_default_str();
 
   auto s = std::make_shared<SimulateArgs>();
   CLI::App* sim = app.add_subcommand("simulate", "Run one setting on the simulator");

@@ -129,12 +129,15 @@ std::vector<double> fit_weights(const std::vector<const StepRecord*>& steps) {
   return w;
 }
 
-Fit fit_once(const std::vector<const StepRecord*>& steps) {
+// per_block >= 0: the block term is that (measured apart), not fitted.
+Fit fit_once(const std::vector<const StepRecord*>& steps, double per_block) {
   static constexpr double kKnees[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
   // 0: no cache knee. A knee needs steps past it: one no step reaches fits like none.
   static constexpr double kCacheKnees[] = {0, 256, 512, 1024};
-  std::vector<double> y;
-  for (const StepRecord* s : steps) y.push_back(s->total_s());
+  const bool pinned = per_block >= 0;
+  std::vector<double> y;  // what the fitted terms explain
+  for (const StepRecord* s : steps)
+    y.push_back(s->total_s() - (pinned ? per_block * static_cast<double>(s->features.blocks) : 0.0));
   const std::vector<double> w = fit_weights(steps);
   Fit best;
   best.loss = INFINITY;
@@ -142,10 +145,15 @@ Fit fit_once(const std::vector<const StepRecord*>& steps) {
     for (double knee : kKnees) {
       std::vector<std::array<double, kTerms>> rows;
       rows.reserve(steps.size());
-      for (const StepRecord* s : steps) rows.push_back(design_row(s->features, knee, cache_knee));
-      const StepTimeModel m = from_coefficients(solve_nonnegative(rows, y, w), knee, cache_knee);
+      for (const StepRecord* s : steps) {
+        rows.push_back(design_row(s->features, knee, cache_knee));
+        if (pinned) rows.back()[kTerms - 1] = 0.0;  // an all-zero column gets coefficient 0
+      }
+      StepTimeModel m = from_coefficients(solve_nonnegative(rows, y, w), knee, cache_knee);
+      if (pinned) m.per_block_s = per_block;
       double loss = 0;
-      for (size_t i = 0; i < steps.size(); ++i) loss += std::pow((m.predict_s(steps[i]->features) - y[i]) * w[i], 2);
+      for (size_t i = 0; i < steps.size(); ++i)
+        loss += std::pow((m.predict_s(steps[i]->features) - steps[i]->total_s()) * w[i], 2);
       if (loss < best.loss) best = {m, loss};
     }
   }
@@ -340,7 +348,10 @@ double StepTimeModel::block_factor(int64_t block_size, int64_t tokens) const {
 std::string StepTimeModel::key() const { return fmt::format("{}|{}|{}", model, card, tp); }
 
 Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::string model, std::string card,
-                                     int tp) {
+                                     int tp, std::optional<double> per_block_s) {
+  if (per_block_s && !(*per_block_s >= 0.0 && std::isfinite(*per_block_s)))
+    return Status::invalid_argument(fmt::format("step model: a measured per-block cost of {} s", *per_block_s));
+  const double per_block = per_block_s ? *per_block_s : -1.0;
   std::vector<const StepRecord*> use;
   for (const StepRecord& s : steps)
     if (s.features.tokens > 0 && s.total_s() > 0 && std::isfinite(s.total_s())) use.push_back(&s);
@@ -356,12 +367,12 @@ Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::
   if (!varies([](const StepRecord& s) { return s.features.tokens; }))
     return Status::invalid_argument("step model: every step computed the same number of tokens; the fit needs "
                                     "steps of different sizes (mix prompt lengths and concurrency)");
-  Fit fit = fit_once(use);
+  Fit fit = fit_once(use, per_block);
   // Drop steps that took far longer than the first fit says (a preempted process, a page-in), once.
   std::vector<const StepRecord*> kept;
   for (const StepRecord* s : use)
     if (s->total_s() <= 4.0 * fit.model.predict_s(s->features)) kept.push_back(s);
-  if (kept.size() >= 8 && kept.size() < use.size()) fit = fit_once(kept);
+  if (kept.size() >= 8 && kept.size() < use.size()) fit = fit_once(kept, per_block);
   else kept = use;
   StepTimeModel m = fit.model;
   std::vector<double> empty;
@@ -398,8 +409,9 @@ Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::
   for (const StepRecord* s : kept) sizes.push_back(s->block_size);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  m.source = fmt::format("fitted: {} measured steps ({} dropped as outliers), block sizes {}", kept.size(),
-                         use.size() - kept.size(), fmt::join(sizes, "/"));
+  m.source = fmt::format("fitted: {} measured steps ({} dropped as outliers), block sizes {}{}", kept.size(),
+                         use.size() - kept.size(), fmt::join(sizes, "/"),
+                         per_block_s ? fmt::format("; per block {:.1f} ns measured apart", *per_block_s * 1e9) : "");
   return m;
 }
 

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -104,8 +105,14 @@ struct StepTimeModel {
 
 // Least-squares fit on measured steps (StepRecord::total_s). InvalidArgument when there are
 // fewer than 8 steps or the steps do not vary enough to tell the terms apart (then the message
-// says which feature was constant).
-Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::string model, std::string card, int tp);
+// says which feature was constant), or per_block_s is negative.
+// per_block_s: the block term measured apart (`tune calibrate` times decode steps of one context
+// at two block sizes, interleaved), used as it is; the other terms are fitted to the rest. The
+// step logs cannot tell it well: a calibration runs one server per block size, minutes apart, and
+// a shared machine's drift between those runs lands in the block term (on a 2-core Xeon the fit
+// gave 11 us a block, 37% of a 16k-token step at block 16, where direct timing showed none).
+Result<StepTimeModel> fit_step_model(const std::vector<StepRecord>& steps, std::string model, std::string card, int tp,
+                                     std::optional<double> per_block_s = std::nullopt);
 
 // The median of measured / predicted (block factor included) over the steps that computed tokens: how fast the machine
 // ran a logged run against the model (1.15: 15% slower). InvalidArgument without such steps.

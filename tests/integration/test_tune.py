@@ -268,6 +268,41 @@ def test_calibrate_keeps_other_entries_of_the_store(store, step_log, tmp_path):
     assert len(load_models(both)) == 2
 
 
+def test_calibrate_measures_the_block_term_apart(step_log, tmp_path):
+    # A one-layer model with 2048 positions (stories260K's 512 are too few to tell blocks of 16 from
+    # blocks of 256): decode steps at both sizes, alternating; the block term is taken from them.
+    small = str(tmp_path / "small.gguf")
+    subprocess.run([os.path.join(BIN, "tessera-make-model"), "--format", "gguf", "--type", "f32", "--out", small,
+                    "--preset", "110m", "--layers", "1", "--hidden", "256", "--heads", "4", "--kv-heads", "4",
+                    "--ffn", "512", "--vocab", "512"], check=True, capture_output=True)
+    path = str(tmp_path / "small.steps.json")
+    rc, out = run(["tune", "calibrate", "--model", small, "--card", "cpu", "--step-log", step_log, "--out", path,
+                   "--block-context", "1024", "--threads", "1"])
+    assert rc == 0, out
+    assert len(re.findall(r"round \d: 1024-token context, 8 sequences: block 16 [\d.]+ ms, block 256 [\d.]+ ms",
+                          out)) == 3, out
+    m = load_models(path)[0]
+    assert "measured apart" in m["source"], m
+    assert m["per_block_s"] >= 0, m
+    # Off: the block term comes from the logs (as with stories260K, whose context is too short).
+    rc, out = run(["tune", "calibrate", "--model", small, "--card", "cpu", "--step-log", step_log, "--out", path,
+                   "--measure-blocks", "off"])
+    assert rc == 0, out
+    assert "measured apart" not in load_models(path)[0]["source"]
+
+
+def test_calibrate_says_why_it_cannot_measure_blocks(store, step_log, tmp_path):
+    assert "measured apart" not in load_models(store)[0]["source"]
+    rc, out = run(["tune", "calibrate", "--model", MODEL, "--card", "cpu", "--step-log", step_log,
+                   "--out", str(tmp_path / "x.json"), "--measure-blocks", "on"])
+    assert rc != 0, out
+    assert "512 positions" in out, out
+    rc, out = run(["tune", "calibrate", "--model", "llama-2-70b", "--precision", "INT4", "--card", "A100-80GB",
+                   "--step-log", step_log, "--out", str(tmp_path / "y.json"), "--measure-blocks", "on"])
+    assert rc != 0, out
+    assert "--card cpu" in out, out
+
+
 def test_calibrate_refuses_a_step_log_that_is_not_json(step_log, tmp_path):
     bad = str(tmp_path / "bad.jsonl")
     with open(step_log) as f:

@@ -159,6 +159,32 @@ TEST(StepTimeModelFit, KeepsMachineDriftOutOfTheStepJitter) {
   EXPECT_EQ(back->token_knee, m->token_knee);
 }
 
+// One server per block size, the block-16 one on a slower phase of the machine (x1.2) and no
+// block cost at all: the fit blames the blocks for the drift, the block term measured apart does
+// not, and the others still fit.
+TEST(StepTimeModelFit, ABlockTermMeasuredApartKeepsDriftBetweenRunsOutOfIt) {
+  StepTimeModel t = truth();
+  t.per_block_s = 0.0;
+  std::vector<StepRecord> steps;
+  for (const StepRecord& r : synthetic_steps(t, 0.01, 900, 31)) {
+    StepRecord d = r;
+    if (d.block_size == 16) d.run_s *= 1.2;
+    steps.push_back(d);
+  }
+  auto fitted = fit_step_model(steps, "toy", "cpu", 1);
+  ASSERT_TRUE(fitted.is_ok()) << fitted.status().to_string();
+  EXPECT_GT(fitted->per_block_s, 1e-7) << "drift between the runs went into the block term";
+  auto pinned = fit_step_model(steps, "toy", "cpu", 1, 0.0);
+  ASSERT_TRUE(pinned.is_ok()) << pinned.status().to_string();
+  EXPECT_EQ(pinned->per_block_s, 0.0);
+  EXPECT_NE(pinned->source.find("per block 0.0 ns measured apart"), std::string::npos) << pinned->source;
+  EXPECT_LT(pinned->median_abs_rel_error, 0.12);
+  auto given = fit_step_model(steps, "toy", "cpu", 1, 3e-6);
+  ASSERT_TRUE(given.is_ok());
+  EXPECT_EQ(given->per_block_s, 3e-6);
+  EXPECT_EQ(fit_step_model(steps, "toy", "cpu", 1, -1e-6).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(StepTimeModelFit, RefusesTooFewOrUniformSteps) {
   auto few = synthetic_steps(truth(), 0.0, 5, 1);
   EXPECT_NE(fit_step_model(few, "m", "cpu", 1).status().message().find("at least 8"), std::string::npos);
