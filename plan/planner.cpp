@@ -616,14 +616,14 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
   }
   if (t.context > m.context_length)
     warn(false, fmt::format("decode context {} is longer than the context length {}", t.context, m.context_length));
-  // What the runtime stores: fp32 everywhere, fp16 on the CPU backend too (--kv-dtype fp16).
-  if (in.kv_dtype != KvDtype::kF32 && !(in.card.is_cpu && in.kv_dtype == KvDtype::kF16))
-    warn(false,
-         fmt::format("KV dtype {}: Tessera's {} KV cache stores {} today, so a run holds {}x fewer tokens "
-                     "than this plan; plan with --kv-dtype {} for what runs now",
-                     kv_dtype_name(in.kv_dtype), in.card.is_cpu ? "CPU" : "CUDA",
-                     in.card.is_cpu ? "fp32 or fp16" : "fp32",
-                     4 / kv_dtype_bytes(in.kv_dtype) / (in.card.is_cpu ? 2 : 1), in.card.is_cpu ? "fp16" : "fp32"));
+  // What the runtime stores: fp32, or fp16 with --kv-dtype fp16, on the CPU and the CUDA backend.
+  if (in.kv_dtype != KvDtype::kF32 && in.kv_dtype != KvDtype::kF16) {
+    const int fewer = kv_dtype_bytes(KvDtype::kF16) / kv_dtype_bytes(in.kv_dtype);
+    warn(false, fmt::format("KV dtype {}: Tessera's {} KV cache stores fp32 or fp16 today, so a run holds {} "
+                            "than this plan; plan with --kv-dtype fp16 for what runs now",
+                            kv_dtype_name(in.kv_dtype), in.card.is_cpu ? "CPU" : "CUDA",
+                            fewer > 1 ? fmt::format("{}x fewer tokens", fewer) : "its tokens in fp16, not"));
+  }
 }
 
 }  // namespace
