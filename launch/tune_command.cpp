@@ -278,9 +278,10 @@ Result<double> measure_per_block(const CalibrateArgs& a) {
       t[m.block_size == kSmall ? 0 : 1] = r.step_median_s;
     }
     diffs.push_back(t[0] - t[1]);
-    std::printf("  blocks measured apart, round %d: %lld-token context, 8 sequences: block %lld %.3f ms, block %lld %.3f ms\n",
-                round + 1, static_cast<long long>(context), static_cast<long long>(kSmall), t[0] * 1e3,
-                static_cast<long long>(kLarge), t[1] * 1e3);
+    std::printf("  blocks measured apart, round %d: %lld-token context, %lld sequences: block %lld %.3f ms, "
+                "block %lld %.3f ms\n",
+                round + 1, static_cast<long long>(context), static_cast<long long>(m.batch),
+                static_cast<long long>(kSmall), t[0] * 1e3, static_cast<long long>(kLarge), t[1] * 1e3);
   }
   std::sort(diffs.begin(), diffs.end());
   // Block-table entries one decode step walks at each size (step_features.h: ceil((s + 1) / block)).
