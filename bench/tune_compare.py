@@ -103,9 +103,18 @@ def main():
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
     rows, worst = [], {k: 0.0 for k in KEYS}
-    # The simulator at other levels than the calibration's: file prefix -> (row label, worst errors).
-    level_kinds = {"simlevel": ["the runs' levels", {k: 0.0 for k in KEYS}],
-                   "simprobe": ["the probed levels", {k: 0.0 for k in KEYS}]}
+    # The simulator at other levels than the calibration's: file prefix -> (row label, summary
+    # sentence, worst errors).
+    level_kinds = {
+        "simlevel": ["the runs' levels",
+                     "At the levels the real runs measured (the median of measured / predicted step time over each "
+                     "run's own `--step-log`; the simulator otherwise runs at the calibration's median level)",
+                     {k: 0.0 for k in KEYS}],
+        "simprobe": ["the probed levels",
+                     "At the levels probed right before each run (a fifth of the trace's requests, another seed, on "
+                     "a fresh server, its `--step-log` against the model; the probe never sees the run)",
+                     {k: 0.0 for k in KEYS}],
+    }
     step_model = {}
     for name in a.names:
         reals = sorted(glob.glob(os.path.join(a.work, f"real-{name}-r*.json")))
@@ -119,7 +128,7 @@ def main():
         for k in KEYS:
             worst[k] = max(worst[k], abs(err(s[k], r[k])))
         at = {}
-        for kind, (_, worst_kind) in level_kinds.items():
+        for kind, (_, _, worst_kind) in level_kinds.items():
             files = sorted(glob.glob(os.path.join(a.work, f"{kind}-{name}-r*.json")))
             if not files:
                 continue
@@ -186,18 +195,11 @@ def main():
         "",
     ]
     seen = {kind for *_, at in rows for kind in at}
-    texts = {
-        "simlevel": "At the levels the real runs measured (the median of measured / predicted step time over each "
-        "run's own `--step-log`; the simulator otherwise runs at the calibration's median level)",
-        "simprobe": "At the levels probed right before each run (a fifth of the trace's requests, another seed, on a "
-        "fresh server, its `--step-log` against the model; the probe never sees the run)",
-    }
-    for kind in ("simlevel", "simprobe"):
+    for kind, (_, text, w) in level_kinds.items():
         if kind not in seen:
             continue
-        w = level_kinds[kind][1]
         lines[-1:-1] = [
-            f"{texts[kind]}: P99 TTFT {w['ttft_p99']:.1f}%, P99 ITL {w['itl_p99']:.1f}%, output throughput "
+            f"{text}: P99 TTFT {w['ttft_p99']:.1f}%, P99 ITL {w['itl_p99']:.1f}%, output throughput "
             f"{w['out_tok_s']:.1f}%.",
             "",
         ]

@@ -29,14 +29,22 @@ class CudaShardFakeBackend : public ::testing::Test {
     if (!lib || !fs::exists(lib)) GTEST_SKIP() << "TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend";
     env_ = "TESSERA_CUDA_LIBRARY=" + quote(lib) + " ";
   }
+  // stories260K's reference.json into ref_; false (the test skips) without the test data.
+  bool load_reference() {
+    if (!fs::exists(stories_ + "/reference.json")) return false;
+    std::ifstream in(stories_ + "/reference.json");
+    ref_ = nlohmann::json::parse(in);
+    return true;
+  }
   std::string env_;
+  const std::string stories_ = testdata_dir() + "/stories260K";
+  nlohmann::json ref_;
 };
 
 TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
-  const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
-  std::ifstream in(stories + "/reference.json");
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  const std::string& stories = stories_;
+  const nlohmann::json& ref = ref_;
   for (const auto& c : ref["cases"]) {
     const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
     for (const std::string model : {"/hf", "/stories260K-f32.gguf"}) {
@@ -56,10 +64,9 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
 // An fp16 KV cache on CUDA shards: the coordinator plans fp16 blocks (the shards' hellos carry
 // it; a mismatch is refused), and the reference greedy ids come out at TP 1 and 2.
 TEST_F(CudaShardFakeBackend, Fp16KvCacheGivesTheReferenceIds) {
-  const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
-  std::ifstream in(stories + "/reference.json");
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  const std::string& stories = stories_;
+  const nlohmann::json& ref = ref_;
   const auto& c = ref["cases"].back();
   const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
   for (const char* tp : {"1", "2"}) {
@@ -78,10 +85,9 @@ TEST_F(CudaShardFakeBackend, Fp16KvCacheGivesTheReferenceIds) {
 // host) beside graphed plain decode steps; the reference greedy ids at TP 1 and 2, and seeded
 // sampling draws the same tokens with and without drafts.
 TEST_F(CudaShardFakeBackend, SpeculationKeepsTheTokens) {
-  const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
-  std::ifstream in(stories + "/reference.json");
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  const std::string& stories = stories_;
+  const nlohmann::json& ref = ref_;
   int kept = 0;
   for (const auto& c : ref["cases"]) {
     const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
@@ -127,10 +133,9 @@ TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {
 // row-parallel all-reduces, the vocabulary-parallel LM head, the greedy candidates merged
 // across ranks, and graphs that hold the collectives.
 TEST_F(CudaShardFakeBackend, TensorParallelCudaShards) {
-  const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
-  std::ifstream in(stories + "/reference.json");
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  const std::string& stories = stories_;
+  const nlohmann::json& ref = ref_;
   const auto& c = ref["cases"].back();
   const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
   const std::string base = " generate --model " + quote(stories + "/stories260K-f32.gguf") + " --prompt-ids " +
