@@ -31,6 +31,7 @@
 #include "kernels/gemm.h"
 #include "cli/flags.h"
 #include "local/local_model.h"
+#include "shard/kv_cache.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -303,6 +304,8 @@ int run(int argc, char** argv) {
     nlohmann::json r;
     r["threads"] = nt;
     r["weight_bytes_per_token"] = wbytes;
+    const ModelConfig& mc = model.config();
+    r["kv_bytes_per_token"] = kv_bytes_per_token(mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_dtype.runtime());
     if (!no_prompt) {
       runner.prefill(std::min<int64_t>(n_prompt, 64));  // warm-up (pages, scratch)
       std::vector<double> t;

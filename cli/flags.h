@@ -17,7 +17,7 @@
 
 namespace tessera::cli {
 
-// --kv-dtype. Runtime commands take what the backends store (fp32, fp16; default fp32);
+// --kv-dtype. Runtime commands take what the backends store (fp32, fp16, int8 on the CPU; default fp32);
 // `tessera plan` also takes bf16 and fp8 (planned ahead of the runtime) and "auto" (nullopt:
 // what the runtime stores on the planned card).
 enum class KvDtypeUse { kRuntime, kPlan };

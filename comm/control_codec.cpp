@@ -66,13 +66,14 @@ std::vector<T> read_list(ListReader r) {
 static_assert(static_cast<int>(proto::KvDtype::FP32) == static_cast<int>(KvDtype::kF32) &&
                   static_cast<int>(proto::KvDtype::FP16) == static_cast<int>(KvDtype::kF16) &&
                   static_cast<int>(proto::KvDtype::BF16) == static_cast<int>(KvDtype::kBF16) &&
-                  static_cast<int>(proto::KvDtype::FP8) == static_cast<int>(KvDtype::kFp8),
+                  static_cast<int>(proto::KvDtype::FP8) == static_cast<int>(KvDtype::kFp8) &&
+                  static_cast<int>(proto::KvDtype::INT8) == static_cast<int>(KvDtype::kInt8),
               "proto/tessera.capnp's KvDtype must list common/kv_config.h's in order");
 
 // An enum value a newer peer may send that this build does not know is a malformed message.
 KvDtype read_kv_dtype(proto::KvDtype d) {
   const auto v = static_cast<int>(d);
-  if (v < 0 || v > static_cast<int>(KvDtype::kFp8)) throw std::runtime_error("unknown KV dtype " + std::to_string(v));
+  if (v < 0 || v > static_cast<int>(KvDtype::kInt8)) throw std::runtime_error("unknown KV dtype " + std::to_string(v));
   return static_cast<KvDtype>(v);
 }
 

@@ -15,7 +15,8 @@ Result<KvDtype> parse_kv_dtype(std::string_view name) {
   if (key == "fp16" || key == "f16") return KvDtype::kF16;
   if (key == "bf16") return KvDtype::kBF16;
   if (key == "fp8" || key == "f8" || key == "e4m3" || key == "fp8_e4m3") return KvDtype::kFp8;
-  return Status::not_found(fmt::format("unknown KV dtype '{}': choose fp16, bf16, fp8 or fp32", name));
+  if (key == "int8" || key == "i8" || key == "q8") return KvDtype::kInt8;
+  return Status::not_found(fmt::format("unknown KV dtype '{}': choose fp16, int8, bf16, fp8 or fp32", name));
 }
 
 int kv_dtype_bytes(KvDtype t) {
@@ -24,8 +25,13 @@ int kv_dtype_bytes(KvDtype t) {
     case KvDtype::kF16: return 2;
     case KvDtype::kBF16: return 2;
     case KvDtype::kFp8: return 1;
+    case KvDtype::kInt8: return 1;
   }
   return 2;
+}
+
+uint64_t kv_row_bytes(KvDtype t, int64_t head_dim) {
+  return static_cast<uint64_t>(head_dim * kv_dtype_bytes(t) + (t == KvDtype::kInt8 ? 4 : 0));
 }
 
 std::string_view kv_dtype_name(KvDtype t) {
@@ -34,6 +40,7 @@ std::string_view kv_dtype_name(KvDtype t) {
     case KvDtype::kF16: return "fp16";
     case KvDtype::kBF16: return "bf16";
     case KvDtype::kFp8: return "fp8";
+    case KvDtype::kInt8: return "int8";
   }
   return "?";
 }

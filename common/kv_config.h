@@ -10,13 +10,17 @@
 
 namespace tessera {
 
-// The KV cache's element type. The CPU backend stores fp32 and fp16, the CUDA backend fp32; the
-// planner also plans bf16 and fp8 ahead of the runtime.
-enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8 = 3 };
-// fp32|f32, fp16|f16, bf16, fp8|f8|e4m3|fp8_e4m3 (any case); NotFound naming the choices.
+// The KV cache's element type. The CPU backend stores fp32, fp16 and int8, the CUDA backend fp32
+// and fp16; the planner also plans bf16 and fp8 ahead of the runtime. int8: every (token, KV head)
+// row of head_dim values is stored as int8 with one fp32 scale (kernels/paged_attention.h).
+enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8 = 3, kInt8 = 4 };
+// fp32|f32, fp16|f16, bf16, fp8|f8|e4m3|fp8_e4m3, int8|i8|q8 (any case); NotFound naming the choices.
 Result<KvDtype> parse_kv_dtype(std::string_view name);
-int kv_dtype_bytes(KvDtype t);
-std::string_view kv_dtype_name(KvDtype t);  // "fp32", "fp16", "bf16", "fp8"
+int kv_dtype_bytes(KvDtype t);  // of one element (int8: 1, its row's scale apart)
+std::string_view kv_dtype_name(KvDtype t);  // "fp32", "fp16", "bf16", "fp8", "int8"
+// Bytes of one (token, KV head) row of head_dim elements: head_dim * kv_dtype_bytes, plus the
+// 4-byte scale of an int8 row. Every KV byte count (caches, planner, hello) is built from it.
+uint64_t kv_row_bytes(KvDtype t, int64_t head_dim);
 
 // Tokens per KV block: kMinBlockSize..kMaxBlockSize.
 inline constexpr int32_t kMinBlockSize = 16;

@@ -35,11 +35,21 @@ struct PrecisionSpec {
   WeightQuant quant = WeightQuant::kNone;
   bool calibrated = false;
   MatmulPrecision compute = MatmulPrecision::kAuto;  // "@fp32" / "@bf16": how its float matmuls compute
+  KvDtype kv_dtype = KvDtype::kF32;                   // ":kv-fp16" / ":kv-int8": what its KV cache stores
 };
 
 Result<PrecisionSpec> parse_precision(const std::string& name) {
   PrecisionSpec p{name};
   std::string base = name;
+  if (const size_t at = base.rfind(":kv-"); at != std::string::npos) {
+    const std::string kv = base.substr(at + 4);
+    auto d = parse_kv_dtype(kv);
+    if (!d.is_ok() || (*d != KvDtype::kF32 && *d != KvDtype::kF16 && *d != KvDtype::kInt8))
+      return Status::invalid_argument(
+          fmt::format("precision '{}': ':kv-{}' is not a KV cache type the CPU stores (fp32, fp16, int8)", name, kv));
+    p.kv_dtype = *d;
+    base.resize(at);
+  }
   if (const size_t at = base.rfind('@'); at != std::string::npos) {
     const std::string compute = base.substr(at + 1);
     if (!parse_matmul_precision(compute, &p.compute))
@@ -64,7 +74,7 @@ Result<PrecisionSpec> parse_precision(const std::string& name) {
     return Status::invalid_argument(fmt::format(
         "precision '{}': expected 'file', a --quant name (f32, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, q3_k, q2_k, "
         "tq2_0, tq1_0, int8, int4, int4-sym) or one of those with '+imatrix', each optionally with '@fp32' or '@bf16' "
-        "(how its float matmuls compute)",
+        "(how its float matmuls compute) and then ':kv-fp16' or ':kv-int8' (the KV cache's elements)",
         name));
   p.quant = *q;
   if (p.calibrated && (p.quant == WeightQuant::kF32 || p.quant == WeightQuant::kInt8 ||
@@ -334,6 +344,7 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
     lo.threads = o.threads;
     lo.kv_tokens = std::max<int64_t>(o.window, longest_prompt + o.code_tokens + 16);
     lo.quant = s.quant;
+    lo.kv_dtype = s.kv_dtype;
     lo.quantize_lm_head = s.quant == WeightQuant::kF32;  // the reference computes its head in fp32 too
     lo.importance = importance;
     auto m = LocalModel::load(lo);

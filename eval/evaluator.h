@@ -13,7 +13,9 @@
 // Precisions: "file" (the weights as stored), any --quant name (model/weight_store.h:
 // "f32", "q8_0", "q4_0", "q3_k", "q2_k", "tq2_0", ...), and "<name>+imatrix" for the same
 // quantized with an importance estimate measured by the reference model on the corpus's
-// calibration text (disjoint from the evaluation text; model/importance.h).
+// calibration text (disjoint from the evaluation text; model/importance.h); each optionally
+// followed by "@fp32" / "@bf16" (how float matmuls compute) and ":kv-fp16" / ":kv-int8" (the KV
+// cache's elements; fp32 by default), e.g. "file:kv-int8" against "file": what int8 KV costs.
 //
 // A class is skipped, and named in the report with the reason, when the model was not made for
 // its text: more than max_byte_share of its tokens are byte fallbacks (the vocabulary cannot

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_config.h"
 #include "kernels/paged_attention.h"
 
 namespace tessera {
@@ -110,7 +111,7 @@ struct SparseCrossoverShape {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t block_size = 16;
-  bool fp16 = false;  // the cache's elements
+  KvDtype dtype = KvDtype::kF32;  // the cache's elements: fp32, fp16 or int8
 };
 SparseCrossover measure_sparse_crossover(const SparseCrossoverShape& shape, const SparseSelectOptions& opt,
                                          int64_t max_context, double min_speedup, int reps, ThreadPool* pool);

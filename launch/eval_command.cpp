@@ -97,7 +97,8 @@ Runner add_eval_command(CLI::App& app) {
   app.add_option("--precisions", a->precisions,
                  "Comma-separated precisions: 'file' (as stored), --quant names (f32, q8_0, q4_0, q5_0, q4_k, q5_k, "
                  "q6_k, q3_k, q2_k, tq2_0, tq1_0, int8, int4, int4-sym), '+imatrix' for calibrated, '@fp32' / '@bf16' for "
-                 "how float matmuls compute (default: auto)")
+                 "how float matmuls compute (default: auto), ':kv-fp16' / ':kv-int8' for the KV cache's elements "
+                 "(default fp32), e.g. file:kv-int8")
       ->capture_default_str();
   app.add_option("--reference", o.reference, "The precision the others are compared with")->capture_default_str();
   app.add_option("--classes", a->classes, "Comma-separated workload classes (default: all of the corpus: code, math, prose)");

@@ -81,16 +81,10 @@ Result<Measured> measure_decode_steps(const MeasureArgs& a, int64_t context) {
     rank.cache = std::make_unique<KvCache>(std::move(cache));
     // Real pages with non-zero values: untouched anonymous pages would all read the one zero
     // page from cache and flatter the KV read.
+    const std::vector<float> fill(static_cast<size_t>(a.block_size * shape.n_kv_heads * shape.head_dim), 0.01f);
     for (int64_t l = 0; l < c.n_layers; ++l) {
-      PagedKvLayer kv = rank.cache->layer(l);
-      const auto n = static_cast<size_t>(kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim);
-      if (shape.f16()) {
-        std::fill(kv.k16, kv.k16 + n, f32_to_fp16(0.01f));
-        std::fill(kv.v16, kv.v16 + n, f32_to_fp16(0.01f));
-      } else {
-        std::fill(kv.k, kv.k + n, 0.01f);
-        std::fill(kv.v, kv.v + n, 0.01f);
-      }
+      const PagedKvLayer kv = rank.cache->layer(l);
+      for (int32_t b = 0; b < kv.num_blocks; ++b) kv_write(kv, &b, 0, a.block_size, fill.data(), fill.data());
     }
     rank.pool = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = out.threads_per_rank});
     relayout_for_cpu_kernels(rank.weights, rank.pool.get());

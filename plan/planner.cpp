@@ -472,12 +472,14 @@ void memory_bill(const PlanInput& in, MemoryBill& m, const Split& s, const Split
           (2 * h * static_cast<uint64_t>(s.q_cols) + 2 * h * static_cast<uint64_t>(s.kv_cols) + 3 * h * static_cast<uint64_t>(s.ffn)) +
       static_cast<uint64_t>(s.vocab) * h;
 
-  const auto kvb = static_cast<uint64_t>(kv_dtype_bytes(in.kv_dtype));
-  m.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.n_layers) * static_cast<uint64_t>(s.kv_cols) * kvb;
-  m.kv_bytes_per_token_model = 2 * static_cast<uint64_t>(c.n_layers * c.n_kv_heads * c.head_dim) * kvb;
+  // Bytes of one (token, KV head) row (int8: with its scale), and KV heads on a rank.
+  const uint64_t kv_row = kv_row_bytes(in.kv_dtype, c.head_dim);
+  const auto kv_heads = static_cast<uint64_t>(s.kv_cols / c.head_dim);
+  m.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.n_layers) * kv_heads * kv_row;
+  m.kv_bytes_per_token_model = 2 * static_cast<uint64_t>(c.n_layers * c.n_kv_heads) * kv_row;
   for (bool w : windowed_kv_layers(c)) m.windowed_layers += w ? 1 : 0;
   m.window = m.windowed_layers > 0 ? c.sliding_window : 0;
-  m.kv_bytes_per_token_windowed = 2 * static_cast<uint64_t>(m.windowed_layers) * static_cast<uint64_t>(s.kv_cols) * kvb;
+  m.kv_bytes_per_token_windowed = 2 * static_cast<uint64_t>(m.windowed_layers) * kv_heads * kv_row;
   m.kv_bytes_per_token_global = m.kv_bytes_per_token - m.kv_bytes_per_token_windowed;
 
   m.workspace_activation_bytes = static_cast<uint64_t>(in.max_step_tokens) *
@@ -616,12 +618,16 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
   }
   if (t.context > m.context_length)
     warn(false, fmt::format("decode context {} is longer than the context length {}", t.context, m.context_length));
-  // What the runtime stores: fp32, or fp16 with --kv-dtype fp16, on the CPU and the CUDA backend.
-  if (in.kv_dtype != KvDtype::kF32 && in.kv_dtype != KvDtype::kF16) {
+  // What the runtime stores: fp32, or fp16 with --kv-dtype fp16, on the CPU and the CUDA backend;
+  // int8 with --kv-dtype int8 on the CPU.
+  const bool stored = in.kv_dtype == KvDtype::kF32 || in.kv_dtype == KvDtype::kF16 ||
+                      (in.kv_dtype == KvDtype::kInt8 && in.card.is_cpu);
+  if (!stored) {
     const int fewer = kv_dtype_bytes(KvDtype::kF16) / kv_dtype_bytes(in.kv_dtype);
-    warn(false, fmt::format("KV dtype {}: Tessera's {} KV cache stores fp32 or fp16 today, so a run holds {} "
+    warn(false, fmt::format("KV dtype {}: Tessera's {} KV cache stores {} today, so a run holds {} "
                             "than this plan; plan with --kv-dtype fp16 for what runs now",
                             kv_dtype_name(in.kv_dtype), in.card.is_cpu ? "CPU" : "CUDA",
+                            in.card.is_cpu ? "fp32, fp16 or int8" : "fp32 or fp16",
                             fewer > 1 ? fmt::format("{}x fewer tokens", fewer) : "its tokens in fp16, not"));
   }
 }

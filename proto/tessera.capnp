@@ -51,6 +51,7 @@ enum KvDtype {
   fp16 @1;
   bf16 @2;
   fp8 @3;
+  int8 @4;
 }
 
 struct Configure {

@@ -132,7 +132,7 @@ Status CpuBackend::resolve_sparse(int64_t block_size) {
   int64_t threshold = 0;
   if (!comm_ || comm_->rank() == 0) {
     SparseCrossoverShape shape{layout_.n_heads, layout_.n_kv_heads, config_.head_dim, block_size,
-                               options_.kv_dtype == KvDtype::kF16};
+                               options_.kv_dtype};
     const SparseCrossover c = measure_sparse_crossover(
         shape, sp.select, std::min<int64_t>(config_.max_positions, 32768), kSparseMinSpeedup, 5, pool_);
     TESSERA_LOG_INFO("sparse attention (auto): one global layer's decode attention, dense/sparse: {}",

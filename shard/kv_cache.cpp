@@ -3,12 +3,24 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <utility>
 
 #include "common/check.h"
 
 namespace tessera {
+
+namespace {
+
+// The K (values = false) or V array of a layer, whatever its element type.
+char* array_bytes(const PagedKvLayer& kv, bool values) {
+  if (kv.k16 != nullptr) return reinterpret_cast<char*>(values ? kv.v16 : kv.k16);
+  if (kv.k8 != nullptr) return reinterpret_cast<char*>(values ? kv.v8 : kv.k8);
+  return reinterpret_cast<char*>(values ? kv.v : kv.k);
+}
+
+}  // namespace
 
 const char* kv_pool_name(KvPool pool) { return pool == KvPool::kWindow ? "window pool" : "KV cache"; }
 
@@ -23,7 +35,7 @@ uint64_t key_summary_bytes_per_block(int64_t n_global_layers, int64_t n_kv_heads
 }
 
 uint64_t kv_bytes_per_token(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, KvDtype dtype) {
-  return 2ull * static_cast<uint64_t>(n_layers * n_kv_heads * head_dim) * static_cast<uint64_t>(kv_dtype_bytes(dtype));
+  return 2ull * static_cast<uint64_t>(n_layers * n_kv_heads) * kv_row_bytes(dtype, head_dim);
 }
 
 int64_t KvWindowLayers::count() const { return static_cast<int64_t>(std::count(layers.begin(), layers.end(), true)); }
@@ -75,9 +87,9 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
         shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks,
         shape.num_window_blocks));
   }
-  if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16)
+  if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16 && shape.dtype != KvDtype::kInt8)
     return Status::unimplemented(
-        fmt::format("--kv-dtype {}: the CPU KV cache stores fp32 or fp16", kv_dtype_name(shape.dtype)));
+        fmt::format("--kv-dtype {}: the CPU KV cache stores fp32, fp16 or int8", kv_dtype_name(shape.dtype)));
   if ((shape.has_window_pool() || !shape.window_layers.empty()) &&
       static_cast<int64_t>(shape.window_layers.size()) != shape.n_layers)
     return Status::invalid_argument(fmt::format("window pool: window_layers has {} entries for {} layers",
@@ -152,18 +164,28 @@ PagedKvLayer KvCache::layer(int64_t l) {
   TESSERA_CHECK(l >= 0 && l < shape_.n_layers, "layer {} of {}", l, shape_.n_layers);
   const KvPool pool = shape_.pool_of(l);
   const int64_t blocks = shape_.pool_blocks(pool);
-  const size_t per_array = static_cast<size_t>(blocks * shape_.block_size * shape_.n_kv_heads * shape_.head_dim);
+  // Bytes of one K (or V) array of the layer: blocks x slots x heads x rows.
+  const size_t per_array = static_cast<size_t>(blocks * shape_.block_size * shape_.n_kv_heads) *
+                           static_cast<size_t>(kv_row_bytes(shape_.dtype, shape_.head_dim));
   // The window pool follows the main pool's blocks; within a pool, [layer][K|V].
   const size_t pool_bytes =
       pool == KvPool::kWindow ? bytes_per_block(shape_, KvPool::kMain) * static_cast<size_t>(shape_.num_blocks) : 0;
-  const size_t first = static_cast<size_t>(2 * pool_index_[static_cast<size_t>(l)]) * per_array;
+  char* k = static_cast<char*>(storage_) + pool_bytes + static_cast<size_t>(2 * pool_index_[static_cast<size_t>(l)]) * per_array;
+  char* v = k + per_array;
   PagedKvLayer kv;
-  if (shape_.f16()) {
-    kv.k16 = reinterpret_cast<uint16_t*>(static_cast<char*>(storage_) + pool_bytes) + first;
-    kv.v16 = kv.k16 + per_array;
-  } else {
-    kv.k = reinterpret_cast<float*>(static_cast<char*>(storage_) + pool_bytes) + first;
-    kv.v = kv.k + per_array;
+  switch (shape_.dtype) {
+    case KvDtype::kF16:
+      kv.k16 = reinterpret_cast<uint16_t*>(k);
+      kv.v16 = reinterpret_cast<uint16_t*>(v);
+      break;
+    case KvDtype::kInt8:
+      kv.k8 = reinterpret_cast<int8_t*>(k);
+      kv.v8 = reinterpret_cast<int8_t*>(v);
+      break;
+    default:
+      kv.k = reinterpret_cast<float*>(k);
+      kv.v = reinterpret_cast<float*>(v);
+      break;
   }
   kv.num_blocks = blocks;
   kv.block_size = shape_.block_size;
@@ -177,17 +199,16 @@ Status KvCache::copy_block(int32_t src, int32_t dst, KvPool pool) {
   if (src < 0 || dst < 0 || src >= blocks || dst >= blocks)
     return Status::out_of_range(fmt::format("block copy {} -> {} outside the {} (0..{})", src, dst,
                                             kv_pool_name(pool), blocks - 1));
-  const size_t per_block = static_cast<size_t>(shape_.block_size * shape_.n_kv_heads * shape_.head_dim);
+  // Bytes of one block of one K (or V) array.
+  const size_t per_block = static_cast<size_t>(shape_.block_size * shape_.n_kv_heads) *
+                           static_cast<size_t>(kv_row_bytes(shape_.dtype, shape_.head_dim));
   const auto from = per_block * static_cast<size_t>(src), to = per_block * static_cast<size_t>(dst);
   for (int64_t l = 0; l < shape_.n_layers; ++l) {
     if (shape_.pool_of(l) != pool) continue;
     PagedKvLayer kv = layer(l);
-    if (shape_.f16()) {
-      std::copy_n(kv.k16 + from, per_block, kv.k16 + to);
-      std::copy_n(kv.v16 + from, per_block, kv.v16 + to);
-    } else {
-      std::copy_n(kv.k + from, per_block, kv.k + to);
-      std::copy_n(kv.v + from, per_block, kv.v + to);
+    for (const bool values : {false, true}) {
+      char* bytes = array_bytes(kv, values);
+      std::memcpy(bytes + to, bytes + from, per_block);
     }
     if (const KvBlockSummaries s = summaries(l); s.kmin != nullptr) {
       const size_t row = static_cast<size_t>(shape_.n_kv_heads * shape_.head_dim);

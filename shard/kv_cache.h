@@ -1,6 +1,7 @@
 // A shard's KV storage: for every layer, K and V arrays of
 // [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3), or fp16 (half the memory;
-// KvCacheShape::dtype, `--kv-dtype fp16`). Block ids are assigned by the
+// KvCacheShape::dtype, `--kv-dtype fp16`), or int8 rows with their scales (`--kv-dtype int8`,
+// head_dim + 4 bytes a row; kernels/paged_attention.h). Block ids are assigned by the
 // coordinator's BlockPool; this class
 // only owns the memory, allocated once at start-up.
 //
@@ -36,7 +37,7 @@ struct KvCacheShape {
   int64_t head_dim = 0;
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
-  KvDtype dtype = KvDtype::kF32;  // fp32 or fp16 elements (create() refuses the others)
+  KvDtype dtype = KvDtype::kF32;  // fp32, fp16 or int8 elements (create() refuses the others)
   // The window pool: n_layers entries (true: the layer's KV lives there) or empty, and its
   // block count. Both needed: without num_window_blocks > 0 every layer is in the main pool.
   std::vector<bool> window_layers;
@@ -85,7 +86,7 @@ Status validate_window_table(std::span<const int32_t> table, size_t seq, int64_t
 
 class KvCache {
  public:
-  // Allocates 2 * n_layers * num_blocks * block_size * n_kv_heads * head_dim elements (with a
+  // Allocates 2 * n_layers * num_blocks * block_size * n_kv_heads rows of kv_row_bytes (with a
   // window pool: the main pool's layers * num_blocks + the window layers * num_window_blocks).
   // The memory is mapped anonymously: pages are zero and cost nothing until first written.
   // InvalidArgument for non-positive sizes, or a window pool with window_layers not n_layers

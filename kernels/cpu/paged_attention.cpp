@@ -19,8 +19,10 @@
 //   m = max_j s_j;  e_j = exp_poly(s_j - m)  (a fixed polynomial, below, not libm)
 //   sum = 16-lane sum of e_j over j (lane j % 16, same reduction tree);  inv = 1 / sum
 //   out_i = fma(e_j * inv, v_j,i, out_i) for j in increasing order, out_i starting at +0.
-// The cache holds fp32 or fp16 rows (PagedKvLayer::k16 / v16): fp16 is widened exactly as it is
-// loaded, so an fp16 cache gives the results of an fp32 cache holding the same rounded values.
+// The cache holds fp32, fp16 or int8 rows (kernels/paged_attention.h): fp16 is widened exactly as
+// it is loaded, int8 is multiplied by its row's scale as it is loaded (one fp32 product per value,
+// the same on every path), so an fp16 or int8 cache gives the results of an fp32 cache holding
+// the values it reads back.
 #include "kernels/paged_attention.h"
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -51,34 +54,67 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kMaxGroup = 64;  // query heads per KV head handled in one item
 
-// Cache elements: float (fp32 cache) or uint16_t (fp16 cache), widened to fp32 when loaded.
-inline float widen(float x) { return x; }
-inline float widen(uint16_t h) { return fp16_to_f32(h); }
+// Cache elements: float (fp32 cache), uint16_t (fp16) or int8_t (int8), read as fp32. Rows are
+// passed as a pointer to their first value: an int8 row's scale sits kInt8RowLead bytes before it.
+template <typename T>
+inline constexpr int64_t kRowLead = std::is_same_v<T, int8_t> ? kInt8RowLead : 0;
+inline float row_scale(const int8_t* row) {
+  float s;
+  std::memcpy(&s, row - kInt8RowLead, sizeof(s));
+  return s;
+}
+// Value i of a row, as attention reads it.
+inline float widen_at(const float* row, int64_t i) { return row[i]; }
+inline float widen_at(const uint16_t* row, int64_t i) { return fp16_to_f32(row[i]); }
+inline float widen_at(const int8_t* row, int64_t i) { return static_cast<float>(row[i]) * row_scale(row); }
 
 // The cache's K array (values = false) or V array, as elements of type T.
 template <typename T>
 const T* cache_array(const PagedKvLayer& kv, bool values) {
   if constexpr (std::is_same_v<T, float>) {
     return values ? kv.v : kv.k;
-  } else {
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
     return values ? kv.v16 : kv.k16;
+  } else {
+    return values ? kv.v8 : kv.k8;
   }
+}
+
+// Elements between the starts of consecutive (slot, KV head) rows of a cache of T.
+template <typename T>
+inline int64_t row_elems(const PagedKvLayer& kv) {
+  return kv.head_dim + kRowLead<T>;
 }
 
 #ifdef TESSERA_ATT_X86
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TESSERA_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
-TESSERA_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-TESSERA_AVX512 inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// Values off .. off + 15 (load16z: those the mask selects, zeros elsewhere) or off .. off + 7 of a row.
+TESSERA_AVX512 inline __m512 load16(const float* row, int64_t off) { return _mm512_loadu_ps(row + off); }
+TESSERA_AVX512 inline __m512 load16(const uint16_t* row, int64_t off) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + off)));
 }
-TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+TESSERA_AVX512 inline __m512 load16(const int8_t* row, int64_t off) {
+  const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + off)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(row_scale(row)));
 }
-TESSERA_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-TESSERA_AVX2 inline __m256 load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const float* row, int64_t off) {
+  return _mm512_maskz_loadu_ps(m, row + off);
+}
+TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const uint16_t* row, int64_t off) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + off));
+}
+TESSERA_AVX512 inline __m512 load16z(__mmask16 m, const int8_t* row, int64_t off) {
+  const __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + off));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(row_scale(row)));
+}
+TESSERA_AVX2 inline __m256 load8(const float* row, int64_t off) { return _mm256_loadu_ps(row + off); }
+TESSERA_AVX2 inline __m256 load8(const uint16_t* row, int64_t off) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + off)));
+}
+TESSERA_AVX2 inline __m256 load8(const int8_t* row, int64_t off) {
+  const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + off)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(row_scale(row)));
 }
 #endif
 
@@ -124,7 +160,7 @@ void scores_scalar(const Item<T>& it) {
       const float* q = it.q + g * it.hd;
       const int64_t pad = (it.hd + kLanes - 1) / kLanes * kLanes;
       for (int64_t i = 0; i < pad; ++i) {
-        const float a = i < it.hd ? q[i] : 0.0f, b = i < it.hd ? widen(it.keys[j][i]) : 0.0f;
+        const float a = i < it.hd ? q[i] : 0.0f, b = i < it.hd ? widen_at(it.keys[j], i) : 0.0f;
         s[i % kLanes] = std::fma(a, b, s[i % kLanes]);
       }
       it.scores[g * it.n + j] = reduce16(s) * it.scale;
@@ -153,7 +189,7 @@ void values_scalar(const Item<T>& it, const float* inv) {
     for (int64_t g = 0; g < it.group; ++g) {
       const float p = it.scores[g * it.n + j] * inv[g];
       float* o = it.out + g * it.hd;
-      for (int64_t i = 0; i < it.hd; ++i) o[i] = std::fma(p, widen(it.values[j][i]), o[i]);
+      for (int64_t i = 0; i < it.hd; ++i) o[i] = std::fma(p, widen_at(it.values[j], i), o[i]);
     }
 }
 
@@ -213,9 +249,9 @@ TESSERA_AVX512 void scores_head_avx512(const Item<T>& it, int64_t g) {
       if (it.prefetch && g == 0 && j0 + jj + kPrefetchAhead < it.n) prefetch_row(it.keys[j0 + jj + kPrefetchAhead], it.hd);
       for (int64_t c = 0; c < nc; ++c) {
         if (kNc > 0 || c < full) {
-          acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load16(k + 16 * c), acc[jj]);
+          acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load16(k, 16 * c), acc[jj]);
         } else {
-          acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * c), load16z(tail, k + 16 * c), acc[jj]);
+          acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * c), load16z(tail, k, 16 * c), acc[jj]);
         }
       }
     }
@@ -266,7 +302,7 @@ TESSERA_AVX512 void values_head_avx512(const Item<T>& it, int64_t g, float inv) 
     const T* v = it.values[j];
     if (it.prefetch && g == 0 && j + kPrefetchAhead < it.n) prefetch_row(it.values[j + kPrefetchAhead], it.hd);
     const __m512 p = _mm512_set1_ps(sc[j] * inv);
-    for (int c = 0; c < kNc; ++c) o[c] = _mm512_fmadd_ps(p, load16(v + 16 * c), o[c]);
+    for (int c = 0; c < kNc; ++c) o[c] = _mm512_fmadd_ps(p, load16(v, 16 * c), o[c]);
   }
   float* out = it.out + g * it.hd;
   for (int c = 0; c < kNc; ++c) _mm512_storeu_ps(out + 16 * c, o[c]);
@@ -291,10 +327,10 @@ TESSERA_AVX512 void values_avx512(const Item<T>& it, const float* inv) {
       const __m512 p = _mm512_set1_ps(it.scores[g * it.n + j] * inv[g]);
       float* o = it.out + g * it.hd;
       for (int64_t i = 0; i < full; i += kLanes)
-        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(p, load16(v + i), _mm512_loadu_ps(o + i)));
+        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(p, load16(v, i), _mm512_loadu_ps(o + i)));
       if (full < it.hd)
         _mm512_mask_storeu_ps(o + full, tail,
-                              _mm512_fmadd_ps(p, load16z(tail, v + full), _mm512_maskz_loadu_ps(tail, o + full)));
+                              _mm512_fmadd_ps(p, load16z(tail, v, full), _mm512_maskz_loadu_ps(tail, o + full)));
     }
   }
 }
@@ -321,12 +357,12 @@ TESSERA_AVX2 void scores_avx2(const Item<T>& it) {
       const float* q = it.q + g * it.hd;
       __m256 lo = _mm256_setzero_ps(), hi = lo;
       for (int64_t i = 0; i < full; i += kLanes) {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), hi);
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k, i + 8), hi);
       }
       if (full < it.hd) {
         for (int i = 0; i < kLanes; ++i) {
-          kt[i] = full + i < it.hd ? widen(k[full + i]) : 0.0f;
+          kt[i] = full + i < it.hd ? widen_at(k, full + i) : 0.0f;
           qt[i] = full + i < it.hd ? q[full + i] : 0.0f;
         }
         lo = _mm256_fmadd_ps(_mm256_load_ps(qt), _mm256_load_ps(kt), lo);
@@ -377,8 +413,8 @@ TESSERA_AVX2 void values_avx2(const Item<T>& it, const float* inv) {
       const __m256 pv = _mm256_set1_ps(p);
       float* o = it.out + g * it.hd;
       for (int64_t i = 0; i < full; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, load8(v + i), _mm256_loadu_ps(o + i)));
-      for (int64_t i = full; i < it.hd; ++i) o[i] = std::fma(p, widen(v[i]), o[i]);
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, load8(v, i), _mm256_loadu_ps(o + i)));
+      for (int64_t i = full; i < it.hd; ++i) o[i] = std::fma(p, widen_at(v, i), o[i]);
     }
   }
 }
@@ -509,7 +545,7 @@ TESSERA_AVX512 void values_rows_avx512(const TileValues& t, int64_t r0, int64_t 
   for (int64_t j = j0; j < j1; ++j, v += stride) {
     __m512 vv[kNc];
 #pragma GCC unroll 16
-    for (int c = 0; c < kNc; ++c) vv[c] = c + 1 < kNc ? load16(v + 16 * c) : load16z(tail, v + 16 * c);
+    for (int c = 0; c < kNc; ++c) vv[c] = c + 1 < kNc ? load16(v, 16 * c) : load16z(tail, v, 16 * c);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       if (kCheck && (j < t.first[r0 + r] || j > t.last[r0 + r])) continue;
@@ -625,14 +661,13 @@ template <int kC, int kR, bool kCheck, typename T>
 TESSERA_AVX2 void values_rows_avx2(const TileValues& t, int64_t r0, int64_t c0, int64_t j0, int64_t j1, const T* v,
                                    int64_t stride) {
   float* o = t.o + r0 * t.hdp + 8 * c0;
-  v += 8 * c0;
   __m256 acc[kR][kC];
   for (int r = 0; r < kR; ++r)
     for (int c = 0; c < kC; ++c) acc[r][c] = _mm256_loadu_ps(o + r * t.hdp + 8 * c);
   const float* p = t.p + r0 * t.ld - t.base;
   for (int64_t j = j0; j < j1; ++j, v += stride) {
     __m256 vv[kC];
-    for (int c = 0; c < kC; ++c) vv[c] = load8(v + 8 * c);
+    for (int c = 0; c < kC; ++c) vv[c] = load8(v, 8 * (c0 + c));
     for (int r = 0; r < kR; ++r) {
       if (kCheck && (j < t.first[r0 + r] || j > t.last[r0 + r])) continue;
       const __m256 pv = _mm256_set1_ps(p[r * t.ld + j]);
@@ -696,12 +731,19 @@ void run_item(const Item<T>& it) {
   }
 }
 
+// Offset, in elements of T, of the slot holding position pos (its first row, KV head 0).
+template <typename T>
 inline int64_t slot_offset(const PagedKvLayer& kv, const int32_t* block_table, int64_t pos) {
   const int32_t block = block_table[pos / kv.block_size];
   TESSERA_CHECK(block >= 0 && block < kv.num_blocks, "paged kv: position {} maps to block {} of {}",
                 pos, block, kv.num_blocks);
-  return (static_cast<int64_t>(block) * kv.block_size + pos % kv.block_size) * kv.n_kv_heads *
-         kv.head_dim;
+  return (static_cast<int64_t>(block) * kv.block_size + pos % kv.block_size) * kv.n_kv_heads * row_elems<T>(kv);
+}
+
+// Offset of the first value of KV head kvh's row at position pos.
+template <typename T>
+inline int64_t head_offset(const PagedKvLayer& kv, const int32_t* block_table, int64_t pos, int64_t kvh) {
+  return slot_offset<T>(kv, block_table, pos) + kvh * row_elems<T>(kv) + kRowLead<T>;
 }
 
 // Per-thread scratch, grown to the longest span seen and reused.
@@ -718,13 +760,16 @@ struct Scratch {
   std::vector<float> scores;
   std::vector<const float*> keys, values;         // fp32 cache
   std::vector<const uint16_t*> keys16, values16;  // fp16 cache
+  std::vector<const int8_t*> keys8, values8;      // int8 cache
   // The key rows (values = false) or value rows of a cache of element type T.
   template <typename T>
   std::vector<const T*>& rows(bool values_wanted) {
     if constexpr (std::is_same_v<T, float>) {
       return values_wanted ? values : keys;
-    } else {
+    } else if constexpr (std::is_same_v<T, uint16_t>) {
       return values_wanted ? values16 : keys16;
+    } else {
+      return values_wanted ? values8 : keys8;
     }
   }
   // Prefill tiles: transposed keys of one KV head, blocks of 16 positions from kt_lo to kt_hi
@@ -766,12 +811,12 @@ void attend(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t, int64_
     s.first = first;
     s.filled = 0;
   }
-  const int64_t row = kv.n_kv_heads * hd;
+  const int64_t row = kv.n_kv_heads * row_elems<T>(kv);
   for (int64_t j = s.filled; j < n;) {
     // One cache block at a time: its slots are consecutive rows.
     const int64_t p0 = first + j;
     const int64_t in_block = std::min(n - j, kv.block_size - p0 % kv.block_size);
-    const int64_t off = slot_offset(kv, args.block_table, p0) + kvh * hd;
+    const int64_t off = head_offset<T>(kv, args.block_table, p0, kvh);
     for (int64_t i = 0; i < in_block; ++i, ++j) {
       keys[static_cast<size_t>(j)] = kc + off + i * row;
       values[static_cast<size_t>(j)] = vc + off + i * row;
@@ -816,11 +861,11 @@ inline int64_t span_first(const AttentionArgs& args, int64_t pos) {
 }
 
 #ifdef TESSERA_ATT_X86
-// dst[j][i] = rows[i][j] for 16 rows of 16 floats (zero for a null row or j >= n).
+// dst[j][i] = rows[i][c + j] for 16 rows, 16 values from c on (zero for a null row or j >= n).
 template <typename T>
-TESSERA_AVX512 void transpose16_avx512(const T* const* rows, __mmask16 n, float* dst) {
+TESSERA_AVX512 void transpose16_avx512(const T* const* rows, int64_t c, __mmask16 n, float* dst) {
   __m512 r[16], t[16], u[16];
-  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? load16z(n, rows[i]) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) r[i] = rows[i] != nullptr ? load16z(n, rows[i], c) : _mm512_setzero_ps();
   // t[2i], t[2i+1]: rows 2i, 2i+1 interleaved (elements 0, 1 and 2, 3 of each 128-bit lane).
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -856,19 +901,17 @@ void transpose_key_block(const PagedKvLayer& kv, const int32_t* block_table, int
   const T* rows[16];
   for (int64_t i = 0; i < 16; ++i) {
     const int64_t p = p0 + i;
-    rows[i] =
-        p < real_lo || p >= real_hi ? nullptr : cache_array<T>(kv, false) + slot_offset(kv, block_table, p) + kvh * hd;
+    rows[i] = p < real_lo || p >= real_hi ? nullptr : cache_array<T>(kv, false) + head_offset<T>(kv, block_table, p, kvh);
   }
   for (int64_t c = 0; c < hdp; c += 16) {
     const int64_t n = std::min<int64_t>(16, hd - c);
-    const T* chunk[16];
-    for (int i = 0; i < 16; ++i) chunk[i] = rows[i] != nullptr ? rows[i] + c : nullptr;
     if (avx512) {
-      transpose16_avx512(chunk, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
+      transpose16_avx512(rows, c, static_cast<__mmask16>((1u << n) - 1u), dst + c * 16);
       continue;
     }
     for (int64_t j = 0; j < 16; ++j)
-      for (int i = 0; i < 16; ++i) dst[(c + j) * 16 + i] = chunk[i] != nullptr && j < n ? widen(chunk[i][j]) : 0.0f;
+      for (int i = 0; i < 16; ++i)
+        dst[(c + j) * 16 + i] = rows[i] != nullptr && j < n ? widen_at(rows[i], c + j) : 0.0f;
   }
 }
 
@@ -942,11 +985,11 @@ void attend_tile(const PagedKvLayer& kv, const AttentionArgs& args, int64_t t0, 
   // Keys every row sees (no per-row test) between the ones only some rows see; each row still
   // takes its keys in increasing order.
   const int64_t all_lo = s.tile_first[static_cast<size_t>(rows - 1)], all_hi = pos0;
-  const int64_t row_stride = kv.n_kv_heads * hd;
+  const int64_t row_stride = kv.n_kv_heads * row_elems<T>(kv);
   auto values = [&](int64_t j0, int64_t j1, bool check) {
     for (int64_t j = j0; j < j1;) {
       const int64_t run = std::min(j1 - j, kv.block_size - j % kv.block_size);
-      const T* v = cache_array<T>(kv, true) + slot_offset(kv, args.block_table, j) + kvh * hd;
+      const T* v = cache_array<T>(kv, true) + head_offset<T>(kv, args.block_table, j, kvh);
       if (avx512)
         kValuesRuns<T>[check ? 1 : 0][nc - 1](tv, rows, j, j + run, v, row_stride);
       else
@@ -976,6 +1019,28 @@ void attend_tile(const PagedKvLayer&, const AttentionArgs&, int64_t, int64_t, in
 
 }  // namespace
 
+namespace {
+
+// One int8 row: dst[-kInt8RowLead..-1] = its scale s = max |x| / 127, dst[i] = round(x[i] / s).
+void quantize_row_int8(const float* x, int64_t n, int8_t* dst) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    nan = nan || std::isnan(x[i]);
+  }
+  const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+  std::memcpy(dst - kInt8RowLead, &scale, sizeof(scale));
+  // A row with a NaN or an infinity has no int8 grid: every value reads back as 0 * s, NaN.
+  const bool grid = scale > 0.0f && std::isfinite(scale);
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = grid ? std::nearbyint(x[i] / scale) : 0.0f;
+    dst[i] = std::isnan(q) ? int8_t{0} : static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+  }
+}
+
+}  // namespace
+
 void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_pos,
               int64_t n_tokens, const float* k, const float* v) {
   TESSERA_CHECK(kv.block_size > 0 && start_pos >= 0, "kv_write: block_size {} start_pos {}",
@@ -983,7 +1048,15 @@ void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_
   const int64_t row = kv.n_kv_heads * kv.head_dim;
   const size_t bytes = static_cast<size_t>(row) * sizeof(float);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const int64_t off = slot_offset(kv, block_table, start_pos + t);
+    if (kv.k8 != nullptr) {
+      for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
+        const int64_t off = head_offset<int8_t>(kv, block_table, start_pos + t, h);
+        quantize_row_int8(k + t * row + h * kv.head_dim, kv.head_dim, kv.k8 + off);
+        quantize_row_int8(v + t * row + h * kv.head_dim, kv.head_dim, kv.v8 + off);
+      }
+      continue;
+    }
+    const int64_t off = slot_offset<float>(kv, block_table, start_pos + t);
     if (kv.k16 != nullptr) {  // rounded to nearest even, as f32_to_fp16
       for (int64_t i = 0; i < row; ++i) {
         kv.k16[off + i] = f32_to_fp16(k[t * row + i]);
@@ -999,8 +1072,9 @@ void kv_write(const PagedKvLayer& kv, const int32_t* block_table, int64_t start_
 namespace {
 
 void check_args(const PagedKvLayer& kv, const AttentionArgs& args) {
-  TESSERA_CHECK((kv.k != nullptr && kv.v != nullptr) != (kv.k16 != nullptr && kv.v16 != nullptr),
-                "paged_attention: the layer needs either fp32 or fp16 K and V arrays");
+  const int pairs = (kv.k != nullptr && kv.v != nullptr) + (kv.k16 != nullptr && kv.v16 != nullptr) +
+                    (kv.k8 != nullptr && kv.v8 != nullptr);
+  TESSERA_CHECK(pairs == 1, "paged_attention: the layer needs exactly one of fp32, fp16 or int8 K and V arrays");
   TESSERA_CHECK(kv.block_size > 0 && kv.n_kv_heads > 0 && kv.head_dim > 0,
                 "paged_attention: block_size {} n_kv_heads {} head_dim {}", kv.block_size,
                 kv.n_kv_heads, kv.head_dim);
@@ -1041,22 +1115,27 @@ SeqPlan plan_sequence(const PagedKvLayer& kv, const AttentionArgs& args) {
   return p;
 }
 
+// One item: a tile of nt tokens from t0 (prefill tiles), or query token u.
+template <typename T>
+void attend_unit(const PagedKvLayer& kv, const AttentionArgs& args, const SeqPlan& p, int64_t u, int64_t t0, int64_t nt,
+                 int64_t kvh) {
+  if (p.tile > 0)
+    attend_tile<T>(kv, args, t0, nt, kvh, p.call, p.avx512);
+  else
+    attend<T>(kv, args, u, kvh, p.call);
+}
+
 void run_sequence_items(const PagedKvLayer& kv, const AttentionArgs& args, const SeqPlan& p, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; ++i) {
     const int64_t kvh = i / p.units, r = i % p.units;
     const int64_t u = r % 2 == 0 ? r / 2 : p.units - 1 - r / 2;
     const int64_t t0 = u * p.tile, nt = std::min(p.tile, args.n_tokens - t0);
-    if (kv.k16 != nullptr) {
-      if (p.tile > 0)
-        attend_tile<uint16_t>(kv, args, t0, nt, kvh, p.call, p.avx512);
-      else
-        attend<uint16_t>(kv, args, u, kvh, p.call);
-    } else {
-      if (p.tile > 0)
-        attend_tile<float>(kv, args, t0, nt, kvh, p.call, p.avx512);
-      else
-        attend<float>(kv, args, u, kvh, p.call);
-    }
+    if (kv.k16 != nullptr)
+      attend_unit<uint16_t>(kv, args, p, u, t0, nt, kvh);
+    else if (kv.k8 != nullptr)
+      attend_unit<int8_t>(kv, args, p, u, t0, nt, kvh);
+    else
+      attend_unit<float>(kv, args, p, u, t0, nt, kvh);
   }
 }
 
@@ -1128,6 +1207,28 @@ void paged_attention_batch(const PagedKvLayer& kv, std::span<const AttentionArgs
 
 void paged_attention(const PagedKvLayer& kv, const AttentionArgs& args, ThreadPool* pool) {
   paged_attention_batch(kv, std::span<const AttentionArgs>(&args, 1), pool);
+}
+
+namespace {
+
+template <typename T>
+void read_slot(const PagedKvLayer& kv, bool values, int64_t block, int64_t slot, float* out) {
+  const T* row = cache_array<T>(kv, values) + (block * kv.block_size + slot) * kv.n_kv_heads * row_elems<T>(kv);
+  for (int64_t h = 0; h < kv.n_kv_heads; ++h, row += row_elems<T>(kv))
+    for (int64_t i = 0; i < kv.head_dim; ++i) out[h * kv.head_dim + i] = widen_at(row + kRowLead<T>, i);
+}
+
+}  // namespace
+
+void kv_read_slot(const PagedKvLayer& kv, bool values, int64_t block, int64_t slot, float* out) {
+  TESSERA_CHECK(block >= 0 && block < kv.num_blocks && slot >= 0 && slot < kv.block_size,
+                "kv_read_slot: block {} slot {} outside [0, {}) x [0, {})", block, slot, kv.num_blocks, kv.block_size);
+  if (kv.k16 != nullptr)
+    read_slot<uint16_t>(kv, values, block, slot, out);
+  else if (kv.k8 != nullptr)
+    read_slot<int8_t>(kv, values, block, slot, out);
+  else
+    read_slot<float>(kv, values, block, slot, out);
 }
 
 }  // namespace tessera

@@ -42,9 +42,7 @@ void check_decode_args(const AttentionArgs& args, const SparseSelectOptions& opt
                 opt.sink_blocks, opt.recent_blocks, opt.top_blocks);
 }
 
-// One slot's key row (all KV heads) as fp32: the cache's own row, or (fp16) widened exactly
-// into buf by the vectorized decoder.
-inline const float* key_row(const float* row, int64_t, float*) { return row; }
+// One slot's fp16 key row (all KV heads) widened exactly into buf by the vectorized decoder.
 inline const float* key_row(const uint16_t* row, int64_t n, float* buf) {
   dequantize_row(QuantType::kF16, row, buf, n);
   return buf;
@@ -52,21 +50,26 @@ inline const float* key_row(const uint16_t* row, int64_t n, float* buf) {
 
 // Recomputes the summaries of physical block `block` over its first `slots` slots. A block's
 // summaries have the layout of one slot's key row ([n_kv_heads][head_dim]), so each slot is
-// one element-wise min / max over a row.
-template <typename T>
-void summarize_block(const T* cache, const PagedKvLayer& kv, const KvBlockSummaries& s, int64_t block,
-                     int64_t slots) {
+// one element-wise min / max over a row. The keys as attention reads them: fp32 rows as they
+// are, fp16 and int8 ones widened (kv_read_slot).
+void summarize_block(const PagedKvLayer& kv, const KvBlockSummaries& s, int64_t block, int64_t slots) {
   const int64_t row = kv.n_kv_heads * kv.head_dim;
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < row) buf.resize(static_cast<size_t>(row));
   float* kmin = s.kmin + block * row;
   float* kmax = s.kmax + block * row;
-  const T* keys = cache + block * kv.block_size * row;
-  const float* k = key_row(keys, row, buf.data());
+  auto slot_keys = [&](int64_t t) -> const float* {
+    const int64_t first = (block * kv.block_size + t) * row;
+    if (kv.k != nullptr) return kv.k + first;
+    if (kv.k16 != nullptr) return key_row(kv.k16 + first, row, buf.data());
+    kv_read_slot(kv, false, block, t, buf.data());
+    return buf.data();
+  };
+  const float* k = slot_keys(0);
   std::copy_n(k, row, kmin);
   std::copy_n(k, row, kmax);
   for (int64_t t = 1; t < slots; ++t) {
-    k = key_row(keys + t * row, row, buf.data());
+    k = slot_keys(t);
     for (int64_t i = 0; i < row; ++i) {
       kmin[i] = std::min(kmin[i], k[i]);
       kmax[i] = std::max(kmax[i], k[i]);
@@ -116,7 +119,8 @@ void select_top(const float* scores, int64_t lo, int64_t hi, int64_t top, Sparse
 void kv_summary_update(const PagedKvLayer& kv, const KvBlockSummaries& s, const int32_t* block_table,
                        int64_t start_pos, int64_t n_tokens) {
   check_summaries(kv, s);
-  TESSERA_CHECK((kv.k != nullptr) != (kv.k16 != nullptr), "kv_summary_update: the layer needs an fp32 or fp16 K array");
+  TESSERA_CHECK((kv.k != nullptr) + (kv.k16 != nullptr) + (kv.k8 != nullptr) == 1,
+                "kv_summary_update: the layer needs exactly one of fp32, fp16 or int8 K arrays");
   TESSERA_CHECK(start_pos >= 0 && n_tokens >= 0, "kv_summary_update: start_pos {} n_tokens {}", start_pos, n_tokens);
   if (n_tokens == 0) return;
   const int64_t end = start_pos + n_tokens;  // positions below are written
@@ -125,10 +129,7 @@ void kv_summary_update(const PagedKvLayer& kv, const KvBlockSummaries& s, const 
     TESSERA_CHECK(block >= 0 && block < kv.num_blocks,
                   "kv_summary_update: block id {} of logical block {} not in [0, {})", block, b, kv.num_blocks);
     const int64_t slots = std::min(kv.block_size, end - b * kv.block_size);
-    if (kv.k16 != nullptr)
-      summarize_block(kv.k16, kv, s, block, slots);
-    else
-      summarize_block(kv.k, kv, s, block, slots);
+    summarize_block(kv, s, block, slots);
   }
 }
 

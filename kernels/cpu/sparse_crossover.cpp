@@ -57,16 +57,24 @@ SparseCrossover measure_sparse_crossover(const SparseCrossoverShape& shape, cons
   // Uninitialized: pages are touched only up to the contexts measured (the loop stops early).
   std::unique_ptr<float[]> k32, v32;
   std::unique_ptr<uint16_t[]> k16, v16;
+  std::unique_ptr<int8_t[]> k8, v8;
   PagedKvLayer kv;
   kv.num_blocks = n_blocks;
   kv.block_size = bs;
   kv.n_kv_heads = shape.n_kv_heads;
   kv.head_dim = shape.head_dim;
-  if (shape.fp16) {
+  if (shape.dtype == KvDtype::kF16) {
     k16.reset(new uint16_t[cache_elems]);
     v16.reset(new uint16_t[cache_elems]);
     kv.k16 = k16.get();
     kv.v16 = v16.get();
+  } else if (shape.dtype == KvDtype::kInt8) {
+    const size_t bytes = static_cast<size_t>(n_blocks * bs * shape.n_kv_heads) *
+                         static_cast<size_t>(kv_row_bytes(KvDtype::kInt8, shape.head_dim));
+    k8.reset(new int8_t[bytes]);
+    v8.reset(new int8_t[bytes]);
+    kv.k8 = k8.get();
+    kv.v8 = v8.get();
   } else {
     k32.reset(new float[cache_elems]);
     v32.reset(new float[cache_elems]);

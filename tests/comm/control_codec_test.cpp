@@ -85,6 +85,10 @@ TEST(ControlCodecTest, KvDtypeTravelsInHelloAndConfigure) {
   d = decode_message(bytes.data(), bytes.size());
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   EXPECT_EQ(std::get<ConfigureMsg>(*d).kv_dtype, KvDtype::kFp8);
+  bytes = encode_message(ConfigureMsg{100, 32, KvDtype::kInt8});
+  d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(std::get<ConfigureMsg>(*d).kv_dtype, KvDtype::kInt8);
   EXPECT_EQ(std::get<ConfigureMsg>(*d).block_size, 32);
   // A peer that sends no dtype (an older build) means fp32.
   EXPECT_EQ(ConfigureMsg{}.kv_dtype, KvDtype::kF32);

@@ -504,14 +504,15 @@ def test_choices_of_one_prompt_share_its_prefill(stories_server):
     assert [c.text for c in again.choices] == [c.text for c in r.choices]
 
 
-def test_fp16_kv_cache_at_tp2_keeps_the_reference_and_doubles_the_blocks():
-    """`--kv-dtype fp16` reaches both shards (TP 2): the same memory cap holds twice the KV
-    blocks, and the reference prompt still gives its greedy continuation."""
+def test_fp16_and_int8_kv_caches_at_tp2_keep_the_reference_and_hold_more_blocks():
+    """`--kv-dtype fp16` / `int8` reach both shards (TP 2): the same memory cap holds twice the KV
+    blocks in fp16 and 32/12 times in int8 (stories260K's 8-dim heads: 8 bytes and a 4-byte scale
+    per row against 32), and the reference prompt still gives its greedy continuation."""
     if not stories_available():
         pytest.skip(f"no test data at {STORIES}")
     case = reference()["cases"][-1]
     blocks = {}
-    for kv in ("fp32", "fp16"):
+    for kv in ("fp32", "fp16", "int8"):
         s = Server(os.path.join(STORIES, "hf"), tp=2, extra=["--kv-dtype", kv, "--max-kv-gb", "0.01"])
         try:
             r = s.client.completions.create(model="test-model", prompt=case["prompt_ids"], max_tokens=64,
@@ -522,6 +523,7 @@ def test_fp16_kv_cache_at_tp2_keeps_the_reference_and_doubles_the_blocks():
         finally:
             s.stop()
     assert abs(blocks["fp16"] - 2 * blocks["fp32"]) <= 4, blocks  # the same bytes, whole blocks each
+    assert abs(blocks["int8"] - blocks["fp32"] * 32 / 12) <= 4, blocks
 
 
 def test_client_disconnect_mid_stream_frees_blocks(stories_server):

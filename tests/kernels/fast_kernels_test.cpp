@@ -312,8 +312,29 @@ TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
     for (float& x : vvr) x = fp16_to_f32(f32_to_fp16(x));
     PagedKvLayer rounded{kr.data(), vr.data(), blocks, c.block_size, c.n_kv, c.hd};
     kv_write(rounded, table.data(), 0, total, kkr.data(), vvr.data());
+    // An int8 cache, and an fp32 cache holding what it reads back (each row's values times the
+    // row's scale, computed here): the int8 one must give that one's results, bit for bit.
+    const int64_t row8 = c.hd + kInt8RowLead;
+    std::vector<int8_t> k8(static_cast<size_t>(blocks * c.block_size * c.n_kv * row8)), v8(k8.size());
+    PagedKvLayer kv8{nullptr, nullptr, blocks, c.block_size, c.n_kv, c.hd, nullptr, nullptr, k8.data(), v8.data()};
+    kv_write(kv8, table.data(), 0, total, kk.data(), vv.data());
+    std::vector<float> k8r(k.size()), v8r(k.size()), kkq(kk), vvq(vv);
+    for (std::vector<float>* x : {&kkq, &vvq})
+      for (size_t r = 0; r < x->size(); r += static_cast<size_t>(c.hd)) {
+        float amax = 0;
+        for (int64_t i = 0; i < c.hd; ++i) amax = std::max(amax, std::fabs((*x)[r + static_cast<size_t>(i)]));
+        const float scale = amax / 127.0f;
+        for (int64_t i = 0; i < c.hd; ++i) {
+          float& e = (*x)[r + static_cast<size_t>(i)];
+          const float held = std::nearbyint(e / scale) * scale;
+          ASSERT_LE(std::fabs(held - e), 0.5001f * scale) << "int8 rounding of value " << e;
+          e = held;
+        }
+      }
+    PagedKvLayer dequantized{k8r.data(), v8r.data(), blocks, c.block_size, c.n_kv, c.hd};
+    kv_write(dequantized, table.data(), 0, total, kkq.data(), vvq.data());
     const auto q = gaussian(c.n_tokens * c.n_heads * c.hd, 3);
-    std::vector<float> canonical, canonical16;
+    std::vector<float> canonical, canonical16, canonical8;
     for (cpu::Isa isa : supported_isas()) {
       cpu::set_max_isa(isa);
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
@@ -332,6 +353,70 @@ TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
         paged_attention(kv16, args, p);
         ASSERT_TRUE(same_bits(out16, canonical16))
             << "fp16 cache: hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " isa " << cpu::isa_name(isa);
+        if (canonical8.empty()) {
+          paged_attention(dequantized, args, p);
+          canonical8 = out16;
+          ASSERT_FALSE(same_bits(canonical8, canonical16)) << "the int8 cache should hold other values than fp16";
+        }
+        std::vector<float> out8(q.size(), NAN);
+        args.out = out8.data();
+        paged_attention(kv8, args, p);
+        ASSERT_TRUE(same_bits(out8, canonical8))
+            << "int8 cache: hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " isa " << cpu::isa_name(isa);
+      }
+    }
+  }
+}
+
+// The int8 cache's rows: [fp32 scale][head_dim int8], scale = max |x| / 127, values rounded half
+// to even and read back as q * scale by kv_read_slot; a zero row reads back as zeros, a row with
+// a NaN or an infinity as NaN (never as finite numbers that would hide it).
+TEST(PagedKvInt8, RowsHoldTheirScaleAndReadBackWithinHalfAStep) {
+  const int64_t hd = 12, n_kv = 2, bs = 4;
+  const int64_t row = hd + kInt8RowLead;
+  std::vector<int8_t> k8(static_cast<size_t>(3 * bs * n_kv * row), 0x55), v8(k8.size(), 0x55);
+  PagedKvLayer kv{nullptr, nullptr, 3, bs, n_kv, hd, nullptr, nullptr, k8.data(), v8.data()};
+  const int32_t table[] = {2, 0};
+  std::vector<float> k(static_cast<size_t>(5 * n_kv * hd)), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
+    v[i] = -0.5f * k[i];
+  }
+  for (int64_t i = 0; i < hd; ++i) {
+    k[static_cast<size_t>(1 * n_kv * hd + i)] = 0.0f;            // position 1, head 0: a zero row
+    k[static_cast<size_t>(1 * n_kv * hd + hd + i)] = 1.0f + i;  // head 1: amax 12 at the last value
+  }
+  k[static_cast<size_t>(2 * n_kv * hd + 3)] = NAN;        // position 2, head 0
+  v[static_cast<size_t>(3 * n_kv * hd + hd + 5)] = INFINITY;  // position 3, head 1 (values)
+  kv_write(kv, table, 0, 5, k.data(), v.data());
+  // Position 1, head 1 sits in block 2, slot 1, row 1: its scale first, then 127 for the amax.
+  const int8_t* r = k8.data() + ((2 * bs + 1) * n_kv + 1) * row;
+  float scale;
+  std::memcpy(&scale, r, sizeof scale);
+  EXPECT_EQ(scale, 12.0f / 127.0f);
+  EXPECT_EQ(r[kInt8RowLead + hd - 1], 127);
+  EXPECT_EQ(r[kInt8RowLead], static_cast<int8_t>(std::nearbyint(1.0f / scale)));
+  std::vector<float> got(static_cast<size_t>(n_kv * hd));
+  for (int64_t p = 0; p < 5; ++p) {
+    for (const bool values : {false, true}) {
+      kv_read_slot(kv, values, table[p / bs], p % bs, got.data());
+      const float* want = (values ? v.data() : k.data()) + p * n_kv * hd;
+      for (int64_t h = 0; h < n_kv; ++h) {
+        float amax = 0;
+        bool finite = true;
+        for (int64_t i = 0; i < hd; ++i) {
+          amax = std::max(amax, std::fabs(want[h * hd + i]));
+          finite = finite && std::isfinite(want[h * hd + i]);
+        }
+        for (int64_t i = 0; i < hd; ++i) {
+          const float g = got[static_cast<size_t>(h * hd + i)];
+          if (!finite) {
+            EXPECT_TRUE(std::isnan(g)) << "position " << p << " head " << h << ": a non-finite row reads back NaN";
+          } else {
+            EXPECT_LE(std::fabs(g - want[h * hd + i]), amax / 127.0f * 0.5001f) << p << " " << h << " " << i;
+            if (amax == 0) EXPECT_EQ(g, 0.0f);
+          }
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -27,15 +28,17 @@ using test::same_bits;
 
 struct SparseShape {
   int64_t block_size, n_heads, n_kv_heads, head_dim;
-  bool fp16;
+  KvDtype dtype;
 };
 
+constexpr KvDtype kCacheDtypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kInt8};
+
 std::string describe(const SparseShape& c) {
-  return std::string(c.fp16 ? "fp16" : "fp32") + " bs " + std::to_string(c.block_size) + " heads " +
+  return std::string(kv_dtype_name(c.dtype)) + " bs " + std::to_string(c.block_size) + " heads " +
          std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " hd " + std::to_string(c.head_dim);
 }
 
-// One sequence of up to max_len positions in a cache layer (fp32 or fp16) with a shuffled block
+// One sequence of up to max_len positions in a cache layer (fp32, fp16 or int8) with a shuffled block
 // table and spare blocks, and the layer's summaries. Unwritten K slots hold +-large values (a
 // read of one shows in a min, a max or a score), unwritten V slots NaN, summaries NaN until
 // computed.
@@ -43,6 +46,7 @@ struct SparseCache {
   SparseShape c;
   std::vector<float> k32, v32, kmin, kmax;
   std::vector<uint16_t> k16, v16;
+  std::vector<int8_t> k8, v8;
   std::vector<int32_t> table;
   std::vector<float> k_all, v_all;  // [pos][kv head][dim], what kv_write is given
   PagedKvLayer layer;
@@ -52,9 +56,23 @@ struct SparseCache {
     const int64_t blocks = (max_len + c.block_size - 1) / c.block_size, num_blocks = blocks + 3;
     const int64_t row = c.n_kv_heads * c.head_dim;
     const auto elems = static_cast<size_t>(num_blocks * c.block_size * row);
-    const float big = c.fp16 ? 65504.0f : 1e30f;
+    const float big = c.dtype == KvDtype::kF16 ? 65504.0f : 1e30f;
     auto poison = [&](size_t i) { return (i + i / static_cast<size_t>(row)) % 2 == 0 ? big : -big; };
-    if (c.fp16) {
+    if (c.dtype == KvDtype::kInt8) {
+      // Rows of [scale][values]: K rows read as +-127 * 1e30, V rows as 0 * NaN.
+      const int64_t rb = c.head_dim + kInt8RowLead;
+      k8.resize(static_cast<size_t>(num_blocks * c.block_size * c.n_kv_heads * rb));
+      v8.assign(k8.size(), 0);
+      for (size_t r = 0; r < k8.size(); r += static_cast<size_t>(rb)) {
+        const float nan = NAN;
+        std::memcpy(&k8[r], &big, sizeof big);
+        std::memcpy(&v8[r], &nan, sizeof nan);
+        for (int64_t i = 0; i < c.head_dim; ++i)
+          k8[r + static_cast<size_t>(kInt8RowLead + i)] = poison(r / static_cast<size_t>(rb) + static_cast<size_t>(i)) > 0 ? 127 : -127;
+      }
+      layer = PagedKvLayer{nullptr, nullptr, num_blocks, c.block_size, c.n_kv_heads, c.head_dim,
+                           nullptr, nullptr, k8.data(), v8.data()};
+    } else if (c.dtype == KvDtype::kF16) {
       k16.resize(elems);
       v16.assign(elems, 0x7e00);  // NaN
       for (size_t i = 0; i < elems; ++i) k16[i] = f32_to_fp16(poison(i));
@@ -90,10 +108,19 @@ struct SparseCache {
     kv_summary_update(layer, sums, table.data(), start, n);
   }
 
-  // Key and value elements as the cache holds them (fp16: rounded).
-  float held(float x) const { return c.fp16 ? fp16_to_f32(f32_to_fp16(x)) : x; }
-  float key(int64_t pos, int64_t g, int64_t i) const { return held(k_all[index(pos, g, i)]); }
-  float value(int64_t pos, int64_t g, int64_t i) const { return held(v_all[index(pos, g, i)]); }
+  // Key and value elements as the cache holds them (fp16: rounded; int8: on its row's grid of
+  // max |x| / 127 steps).
+  float held(const std::vector<float>& all, int64_t pos, int64_t g, int64_t i) const {
+    const float x = all[index(pos, g, i)];
+    if (c.dtype == KvDtype::kF16) return fp16_to_f32(f32_to_fp16(x));
+    if (c.dtype != KvDtype::kInt8) return x;
+    float amax = 0;
+    for (int64_t d = 0; d < c.head_dim; ++d) amax = std::max(amax, std::fabs(all[index(pos, g, d)]));
+    const float scale = amax / 127.0f;
+    return std::nearbyint(x / scale) * scale;
+  }
+  float key(int64_t pos, int64_t g, int64_t i) const { return held(k_all, pos, g, i); }
+  float value(int64_t pos, int64_t g, int64_t i) const { return held(v_all, pos, g, i); }
 
   // Before position pos is written: its key in every KV head becomes gain * dir.
   void plant(int64_t pos, const std::vector<float>& dir, float gain) {
@@ -208,9 +235,9 @@ TEST(SparseSummaries, MatchBruteForceAfterPrefillChunksAndDecodeTokens) {
   test::IsaGuard guard;
   for (cpu::Isa isa : test::supported_isas()) {
     cpu::set_max_isa(isa);
-    for (bool fp16 : {false, true}) {
+    for (const KvDtype dtype : kCacheDtypes) {
       for (int64_t bs : {16, 64}) {
-        const SparseShape c{bs, 8, 2, 36, fp16};
+        const SparseShape c{bs, 8, 2, 36, dtype};
         const std::string what = describe(c) + " isa " + cpu::isa_name(isa);
         SparseCache f(c, 300, 11);
         int64_t len = 0;
@@ -232,10 +259,10 @@ TEST(SparseSummaries, MatchBruteForceAfterPrefillChunksAndDecodeTokens) {
 // largest bound over the heads.
 TEST(SparseScores, QuestBoundIsAnUpperBoundOfEveryKeyInTheBlock) {
   uint32_t seed = 70;
-  for (bool fp16 : {false, true}) {
+  for (const KvDtype dtype : kCacheDtypes) {
     for (int64_t bs : {16, 64}) {
       for (int64_t hd : {36, 64}) {
-        const SparseShape c{bs, 8, 2, hd, fp16};
+        const SparseShape c{bs, 8, 2, hd, dtype};
         const int64_t len = 3 * 64 + 1;  // the last block holds one key
         SparseCache f(c, len, ++seed);
         for (size_t i = 0; i < f.k_all.size(); ++i) f.k_all[i] *= 0.25f + static_cast<float>(i % 4);
@@ -281,7 +308,7 @@ TEST(SparseScores, QuestBoundIsAnUpperBoundOfEveryKeyInTheBlock) {
 // index asc); the same with and without a pool (200 blocks: scoring is split over it).
 TEST(SparseSelect, KeepsSinksAndRecentAndRanksTheRestByScore) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  const SparseShape c{16, 8, 2, 64, false};
+  const SparseShape c{16, 8, 2, 64, KvDtype::kF32};
   const int64_t max_len = 3200;
   SparseCache f(c, max_len, 5);
   f.write(0, max_len);
@@ -316,8 +343,8 @@ TEST(SparseSelect, KeepsSinksAndRecentAndRanksTheRestByScore) {
 // A key equal to a large multiple of the query direction in a middle block: that block scores
 // highest, so top_blocks = 1 picks it.
 TEST(SparseSelect, FindsTheBlockOfAPlantedNeedle) {
-  for (bool fp16 : {false, true}) {
-    const SparseShape c{16, 8, 2, 64, fp16};
+  for (const KvDtype dtype : kCacheDtypes) {
+    const SparseShape c{16, 8, 2, 64, dtype};
     for (int64_t needle : {277, 16 * 20 + 15, 16 * 2}) {
       const int64_t len = 637;  // 40 blocks
       SparseCache f(c, len, 80);
@@ -338,7 +365,7 @@ TEST(SparseSelect, FindsTheBlockOfAPlantedNeedle) {
 // (scoring split over it).
 TEST(SparseSelect, TiesGoToLowerBlocks) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  const SparseShape c{16, 8, 2, 64, false};
+  const SparseShape c{16, 8, 2, 64, KvDtype::kF32};
   const int64_t len = 16 * 150 + 7;  // 151 blocks
   SparseCache f(c, len, 95);
   for (int64_t p = 1; p < len; ++p)  // every block holds the keys of block 0
@@ -358,8 +385,8 @@ TEST(SparseSelect, TiesGoToLowerBlocks) {
 // sparse attention is dense attention, bit for bit, with and without a pool.
 TEST(SparseDecode, EqualsDenseWhenEveryBlockIsSelected) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  for (bool fp16 : {false, true}) {
-    const SparseShape c{16, 8, 2, 64, fp16};
+  for (const KvDtype dtype : kCacheDtypes) {
+    const SparseShape c{16, 8, 2, 64, dtype};
     for (int64_t len : {1, 15, 16, 17, 300}) {
       SparseCache f(c, len, 20 + static_cast<uint32_t>(len));
       if (len > 1) f.write(0, len - 1);  // the prompt, then the decode token writes its own key
@@ -386,8 +413,8 @@ TEST(SparseDecode, EqualsDenseWhenEveryBlockIsSelected) {
 // compacted table and the remapped position lose or add none; the current block may hold one key).
 TEST(SparseDecode, MatchesReferenceOverTheSelectedKeys) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 3});
-  for (bool fp16 : {false, true}) {
-    const SparseShape c{16, 8, 2, 64, fp16};
+  for (const KvDtype dtype : kCacheDtypes) {
+    const SparseShape c{16, 8, 2, 64, dtype};
     for (int64_t len : {97, 320, 321}) {
       SparseCache f(c, len, 40 + static_cast<uint32_t>(len));
       f.write(0, len);
@@ -407,8 +434,8 @@ TEST(SparseDecode, MatchesReferenceOverTheSelectedKeys) {
 // All attention mass on a planted needle: sparse attention with top_blocks = 1 gives the dense
 // output, while a selection without the needle's block does not come close.
 TEST(SparseDecode, NeedleOutputMatchesDenseOnlyWhenItsBlockIsSelected) {
-  for (bool fp16 : {false, true}) {
-    const SparseShape c{16, 8, 2, 64, fp16};
+  for (const KvDtype dtype : kCacheDtypes) {
+    const SparseShape c{16, 8, 2, 64, dtype};
     const int64_t len = 637, needle = 277, pos = len - 1;
     SparseCache f(c, len, 90);
     const auto d = gaussian(c.head_dim, 191);
@@ -439,7 +466,7 @@ TEST(SparseDecode, NeedleOutputMatchesDenseOnlyWhenItsBlockIsSelected) {
 }
 
 TEST(SparseDecodeDeathTest, RefusesSlidingWindowsPrefillAndNoRecentBlock) {
-  const SparseShape c{16, 2, 1, 8, false};
+  const SparseShape c{16, 2, 1, 8, KvDtype::kF32};
   SparseCache f(c, 40, 3);
   f.write(0, 40);
   const auto q = gaussian(2 * c.n_heads * c.head_dim, 40);
@@ -467,8 +494,8 @@ namespace {
 // (the first context where sparse * min_speedup <= dense; 0 when none), not the timings.
 TEST(SparseCrossover, MeasuresUpToTheFirstContextThatPaysAndStopsThere) {
   ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
-  for (const bool fp16 : {false, true}) {
-    const SparseCrossoverShape shape{4, 1, 64, 16, fp16};
+  for (const KvDtype dtype : kCacheDtypes) {
+    const SparseCrossoverShape shape{4, 1, 64, 16, dtype};
     SparseSelectOptions opt;
     opt.top_blocks = 8;
     // Never pays at a million times: every context up to max_context, the last one max_context.

@@ -111,7 +111,13 @@ TEST(PlannerTest, KvDtypeOtherThanTheRuntimesIsFlagged) {
   cpu.kv_dtype = KvDtype::kF16;
   EXPECT_FALSE(has_warning(plan_of(cpu), "today, so a run holds", false));
   cpu.kv_dtype = KvDtype::kFp8;
-  EXPECT_TRUE(has_warning(plan_of(cpu), "CPU KV cache stores fp32 or fp16 today, so a run holds 2x fewer", false));
+  EXPECT_TRUE(
+      has_warning(plan_of(cpu), "CPU KV cache stores fp32, fp16 or int8 today, so a run holds 2x fewer", false));
+  // int8 runs on the CPU, not yet on CUDA.
+  cpu.kv_dtype = KvDtype::kInt8;
+  EXPECT_FALSE(has_warning(plan_of(cpu), "today, so a run holds", false));
+  in.kv_dtype = KvDtype::kInt8;
+  EXPECT_TRUE(has_warning(plan_of(in), "KV dtype int8: Tessera's CUDA KV cache stores fp32 or fp16 today", false));
 }
 
 TEST(PlannerTest, PrecisionBitsIncludeScales) {
@@ -215,6 +221,10 @@ TEST(PlannerTest, Llama3_70bKvAndQ4kWeights) {
   PlanInput fp8 = input(llama3_70b(), "Q4_K", "H200-141GB", 4);
   fp8.kv_dtype = KvDtype::kFp8;
   EXPECT_EQ(plan_of(fp8).memory.kv_bytes_per_token, 2ull * 80 * 2 * 128 * 1);
+  // int8: 128 values and a 4-byte scale per token and KV head.
+  fp8.kv_dtype = KvDtype::kInt8;
+  EXPECT_EQ(plan_of(fp8).memory.kv_bytes_per_token, 2ull * 80 * 2 * (128 + 4));
+  EXPECT_EQ(plan_of(fp8).memory.kv_bytes_per_token_model, 2ull * 80 * 8 * (128 + 4));
 }
 
 TEST(PlannerTest, KvBlocksWithHeadroom) {
@@ -609,6 +619,11 @@ TEST(PlannerTest, PresetsAndCards) {
   EXPECT_FALSE(card_preset("v100").is_ok());
   EXPECT_TRUE(parse_kv_dtype("FP8").is_ok());
   EXPECT_EQ(kv_dtype_bytes(*parse_kv_dtype("bf16")), 2);
+  EXPECT_EQ(*parse_kv_dtype("INT8"), KvDtype::kInt8);
+  EXPECT_EQ(kv_dtype_name(KvDtype::kInt8), "int8");
+  EXPECT_EQ(kv_row_bytes(KvDtype::kInt8, 256), 260u);
+  EXPECT_EQ(kv_row_bytes(KvDtype::kF16, 256), 512u);
+  EXPECT_NE(parse_kv_dtype("int4").status().message().find("int8"), std::string::npos);
   EXPECT_FALSE(parse_kv_dtype("int2").is_ok());
 }
 

@@ -269,6 +269,34 @@ TEST(KvCacheWindowPool, LayersLiveInTheirPoolAndCopiesStayInIt) {
   EXPECT_EQ(KvCache::bytes_per_block(shape, KvPool::kMain), 2u * 3 * 16 * 2 * 4 * 4);
 }
 
+// An int8 cache: rows of head_dim + 4 bytes (the scale first), laid out and copied per pool like
+// the others; what kv_write stores in one pool's block is read back from the copy.
+TEST(KvCacheWindowPool, Int8RowsCarryTheirScalesThroughCopies) {
+  KvCacheShape shape{3, 2, 4, 16, 5, KvDtype::kInt8};
+  shape.window_layers = {true, false, true};
+  shape.num_window_blocks = 3;
+  auto cache = KvCache::create(shape);
+  ASSERT_TRUE(cache.is_ok()) << cache.status().to_string();
+  EXPECT_EQ(kv_bytes_per_token(3, 2, 4, KvDtype::kInt8), 2u * 3 * 2 * (4 + 4));
+  EXPECT_EQ(KvCache::bytes_per_block(shape, KvPool::kMain), 2u * 1 * 16 * 2 * 8);
+  EXPECT_EQ(KvCache::bytes_per_block(shape, KvPool::kWindow), 2u * 2 * 16 * 2 * 8);
+  const std::vector<float> k = {1, -2, 3, 0.5f, 40, 0, -8, 2}, v = {-1, 1, 0.25f, 0, 7, 7, -7, 3.5f};
+  std::vector<float> got(8);
+  for (const auto& [layer, pool] : {std::pair{int64_t{1}, KvPool::kMain}, std::pair{int64_t{2}, KvPool::kWindow}}) {
+    const PagedKvLayer l = cache->layer(layer);
+    ASSERT_NE(l.k8, nullptr);
+    ASSERT_EQ(l.k, nullptr);
+    const int32_t src = 2, dst = 0;
+    kv_write(l, &src, 5, 1, k.data(), v.data());  // slot 5 of block 2
+    ASSERT_TRUE(cache->copy_block(src, dst, pool).is_ok());
+    kv_read_slot(l, false, dst, 5, got.data());
+    for (size_t i = 0; i < 8; ++i)
+      EXPECT_NEAR(got[i], k[i], (i < 4 ? 3.0f : 40.0f) / 254.0f + 1e-6f) << kv_pool_name(pool) << " key " << i;
+    kv_read_slot(l, true, dst, 5, got.data());
+    for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(got[i], v[i], 7.0f / 254.0f + 1e-6f) << kv_pool_name(pool) << " value " << i;
+  }
+}
+
 // Key summaries (sparse attention) exist for the global layers only, with or without a window
 // pool, and a block copy carries them.
 TEST(KvCacheSummaries, OnlyTheGlobalLayersKeepThem) {
