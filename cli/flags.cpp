@@ -25,10 +25,10 @@ void add_sparse_attention_flags(CLI::App& app, SparseAttentionConfig& config) {
            c->measure = s == "auto";
            c->enabled = s == "on";
          },
-         "CPU: decodes of the global-attention layers from --sparse-threshold tokens of context attend to the "
-         "blocks their query selects (per-block key bounds; the first block and the last two always): auto (the "
-         "threshold measured at start-up: the shortest context where it makes a layer's decode attention 2x as "
-         "fast; dense when none), on or off")
+         "CPU and CUDA shards: decodes of the global-attention layers from --sparse-threshold tokens of context "
+         "attend to the blocks their query selects (per-block key bounds; the first block and the last two always): "
+         "auto (CPU: the threshold measured at start-up, the shortest context where it makes a layer's decode "
+         "attention 2x as fast, dense when none; CUDA: off until measured on a device), on or off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->default_str("auto");
   // Defined after --sparse-attention, so its callback runs after that one's: a threshold given

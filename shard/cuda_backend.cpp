@@ -32,6 +32,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& conf
   co.kv_dtype = options.kv_dtype;
   co.cuda_graphs = options.cuda_graphs;
   co.max_graph_batch = options.max_step_seqs;
+  co.sparse = options.sparse;
+  if (co.sparse.measure) {
+    co.sparse.measure = false;
+    co.sparse.enabled = false;
+    TESSERA_LOG_INFO(
+        "sparse attention (auto): off on CUDA (the dense/sparse crossover is measured only on the CPU backend); "
+        "--sparse-attention on --sparse-threshold N enables it");
+  }
+  b->options_.sparse = co.sparse;
   ArchSpec arch = options.arch ? *options.arch : describe_architecture(config, weights.weights);
   TESSERA_ASSIGN_OR_RETURN(b->forward_,
                            CudaForward::create(config, layout, weights.weights, b->nccl_.get(), co, std::move(arch)));
@@ -49,6 +58,7 @@ Result<BackendMemory> CudaBackend::memory() const {
   m.kv_bytes_per_token = static_cast<uint64_t>(forward_->kv_bytes_per_token());
   m.kv_window = forward_->kv_window();
   m.kv_window_bytes_per_token = static_cast<uint64_t>(forward_->kv_window_bytes_per_token());
+  m.kv_summary_bytes_per_block = static_cast<uint64_t>(forward_->kv_summary_bytes_per_block());
   m.weight_bytes = static_cast<uint64_t>(forward_->weight_bytes());
   m.max_step_tokens = options_.max_step_tokens;
   m.max_step_seqs = options_.max_step_seqs;
@@ -59,6 +69,12 @@ Status CudaBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t
   TESSERA_RETURN_IF_ERROR(forward_->configure_kv(block_size, num_blocks, num_window_blocks));
   TESSERA_LOG_DEBUG("KV pool on {}: {} blocks of {} tokens, window pool {} blocks", forward_->device_name(), num_blocks,
                     block_size, num_window_blocks);
+  const SparseAttentionConfig& sp = options_.sparse;
+  if (sp.enabled)
+    TESSERA_LOG_INFO("sparse attention: decodes of the global layers from {} tokens of context attend to {} sink + {} "
+                     "recent + {} selected blocks of {} tokens (selected on {})",
+                     sp.threshold_tokens, sp.select.sink_blocks, sp.select.recent_blocks, sp.select.top_blocks,
+                     block_size, forward_->device_name());
   return Status::ok();
 }
 
@@ -66,6 +82,14 @@ Status CudaBackend::copy_block(int32_t src, int32_t dst, KvPool pool) { return f
 
 Status CudaBackend::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
   return forward_->run(batch, logits);
+}
+
+ShardBackend::SparseStats CudaBackend::sparse_stats() const {
+  SparseStats s;
+  s.threshold_tokens = options_.sparse.enabled ? options_.sparse.threshold_tokens : 0;
+  s.sparse = forward_->sparse_attentions();
+  s.dense = forward_->dense_global_decodes();
+  return s;
 }
 
 Status CudaBackend::run_greedy(std::span<const SequenceInput> batch, std::vector<int32_t>& ids) {

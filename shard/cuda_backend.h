@@ -22,6 +22,11 @@ struct CudaBackendOptions {
   bool cuda_graphs = true;         // decode steps as CUDA graph replays
   KvDtype kv_dtype = KvDtype::kF32;  // fp32 or fp16: others are refused
   std::optional<ArchSpec> arch;    // default: describe_architecture(config, weights)
+  // Sparse decode attention of the global layers (CudaForwardOptions::sparse). `measure`
+  // (--sparse-attention auto) resolves to off on CUDA: the crossover is measured only by the
+  // CPU backend (measure_sparse_crossover times the CPU kernels); create() logs that, and a
+  // CUDA shard turns sparse attention on only with --sparse-attention on (and its threshold).
+  SparseAttentionConfig sparse;
 };
 
 class CudaBackend : public ShardBackend {
@@ -43,6 +48,7 @@ class CudaBackend : public ShardBackend {
   bool samples_on_device() const override { return true; }
   bool prepare_device_sampling(std::span<const DeviceSampleRequest> rows) override;
   Status run_sampled(std::span<const SequenceInput> batch, std::vector<SampledToken>& out) override;
+  SparseStats sparse_stats() const override;
 
   CudaForward& forward() { return *forward_; }
 

@@ -109,9 +109,28 @@ Result<std::unique_ptr<CudaForward>> CudaForward::create(const ModelConfig& conf
   if (static_cast<int64_t>(weights.layers.size()) != config.n_layers)
     return Status::invalid_argument(
         fmt::format("CudaForward: {} layers bound, the config has {}", weights.layers.size(), config.n_layers));
+  const SparseAttentionConfig& sp = options.sparse;
+  if (sp.measure)
+    return Status::invalid_argument(
+        "CudaForward options: sparse.measure (--sparse-attention auto) must be resolved to sparse.enabled and "
+        "sparse.threshold_tokens by the backend first");
+  if (sp.enabled && (sp.threshold_tokens < 1 || sp.select.sink_blocks < 0 || sp.select.recent_blocks < 1 ||
+                     sp.select.top_blocks < 0 || sp.select.top_blocks > 0x7fffffff))
+    return Status::invalid_argument(fmt::format(
+        "CudaForward options: sparse attention threshold_tokens {} must be >= 1, sink_blocks {} >= 0, recent_blocks "
+        "{} >= 1 (the current block) and top_blocks {} in [0, 2^31)",
+        sp.threshold_tokens, sp.select.sink_blocks, sp.select.recent_blocks, sp.select.top_blocks));
   std::unique_ptr<CudaForward> f(new CudaForward(config, layout, comm, options));
   f->decoder_ = std::make_unique<Decoder>(std::move(arch), decoder_dims(config, layout));
   f->window_ = kv_window_layers(config, f->decoder_->spec());
+  // Key summaries for the main pool's layers (as the CPU's KvCache keeps them); only those with
+  // no sliding window select blocks.
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const bool windowed = !f->window_.layers.empty() && f->window_.layers[static_cast<size_t>(l)];
+    const bool summarized = sp.enabled && !windowed;
+    f->summary_index_.push_back(summarized ? f->n_summarized_++ : -1);
+    if (summarized && f->decoder_->spec().layers[static_cast<size_t>(l)].sliding_window == 0) ++f->n_sparse_layers_;
+  }
   TESSERA_RETURN_IF_ERROR(f->init(weights));
   return f;
 }
@@ -468,6 +487,10 @@ int64_t CudaForward::kv_bytes_per_token() const {  // K and V of every layer
       tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.kv_dtype));
 }
 
+int64_t CudaForward::kv_summary_bytes_per_block() const {
+  return n_summarized_ * 2 * layout_.n_kv_heads * config_.head_dim * 4;  // fp32 min and max
+}
+
 int64_t CudaForward::kv_window_bytes_per_token() const {
   return static_cast<int64_t>(
       tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, options_.kv_dtype));
@@ -483,13 +506,18 @@ Result<int64_t> CudaForward::free_device_bytes() const {
 Status CudaForward::allocate_kv_pool() {
   int64_t free_bytes = 0, total_bytes = 0;
   TESSERA_CUDA_TRY(api_->mem_get_info(&free_bytes, &total_bytes), "query device memory");
-  const int64_t bytes_per_block = options_.block_size * kv_bytes_per_token();
-  // The block tables' metadata comes out of the same free memory (tables of max_positions).
-  const int64_t meta_bytes = MetaLayout(options_.max_tokens_per_step, options_.max_seqs_per_step,
-                                        (config_.max_positions + options_.block_size - 1) / options_.block_size,
-                                        /*window_tables=*/false)
-                                 .total *
-                             4;
+  const int64_t bytes_per_block = options_.block_size * kv_bytes_per_token() + kv_summary_bytes_per_block();
+  // The block tables' metadata (and the sparse selection's buffers) come out of the same free
+  // memory (tables of max_positions).
+  const int64_t table_blocks = (config_.max_positions + options_.block_size - 1) / options_.block_size;
+  const int64_t meta_bytes =
+      MetaLayout(options_.max_tokens_per_step, options_.max_seqs_per_step, table_blocks, /*window_tables=*/false)
+              .total *
+          4 +
+      (n_summarized_ > 0 ? (options_.max_seqs_per_step * table_blocks * (2 + layout_.tp_size) +
+                            2 * options_.max_seqs_per_step) *
+                               4
+                         : 0);
   const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
   const int64_t usable = free_bytes - headroom - meta_bytes;
   int64_t blocks = usable > 0 ? usable / bytes_per_block : 0;
@@ -565,6 +593,23 @@ Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks, int64_t 
     allocations_.push_back(p);
     *out = static_cast<uint8_t*>(p);
   }
+  if (n_summarized_ > 0) {
+    // Key summaries (billed per block: kv_summary_bytes_per_block) and the selection's buffers.
+    summary_bytes_ = num_blocks * kv_summary_bytes_per_block();
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(summary_bytes_, "key summaries (sparse attention)"));
+    summaries_ = static_cast<float*>(p);
+    const int64_t cells = options_.max_seqs_per_step * max_table_blocks_;
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc(cells * 4, "sparse attention block scores"));
+    sparse_scores_ = static_cast<float*>(p);
+    if (layout_.tp_size > 1) {
+      TESSERA_ASSIGN_OR_RETURN(p, device_alloc(layout_.tp_size * cells * 4, "gathered sparse attention scores"));
+      sparse_gathered_ = static_cast<float*>(p);
+    }
+    TESSERA_ASSIGN_OR_RETURN(p, device_alloc((cells + 2 * options_.max_seqs_per_step) * 4, "compacted block tables"));
+    sparse_meta_ = static_cast<int32_t*>(p);
+    const int64_t gathered = layout_.tp_size > 1 ? layout_.tp_size : 0;
+    workspace_bytes_ += (cells * (2 + gathered) + 2 * options_.max_seqs_per_step) * 4;
+  }
   num_blocks_ = num_blocks;
   num_window_blocks_ = num_window_blocks;
   layer_kv_bytes_ = num_blocks * block_bytes;
@@ -593,6 +638,14 @@ Status CudaForward::copy_block(int32_t src, int32_t dst, KvPool pool) {
     TESSERA_CUDA_TRY(
         api_->device_memcpy_async(base + dst * block_bytes, base + src * block_bytes, block_bytes, stream_),
         fmt::format("copy {} block {} -> {}", kv_pool_name(pool), src, dst));
+  }
+  if (window || !summaries_) return Status::ok();
+  // The key summaries go with the keys (as the CPU's KvCache::copy_block).
+  const int64_t row = layout_.n_kv_heads * config_.head_dim;
+  for (int64_t part = 0; part < 2 * n_summarized_; ++part) {  // [summarized layer][min|max]
+    float* base = summaries_ + part * num_blocks_ * row;
+    TESSERA_CUDA_TRY(api_->device_memcpy_async(base + dst * row, base + src * row, row * 4, stream_),
+                     fmt::format("copy the key summaries of block {} -> {}", src, dst));
   }
   return Status::ok();
 }
@@ -717,6 +770,8 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   uint8_t* v_cache = k_cache + layer_bytes;
   const int32_t kv_dtype = options_.kv_dtype == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
   const int32_t* tables = meta_ + (windowed ? meta.window_tables : meta.tables);
+  const int32_t* seq_lens = meta_ + meta.seq_lens;
+  const int32_t* start_pos = meta_ + meta.start_pos;
   const int64_t hd = config_.head_dim;
 
   TesseraCudaRopeKvArgs rope{};
@@ -736,6 +791,8 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   rope.num_blocks = windowed ? num_window_blocks_ : num_blocks_;
   rope.kv_dtype = kv_dtype;
   TESSERA_CUDA_LAUNCH(api_->rope_kv_write_f32(&rope, stream_), "RoPE + KV write");
+  if (summary_index_[static_cast<size_t>(l)] >= 0)
+    TESSERA_RETURN_IF_ERROR(enqueue_sparse(l, spec, k_cache, n, &tables, &seq_lens, &start_pos));
   ++last_step_.launches;  // the attention kernel below
 
   if (all_decode) {  // one token per sequence: row s of q is sequence s
@@ -745,7 +802,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
     a.k_cache = k_cache;
     a.v_cache = v_cache;
     a.block_tables = tables;
-    a.seq_lens = meta_ + meta.seq_lens;
+    a.seq_lens = seq_lens;
     a.n_seqs = n_seqs_;
     a.n_heads = layout_.n_heads;
     a.n_kv_heads = layout_.n_kv_heads;
@@ -773,7 +830,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   a.block_tables = tables;
   a.query_begin = meta_ + meta.query_begin;
   a.query_len = meta_ + meta.query_len;
-  a.start_pos = meta_ + meta.start_pos;
+  a.start_pos = start_pos;
   a.n_seqs = n_seqs_;
   // A graph's grid holds every row of its bucket; each sequence reads its own query count.
   a.max_query_len = graph_query_len_;
@@ -788,6 +845,91 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   a.sliding_window = spec.sliding_window;
   a.kv_dtype = kv_dtype;
   return api_->check(api_->paged_prefill_attention_f32(&a, stream_), "paged prefill attention");
+}
+
+Status CudaForward::enqueue_sparse(int64_t l, const LayerSpec& spec, const void* k_cache, int64_t n,
+                                   const int32_t** tables, const int32_t** seq_lens, const int32_t** start_pos) {
+  const int64_t row = layout_.n_kv_heads * config_.head_dim;
+  float* kmin = summaries_ + 2 * summary_index_[static_cast<size_t>(l)] * num_blocks_ * row;
+  float* kmax = kmin + num_blocks_ * row;
+  const int32_t kv_dtype = options_.kv_dtype == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
+  TesseraCudaKvSummaryArgs u{};
+  u.k_cache = k_cache;
+  u.kmin = kmin;
+  u.kmax = kmax;
+  u.slots = slots_;
+  u.n_tokens = n;
+  u.n_kv_heads = layout_.n_kv_heads;
+  u.head_dim = config_.head_dim;
+  u.block_size = options_.block_size;
+  u.num_blocks = num_blocks_;
+  u.kv_dtype = kv_dtype;
+  TESSERA_CUDA_LAUNCH(api_->kv_summary_update_f32(&u, stream_), "key summary update");
+  if (!sparse_step_ || spec.sliding_window != 0) return Status::ok();
+
+  // Scores -> (TP > 1: all-gather, the max over every rank's heads) -> selection into the
+  // compacted arrays at fixed offsets of sparse_meta_ (a graph replays the same pointers).
+  const MetaLayout& meta = meta_at_;
+  const int64_t cells = options_.max_seqs_per_step * max_table_blocks_;
+  const SparseAttentionConfig& sp = options_.sparse;
+  TesseraCudaSparseArgs a{};
+  a.q = q_;
+  a.kmin = kmin;
+  a.kmax = kmax;
+  a.block_tables = *tables;
+  a.query_begin = meta_ + meta.query_begin;
+  a.query_len = meta_ + meta.query_len;
+  a.seq_lens = *seq_lens;
+  a.scores = sparse_scores_;
+  a.gathered_scores = sparse_gathered_;
+  a.compact_tables = sparse_meta_;
+  a.compact_seq_lens = sparse_meta_ + cells;
+  a.compact_start_pos = sparse_meta_ + cells + options_.max_seqs_per_step;
+  a.n_seqs = n_seqs_;
+  a.n_heads = layout_.n_heads;
+  a.n_kv_heads = layout_.n_kv_heads;
+  a.head_dim = config_.head_dim;
+  a.block_size = options_.block_size;
+  a.max_blocks_per_seq = table_stride_;
+  a.num_blocks = num_blocks_;
+  a.n_ranks = layout_.tp_size;
+  a.threshold_tokens = sp.threshold_tokens;
+  a.sink_blocks = sp.select.sink_blocks;
+  a.recent_blocks = sp.select.recent_blocks;
+  a.top_blocks = sp.select.top_blocks;
+  TESSERA_CUDA_LAUNCH(api_->sparse_block_scores_f32(&a, stream_), "sparse attention block scores");
+  if (layout_.tp_size > 1) {
+    ++last_step_.launches;
+    TESSERA_RETURN_IF_ERROR(comm_->all_gather(sparse_scores_, sparse_gathered_, n_seqs_ * table_stride_ * 4));
+  }
+  TESSERA_CUDA_LAUNCH(api_->sparse_select_blocks(&a, stream_), "sparse attention block selection");
+  *tables = a.compact_tables;
+  *seq_lens = a.compact_seq_lens;
+  *start_pos = a.compact_start_pos;
+  return Status::ok();
+}
+
+void CudaForward::plan_sparse(std::span<const SequenceInput> batch) {
+  sparse_step_ = false;
+  step_sparse_ = step_dense_ = 0;
+  if (n_sparse_layers_ == 0) return;
+  const SparseAttentionConfig& sp = options_.sparse;
+  const int64_t budget = sp.select.sink_blocks + sp.select.recent_blocks + sp.select.top_blocks;
+  for (const SequenceInput& in : batch) {
+    if (in.tokens.size() != 1) continue;  // only decode pieces select (as ForwardPass)
+    if (in.start_pos + 1 < sp.threshold_tokens) {
+      ++step_dense_;
+      continue;
+    }
+    ++step_sparse_;
+    // The selection kernels run only when some sequence has more blocks than the selection.
+    sparse_step_ = sparse_step_ || in.start_pos / options_.block_size + 1 > budget;
+  }
+}
+
+void CudaForward::count_sparse() {
+  sparse_attentions_ += step_sparse_ * static_cast<uint64_t>(n_sparse_layers_);
+  dense_global_decodes_ += step_dense_ * static_cast<uint64_t>(n_sparse_layers_);
 }
 
 Status CudaForward::download_logits(int64_t n_rows, int64_t n_real, float* out) {
@@ -1242,6 +1384,7 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
   step_start_ = std::chrono::steady_clock::now();
   last_step_ = CudaStepStats{};
   TESSERA_RETURN_IF_ERROR(validate(batch));
+  plan_sparse(batch);
   if (const int64_t q = graph_tokens(batch); q > 0) return run_graphed(batch, out, q);
   graph_query_len_ = 0;
 
@@ -1290,6 +1433,7 @@ Status CudaForward::run_step(std::span<const SequenceInput> batch, const StepOut
                         "upload window-pool KV slots");
   if (out.kind == Output::kSampled) TESSERA_RETURN_IF_ERROR(upload_sampling(n_out, out.penalties));
   TESSERA_RETURN_IF_ERROR(enqueue_forward(n, all_decode));
+  count_sparse();
   if (out.logits) out.logits->resize(static_cast<size_t>(n_out * config_.vocab));
   if (out.ids) out.ids->resize(static_cast<size_t>(n_out));
   if (out.sampled) out.sampled->resize(static_cast<size_t>(n_out));
@@ -1369,9 +1513,10 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const Step
     for (int64_t r = n_out; r < T; ++r) h_sample_rows_[static_cast<size_t>(r)] = TesseraCudaSampleRow{};
     TESSERA_RETURN_IF_ERROR(upload_sampling(T, out.penalties));
   }
-  // One graph per bucket, rows per sequence and output kind (logits, greedy ids or tokens
-  // sampled on the device).
-  const int64_t key = (bucket * (options_.max_graph_tokens + 1) + q) * 3 + static_cast<int64_t>(out.kind);
+  // One graph per bucket, rows per sequence, output kind (logits, greedy ids or tokens sampled
+  // on the device) and whether it selects sparse blocks.
+  const int64_t key =
+      ((bucket * (options_.max_graph_tokens + 1) + q) * 3 + static_cast<int64_t>(out.kind)) * 2 + (sparse_step_ ? 1 : 0);
   void* graph = nullptr;
   for (const auto& [k, g] : graphs_)
     if (k == key) graph = g;
@@ -1394,6 +1539,7 @@ Status CudaForward::run_graphed(std::span<const SequenceInput> batch, const Step
     last_step_.captured = true;
   }
   TESSERA_CUDA_LAUNCH(api_->graph_launch(graph, stream_), "launch the step graph");
+  count_sparse();
   last_step_.graphed = true;
   last_step_.bucket = bucket;
   last_step_.graph_tokens = q;

@@ -33,6 +33,26 @@
 //     allocation of their own, [window layer][K|V][num_window_blocks][...], addressed by the
 //     sequences' window tables (a second block-table region and a second set of KV slots in the
 //     step metadata, both uploaded every step and at fixed offsets in graphed steps).
+//  4. with options.sparse.enabled, beside the KV pool (allocated with it, kv_summary_bytes_per_block()
+//     per block): the key summaries of the main pool's layers (those not in kv_window_layers),
+//     [summarized layer][min|max][num_blocks][n_kv_heads][head_dim] fp32, and the selection's
+//     buffers: block scores [max_seqs_per_step][max table blocks] (TP > 1: tp_size more for
+//     the all-gather) and the compacted tables, sequence lengths and start positions.
+//
+// Sparse decode attention (options.sparse, kernels/sparse_attention.h; kernels in
+// kernels/cuda/sparse_attention.cu): after each RoPE + KV write of a summarized layer the key
+// summaries of the blocks written are recomputed on the device. In a layer with no sliding
+// window, when some piece of the step is one decode token at position p with p + 1 >=
+// sparse.threshold_tokens, the device scores that sequence's blocks (the Quest bound, max over
+// this rank's query heads), at TP > 1 all-gathers the scores so every rank selects with the max
+// over all heads (the same blocks everywhere, bit-exact), selects sink + top + recent blocks
+// and writes compacted block tables and positions, which the unchanged decode / prefill
+// attention kernels read for every sequence of the step (other sequences' rows are copied
+// as they are). Everything stays on the device (no host sync), so graphed decode steps hold
+// it; a graph's key says whether the step has such a piece (a step without one runs the dense
+// graph, with no sparse work). The result equals the CPU's ForwardPass with the same config
+// (set_sparse_attention) up to the forward passes' own rounding differences, and the dense
+// result exactly when the selection covers every block.
 //
 // CUDA graphs (options.cuda_graphs): a step in which every sequence wants the logits of each of
 // its tokens runs as one graph launch: plain decode steps (one token a sequence) and speculative
@@ -98,6 +118,10 @@ struct CudaForwardOptions {
   // run_sampled(): penalty entries (token ids with a repetition / presence / frequency penalty
   // or a ban) one step may carry for all its rows; a step with more samples on the host.
   int64_t max_penalty_entries = 65536;
+  // Sparse decode attention (see above). enabled: threshold_tokens >= 1 and select's sink >= 0,
+  // recent >= 1, top >= 0. `measure` (--sparse-attention auto) is refused: the backend resolves
+  // it first (shard/cuda_backend.h).
+  SparseAttentionConfig sparse;
 };
 
 // What one run() enqueued (host side): the numbers the GPU benchmark reports.
@@ -183,6 +207,13 @@ class CudaForward : private DecoderBackend {
   // when the model has none.
   int64_t kv_window() const { return window_.window; }
   int64_t kv_window_bytes_per_token() const;
+  // Key-summary bytes per block of the KV pool (0 unless options.sparse.enabled).
+  int64_t kv_summary_bytes_per_block() const;
+  const SparseAttentionConfig& sparse_attention() const { return options_.sparse; }
+  // Accumulated over run()s, as ForwardPass's counters: decode pieces x summarized global layers
+  // that attended sparsely (p + 1 >= threshold) and densely (below it), with sparse enabled.
+  uint64_t sparse_attentions() const { return sparse_attentions_; }
+  uint64_t dense_global_decodes() const { return dense_global_decodes_; }
 
   const CudaStepStats& last_step() const { return last_step_; }
   // Turns graph replays of decode steps on or off from the next run() (captured graphs stay).
@@ -196,6 +227,7 @@ class CudaForward : private DecoderBackend {
   int64_t weight_bytes() const { return weight_bytes_; }       // device bytes of weights
   int64_t workspace_bytes() const { return workspace_bytes_; }
   int64_t kv_bytes() const { return kv_bytes_; }
+  int64_t kv_summary_bytes() const { return summary_bytes_; }  // the key summaries (sparse attention)
   // The dense bytes one decode step streams from the weights (every layer matrix and the LM
   // head, not the embedding): the numerator of the bandwidth floor.
   int64_t weight_bytes_per_step() const { return step_weight_bytes_; }
@@ -250,6 +282,13 @@ class CudaForward : private DecoderBackend {
   // The sampled tokens of a piece's first n_real logit rows (rows: their parameters).
   Status download_sampled(int64_t n_real, std::span<const TesseraCudaSampleRow> rows, SampledToken* out);
   Status run_step(std::span<const SequenceInput> batch, const StepOut& out);
+  // Decides whether the step enqueues sparse selection (sparse_step_) and counts its pieces.
+  void plan_sparse(std::span<const SequenceInput> batch);
+  void count_sparse();
+  // Enqueues the summary update of layer l (after its KV write) and, in a sparse step, the
+  // selection; *tables / *seq_lens / *start_pos then point at the compacted arrays.
+  Status enqueue_sparse(int64_t l, const LayerSpec& spec, const void* k_cache, int64_t n_tokens,
+                        const int32_t** tables, const int32_t** seq_lens, const int32_t** start_pos);
   // The token rows per sequence of a graphed step for `batch` (a power of two), or 0 when the
   // step runs eagerly (see "CUDA graphs" above).
   int64_t graph_tokens(std::span<const SequenceInput> batch) const;
@@ -344,6 +383,17 @@ class CudaForward : private DecoderBackend {
   int64_t window_layer_kv_bytes_ = 0;
   std::vector<int64_t> pool_index_;  // per layer: its index among its pool's layers
   int64_t table_stride_ = 0;     // block-table columns of the current step
+  // sparse decode attention (options_.sparse.enabled)
+  std::vector<int64_t> summary_index_;  // per layer: its index among the summarized layers, -1: none
+  int64_t n_summarized_ = 0, n_sparse_layers_ = 0;  // summarized layers; those with no sliding window
+  int64_t summary_bytes_ = 0;
+  float* summaries_ = nullptr;          // [summarized layer][min|max][num_blocks][n_kv_heads][head_dim]
+  float* sparse_scores_ = nullptr;      // [max_seqs_per_step * max_table_blocks_]
+  float* sparse_gathered_ = nullptr;    // TP > 1: tp_size of those
+  int32_t* sparse_meta_ = nullptr;      // compact tables [S * max_table_blocks_] | seq_lens [S] | start_pos [S]
+  bool sparse_step_ = false;            // this step enqueues the selection
+  uint64_t step_sparse_ = 0, step_dense_ = 0;  // this step's decode pieces past / below the threshold
+  uint64_t sparse_attentions_ = 0, dense_global_decodes_ = 0;
   int64_t n_seqs_ = 0;
   bool kv_ready_ = false;
 

@@ -159,6 +159,7 @@ class ShardWorker {
     co.max_step_seqs = o_.max_step_seqs;
     co.cuda_graphs = o_.cuda_graphs;
     co.kv_dtype = o_.kv_dtype;
+    co.sparse = o_.sparse;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda,
                              CudaBackend::create(store_->config(), layout_, std::move(weights), comm_, co));
     const CudaForward& f = cuda->forward();

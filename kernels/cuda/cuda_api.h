@@ -76,6 +76,52 @@ struct TesseraCudaDecodeAttentionArgs {
   int32_t kv_dtype;             // the cache's elements: TESSERA_CUDA_F32 or TESSERA_CUDA_F16
 };
 
+// The arguments of kv_summary_update_f32 (Quest key summaries, kernels/sparse_attention.h).
+struct TesseraCudaKvSummaryArgs {
+  const void* k_cache;      // one layer's K, the paged layout of rope_kv_write_f32, elements of kv_dtype
+  float* kmin;              // [num_blocks][n_kv_heads][head_dim]: element-wise min of a block's keys
+  float* kmax;              // [num_blocks][n_kv_heads][head_dim]: element-wise max
+  const int64_t* slots;     // [n_tokens] the step's KV slots (rope_kv_write_f32's; < 0: no write)
+  int64_t n_tokens;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t num_blocks;       // slots >= num_blocks * block_size are skipped like negative ones
+  int32_t kv_dtype;         // TESSERA_CUDA_F32 or TESSERA_CUDA_F16
+};
+
+// The arguments of sparse_block_scores_f32 and sparse_select_blocks (Quest block selection for
+// decode attention, kernels/sparse_attention.h). Sequence s is *sparse* when
+//   query_len[s] == 1 && seq_lens[s] >= threshold_tokens &&
+//   n_blocks(s) > sink_blocks + recent_blocks + top_blocks,  n_blocks(s) = (seq_lens[s] - 1) / block_size + 1;
+// its competing blocks are the logical blocks [sink_blocks, n_blocks(s) - recent_blocks).
+struct TesseraCudaSparseArgs {
+  const float* q;                // [rows, n_heads, head_dim], RoPE applied; sequence s's query is row query_begin[s]
+  const float* kmin;             // the layer's summaries, as TesseraCudaKvSummaryArgs
+  const float* kmax;
+  const int32_t* block_tables;   // [n_seqs, max_blocks_per_seq] block ids (the step's dense tables)
+  const int32_t* query_begin;    // [n_seqs]
+  const int32_t* query_len;      // [n_seqs]
+  const int32_t* seq_lens;       // [n_seqs] keys in the cache including the step's tokens
+  float* scores;                 // [n_seqs, max_blocks_per_seq] block scores (this rank's heads)
+  const float* gathered_scores;  // n_ranks > 1: [n_ranks][n_seqs, max_blocks_per_seq], every rank's scores
+  int32_t* compact_tables;       // [n_seqs, max_blocks_per_seq] out: the tables attention reads
+  int32_t* compact_seq_lens;     // [n_seqs] out
+  int32_t* compact_start_pos;    // [n_seqs] out (the prefill kernel's start_pos)
+  int64_t n_seqs;
+  int64_t n_heads;               // query heads of this rank; n_heads % n_kv_heads == 0
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t max_blocks_per_seq;
+  int64_t num_blocks;            // blocks of the summaries (a table entry outside [0, num_blocks) scores -inf)
+  int64_t n_ranks;               // >= 1; > 1: selection reads the element-wise max of gathered_scores
+  int64_t threshold_tokens;      // >= 1
+  int64_t sink_blocks;           // >= 0
+  int64_t recent_blocks;         // >= 1
+  int64_t top_blocks;            // >= 0
+};
+
 // The arguments of sample_f32 (device sampling).
 enum { TESSERA_CUDA_MAX_TOP_LOGPROBS = 20 };
 struct TesseraCudaSampleRow {
@@ -295,6 +341,43 @@ enum {
      not attended). Arguments: TesseraCudaDecodeAttentionArgs. */                                                    \
   OP(int, tessera_cuda_paged_decode_attention_f32, paged_decode_attention_f32,                                       \
      (const struct TesseraCudaDecodeAttentionArgs* args, void* stream), (args, stream))                              \
+                                                                                                                     \
+  /* sparse_attention.cu. Quest key summaries after rope_kv_write_f32 (same slots, same cache):                      \
+     for each physical block the step wrote, kmin / kmax [block][n_kv_heads][head_dim] become the                    \
+     element-wise min / max of its keys over slots 0 .. the last slot written, recomputed from the                   \
+     cache (fp16 widened exactly), as kernels/sparse_attention.h's kv_summary_update (bit-identical:                 \
+     min / max are exact). Token t recomputes its block unless token t + 1 writes the same block (the                \
+     tokens writing one block are consecutive rows in increasing slot order, as the forward pass lays                \
+     them out; no two sequences write one block). Launch: one block of 128 threads per token, thread                 \
+     e handles elements e, e + 128, ... of the block's [n_kv_heads * head_dim] row. Arguments:                       \
+     TesseraCudaKvSummaryArgs. */                                                                                    \
+  OP(int, tessera_cuda_kv_summary_update_f32, kv_summary_update_f32,                                                 \
+     (const struct TesseraCudaKvSummaryArgs* args, void* stream), (args, stream))                                    \
+  /* sparse_attention.cu. Block scores of the sparse sequences (TesseraCudaSparseArgs): for each                     \
+     competing logical block b of sparse sequence s, scores[s, b] = max over query heads h of the                    \
+     Quest bound sum_d max(q_d * kmin_d, q_d * kmax_d) against physical block block_tables[s, b]                     \
+     (KV head h / (n_heads / n_kv_heads)), in kernels/sparse_attention.h's canonical arithmetic                      \
+     (8 lanes of d % 8, lanes combined ((0+4)+(2+6))+((1+5)+(3+7)), no FMA: bit-identical to                         \
+     sparse_block_scores); a NaN bound counts as -inf. Other entries are not written.                                \
+     Launch: grid (min(max_blocks_per_seq, 512), n_seqs), 128 threads = 16 groups of 8 lanes,                        \
+     group g computing heads g, g + 16, ...; block x strides over the competing blocks from                          \
+     sink_blocks + x. The grid does not depend on the lengths (a CUDA graph can hold it). */                         \
+  OP(int, tessera_cuda_sparse_block_scores_f32, sparse_block_scores_f32,                                             \
+     (const struct TesseraCudaSparseArgs* args, void* stream), (args, stream))                                       \
+  /* sparse_attention.cu. The compacted block tables: for a sparse sequence s the selected logical                   \
+     blocks (the first sink_blocks, the top_blocks best competing blocks by score, ties to the                       \
+     lower index, and the last recent_blocks; with n_ranks > 1 the score is the max over                             \
+     gathered_scores, written back to scores first) in increasing order; compact_tables[s, i] =                      \
+     block_tables[s, selected[i]] (zeros after them), compact_seq_lens[s] = (selected - 1) *                         \
+     block_size + (seq_lens[s] - 1) % block_size + 1, compact_start_pos[s] = compact_seq_lens[s] - 1:                \
+     kernels/sparse_attention.h's sparse_select_scored + sparse_compact_block_table. Every other                     \
+     sequence is copied unchanged (its table row, seq_lens, start_pos = seq_lens - query_len), so                    \
+     both attention ops read the compact arrays for the whole step. Selection: a radix select                        \
+     (4 passes of 8 bits) of the top_blocks-th largest score key, then the blocks with a larger key                  \
+     and the lowest-index ones with an equal key, compacted with block-wide prefix sums in index                     \
+     order (deterministic). Launch: one block of 256 threads per sequence. */                                        \
+  OP(int, tessera_cuda_sparse_select_blocks, sparse_select_blocks,                                                   \
+     (const struct TesseraCudaSparseArgs* args, void* stream), (args, stream))                                       \
                                                                                                                      \
   /* activation.cu. out = silu(gate) * up, fp32 [n_tokens, dim]; out may alias gate or up. */                        \
   OP(int, tessera_cuda_silu_mul_f32, silu_mul_f32,                                                                   \

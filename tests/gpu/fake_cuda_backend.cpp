@@ -954,6 +954,174 @@ int tessera_cuda_paged_decode_attention_f32(const TesseraCudaDecodeAttentionArgs
   return 0;
 }
 
+// ---- sparse_attention.cu ----
+// The summary kernel's writer rule (token t summarizes its block unless token t + 1 writes it too)
+// and fold; the score kernel's 8 lanes per head and their xor-shuffle combination; the select
+// kernel's radix select over 8-bit digits and its index-order compaction, run sequentially.
+int tessera_cuda_kv_summary_update_f32(const TesseraCudaKvSummaryArgs* a, void* stream) {
+  if (bad_kv_dtype(a->kv_dtype)) return fail("tessera_cuda_kv_summary_update_f32: bad kv_dtype");
+  const int64_t capacity = a->num_blocks * a->block_size, row = a->n_kv_heads * a->head_dim;
+  const KvView k_cache{a->k_cache, a->kv_dtype};
+  for (int64_t t = 0; t < a->n_tokens; ++t) {
+    const int64_t slot = a->slots[t];
+    if (slot < 0 || slot >= capacity) continue;
+    const int64_t block = slot / a->block_size;
+    if (t + 1 < a->n_tokens) {
+      const int64_t next = a->slots[t + 1];
+      if (next >= 0 && next < capacity && next / a->block_size == block) continue;
+    }
+    const int64_t last = slot % a->block_size, base = block * a->block_size * row;
+    for (int64_t e = 0; e < row; ++e) {
+      float lo = k_cache[base + e], hi = lo;
+      for (int64_t s = 1; s <= last; ++s) {
+        const float k = k_cache[base + s * row + e];
+        lo = k < lo ? k : lo;
+        hi = hi < k ? k : hi;
+      }
+      a->kmin[block * row + e] = lo;
+      a->kmax[block * row + e] = hi;
+    }
+  }
+  return 0;
+}
+
+bool sparse_range(const TesseraCudaSparseArgs& a, int64_t s, int64_t* lo, int64_t* hi) {
+  const int64_t n = a.seq_lens[s];
+  if (a.query_len[s] != 1 || n < a.threshold_tokens || n < 1) return false;
+  const int64_t n_blocks = (n - 1) / a.block_size + 1;
+  if (n_blocks <= a.sink_blocks + a.recent_blocks + a.top_blocks) return false;
+  *lo = a.sink_blocks;
+  *hi = n_blocks - a.recent_blocks;
+  return true;
+}
+
+int check_sparse_args(const TesseraCudaSparseArgs* a) {
+  if (!a) return fail("sparse attention op: null args");
+  if (a->n_seqs < 0 || a->n_seqs > 65535 || a->head_dim <= 0 || a->n_kv_heads <= 0 || a->n_heads <= 0 ||
+      a->n_heads % a->n_kv_heads != 0 || a->block_size <= 0 || a->max_blocks_per_seq <= 0 || a->num_blocks <= 0 ||
+      a->n_ranks < 1 || a->threshold_tokens < 1 || a->sink_blocks < 0 || a->recent_blocks < 1 || a->top_blocks < 0)
+    return fail("sparse attention op: bad sizes or selection options");
+  if (!a->block_tables || !a->query_len || !a->seq_lens || !a->scores)
+    return fail("sparse attention op: block_tables, query_len, seq_lens and scores must be set");
+  return 0;
+}
+int check_sparse_scores_args(const TesseraCudaSparseArgs* a, void*) {
+  if (int rc = check_sparse_args(a); rc != 0) return rc;
+  if (!a->q || !a->query_begin || !a->kmin || !a->kmax)
+    return fail("tessera_cuda_sparse_block_scores_f32: q, query_begin, kmin and kmax must be set");
+  return 0;
+}
+int check_sparse_select_args(const TesseraCudaSparseArgs* a, void*) {
+  if (int rc = check_sparse_args(a); rc != 0) return rc;
+  if (!a->compact_tables || !a->compact_seq_lens || !a->compact_start_pos || (a->n_ranks > 1 && !a->gathered_scores))
+    return fail("tessera_cuda_sparse_select_blocks: compact outputs (and gathered_scores at n_ranks > 1) must be set");
+  return 0;
+}
+
+int tessera_cuda_sparse_block_scores_f32(const TesseraCudaSparseArgs* args, void* stream) {
+  const TesseraCudaSparseArgs& a = *args;
+  constexpr int kLanes = 8;
+  const int64_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  for (int64_t s = 0; s < a.n_seqs; ++s) {
+    int64_t lo = 0, hi = 0;
+    if (!sparse_range(a, s, &lo, &hi)) continue;
+    const float* q_row = a.q + static_cast<int64_t>(a.query_begin[s]) * a.n_heads * hd;
+    for (int64_t b = lo; b < hi; ++b) {
+      const int64_t block = a.block_tables[s * a.max_blocks_per_seq + b];
+      float best = -INFINITY;
+      for (int64_t h = 0; block >= 0 && block < a.num_blocks && h < a.n_heads; ++h) {
+        const float* q = q_row + h * hd;
+        const int64_t off = (block * a.n_kv_heads + h / group) * hd;
+        float l[kLanes] = {};
+        for (int j = 0; j < kLanes; ++j)
+          for (int64_t d = j; d < hd; d += kLanes) {
+            const float x = q[d] * a.kmin[off + d], y = q[d] * a.kmax[off + d];
+            l[j] += x < y ? y : x;
+          }
+        float v[kLanes];  // the xor shuffles 4, 2, 1: lane j adds lane j ^ off
+        for (const int sh : {4, 2, 1}) {
+          for (int j = 0; j < kLanes; ++j) v[j] = l[j] + l[j ^ sh];
+          std::copy(v, v + kLanes, l);
+        }
+        if (l[0] > best) best = l[0];
+      }
+      a.scores[s * a.max_blocks_per_seq + b] = best;
+    }
+  }
+  return 0;
+}
+
+uint32_t sparse_score_key(float x) {
+  uint32_t u = 0;
+  const float y = x == 0.0f ? 0.0f : x;
+  std::memcpy(&u, &y, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+int tessera_cuda_sparse_select_blocks(const TesseraCudaSparseArgs* args, void* stream) {
+  const TesseraCudaSparseArgs& a = *args;
+  const int64_t stride = a.max_blocks_per_seq;
+  for (int64_t s = 0; s < a.n_seqs; ++s) {
+    const int32_t* table = a.block_tables + s * stride;
+    int32_t* out = a.compact_tables + s * stride;
+    const int64_t n = a.seq_lens[s];
+    int64_t lo = 0, hi = 0;
+    if (!sparse_range(a, s, &lo, &hi)) {
+      std::copy(table, table + stride, out);
+      a.compact_seq_lens[s] = static_cast<int32_t>(n);
+      a.compact_start_pos[s] = static_cast<int32_t>(n - a.query_len[s]);
+      continue;
+    }
+    float* scores = a.scores + s * stride;
+    if (a.n_ranks > 1)
+      for (int64_t i = lo; i < hi; ++i) {
+        float m = a.gathered_scores[s * stride + i];
+        for (int64_t r = 1; r < a.n_ranks; ++r) {
+          const float v = a.gathered_scores[r * a.n_seqs * stride + s * stride + i];
+          m = v > m ? v : m;
+        }
+        scores[i] = m;
+      }
+    if (a.top_blocks > 0) {
+      uint32_t prefix = 0, mask = 0;
+      int64_t remaining = a.top_blocks;
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t hist[256] = {};
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint32_t key = sparse_score_key(scores[i]);
+          if ((key & mask) == prefix) ++hist[(key >> shift) & 255u];
+        }
+        int64_t above = 0;
+        int digit = 255;
+        for (; digit > 0; --digit) {
+          if (above + hist[digit] >= remaining) break;
+          above += hist[digit];
+        }
+        prefix |= static_cast<uint32_t>(digit) << shift;
+        remaining -= above;
+        mask |= 255u << shift;
+      }
+      int64_t eq_rank = 0, pos = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        const uint32_t key = sparse_score_key(scores[i]);
+        const bool eq = key == prefix;
+        const bool sel = key > prefix || (eq && eq_rank < remaining);
+        eq_rank += eq ? 1 : 0;
+        if (sel) out[lo + pos++] = table[i];
+      }
+      if (pos != a.top_blocks) return fail("fake backend: sparse selection lost count");
+    }
+    const int64_t selected = lo + a.top_blocks + a.recent_blocks;
+    std::copy(table, table + lo, out);
+    std::copy(table + hi, table + hi + a.recent_blocks, out + lo + a.top_blocks);
+    std::fill(out + selected, out + stride, 0);
+    const auto len = static_cast<int32_t>((selected - 1) * a.block_size + (n - 1) % a.block_size + 1);
+    a.compact_seq_lens[s] = len;
+    a.compact_start_pos[s] = len - 1;
+  }
+  return 0;
+}
+
 // prefill_attention.cu step by step: blocks (h, tile, s), 4 warps x 4 queries, 16-key tiles.
 int tessera_cuda_paged_prefill_attention_f32(const TesseraCudaPrefillAttentionArgs* args, void* stream) {
   if (!args) return fail("null args");
@@ -1261,6 +1429,14 @@ struct CallCheck<&fake_op::tessera_cuda_sample_f32> {
 template <>
 struct CallCheck<&fake_op::tessera_cuda_unshard_logits_f32> {
   static constexpr auto run = &fake_op::check_unshard_logits_args;
+};
+template <>
+struct CallCheck<&fake_op::tessera_cuda_sparse_block_scores_f32> {
+  static constexpr auto run = &fake_op::check_sparse_scores_args;
+};
+template <>
+struct CallCheck<&fake_op::tessera_cuda_sparse_select_blocks> {
+  static constexpr auto run = &fake_op::check_sparse_select_args;
 };
 
 }  // namespace

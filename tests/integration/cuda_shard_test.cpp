@@ -178,6 +178,63 @@ TEST_F(CudaShardFakeBackend, DeviceAndHostSamplingDrawTheSameTokens) {
   }
 }
 
+// The first n comma-separated ids of a --print-ids line.
+std::string first_ids(const std::string& line, int n) {
+  size_t at = 0;
+  for (int i = 0; i < n && at != std::string::npos; ++i) at = line.find(',', at + 1);
+  return line.substr(0, at);
+}
+
+// Sparse decode attention on CUDA shards (--sparse-attention on): a selection that covers every
+// block keeps the reference ids; a real one (16-token blocks: the first, the last two and one
+// more, so sparse from position 64 on) changes the ids, replays the same in graphs as eagerly at
+// TP 1 and 2 (the ranks combine their scores), and follows the CPU backend's ids well past
+// position 64. (Further on, the two backends' rounding may flip a near tie between two blocks'
+// scores; the forward and kernel tests compare exactly.) Speculation off: its verify pieces
+// attend densely, so which positions go sparse would follow its gate. `auto` stays dense on CUDA
+// and says so.
+TEST_F(CudaShardFakeBackend, SparseAttentionOnCudaShards) {
+  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  const auto& c = ref_["cases"].back();
+  const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+  const std::string covering = " generate --model " + quote(stories_ + "/hf") + " --prompt-ids " +
+                               join_ids(c["prompt_ids"].get<std::vector<int32_t>>()) + " --max-tokens " +
+                               std::to_string(greedy.size()) +
+                               " --temperature 0 --ignore-eos --print-ids --tp 1 --device cuda --sparse-attention on "
+                               "--sparse-threshold 1 --sparse-top-blocks 1000";
+  ProcessResult r = run(env_ + "TESSERA_LOG_LEVEL=info " + bin("tessera") + covering);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_line(r.output), join_ids(greedy));
+  EXPECT_NE(r.output.find("sparse attention: decodes of the global layers from 1 tokens"), std::string::npos)
+      << r.output;
+
+  const std::string sparse = " generate --model " + quote(stories_ + "/hf") +
+                             " --prompt 'Once upon a time' --max-tokens 120 --temperature 0 --ignore-eos --print-ids "
+                             "--speculation off --sparse-attention on --sparse-threshold 32 --sparse-top-blocks 1 --tp ";
+  const ProcessResult cpu = run(env_ + bin("tessera") + sparse + "1 --device cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  for (const std::string tp : {"1", "2"}) {
+    const ProcessResult graphed = run(env_ + bin("tessera") + sparse + tp + " --device cuda");
+    const ProcessResult eager = run(env_ + bin("tessera") + sparse + tp + " --device cuda --shard-arg=--no-cuda-graphs");
+    ASSERT_EQ(graphed.exit_code, 0) << graphed.output;
+    ASSERT_EQ(eager.exit_code, 0) << eager.output;
+    EXPECT_EQ(first_ids(last_line(graphed.output), 72), first_ids(last_line(cpu.output), 72)) << "TP " << tp;
+    EXPECT_EQ(last_line(eager.output), last_line(graphed.output)) << "TP " << tp;
+  }
+  // The same run dense gives other ids: the selection mattered.
+  const ProcessResult dense =
+      run(env_ + bin("tessera") + " generate --model " + quote(stories_ + "/hf") +
+          " --prompt 'Once upon a time' --max-tokens 120 --temperature 0 --ignore-eos --print-ids --speculation off "
+          "--sparse-attention off --tp 1 --device cuda");
+  ASSERT_EQ(dense.exit_code, 0) << dense.output;
+  EXPECT_NE(last_line(dense.output), last_line(cpu.output));
+
+  r = run(env_ + "TESSERA_LOG_LEVEL=info " + bin("tessera") + " generate --model " + quote(stories_ + "/hf") +
+          " --prompt-ids 1,2,3 --max-tokens 4 --tp 1 --device cuda --sparse-attention auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sparse attention (auto): off on CUDA"), std::string::npos) << r.output;
+}
+
 TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
   const std::string model = testdata_dir() + "/stories260K/hf";
   if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
