@@ -290,7 +290,8 @@ TEST(FastOps, PagedAttentionIsIdenticalOnEveryIsaAndThreadCount) {
   struct Case { int64_t block_size, n_heads, n_kv, hd, start, n_tokens, window; };
   const Case cases[] = {{16, 8, 2, 64, 0, 37, 0}, {7, 4, 4, 128, 30, 5, 0}, {16, 32, 4, 64, 200, 1, 0},
                         {5, 6, 3, 36, 11, 9, 8}, {16, 2, 1, 8, 0, 19, 0}, {3, 4, 1, 100, 40, 1, 17},
-                        {16, 12, 12, 64, 0, 130, 0}, {16, 8, 2, 128, 20, 45, 33}, {6, 5, 5, 80, 0, 40, 0}};
+                        {16, 12, 12, 64, 0, 130, 0}, {16, 8, 2, 128, 20, 45, 33}, {6, 5, 5, 80, 0, 40, 0},
+                        {16, 4, 1, 256, 0, 40, 0}, {16, 4, 1, 256, 70, 1, 0}, {16, 4, 1, 256, 30, 20, 24}};
   for (const Case& c : cases) {
     const int64_t total = c.start + c.n_tokens;
     const int64_t blocks = (total + c.block_size - 1) / c.block_size + 2;
