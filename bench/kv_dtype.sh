@@ -40,7 +40,7 @@ for d in "${depths[@]}"; do
   done
   i=$((i + 1))
 done
-python3 - "$work" "$cpu (family $fam model $mod), $(nproc) cores; threads $THREADS" "$start $(date -u '+%H:%M')" \
+python3 - "$work" "$cpu (family $fam model $mod), $(nproc) cores; threads $THREADS" "$start-$(date -u '+%H:%M')" \
   "$MODEL" "$GEN" "${types[*]}" "${depths[*]}" > "$md" <<'PY'
 import json, sys
 work, cpu, when, model, gen, types, depths = sys.argv[1:8]
