@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU (issue 6): builds the CUDA backend for this GPU's
 # architecture only, runs the `gpu` tests, then tessera-gpu-ops-bench (per-op timings and the
-# device copy bandwidth), then tessera-gpu-forward-bench (decode-step time of the CUDA forward
+# device copy bandwidth, and the sparse / dense decode-attention crossover), then
+# tessera-gpu-forward-bench (decode-step time of the CUDA forward
 # pass on an in-memory Llama-3-8B-shaped model, F16 then INT8 / INT4 while time is left, at
 # batch 1, 8, 32 and 128, with CUDA graphs and eagerly, beside the weight-bytes /
 # copy-bandwidth floor), then the same shape in PyTorch eager (bench/torch_eager_bench.py,
@@ -117,7 +118,7 @@ RESULT=bench/results/gpu-check-${SAFE_NAME}-$(date -u +%Y%m%d-%H%M%S).md
 if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then
   BENCH_OUT="(benchmarks skipped: GPU_CHECK_BENCH=0)"; BENCH_RC=0
 else
-  BENCH_OUT=$(timeout 120 "$BIN/tessera-gpu-ops-bench" 2>&1)
+  BENCH_OUT=$(timeout 180 "$BIN/tessera-gpu-ops-bench" 2>&1)
   BENCH_RC=$?
 fi
 

@@ -10,7 +10,16 @@
 // row), the practical ceiling of a memory-bound op. Buffers hold constant bit patterns (memset): the
 // kernels' speed does not depend on the values. Run by bench/gpu_check.sh.
 //
-// Usage: tessera-gpu-ops-bench [--iters N] [--device D]
+// Last, the sparse / dense crossover of decode attention on the device (kernels/sparse_attention.h
+// on CUDA: sparse_attention.cu): one global layer's decode attention at 1k-32k tokens of context,
+// batch 1 and 8, dense (paged decode attention over the whole context, split over the keys as the
+// forward pass splits it) against sparse (block scores + selection of 1 sink + 2 recent + 128
+// top blocks + attention over the compacted tables), and the first context where sparse is at
+// least 2x as fast (what `--sparse-threshold` should be on this device; `--sparse-attention auto`
+// keeps CUDA dense until it is measured).
+//
+// Usage: tessera-gpu-ops-bench [--iters N] [--device D] [--sparse-only]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,14 +85,114 @@ void row(const char* op, const std::string& shape, int64_t batch, double us, dou
 constexpr int64_t kHidden = 4096, kHeads = 32, kKvHeads = 8, kHeadDim = 128, kFfn = 14336, kVocab = 128256;
 constexpr int64_t kBlockSize = 16;
 
+// The sparse / dense crossover (see the top of the file). The split of the dense keys follows
+// CudaForward's (pieces of >= 512 keys, at most 32, for a model of 32,768 positions); the sparse
+// attention reads the same split arguments, over its compacted tables.
+int sparse_crossover(Timer& timer) {
+  void* s = timer.stream;
+  constexpr int64_t kMaxContext = 32768, kSink = 1, kRecent = 2, kTop = 128;
+  constexpr double kMinSpeedup = 2.0;
+  const int64_t splits = std::min<int64_t>(32, (kMaxContext + 511) / 512);
+  const int64_t split_keys = (kMaxContext + splits - 1) / splits;
+  const int64_t row_floats = kKvHeads * kHeadDim;
+  std::printf("\nsparse decode attention (1 sink + 2 recent + %lld top blocks of %lld) against dense, one layer:\n",
+              static_cast<long long>(kTop), static_cast<long long>(kBlockSize));
+  for (const int64_t b : {int64_t{1}, int64_t{8}}) {
+    const int64_t blocks_per_seq = kMaxContext / kBlockSize, num_blocks = b * blocks_per_seq;
+    const int64_t cache_bytes = num_blocks * kBlockSize * row_floats * 4;
+    void* k_cache = device_bytes(cache_bytes);
+    void* v_cache = device_bytes(cache_bytes);
+    auto* kmin = static_cast<float*>(device_bytes(num_blocks * row_floats * 4, 0xbc));  // -0.0117...
+    auto* kmax = static_cast<float*>(device_bytes(num_blocks * row_floats * 4));        // +0.0117...
+    std::vector<int32_t> tables(static_cast<size_t>(num_blocks)), begin(static_cast<size_t>(b)),
+        qlen(static_cast<size_t>(b), 1);
+    for (int64_t i = 0; i < num_blocks; ++i) tables[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < b; ++i) begin[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const int32_t* d_tables = device_copy(tables);
+    const int32_t* d_begin = device_copy(begin);
+    const int32_t* d_qlen = device_copy(qlen);
+    auto* scores = static_cast<float*>(device_bytes(num_blocks * 4, 0));
+    auto* compact = static_cast<int32_t*>(device_bytes((num_blocks + 2 * b) * 4, 0));
+    auto* q = static_cast<float*>(device_bytes(b * kHeads * kHeadDim * 4));
+    auto* out = static_cast<float*>(device_bytes(b * kHeads * kHeadDim * 4, 0));
+    auto* partial = static_cast<float*>(device_bytes(b * kHeads * splits * (kHeadDim + 2) * 4, 0));
+    int64_t threshold = 0;
+    for (int64_t ctx = 1024; ctx <= kMaxContext; ctx *= 2) {
+      const int32_t* d_lens = device_copy(std::vector<int32_t>(static_cast<size_t>(b), static_cast<int32_t>(ctx)));
+      TesseraCudaDecodeAttentionArgs dense{q,       out,       k_cache,    v_cache,   d_tables, d_lens,
+                                           b,       kHeads,    kKvHeads,   kHeadDim,  kBlockSize, blocks_per_seq,
+                                           0.0883883f, 0,      splits,     split_keys, partial,  TESSERA_CUDA_F32};
+      const double dense_us = timer.us([&] { return g_api->paged_decode_attention_f32(&dense, s); }, "dense decode");
+      TesseraCudaSparseArgs sel{};
+      sel.q = q;
+      sel.kmin = kmin;
+      sel.kmax = kmax;
+      sel.block_tables = d_tables;
+      sel.query_begin = d_begin;
+      sel.query_len = d_qlen;
+      sel.seq_lens = d_lens;
+      sel.scores = scores;
+      sel.compact_tables = compact;
+      sel.compact_seq_lens = compact + num_blocks;
+      sel.compact_start_pos = compact + num_blocks + b;
+      sel.n_seqs = b;
+      sel.n_heads = kHeads;
+      sel.n_kv_heads = kKvHeads;
+      sel.head_dim = kHeadDim;
+      sel.block_size = kBlockSize;
+      sel.max_blocks_per_seq = blocks_per_seq;
+      sel.num_blocks = num_blocks;
+      sel.n_ranks = 1;
+      sel.threshold_tokens = 1;
+      sel.sink_blocks = kSink;
+      sel.recent_blocks = kRecent;
+      sel.top_blocks = kTop;
+      TesseraCudaDecodeAttentionArgs sparse = dense;
+      sparse.block_tables = sel.compact_tables;
+      sparse.seq_lens = sel.compact_seq_lens;
+      const double sparse_us = timer.us(
+          [&] {
+            int rc = g_api->sparse_block_scores_f32(&sel, s);
+            if (rc == 0) rc = g_api->sparse_select_blocks(&sel, s);
+            return rc != 0 ? rc : g_api->paged_decode_attention_f32(&sparse, s);
+          },
+          "sparse decode");
+      const int64_t n_blocks = ctx / kBlockSize, kept = std::min(n_blocks, kSink + kRecent + kTop);
+      const double kv_row_bytes = static_cast<double>(row_floats * 4 * 2);  // K and V of one position
+      row("decode dense", "ctx " + std::to_string(ctx) + ", 32/8 heads", b, dense_us,
+          static_cast<double>(b * ctx) * kv_row_bytes);
+      // Sparse traffic: every block's summaries (min and max) + the K and V of the blocks kept.
+      const double summary_bytes = static_cast<double>(b * n_blocks * row_floats * 4 * 2);
+      row("decode sparse", "ctx " + std::to_string(ctx) + ", top " + std::to_string(kTop), b, sparse_us,
+          summary_bytes + static_cast<double>(b * kept * kBlockSize) * kv_row_bytes);
+      if (threshold == 0 && sparse_us * kMinSpeedup <= dense_us) threshold = ctx;
+      check(g_api->device_free(const_cast<int32_t*>(d_lens)), "cudaFree");
+    }
+    std::printf("batch %lld: sparse is %s\n", static_cast<long long>(b),
+                threshold > 0 ? ("at least 2x as fast from " + std::to_string(threshold) + " tokens").c_str()
+                              : "never 2x as fast up to 32768 tokens");
+    check(g_api->stream_synchronize(s), "cudaStreamSynchronize");
+    for (const void* p : {static_cast<const void*>(k_cache), static_cast<const void*>(v_cache),
+                          static_cast<const void*>(kmin), static_cast<const void*>(kmax),
+                          static_cast<const void*>(d_tables), static_cast<const void*>(d_begin),
+                          static_cast<const void*>(d_qlen), static_cast<const void*>(scores),
+                          static_cast<const void*>(compact), static_cast<const void*>(q), static_cast<const void*>(out),
+                          static_cast<const void*>(partial)})
+      check(g_api->device_free(const_cast<void*>(p)), "cudaFree");
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Timer timer;
   int device = 0;
+  bool sparse_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) timer.iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sparse-only")) sparse_only = true;
     else {
-      std::fprintf(stderr, "usage: tessera-gpu-ops-bench [--iters N] [--device D]\n");
+      std::fprintf(stderr, "usage: tessera-gpu-ops-bench [--iters N] [--device D] [--sparse-only]\n");
       return 2;
     }
   }
@@ -112,14 +221,15 @@ int run(int argc, char** argv) {
               std::string(9, '-').c_str());
 
   // Device-to-device copy: 1 GiB; traffic counts the read and the write.
-  const int64_t copy_bytes = int64_t{1} << 30;
+  const int64_t copy_bytes = int64_t{1} << (sparse_only ? 26 : 30);
   void* copy_src = device_bytes(copy_bytes);
   void* copy_dst = device_bytes(copy_bytes);
   const double copy_us = timer.us([&] { return g_api->device_memcpy_async(copy_dst, copy_src, copy_bytes, s); },
                                   "memcpy d2d");
-  row("memcpy d2d", "1 GiB", 1, copy_us, 2.0 * static_cast<double>(copy_bytes));
+  row("memcpy d2d", sparse_only ? "64 MiB" : "1 GiB", 1, copy_us, 2.0 * static_cast<double>(copy_bytes));
   check(g_api->device_free(copy_src), "cudaFree");
   check(g_api->device_free(copy_dst), "cudaFree");
+  if (sparse_only) return sparse_crossover(timer);
 
   const int64_t batches[] = {1, 8, 32, 128};
   const int64_t max_batch = 128;
@@ -321,7 +431,7 @@ int run(int argc, char** argv) {
     for (void* p : {static_cast<void*>(k_cache), static_cast<void*>(v_cache)}) check(g_api->device_free(p), "cudaFree");
   }
   check(g_api->device_synchronize(), "cudaDeviceSynchronize");
-  return 0;
+  return sparse_crossover(timer);
 }
 
 }  // namespace

@@ -25,6 +25,24 @@ using test::load_cases;
 using test::RefCase;
 using test::stories_dir;
 
+// Greedy generation of a reference case's length (EOS ignored), the prompt prefilled in pieces of
+// `chunk` tokens (0: one piece).
+Result<GenerateOutput> greedy_case(LocalModel& model, const RefCase& c, int64_t chunk = 0) {
+  GenerateOptions go;
+  go.max_tokens = static_cast<int64_t>(c.greedy.size());
+  go.sampling.temperature = 0.0f;
+  go.ignore_eos = true;
+  go.prefill_chunk = chunk;
+  return generate(model, c.prompt, go);
+}
+
+// The largest difference between the last prompt position's logits and the reference's.
+float max_logit_error(const GenerateOutput& out, const RefCase& c) {
+  float max_err = 0;
+  for (size_t i = 0; i < c.logits.size(); ++i) max_err = std::max(max_err, std::abs(out.prompt_last_logits[i] - c.logits[i]));
+  return max_err;
+}
+
 class StoriesForwardTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -37,18 +55,11 @@ TEST_P(StoriesForwardTest, GreedyIdsAndLogitsMatchReference) {
   auto model = LocalModel::load({.path = model_path(), .threads = 2});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
-    GenerateOptions go;
-    go.max_tokens = static_cast<int64_t>(c.greedy.size());
-    go.sampling.temperature = 0.0f;
-    go.ignore_eos = true;
-    auto out = generate(**model, c.prompt, go);
+    auto out = greedy_case(**model, c);
     ASSERT_TRUE(out.is_ok()) << out.status().to_string();
     EXPECT_EQ(out->ids, c.greedy) << c.name;
     ASSERT_EQ(out->prompt_last_logits.size(), c.logits.size()) << c.name;
-    float max_err = 0;
-    for (size_t i = 0; i < c.logits.size(); ++i)
-      max_err = std::max(max_err, std::abs(out->prompt_last_logits[i] - c.logits[i]));
-    EXPECT_LT(max_err, 1e-4f) << c.name;
+    EXPECT_LT(max_logit_error(*out, c), 1e-4f) << c.name;
   }
 }
 
@@ -59,17 +70,10 @@ TEST_P(StoriesForwardTest, Fp16KvCacheKeepsTheReferenceIds) {
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
     for (const int64_t chunk : {0, 5}) {
-      GenerateOptions go;
-      go.max_tokens = static_cast<int64_t>(c.greedy.size());
-      go.sampling.temperature = 0.0f;
-      go.ignore_eos = true;
-      go.prefill_chunk = chunk;
-      auto out = generate(**model, c.prompt, go);
+      auto out = greedy_case(**model, c, chunk);
       ASSERT_TRUE(out.is_ok()) << out.status().to_string();
       EXPECT_EQ(out->ids, c.greedy) << c.name << " chunk " << chunk;
-      float max_err = 0;
-      for (size_t i = 0; i < c.logits.size(); ++i)
-        max_err = std::max(max_err, std::abs(out->prompt_last_logits[i] - c.logits[i]));
+      const float max_err = max_logit_error(*out, c);
       EXPECT_LT(max_err, 5e-2f) << c.name;
       EXPECT_GT(max_err, 0.0f) << c.name << ": the fp16 cache should round something";
     }
@@ -87,16 +91,9 @@ TEST_P(StoriesForwardTest, Int8KvCacheStaysNearTheReference) {
     std::vector<float> first_logits;
     std::vector<int32_t> first_ids;
     for (const int64_t chunk : {0, 5}) {
-      GenerateOptions go;
-      go.max_tokens = static_cast<int64_t>(c.greedy.size());
-      go.sampling.temperature = 0.0f;
-      go.ignore_eos = true;
-      go.prefill_chunk = chunk;
-      auto out = generate(**model, c.prompt, go);
+      auto out = greedy_case(**model, c, chunk);
       ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-      float max_err = 0;
-      for (size_t i = 0; i < c.logits.size(); ++i)
-        max_err = std::max(max_err, std::abs(out->prompt_last_logits[i] - c.logits[i]));
+      const float max_err = max_logit_error(*out, c);
       size_t agree = 0;
       while (agree < c.greedy.size() && out->ids[agree] == c.greedy[agree]) ++agree;
       EXPECT_LT(max_err, 0.5f) << c.name;
