@@ -591,10 +591,12 @@ std::optional<StepPlan> Scheduler::schedule() {
     ++decoders_left;
     reserve += blocks_needed(*s, s->num_computed, s->num_computed + 1);
   }
+  int64_t decoded = 0;
   for (Sequence* s : order) {
     if (!decodes(s)) continue;
     if (b.tokens_left < 1) break;
     --decoders_left;
+    ++decoded;
     std::vector<int32_t> draft;
     reserve -= blocks_needed(*s, s->num_computed, s->num_computed + 1);
     if (!s->draft.empty()) {
@@ -605,6 +607,10 @@ std::optional<StepPlan> Scheduler::schedule() {
     schedule_running(b, *s, n, std::move(draft));
   }
   for (auto& [id, s] : seqs_) s->draft.clear();
+  // A step that decodes takes at most mixed_prefill_tokens of prefill beside (the decoders'
+  // inter-token latency); one that does not, as much as max_step_tokens holds.
+  if (decoded > 0 && config_.mixed_prefill_tokens > 0)
+    b.tokens_left = std::min<int64_t>(b.tokens_left, config_.mixed_prefill_tokens);
   // 2. Prefills and recomputes already under way: one piece each.
   for (Sequence* s : order) {
     if (!ready(s)) continue;

@@ -36,7 +36,10 @@
 //    tokens each), then admissions from the waiting queue, all within max_step_tokens. At most
 //    max_batch sequences are running (holding KV blocks) at once, and max_step_tokens >=
 //    max_batch, so every running decode is in every step: a prompt, however long, delays the
-//    others' next token by at most one chunk's compute.
+//    others' next token by at most one chunk's compute. With mixed_prefill_tokens > 0, a step
+//    that decodes carries at most that many prefill tokens (pieces and admissions together),
+//    so the decoders' next token waits for at most that much prefill; steps without decodes
+//    take prefill up to max_step_tokens.
 //  * Rank: (effective class, ticket), lower first. The effective class is the request's
 //    priority minus one per aging_ms since its arrival (never below 0), so nothing starves:
 //    every request eventually competes as class 0, where the oldest ticket wins. Tickets are

@@ -81,6 +81,7 @@ constexpr KnobInfo kKnobs[] = {
     {"max_step_tokens", "Token budget per step (decode tokens plus prefill pieces)."},
     {"max_wait_ms", "Longest a new prefill waits for companions, in milliseconds."},
     {"prefill_chunk", "Longest prefill piece per step, in tokens."},
+    {"mixed_prefill_tokens", "Most prefill tokens in a step that also decodes (0: no limit but max_step_tokens)."},
     {"priority_classes", "Number of request priority classes (0 is served first)."},
     {"aging_ms", "Milliseconds in the system after which a request's class improves by one."},
     {"spec_depth", "Most speculative drafts per sequence per step (0: never)."},
@@ -98,6 +99,7 @@ double knob_value(const SchedulerConfig& c, std::string_view name) {
   if (name == "max_step_tokens") return c.max_step_tokens;
   if (name == "max_wait_ms") return c.max_wait_ms;
   if (name == "prefill_chunk") return c.prefill_chunk;
+  if (name == "mixed_prefill_tokens") return c.mixed_prefill_tokens;
   if (name == "priority_classes") return c.priority_classes;
   if (name == "spec_depth") return c.speculation.max_depth;
   if (name == "spec_ngram_max") return c.speculation.ngram_max;
@@ -145,6 +147,8 @@ Status validate_scheduler_config(const SchedulerConfig& c) {
                fmt::format("must be at least max_batch ({}) so every running sequence can decode each step",
                            c.max_batch));
   if (c.prefill_chunk < 1) return bad("prefill_chunk", c.prefill_chunk, "must be at least 1");
+  if (c.mixed_prefill_tokens < 0)
+    return bad("mixed_prefill_tokens", c.mixed_prefill_tokens, "must be >= 0 (0: no limit but max_step_tokens)");
   if (!std::isfinite(c.max_wait_ms) || c.max_wait_ms < 0) return bad("max_wait_ms", c.max_wait_ms, "must be >= 0");
   if (c.priority_classes < 1 || c.priority_classes > 16)
     return bad("priority_classes", c.priority_classes, "must be in 1..16");
@@ -165,6 +169,7 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
   if (name == "max_step_tokens") return parse_int(name, value, c.max_step_tokens);
   if (name == "max_wait_ms") return parse_double(name, value, c.max_wait_ms);
   if (name == "prefill_chunk") return parse_int(name, value, c.prefill_chunk);
+  if (name == "mixed_prefill_tokens") return parse_int(name, value, c.mixed_prefill_tokens);
   if (name == "priority_classes") return parse_int(name, value, c.priority_classes);
   if (name == "aging_ms") return parse_double(name, value, c.aging_ms);
   if (name == "block_size" || name == "kv_block_size") return parse_int(name, value, c.block_size);
@@ -259,6 +264,7 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
     const std::string key = normalize(name);
     const bool ours = key == "scheduler_profile" || key == "scheduler_config" || key == "max_batch" ||
                       key == "max_step_tokens" || key == "max_wait_ms" || key == "prefill_chunk" ||
+                      key == "mixed_prefill_tokens" ||
                       key == "priority_classes" || key == "aging_ms" || key == "speculation" ||
                       key.rfind("spec_", 0) == 0;
     if (!ours) {
@@ -289,9 +295,11 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
 
 std::string format_scheduler_config(const SchedulerConfig& c) {
   return fmt::format(
-      "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} priority_classes={} "
-      "aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} spec_hysteresis={}{}",
-      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.priority_classes, c.aging_ms,
+      "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} mixed_prefill_tokens={} "
+      "priority_classes={} aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} "
+      "spec_hysteresis={}{}",
+      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.mixed_prefill_tokens,
+      c.priority_classes, c.aging_ms,
       c.block_size > 0 ? fmt::format(" block_size={}", c.block_size) : std::string(),
       spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,
       c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis,

@@ -8,7 +8,7 @@
 //   Flags (both `--name value` and `--name=value`; '-' and '_' are interchangeable):
 //     --scheduler-profile interactive|offline
 //     --scheduler-config FILE         JSON object: {"profile": "offline", "max_batch": 128, ...}
-//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --prefill-chunk N
+//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --prefill-chunk N  --mixed-prefill-tokens N
 //     --priority-classes N  --aging-ms MS
 //     --speculation off|auto|ngram|draft  --spec-depth N  --spec-ngram-max N  --spec-ngram-min N
 //     --spec-probe-interval STEPS  --spec-probe-steps STEPS  --spec-hysteresis H
@@ -31,6 +31,10 @@ struct SchedulerConfig {
   int32_t max_step_tokens = 2048;       // token budget per step: decode tokens + prefill pieces
   double max_wait_ms = 2.0;             // longest a new prefill waits for companions
   int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
+  // Most prefill (and recompute) tokens in a step that also decodes (0: only max_step_tokens
+  // limits them): what one step's prefill adds to the running sequences' inter-token latency.
+  // Steps without decodes are not limited (nobody waits on them).
+  int32_t mixed_prefill_tokens = 0;
   int32_t priority_classes = 2;         // request priority in [0, classes); 0 is served first
   double aging_ms = 5000.0;             // a request's class improves by one per aging_ms in the system
   SpeculationConfig speculation;        // drafts and their gate; mode: what a request without the field gets
@@ -45,6 +49,7 @@ std::vector<std::string> scheduler_profile_names();
 
 // InvalidArgument naming the knob and value: max_batch < 1, max_step_tokens < max_batch
 // (every running sequence must be able to decode in each step), prefill_chunk < 1,
+// mixed_prefill_tokens < 0,
 // max_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values, and the
 // speculation knobs (validate_speculation_config).
 Status validate_scheduler_config(const SchedulerConfig& config);

@@ -846,6 +846,52 @@ TEST(SchedulerTest, LongPrefillDoesNotStallDecodesBeyondTheChunk) {
   EXPECT_GE(steps_with_prompts, 900 / kChunk);
 }
 
+// mixed_prefill_tokens: a step that decodes carries at most that many prefill tokens (a new
+// prompt's admission and running prefills together); a step with nothing to decode takes the
+// prompts up to prefill_chunk / max_step_tokens as before.
+TEST(SchedulerTest, MixedPrefillBudgetBoundsWhatDecodersWaitFor) {
+  constexpr int32_t kBudget = 24, kChunk = 256;
+  SchedulerConfig cfg = knobs(8, 1024, kChunk);
+  cfg.mixed_prefill_tokens = kBudget;
+  ASSERT_TRUE(validate_scheduler_config(cfg).is_ok());
+  Harness h(cfg, 512, 16, /*cache=*/false);
+  // Nothing decodes yet: two 300-token prompts take whole chunks.
+  ASSERT_TRUE(h.add(1, 300, 200).is_ok());
+  ASSERT_TRUE(h.add(2, 300, 200).is_ok());
+  auto pieces = pieces_of(h.step());
+  EXPECT_EQ(pieces.at(1).second, kChunk);
+  EXPECT_EQ(pieces.at(2).second, kChunk);
+  h.step();  // the prompts' last 44 tokens each (no decodes yet)
+  pieces = pieces_of(h.step());
+  ASSERT_EQ(pieces.at(1).second, 1) << "1 decodes";
+  // Two prompts arrive while 1 and 2 decode: every step has both decoders and at most kBudget
+  // tokens of the prompts, until both are prefilled.
+  ASSERT_TRUE(h.add(3, 100, 4).is_ok());
+  ASSERT_TRUE(h.add(4, 50, 4).is_ok());
+  int64_t prefilled = 0;
+  int steps = 0;
+  while (prefilled < 150) {
+    pieces = pieces_of(h.step());
+    ++steps;
+    ASSERT_TRUE(pieces.count(1) && pieces.count(2)) << "a decoder stalled in step " << steps;
+    EXPECT_EQ(pieces.at(1).second, 1);
+    int64_t prefill = 0;
+    for (uint64_t id : {uint64_t{3}, uint64_t{4}})
+      if (pieces.count(id) && pieces.at(id).first < (id == 3 ? 100 : 50)) prefill += pieces.at(id).second;
+    EXPECT_LE(prefill, kBudget) << "step " << steps;
+    EXPECT_GT(prefill, 0) << "the prompts made no progress in step " << steps;
+    prefilled += prefill;
+  }
+  EXPECT_EQ(steps, (150 + kBudget - 1) / kBudget);
+  // Negative budgets are refused by name.
+  cfg.mixed_prefill_tokens = -1;
+  const Status bad = validate_scheduler_config(cfg);
+  EXPECT_NE(bad.message().find("mixed_prefill_tokens = -1"), std::string::npos) << bad.to_string();
+  SchedulerConfig set;
+  ASSERT_TRUE(set_scheduler_knob(set, "mixed-prefill-tokens", "32").is_ok());
+  EXPECT_EQ(set.mixed_prefill_tokens, 32);
+}
+
 TEST(SchedulerTest, PreemptedSequencesDoNotWait) {
   Harness h(knobs(4, 256, 256, 1000), 3, 16, false);
   ASSERT_TRUE(h.add(1, 16, 18).is_ok());
@@ -1497,7 +1543,7 @@ TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   SchedulerConfig c = *scheduler_profile("interactive");
   EXPECT_EQ(format_scheduler_config(c),
             "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 prefill_chunk=512 "
-            "priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
+            "mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
             "spec_hysteresis=0.03");
   const std::string prom = scheduler_config_prometheus(c);
   EXPECT_NE(prom.find("tessera_scheduler_max_batch{profile=\"interactive\"} 32\n"), std::string::npos) << prom;
