@@ -720,8 +720,8 @@ std::string format_plan(const Plan& plan) {
                      in.weights.layout);
   out += fmt::format("  embedding {} = {:.4g} bits/weight (embedding and LM head)\n", in.embeddings.name,
                      in.embeddings.bits_per_weight());
-  out += fmt::format("  KV        {} ({} B), block {} tokens\n", kv_dtype_name(in.kv_dtype), kv_dtype_bytes(in.kv_dtype),
-                     in.block_size);
+  out += fmt::format("  KV        {} ({} B{}), block {} tokens\n", kv_dtype_name(in.kv_dtype), kv_dtype_bytes(in.kv_dtype),
+                     in.kv_dtype == KvDtype::kInt8 ? " + a 4 B scale per token and KV head" : "", in.block_size);
   out += fmt::format("  card      {}: {} memory, {}, {} peak [{}]\n", card.description, bytes(card.memory_bytes),
                      gbps(card.memory_bandwidth), flops_text(card.peak_flops), card.source);
   if (in.tp > 1) out += fmt::format("  link      {}\n", plan.link.name);
@@ -759,8 +759,11 @@ std::string format_plan(const Plan& plan) {
   out += "\nKV CACHE\n";
   const auto per_token = [](uint64_t b) { return fmt::format("{} B ({:.1f} KiB)", b, b / 1024.0); };
   out += row("per token",
-             fmt::format("2 x {} layers x {} KV heads{} x {} x {} B", c.n_layers, m.kv_heads_per_rank,
-                         m.kv_heads_replicated ? " (replicated)" : "", c.head_dim, kv_dtype_bytes(in.kv_dtype)),
+             fmt::format("2 x {} layers x {} KV heads{} x {}", c.n_layers, m.kv_heads_per_rank,
+                         m.kv_heads_replicated ? " (replicated)" : "",
+                         in.kv_dtype == KvDtype::kInt8
+                             ? fmt::format("({} x 1 B + a 4 B scale)", c.head_dim)
+                             : fmt::format("{} x {} B", c.head_dim, kv_dtype_bytes(in.kv_dtype))),
              per_token(m.kv_bytes_per_token));
   if (m.windowed_layers > 0) {
     out += row("  global",
