@@ -488,8 +488,22 @@ int64_t CudaForward::kv_bytes_per_token() const {  // K and V of every layer
 }
 
 int64_t CudaForward::kv_summary_bytes_per_block() const {
-  return n_summarized_ * 2 * layout_.n_kv_heads * config_.head_dim * 4;  // fp32 min and max
+  return static_cast<int64_t>(key_summary_bytes_per_block(n_summarized_, layout_.n_kv_heads, config_.head_dim));
 }
+
+namespace {
+
+// Device bytes of the sparse selection's buffers for tables of table_blocks entries: block
+// scores, every rank's scores (TP > 1), compacted tables, their lengths and start positions.
+int64_t sparse_buffer_bytes(int64_t max_seqs, int64_t table_blocks, int64_t tp_size) {
+  const int64_t cells = max_seqs * table_blocks;
+  return (cells * (2 + (tp_size > 1 ? tp_size : 0)) + 2 * max_seqs) * 4;
+}
+
+// The kernels' code for the cache's element type (CudaForward accepts fp32 and fp16).
+int32_t cuda_kv_dtype(KvDtype t) { return t == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32; }
+
+}  // namespace
 
 int64_t CudaForward::kv_window_bytes_per_token() const {
   return static_cast<int64_t>(
@@ -514,10 +528,7 @@ Status CudaForward::allocate_kv_pool() {
       MetaLayout(options_.max_tokens_per_step, options_.max_seqs_per_step, table_blocks, /*window_tables=*/false)
               .total *
           4 +
-      (n_summarized_ > 0 ? (options_.max_seqs_per_step * table_blocks * (2 + layout_.tp_size) +
-                            2 * options_.max_seqs_per_step) *
-                               4
-                         : 0);
+      (n_summarized_ > 0 ? sparse_buffer_bytes(options_.max_seqs_per_step, table_blocks, layout_.tp_size) : 0);
   const auto headroom = static_cast<int64_t>(options_.kv_headroom * static_cast<double>(total_bytes));
   const int64_t usable = free_bytes - headroom - meta_bytes;
   int64_t blocks = usable > 0 ? usable / bytes_per_block : 0;
@@ -607,8 +618,7 @@ Status CudaForward::allocate_kv(int64_t block_size, int64_t num_blocks, int64_t 
     }
     TESSERA_ASSIGN_OR_RETURN(p, device_alloc((cells + 2 * options_.max_seqs_per_step) * 4, "compacted block tables"));
     sparse_meta_ = static_cast<int32_t*>(p);
-    const int64_t gathered = layout_.tp_size > 1 ? layout_.tp_size : 0;
-    workspace_bytes_ += (cells * (2 + gathered) + 2 * options_.max_seqs_per_step) * 4;
+    workspace_bytes_ += sparse_buffer_bytes(options_.max_seqs_per_step, max_table_blocks_, layout_.tp_size);
   }
   num_blocks_ = num_blocks;
   num_window_blocks_ = num_window_blocks;
@@ -768,7 +778,7 @@ Status CudaForward::attention(int64_t l, const LayerSpec& spec, float scale, int
   const int64_t layer_bytes = windowed ? window_layer_kv_bytes_ : layer_kv_bytes_;
   uint8_t* k_cache = (windowed ? window_pool_ : kv_pool_) + (2 * i) * layer_bytes;
   uint8_t* v_cache = k_cache + layer_bytes;
-  const int32_t kv_dtype = options_.kv_dtype == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
+  const int32_t kv_dtype = cuda_kv_dtype(options_.kv_dtype);
   const int32_t* tables = meta_ + (windowed ? meta.window_tables : meta.tables);
   const int32_t* seq_lens = meta_ + meta.seq_lens;
   const int32_t* start_pos = meta_ + meta.start_pos;
@@ -852,7 +862,7 @@ Status CudaForward::enqueue_sparse(int64_t l, const LayerSpec& spec, const void*
   const int64_t row = layout_.n_kv_heads * config_.head_dim;
   float* kmin = summaries_ + 2 * summary_index_[static_cast<size_t>(l)] * num_blocks_ * row;
   float* kmax = kmin + num_blocks_ * row;
-  const int32_t kv_dtype = options_.kv_dtype == KvDtype::kF16 ? TESSERA_CUDA_F16 : TESSERA_CUDA_F32;
+  const int32_t kv_dtype = cuda_kv_dtype(options_.kv_dtype);
   TesseraCudaKvSummaryArgs u{};
   u.k_cache = k_cache;
   u.kmin = kmin;

@@ -80,6 +80,17 @@ const T* cache_array(const PagedKvLayer& kv, bool values) {
   }
 }
 
+// Calls f with a value of the cache's element type (float, uint16_t or int8_t).
+template <typename F>
+void with_element_type(const PagedKvLayer& kv, F&& f) {
+  if (kv.k16 != nullptr)
+    f(uint16_t{});
+  else if (kv.k8 != nullptr)
+    f(int8_t{});
+  else
+    f(float{});
+}
+
 // Elements between the starts of consecutive (slot, KV head) rows of a cache of T.
 template <typename T>
 inline int64_t row_elems(const PagedKvLayer& kv) {
@@ -1130,12 +1141,7 @@ void run_sequence_items(const PagedKvLayer& kv, const AttentionArgs& args, const
     const int64_t kvh = i / p.units, r = i % p.units;
     const int64_t u = r % 2 == 0 ? r / 2 : p.units - 1 - r / 2;
     const int64_t t0 = u * p.tile, nt = std::min(p.tile, args.n_tokens - t0);
-    if (kv.k16 != nullptr)
-      attend_unit<uint16_t>(kv, args, p, u, t0, nt, kvh);
-    else if (kv.k8 != nullptr)
-      attend_unit<int8_t>(kv, args, p, u, t0, nt, kvh);
-    else
-      attend_unit<float>(kv, args, p, u, t0, nt, kvh);
+    with_element_type(kv, [&](auto e) { attend_unit<decltype(e)>(kv, args, p, u, t0, nt, kvh); });
   }
 }
 
@@ -1223,12 +1229,7 @@ void read_slot(const PagedKvLayer& kv, bool values, int64_t block, int64_t slot,
 void kv_read_slot(const PagedKvLayer& kv, bool values, int64_t block, int64_t slot, float* out) {
   TESSERA_CHECK(block >= 0 && block < kv.num_blocks && slot >= 0 && slot < kv.block_size,
                 "kv_read_slot: block {} slot {} outside [0, {}) x [0, {})", block, slot, kv.num_blocks, kv.block_size);
-  if (kv.k16 != nullptr)
-    read_slot<uint16_t>(kv, values, block, slot, out);
-  else if (kv.k8 != nullptr)
-    read_slot<int8_t>(kv, values, block, slot, out);
-  else
-    read_slot<float>(kv, values, block, slot, out);
+  with_element_type(kv, [&](auto e) { read_slot<decltype(e)>(kv, values, block, slot, out); });
 }
 
 }  // namespace tessera
