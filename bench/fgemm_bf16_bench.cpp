@@ -5,7 +5,8 @@
 // process CPU time / threads ("cpu": less sensitive to other jobs taking the cores, though it
 // counts the pool's spin-waits) and by wall time.
 //
-// Usage: build/bin/tessera-bench-fgemm-bf16 [reps]   (built with TESSERA_BUILD_BENCH)
+// Usage: build/bin/tessera-bench-fgemm-bf16 [reps] [tokens,...]   (built with TESSERA_BUILD_BENCH;
+// tokens default to 1,16,128,512)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -80,6 +81,17 @@ void for_rows(ThreadPool* pool, int64_t rows, const std::function<void(int64_t, 
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
+  std::vector<int64_t> token_counts;
+  for (const char* p = argc > 2 ? argv[2] : "1,16,128,512"; *p != '\0';) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p || n <= 0) {
+      std::fprintf(stderr, "tokens: expected a comma-separated list of positive counts, got '%s'\n", argv[2]);
+      return 2;
+    }
+    token_counts.push_back(n);
+    p = *end == ',' ? end + 1 : end;
+  }
   if (!cpu::has_bf16_dot()) {
     std::printf("this CPU has no AVX512_BF16; nothing to compare\n");
     return 1;
@@ -95,7 +107,7 @@ int main(int argc, char** argv) {
     const int64_t rows = shape[0], k = shape[1];
     std::vector<uint16_t> w(static_cast<size_t>(rows * k));
     for (auto& v : w) v = tessera::f32_to_fp16(0.05f * dist(rng));
-    for (int64_t n : {1, 16, 128, 512}) {
+    for (int64_t n : token_counts) {
       std::vector<float> x(static_cast<size_t>(n * k)), y(static_cast<size_t>(n * rows));
       for (auto& v : x) v = dist(rng);
       std::vector<uint16_t> xb(cpu::bf16_acts_bytes(n, k) / 2 + 32);

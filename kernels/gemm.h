@@ -17,7 +17,9 @@ class ThreadPool;
 //   kBf16: weights and activations rounded to bf16, VDPBF16PS with fp32 accumulation
 //          (kernels/cpu/fgemm_bf16.h): twice the multiply-adds per instruction; needs
 //          AVX512_BF16 (Zen 4/5, Intel Cooper Lake and later).
-//   kAuto: kBf16 for 16-bit weights (F16, BF16) where the CPU has AVX512_BF16, else kFp32.
+//   kAuto: kBf16 for 16-bit weights (F16, BF16) where the CPU's bf16 dot product outruns its
+//          fp32 fma (cpu::bf16_dot_pays(), measured at start-up: Zen 4/5), else kFp32 (also on
+//          Intel Xeons with AVX512_BF16, where VDPBF16PS has half the fma's rate).
 // Every mode is bit-identical across thread counts and batch compositions (each output's
 // accumulation order is fixed), so a token alone and in a batch get the same logits.
 enum class MatmulPrecision { kAuto, kFp32, kBf16 };

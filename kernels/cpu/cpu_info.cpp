@@ -63,6 +63,8 @@ KernelTuning choose_kernel_tuning(const CpuInfo& cpu, const char* env) {
   KernelTuning t;
   if (cpu.intel()) {
     t.r16_prefetch_bytes = kIntelR16Prefetch;
+    t.float_prefetch_l2 = true;
+    t.float_panels_fp32 = true;
     t.source = "Intel default";
   } else {
     t.source = cpu.amd() ? "AMD default" : "default";
@@ -81,6 +83,19 @@ KernelTuning choose_kernel_tuning(const CpuInfo& cpu, const char* env) {
   return t;
 }
 
+void apply_float_overrides(KernelTuning* t, const char* prefetch, const char* panels) {
+  const auto apply = [](const char* name, const char* value, const char* yes, const char* no, bool* field) {
+    if (value == nullptr || *value == '\0') return;
+    if (std::strcmp(value, yes) == 0 || std::strcmp(value, no) == 0) {
+      *field = std::strcmp(value, yes) == 0;
+    } else {
+      std::fprintf(stderr, "warning: %s=%s is not %s or %s; keeping %s\n", name, value, yes, no, *field ? yes : no);
+    }
+  };
+  apply("TESSERA_CPU_FLOAT_PREFETCH", prefetch, "l2", "nta", &t->float_prefetch_l2);
+  apply("TESSERA_CPU_FLOAT_PANELS", panels, "fp32", "stored", &t->float_panels_fp32);
+}
+
 const CpuInfo& cpu_info() {
   static const CpuInfo kInfo = read_cpu_info();
   return kInfo;
@@ -88,7 +103,11 @@ const CpuInfo& cpu_info() {
 
 namespace {
 KernelTuning& tuning_slot() {
-  static KernelTuning tuning = choose_kernel_tuning(cpu_info(), std::getenv("TESSERA_CPU_PREFETCH"));
+  static KernelTuning tuning = [] {
+    KernelTuning t = choose_kernel_tuning(cpu_info(), std::getenv("TESSERA_CPU_PREFETCH"));
+    apply_float_overrides(&t, std::getenv("TESSERA_CPU_FLOAT_PREFETCH"), std::getenv("TESSERA_CPU_FLOAT_PANELS"));
+    return t;
+  }();
   return tuning;
 }
 }  // namespace
@@ -98,6 +117,11 @@ const KernelTuning& kernel_tuning() { return tuning_slot(); }
 void set_r16_prefetch_bytes(size_t bytes) {
   tuning_slot().r16_prefetch_bytes = (bytes + 63) / 64 * 64;
   tuning_slot().source = "set by the caller";
+}
+
+void set_float_variants(bool prefetch_l2, bool panels_fp32) {
+  tuning_slot().float_prefetch_l2 = prefetch_l2;
+  tuning_slot().float_panels_fp32 = panels_fp32;
 }
 
 void set_kernel_tuning(const KernelTuning& tuning) {
@@ -110,8 +134,10 @@ std::string describe_cpu() {
   const KernelTuning& t = kernel_tuning();
   const std::string prefetch =
       t.r16_prefetch_bytes > 0 ? fmt::format("{} B", t.r16_prefetch_bytes) : std::string("off");
-  return fmt::format("{} ({} family {} model {}), isa {}, r16 prefetch {} ({})", c.brand.empty() ? "unknown CPU" : c.brand,
-                     c.vendor.empty() ? "?" : c.vendor, c.family, c.model, isa_name(active_isa()), prefetch, t.source);
+  return fmt::format("{} ({} family {} model {}), isa {}, r16 prefetch {} ({}), float streams prefetch {}, float panels {}",
+                     c.brand.empty() ? "unknown CPU" : c.brand, c.vendor.empty() ? "?" : c.vendor, c.family, c.model,
+                     isa_name(active_isa()), prefetch, t.source, t.float_prefetch_l2 ? "L2" : "non-temporal",
+                     t.float_panels_fp32 ? "fp32" : "as stored");
 }
 
 }  // namespace tessera::cpu

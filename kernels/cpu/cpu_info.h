@@ -9,6 +9,13 @@
 //     streamer stops at every 4 KiB page and one core keeps too few misses in flight: a
 //     prefetch (to L1) 2 KiB ahead of the read position doubles Q4_K_M decode
 //     (bench/results/cpu_vs_llama_cpp_intel.md).
+//   Float-weight streams (F32 / F16 / BF16 weights read once per matmul, kernels/cpu/fgemm.h):
+//     the rows ahead are prefetched non-temporally on AMD (+40% batch-1 decode on Zen 5) and
+//     into L2 on Intel, where the non-temporal hint made an Emerald Rapids Xeon decode at 37% of
+//     the speed (bench/results/fgemm-intel-variants.md).
+//   Float panels: the blocked GEMM keeps F16 / BF16 weights 16-bit in its panels and widens
+//     them in the inner loop on AMD, where the conversion issues beside the fma; on Intel it
+//     takes an fma port, so the panels are widened to fp32 once when packed.
 // The defaults come from the CPU's vendor; a measurement on the machine may replace them
 // (kernels/cpu/kernel_tune.h, cached per CPU); TESSERA_CPU_PREFETCH=<bytes> (0: none) overrides.
 #pragma once
@@ -33,6 +40,10 @@ const CpuInfo& cpu_info();
 struct KernelTuning {
   // Bytes ahead of the read position that decode prefetches (into L1) in an R16 matrix; 0: none.
   size_t r16_prefetch_bytes = 0;
+  // Float-weight streams prefetch the rows ahead into L2 (true) or non-temporally (false).
+  bool float_prefetch_l2 = false;
+  // The blocked float GEMM widens F16 / BF16 panels to fp32 when packing them.
+  bool float_panels_fp32 = false;
   std::string source;  // why: "Intel default", "AMD default", "TESSERA_CPU_PREFETCH", ...
 };
 
@@ -40,13 +51,20 @@ struct KernelTuning {
 // default, or env's byte count rounded up to a cache line.
 KernelTuning choose_kernel_tuning(const CpuInfo& cpu, const char* env);
 
-// choose_kernel_tuning(cpu_info(), getenv("TESSERA_CPU_PREFETCH")), once; a malformed TESSERA_CPU_PREFETCH is reported
+// TESSERA_CPU_FLOAT_PREFETCH (l2 | nta) and TESSERA_CPU_FLOAT_PANELS (fp32 | stored), values
+// `prefetch` and `panels` (nullptr or "": unset), over t's float-weight variants; a malformed
+// value is reported on stderr and ignored.
+void apply_float_overrides(KernelTuning* t, const char* prefetch, const char* panels);
+
+// choose_kernel_tuning(cpu_info(), getenv("TESSERA_CPU_PREFETCH")) with apply_float_overrides, once; a malformed TESSERA_CPU_PREFETCH is reported
 // on stderr and ignored (the default is kept).
 const KernelTuning& kernel_tuning();
 
 // Replaces the R16 prefetch distance (tests cover both variants on any CPU; benchmarks compare
 // them). Not thread-safe with concurrent kernels; call before starting work, as set_max_isa.
 void set_r16_prefetch_bytes(size_t bytes);
+// Replaces the float-weight variants (same use and caveat).
+void set_float_variants(bool prefetch_l2, bool panels_fp32);
 // Replaces the whole choice (kernels/cpu/kernel_tune.h: a measured or cached one), same caveat.
 void set_kernel_tuning(const KernelTuning& tuning);
 

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__x86_64__)
@@ -95,12 +96,22 @@ TESSERA_AVX512 inline float reduce16_avx512(__m512 s) {
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
+// Prefetch of a weight line read once per matmul: non-temporal (this alone gave +40% decode
+// speed on Zen 5), or into L2 (`l2`: Intel, where the non-temporal hint loses; cpu_info.h).
+TESSERA_AVX512 inline void prefetch_stream(const uint8_t* p, bool l2) {
+  if (l2) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+  } else {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
+  }
+}
+
 // `next`, `next_bytes`: the following rows, prefetched while these four are computed (four
-// interleaved streams are more than the hardware prefetchers keep ahead of). Non-temporal:
-// each weight byte is used once per matmul (this alone gave +40% decode speed on Zen 5).
+// interleaved streams are more than the hardware prefetchers keep ahead of), `l2` as in
+// prefetch_stream.
 template <QuantType kType>
 TESSERA_AVX512 void gemv4_avx512(const FMatmulArgs& a, const uint8_t* const* rows, float* out,
-                                 const uint8_t* next, size_t next_bytes) {
+                                 const uint8_t* next, size_t next_bytes, bool l2) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   const int64_t kfull = a.k / kLanes * kLanes;
   const size_t elem = kType == QuantType::kF32 ? 4 : 2;
@@ -110,7 +121,7 @@ TESSERA_AVX512 void gemv4_avx512(const FMatmulArgs& a, const uint8_t* const* row
   int64_t c = 0;
   for (; c < kfull; c += kLanes) {
     if (pf < next_bytes) {
-      for (size_t e = pf + step_bytes; pf < e; pf += 64) _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_NTA);
+      for (size_t e = pf + step_bytes; pf < e; pf += 64) prefetch_stream(next + pf, l2);
     }
     const __m512 xv = _mm512_loadu_ps(a.x + c);
     for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(load_w16(kType, rows[r], c), xv, acc[r]);
@@ -133,7 +144,7 @@ constexpr int64_t kSmallTokens = 16;
 
 template <QuantType kType, int kT>
 TESSERA_AVX512 void small4_avx512(const FMatmulArgs& a, const uint8_t* const* rows, int64_t t0, float* out,
-                                  const uint8_t* next, size_t next_bytes) {
+                                  const uint8_t* next, size_t next_bytes, bool l2) {
   __m512 acc[4][kT];
   for (int r = 0; r < 4; ++r)
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -145,7 +156,7 @@ TESSERA_AVX512 void small4_avx512(const FMatmulArgs& a, const uint8_t* const* ro
   int64_t c = 0;
   for (; c < kfull; c += kLanes) {
     if (pf < next_bytes) {
-      for (size_t e = pf + step_bytes; pf < e; pf += 64) _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_NTA);
+      for (size_t e = pf + step_bytes; pf < e; pf += 64) prefetch_stream(next + pf, l2);
     }
     __m512 w[4];
     for (int r = 0; r < 4; ++r) w[r] = load_w16(kType, rows[r], c);
@@ -169,6 +180,7 @@ TESSERA_AVX512 void small4_avx512(const FMatmulArgs& a, const uint8_t* const* ro
 
 template <QuantType kType>
 TESSERA_AVX512 void fmatmul_small_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1) {
+  const bool l2 = kernel_tuning().float_prefetch_l2;
   for (int64_t g = r0; g < r1; g += 4) {
     const int n_valid = static_cast<int>(std::min<int64_t>(4, r1 - g));
     const uint8_t* rows[4];
@@ -183,12 +195,12 @@ TESSERA_AVX512 void fmatmul_small_avx512(const FMatmulArgs& a, int64_t r0, int64
       // Only the first token group streams the weights (and prefetches the next quad).
       const size_t nb = t0 == 0 ? next_bytes : 0;
       switch (tn) {
-        case 1: small4_avx512<kType, 1>(a, rows, t0, out, next, nb); break;
-        case 2: small4_avx512<kType, 2>(a, rows, t0, out, next, nb); break;
-        case 3: small4_avx512<kType, 3>(a, rows, t0, out, next, nb); break;
-        case 4: small4_avx512<kType, 4>(a, rows, t0, out, next, nb); break;
-        case 5: small4_avx512<kType, 5>(a, rows, t0, out, next, nb); break;
-        default: small4_avx512<kType, 6>(a, rows, t0, out, next, nb); break;
+        case 1: small4_avx512<kType, 1>(a, rows, t0, out, next, nb, l2); break;
+        case 2: small4_avx512<kType, 2>(a, rows, t0, out, next, nb, l2); break;
+        case 3: small4_avx512<kType, 3>(a, rows, t0, out, next, nb, l2); break;
+        case 4: small4_avx512<kType, 4>(a, rows, t0, out, next, nb, l2); break;
+        case 5: small4_avx512<kType, 5>(a, rows, t0, out, next, nb, l2); break;
+        default: small4_avx512<kType, 6>(a, rows, t0, out, next, nb, l2); break;
       }
       for (int t = 0; t < tn; ++t) std::memcpy(a.y + (t0 + t) * a.y_stride + g, out + t * 4, static_cast<size_t>(n_valid) * 4);
     }
@@ -229,16 +241,17 @@ float* aligned_floats(std::vector<float>& buf, size_t floats) {
   return buf.data() + ((64 - addr % 64) % 64) / 4;
 }
 
-// F16 and BF16 panels keep the weights as stored (half the bytes in L2 and on the way to L1;
-// the tile widens them, exactly, with instructions that issue beside the fma on Zen 4/5);
-// F32 panels hold fp32.
-template <QuantType kType>
-using PanelElem = std::conditional_t<kType == QuantType::kF32, float, uint16_t>;
+// A panel holds weights of type kPanel: F16 and BF16 weights as stored (kPanel = kType: half
+// the bytes in L2 and on the way to L1; the tile widens them, exactly, with instructions that
+// issue beside the fma on Zen 4/5), or widened to fp32 when packed (kPanel = F32: on Intel the
+// widening takes an fma port, kernels/cpu/cpu_info.h); F32 weights always as fp32.
+template <QuantType kPanel>
+using PanelElem = std::conditional_t<kPanel == QuantType::kF32, float, uint16_t>;
 
 // Column step s of a row into a panel slot: 16 values, zeros past k.
-template <QuantType kType>
-TESSERA_AVX512 inline void pack_step(const uint8_t* row, int64_t c, int64_t valid, PanelElem<kType>* dst) {
-  if constexpr (kType != QuantType::kF32) {
+template <QuantType kType, QuantType kPanel>
+TESSERA_AVX512 inline void pack_step(const uint8_t* row, int64_t c, int64_t valid, PanelElem<kPanel>* dst) {
+  if constexpr (kPanel != QuantType::kF32) {
     const auto m = static_cast<__mmask16>((1u << std::min<int64_t>(valid, kLanes)) - 1u);
     const __m256i v = valid >= kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * c))
                       : valid > 0     ? _mm256_maskz_loadu_epi16(m, row + 2 * c)
@@ -254,16 +267,16 @@ TESSERA_AVX512 inline void pack_step(const uint8_t* row, int64_t c, int64_t vali
 
 // Columns [c0, c0 + 16 * steps) of rows [row0, row0 + n_rows) into
 // panel[quad][step][row of quad][16]; zeros past k and for rows past n_rows.
-template <QuantType kType>
+template <QuantType kType, QuantType kPanel>
 TESSERA_AVX512 void pack_panel_avx512(const FMatmulArgs& a, int64_t row0, int64_t n_rows, int64_t c0, int64_t steps,
-                                      PanelElem<kType>* panel) {
+                                      PanelElem<kPanel>* panel) {
   const int64_t n_quads = (n_rows + kQuadRows - 1) / kQuadRows;
   for (int64_t r = 0; r < n_quads * kQuadRows; ++r) {
-    PanelElem<kType>* dst = panel + (r / kQuadRows) * steps * kQuadRows * kLanes + (r % kQuadRows) * kLanes;
+    PanelElem<kPanel>* dst = panel + (r / kQuadRows) * steps * kQuadRows * kLanes + (r % kQuadRows) * kLanes;
     const uint8_t* row = a.w + static_cast<size_t>(row0 + std::min(r, n_rows - 1)) * a.row_bytes;
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t c = c0 + s * kLanes;
-      pack_step<kType>(row, c, r < n_rows ? std::clamp<int64_t>(a.k - c, 0, kLanes) : 0, dst + s * kQuadRows * kLanes);
+      pack_step<kType, kPanel>(row, c, r < n_rows ? std::clamp<int64_t>(a.k - c, 0, kLanes) : 0, dst + s * kQuadRows * kLanes);
     }
   }
 }
@@ -431,7 +444,7 @@ BatchScratch& batch_scratch() {
 // Loop order: row blocks, token blocks, k chunks, 6-token groups, quads. When the panel of a
 // whole row block (all its k chunks) fits kPanelBytes, it is packed once and reused by every
 // token block ("resident"); longer rows are packed chunk by chunk, again for each token block.
-template <QuantType kType>
+template <QuantType kType, QuantType kPanel>
 TESSERA_AVX512 void fmatmul_batch_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1) {
   constexpr int64_t kQuads = kBlockRows / kQuadRows;
   constexpr int64_t kGroups = kBlockTokens / kGroupTokens;
@@ -439,7 +452,7 @@ TESSERA_AVX512 void fmatmul_batch_avx512(const FMatmulArgs& a, int64_t r0, int64
   const int64_t k_steps = (a.k + kLanes - 1) / kLanes;
   const int64_t n_chunks = (k_steps + kBlockSteps - 1) / kBlockSteps;
   const int64_t chunk_steps = (k_steps + n_chunks - 1) / n_chunks;  // balanced chunks
-  using P = PanelElem<kType>;
+  using P = PanelElem<kPanel>;
   const size_t row_panel_bytes = static_cast<size_t>(n_chunks * chunk_steps * kLanes) * sizeof(P);
   const int64_t fit_rows = static_cast<int64_t>(kPanelBytes / row_panel_bytes) / kQuadRows * kQuadRows;
   const int64_t block_rows = fit_rows >= kMinResidentRows ? std::min(kBlockRows, fit_rows) : kBlockRows;
@@ -465,7 +478,7 @@ TESSERA_AVX512 void fmatmul_batch_avx512(const FMatmulArgs& a, int64_t r0, int64
         const int64_t steps = std::min(chunk_steps, k_steps - s0);
         const int64_t c0 = s0 * kLanes;
         P* slot = panel + (resident ? ci * slot_elems : 0);
-        if (!resident || tb == 0) pack_panel_avx512<kType>(a, rb, n_rows, c0, steps, slot);
+        if (!resident || tb == 0) pack_panel_avx512<kType, kPanel>(a, rb, n_rows, c0, steps, slot);
         // Prefetches are issued late (over the last chunk before the weights are packed, or
         // the second half of it): the activations streaming through L2 evict them otherwise.
         if (resident && tb + n_tok >= a.n_tokens && ci == n_chunks - 1)  // the next row block
@@ -498,7 +511,7 @@ TESSERA_AVX512 void fmatmul_batch_avx512(const FMatmulArgs& a, int64_t r0, int64
             j.acc = parked + (g * kQuads + q) * kTileFloats;
             j.y = a.y + t0 * a.y_stride + rb + q * kQuadRows;
             j.n_rows = static_cast<int>(std::min(kQuadRows, n_rows - q * kQuadRows));
-            tile_dispatch_avx512<kType>(tn, j);
+            tile_dispatch_avx512<kPanel>(tn, j);
           }
         }
       }
@@ -508,6 +521,7 @@ TESSERA_AVX512 void fmatmul_batch_avx512(const FMatmulArgs& a, int64_t r0, int64
 
 TESSERA_AVX512 void fmatmul_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1) {
   if (a.n_tokens == 1) {
+    const bool l2 = kernel_tuning().float_prefetch_l2;
     for (int64_t g = r0; g < r1; g += 4) {
       const int n_valid = static_cast<int>(std::min<int64_t>(4, r1 - g));
       const uint8_t* rows[4];
@@ -518,9 +532,9 @@ TESSERA_AVX512 void fmatmul_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1)
       const uint8_t* next = a.w + static_cast<size_t>(g + kAhead) * a.row_bytes;
       const size_t next_bytes = g + kAhead < r1 ? static_cast<size_t>(std::min<int64_t>(4, r1 - g - kAhead)) * a.row_bytes : 0;
       switch (a.type) {
-        case QuantType::kF16: gemv4_avx512<QuantType::kF16>(a, rows, out, next, next_bytes); break;
-        case QuantType::kBF16: gemv4_avx512<QuantType::kBF16>(a, rows, out, next, next_bytes); break;
-        default: gemv4_avx512<QuantType::kF32>(a, rows, out, next, next_bytes); break;
+        case QuantType::kF16: gemv4_avx512<QuantType::kF16>(a, rows, out, next, next_bytes, l2); break;
+        case QuantType::kBF16: gemv4_avx512<QuantType::kBF16>(a, rows, out, next, next_bytes, l2); break;
+        default: gemv4_avx512<QuantType::kF32>(a, rows, out, next, next_bytes, l2); break;
       }
       std::memcpy(a.y + g, out, static_cast<size_t>(n_valid) * 4);
     }
@@ -533,10 +547,15 @@ TESSERA_AVX512 void fmatmul_avx512(const FMatmulArgs& a, int64_t r0, int64_t r1)
       default: return fmatmul_small_avx512<QuantType::kF32>(a, r0, r1);
     }
   }
+  const bool widen = kernel_tuning().float_panels_fp32;
   switch (a.type) {
-    case QuantType::kF16: return fmatmul_batch_avx512<QuantType::kF16>(a, r0, r1);
-    case QuantType::kBF16: return fmatmul_batch_avx512<QuantType::kBF16>(a, r0, r1);
-    default: return fmatmul_batch_avx512<QuantType::kF32>(a, r0, r1);
+    case QuantType::kF16:
+      return widen ? fmatmul_batch_avx512<QuantType::kF16, QuantType::kF32>(a, r0, r1)
+                   : fmatmul_batch_avx512<QuantType::kF16, QuantType::kF16>(a, r0, r1);
+    case QuantType::kBF16:
+      return widen ? fmatmul_batch_avx512<QuantType::kBF16, QuantType::kF32>(a, r0, r1)
+                   : fmatmul_batch_avx512<QuantType::kBF16, QuantType::kBF16>(a, r0, r1);
+    default: return fmatmul_batch_avx512<QuantType::kF32, QuantType::kF32>(a, r0, r1);
   }
 }
 

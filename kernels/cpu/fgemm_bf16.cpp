@@ -10,6 +10,7 @@
 #include "kernels/cpu/fgemm_bf16.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -99,6 +100,41 @@ bool detect_bf16_dot() {
   if ((b & need_ebx) != need_ebx) return false;
   if (a < 1 || __get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
   return (a & (1u << 5)) != 0;  // AVX512_BF16
+}
+
+// Seconds for `iters` x 12 independent VDPBF16PS (dot) or VFMADD231PS (fma) on zmm registers.
+TESSERA_BF16 double time_dependent_chains(bool dot, int64_t iters) {
+  const auto t0 = std::chrono::steady_clock::now();
+#define TESSERA_OP12(op)                                                                                       \
+  op " %%zmm12, %%zmm13, %%zmm0\n\t" op " %%zmm12, %%zmm13, %%zmm1\n\t" op " %%zmm12, %%zmm13, %%zmm2\n\t"     \
+  op " %%zmm12, %%zmm13, %%zmm3\n\t" op " %%zmm12, %%zmm13, %%zmm4\n\t" op " %%zmm12, %%zmm13, %%zmm5\n\t" \
+  op " %%zmm12, %%zmm13, %%zmm6\n\t" op " %%zmm12, %%zmm13, %%zmm7\n\t" op " %%zmm12, %%zmm13, %%zmm8\n\t" \
+  op " %%zmm12, %%zmm13, %%zmm9\n\t" op " %%zmm12, %%zmm13, %%zmm10\n\t" op " %%zmm12, %%zmm13, %%zmm11\n\t"
+  // Zeroed inputs: no denormal or overflow slows either instruction.
+  __asm__ volatile("vpxord %%zmm12, %%zmm12, %%zmm12\n\tvpxord %%zmm13, %%zmm13, %%zmm13" ::: "xmm12", "xmm13");
+  if (dot) {
+    for (int64_t i = 0; i < iters; ++i)
+      __asm__ volatile(TESSERA_OP12("vdpbf16ps") ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+                       "xmm8", "xmm9", "xmm10", "xmm11");
+  } else {
+    for (int64_t i = 0; i < iters; ++i)
+      __asm__ volatile(TESSERA_OP12("vfmadd231ps") ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+                       "xmm8", "xmm9", "xmm10", "xmm11");
+  }
+#undef TESSERA_OP12
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double measure_bf16_dot_speedup() {
+  constexpr int64_t kIters = 4000;  // 48k instructions: ~20-100 us per pass
+  double dot = 1e9, fma = 1e9;
+  time_dependent_chains(true, kIters);  // warm-up (clock, 512-bit units)
+  for (int rep = 0; rep < 5; ++rep) {
+    dot = std::min(dot, time_dependent_chains(true, kIters));
+    fma = std::min(fma, time_dependent_chains(false, kIters));
+  }
+  // 32 multiply-adds per VDPBF16PS, 16 per fma.
+  return dot > 0 ? (32.0 / dot) / (16.0 / fma) : 0.0;
 }
 
 TESSERA_BF16 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
@@ -560,6 +596,17 @@ bool has_bf16_dot() {
   return false;
 #endif
 }
+
+double bf16_dot_speedup() {
+#ifdef TESSERA_BF16X86
+  static const double kSpeedup = has_bf16_dot() ? measure_bf16_dot_speedup() : 0.0;
+  return kSpeedup;
+#else
+  return 0.0;
+#endif
+}
+
+bool bf16_dot_pays() { return bf16_dot_speedup() >= kBf16DotMinSpeedup; }
 
 uint16_t round_to_bf16(float f) {
   uint32_t u;

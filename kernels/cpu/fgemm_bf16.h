@@ -43,6 +43,16 @@ inline int64_t bf16_kpad(int64_t k) { return (k + kBf16StepCols - 1) / kBf16Step
 // and the OS saves zmm state (XCR0); false off x86. Computed once. Independent of set_max_isa().
 bool has_bf16_dot();
 
+// The multiply-add rate of VDPBF16PS over that of the fp32 fma (zmm), measured once per
+// process with register-only loops (about 1 ms; the best of 5 alternating passes each); 0
+// without AVX512_BF16. About 2 on Zen 4 / 5 (one VDPBF16PS of 32 products per cycle, as many
+// cycles as one fma of 16); 0.5 on Intel Xeons of the Sapphire / Emerald Rapids class (one
+// VDPBF16PS every second cycle against two fma per cycle).
+double bf16_dot_speedup();
+// The matmul precision "auto" takes bf16 where the dot product pays: bf16_dot_speedup() >= 1.5.
+constexpr double kBf16DotMinSpeedup = 1.5;
+bool bf16_dot_pays();
+
 // The canonical fp32 -> bf16 rounding above (bits of a bf16 value).
 uint16_t round_to_bf16(float f);
 

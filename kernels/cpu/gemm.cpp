@@ -74,7 +74,7 @@ bool uses_bf16(QuantType type) {
     case MatmulPrecision::kBf16: return true;
     case MatmulPrecision::kAuto: break;
   }
-  return (type == QuantType::kF16 || type == QuantType::kBF16) && cpu::has_bf16_dot();
+  return (type == QuantType::kF16 || type == QuantType::kBF16) && cpu::bf16_dot_pays();
 }
 
 }  // namespace

@@ -224,7 +224,10 @@ void tune_kernels() {
     const KernelTuning def = kernel_tuning();
     if (mode != "measure") {
       if (const std::optional<size_t> v = cached_r16_prefetch(text, key)) {
-        set_kernel_tuning({*v, fmt::format("measured here, cached in {}", path)});
+        KernelTuning t = def;
+        t.r16_prefetch_bytes = *v;
+        t.source = fmt::format("measured here, cached in {}", path);
+        set_kernel_tuning(t);
         return;
       }
     }
@@ -233,9 +236,11 @@ void tune_kernels() {
     const size_t pick = pick_r16_prefetch(t, def.r16_prefetch_bytes, kMinGain);
     std::string detail;
     for (const PrefetchTiming& p : t) detail += fmt::format("{}{} B {:.2f} ms", detail.empty() ? "" : ", ", p.bytes, p.seconds * 1e3);
-    set_kernel_tuning({pick, pick == def.r16_prefetch_bytes
-                                 ? fmt::format("{}, kept by a measurement here: {}", def.source, detail)
-                                 : fmt::format("measured here: {}", detail)});
+    KernelTuning picked = def;
+    picked.r16_prefetch_bytes = pick;
+    picked.source = pick == def.r16_prefetch_bytes ? fmt::format("{}, kept by a measurement here: {}", def.source, detail)
+                                                   : fmt::format("measured here: {}", detail);
+    set_kernel_tuning(picked);
     if (!path.empty()) write_file(path, with_cached_r16_prefetch(text, key, pick));
   });
 }

@@ -451,6 +451,22 @@ TEST(CpuInfo, PrefetchDefaultsAndOverride) {
   EXPECT_EQ(cpu::choose_kernel_tuning(intel, nullptr).r16_prefetch_bytes, 2048u);
   EXPECT_EQ(cpu::choose_kernel_tuning(intel, nullptr).source, "Intel default");
   EXPECT_EQ(cpu::choose_kernel_tuning(amd, nullptr).r16_prefetch_bytes, 0u);
+  // Float-weight kernels: rows ahead into L2 and fp32 panels on Intel, non-temporal and panels
+  // as stored on AMD.
+  EXPECT_TRUE(cpu::choose_kernel_tuning(intel, nullptr).float_prefetch_l2);
+  EXPECT_TRUE(cpu::choose_kernel_tuning(intel, nullptr).float_panels_fp32);
+  EXPECT_FALSE(cpu::choose_kernel_tuning(amd, nullptr).float_prefetch_l2);
+  EXPECT_FALSE(cpu::choose_kernel_tuning(amd, nullptr).float_panels_fp32);
+  cpu::KernelTuning t = cpu::choose_kernel_tuning(amd, nullptr);
+  cpu::apply_float_overrides(&t, "l2", nullptr);
+  EXPECT_TRUE(t.float_prefetch_l2);
+  EXPECT_FALSE(t.float_panels_fp32);
+  cpu::apply_float_overrides(&t, "nta", "fp32");
+  EXPECT_FALSE(t.float_prefetch_l2);
+  EXPECT_TRUE(t.float_panels_fp32);
+  cpu::apply_float_overrides(&t, "T1", "half");  // malformed: kept (warnings on stderr)
+  EXPECT_FALSE(t.float_prefetch_l2);
+  EXPECT_TRUE(t.float_panels_fp32);
   EXPECT_EQ(cpu::choose_kernel_tuning(amd, "").r16_prefetch_bytes, 0u);
   EXPECT_EQ(cpu::choose_kernel_tuning(intel, "0").r16_prefetch_bytes, 0u);
   EXPECT_EQ(cpu::choose_kernel_tuning(amd, "4096").r16_prefetch_bytes, 4096u);
@@ -469,6 +485,7 @@ TEST(CpuInfo, PrefetchDefaultsAndOverride) {
   EXPECT_NE(line.find(here.vendor), std::string::npos) << line;
   EXPECT_NE(line.find(std::string("isa ") + cpu::isa_name(cpu::active_isa())), std::string::npos) << line;
   EXPECT_NE(line.find("r16 prefetch"), std::string::npos) << line;
+  EXPECT_NE(line.find("float panels"), std::string::npos) << line;
 #endif
 }
 

@@ -4,8 +4,8 @@
 // token counts around the 6-token tile and the 144-token block, odd row counts around the
 // 4-row tile and the 48-row block, k around the 16-lane step and the 1024-column chunk. Every
 // result must equal, bit for bit, the canonical arithmetic of fgemm.h computed here
-// independently, on every ISA, with and without threads, alone or in a batch; and it must be
-// close to the fp64 product.
+// independently, on every ISA and every per-CPU variant of the AVX-512 kernels, with and without
+// threads, alone or in a batch; and it must be close to the fp64 product.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 
 #include "common/tensor.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -80,20 +81,30 @@ void check_shape(QuantType type, const Shape& s, ThreadPool* pool) {
       ASSERT_NEAR(expect[static_cast<size_t>(t * s.rows + r)], ref, 4e-6 * mag + 1e-6) << what;
     }
   }
+  const cpu::KernelTuning saved = cpu::kernel_tuning();
   for (cpu::Isa isa : supported_isas()) {
     cpu::set_max_isa(isa);
-    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), pool}) {
-      const auto y = run(w, x, s.n_tokens, p);
-      for (size_t i = 0; i < y.size(); ++i) {
-        uint32_t got, want;
-        std::memcpy(&got, &y[i], 4);
-        std::memcpy(&want, &expect[i], 4);
-        ASSERT_EQ(got, want) << what << " isa " << cpu::isa_name(isa) << (p ? " threads" : " 1 thread") << " token "
-                             << i / static_cast<size_t>(s.rows) << " row " << i % static_cast<size_t>(s.rows)
-                             << ": " << y[i] << " vs canonical " << expect[i];
+    // The AVX-512 kernels' per-CPU variants (kernels/cpu/cpu_info.h): prefetch of the rows
+    // ahead non-temporal or into L2, panels as stored or widened to fp32.
+    for (int variant = 0; variant < (isa == cpu::Isa::kAvx512 ? 4 : 1); ++variant) {
+      const bool l2 = (variant & 1) != 0, panels_fp32 = (variant & 2) != 0;
+      if (isa == cpu::Isa::kAvx512) cpu::set_float_variants(l2, panels_fp32);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), pool}) {
+        const auto y = run(w, x, s.n_tokens, p);
+        for (size_t i = 0; i < y.size(); ++i) {
+          uint32_t got, want;
+          std::memcpy(&got, &y[i], 4);
+          std::memcpy(&want, &expect[i], 4);
+          if (got != want) cpu::set_kernel_tuning(saved);
+          ASSERT_EQ(got, want) << what << " isa " << cpu::isa_name(isa) << " prefetch " << (l2 ? "L2" : "nta")
+                               << " panels " << (panels_fp32 ? "fp32" : "as stored") << (p ? " threads" : " 1 thread")
+                               << " token " << i / static_cast<size_t>(s.rows) << " row "
+                               << i % static_cast<size_t>(s.rows) << ": " << y[i] << " vs canonical " << expect[i];
+        }
       }
     }
   }
+  cpu::set_kernel_tuning(saved);
 }
 
 TEST(FloatMatmulBatch, BlockedPathIsCanonicalOverBlockEdges) {

@@ -59,9 +59,11 @@ TEST(MatmulPrecision, WhatEachWeightTypeComputesWith) {
   EXPECT_STREQ(matmul_compute_for(QuantType::kF16), "fp32");
   EXPECT_STREQ(matmul_compute_for(QuantType::kQ4_K), "int8-dot");
   ASSERT_TRUE(set_matmul_precision(MatmulPrecision::kAuto).is_ok());
-  // auto: 16-bit weights take the bf16 dot products where the CPU has them; F32 weights never.
-  EXPECT_STREQ(matmul_compute_for(QuantType::kF16), cpu::has_bf16_dot() ? "bf16" : "fp32");
-  EXPECT_STREQ(matmul_compute_for(QuantType::kBF16), cpu::has_bf16_dot() ? "bf16" : "fp32");
+  // auto: 16-bit weights take the bf16 dot products where the CPU has them and they outrun the
+  // fp32 fma; F32 weights never.
+  EXPECT_STREQ(matmul_compute_for(QuantType::kF16), cpu::bf16_dot_pays() ? "bf16" : "fp32");
+  EXPECT_STREQ(matmul_compute_for(QuantType::kBF16), cpu::bf16_dot_pays() ? "bf16" : "fp32");
+  if (!cpu::has_bf16_dot()) EXPECT_FALSE(cpu::bf16_dot_pays());
   EXPECT_STREQ(matmul_compute_for(QuantType::kF32), "fp32");
   const Status bf16 = set_matmul_precision(MatmulPrecision::kBf16);
   if (cpu::has_bf16_dot()) {
@@ -74,10 +76,25 @@ TEST(MatmulPrecision, WhatEachWeightTypeComputesWith) {
   }
 }
 
+// The measured rate of the bf16 dot product: positive where the CPU has it (a Zen 4 / 5 gives
+// about 2, an Intel Xeon of the Sapphire / Emerald Rapids class 0.5; the test does not assert on
+// speed), the same value on every call, and what auto decides by.
+TEST(MatmulPrecision, AutoFollowsTheMeasuredBf16DotRate) {
+  const double speedup = cpu::bf16_dot_speedup();
+  EXPECT_EQ(cpu::bf16_dot_speedup(), speedup);
+  if (!cpu::has_bf16_dot()) {
+    EXPECT_EQ(speedup, 0.0);
+    return;
+  }
+  EXPECT_GT(speedup, 0.0);
+  EXPECT_LT(speedup, 16.0);
+  EXPECT_EQ(cpu::bf16_dot_pays(), speedup >= cpu::kBf16DotMinSpeedup);
+}
+
 TEST(MatmulPrecision, Bf16ModeIsTheBf16KernelForAnyBatchAndThreads) {
   if (!cpu::has_bf16_dot()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
   MatmulPrecisionScope guard(matmul_precision());  // restored after the test
-  ASSERT_TRUE(set_matmul_precision(MatmulPrecision::kAuto).is_ok());
+  ASSERT_TRUE(set_matmul_precision(MatmulPrecision::kBf16).is_ok());
   constexpr int64_t kRows = 72, kCols = 800, kTokens = 37;
   const F16Matrix w = random_f16(kRows, kCols, 7);
   const std::vector<float> x = random_acts(kTokens, kCols, 8);
