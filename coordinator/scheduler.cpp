@@ -88,6 +88,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock
                   window_.pool->num_blocks(), window_.window, config_.max_step_tokens, config_.max_batch, need);
   }
   max_wait_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.max_wait_ms));
+  max_burst_wait_ = std::max(max_wait_, std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double, std::milli>(config.max_burst_wait_ms)));
   aging_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.aging_ms));
   if (aging_.count() <= 0) aging_ = Clock::duration(1);
 }
@@ -442,14 +444,13 @@ int64_t Scheduler::draft_room(const StepBuilder& b, const Sequence& s, int64_t d
 bool Scheduler::should_hold(const StepBuilder& b) const {
   if (max_wait_.count() <= 0 || b.prefill_in_step) return false;
   int64_t fresh = 0, fresh_tokens = 0;
-  Clock::time_point oldest = Clock::time_point::max();
   for (const Sequence* s : waiting_) {
     if (s->sent) continue;
     ++fresh;
     fresh_tokens += static_cast<int64_t>(s->tokens.size());
-    oldest = std::min(oldest, s->arrival);
   }
-  if (fresh == 0 || b.now - oldest >= max_wait_) return false;
+  const std::optional<Clock::time_point> deadline = hold_deadline();
+  if (fresh == 0 || !deadline || b.now >= *deadline) return false;
   // Enough company already: the step would be full anyway.
   const int64_t free_slots = config_.max_batch - static_cast<int64_t>(running_.size());
   if (fresh >= free_slots || fresh_tokens >= b.tokens_left) return false;
@@ -807,13 +808,29 @@ std::vector<uint64_t> Scheduler::on_step_failed() {
 
 // ---- queries ---------------------------------------------------------------------------------
 
-std::optional<Clock::duration> Scheduler::time_until_next_decision() const {
+// max_wait_ms after the newest new request, but not past max_burst_wait_ms after the oldest:
+// arrivals each within max_wait_ms of the one before extend the wait (a burst is gathered).
+std::optional<Clock::time_point> Scheduler::hold_deadline() const {
   if (max_wait_.count() <= 0) return std::nullopt;
-  std::optional<Clock::time_point> oldest;
+  // Only a chain of arrivals each within max_wait_ms of the previous one extends the wait; a
+  // gap ends the burst at the request before it.
+  std::vector<Clock::time_point> times;
   for (const Sequence* s : waiting_)
-    if (!s->sent && (!oldest || s->arrival < *oldest)) oldest = s->arrival;
-  if (!oldest) return std::nullopt;
-  const auto left = *oldest + max_wait_ - clock_.now();
+    if (!s->sent) times.push_back(s->arrival);
+  if (times.empty()) return std::nullopt;
+  std::sort(times.begin(), times.end());
+  Clock::time_point last = times.front();
+  for (const Clock::time_point t : times) {
+    if (t - last > max_wait_) break;
+    last = t;
+  }
+  return std::min(last + max_wait_, times.front() + max_burst_wait_);
+}
+
+std::optional<Clock::duration> Scheduler::time_until_next_decision() const {
+  const std::optional<Clock::time_point> deadline = hold_deadline();
+  if (!deadline) return std::nullopt;
+  const auto left = *deadline - clock_.now();
   return left.count() > 0 ? left : Clock::duration::zero();
 }
 

@@ -49,11 +49,13 @@
 //    forever by smaller ones behind it.
 //  * A full batch (max_batch running) does not hold back a better class: a request takes the
 //    slot of the lowest-ranked running sequence of a strictly lower effective class (preempted
-//    as below), so a class-0 arrival starts within max_wait_ms plus one step however long the
+//    as below), so a class-0 arrival starts within max_burst_wait_ms plus one step however long the
 //    batch-class work runs. Within a class nobody is preempted for a slot.
 //  * max_wait_ms: a request that has never run may wait up to max_wait_ms after its arrival for
 //    companions, so that arrivals close together share one prefill step (one slow step instead
-//    of several, and bigger GEMMs). The wait ends early when the waiting prompts would fill the
+//    of several, and bigger GEMMs). While more new requests arrive, each within max_wait_ms of
+//    the one before, the wait extends to max_wait_ms after the newest, but at most to
+//    max_burst_wait_ms after the first (a burst is gathered, not cut). The wait ends early when the waiting prompts would fill the
 //    step (tokens or batch slots), or when a running prefill is in this step anyway (joining it
 //    costs the decoders nothing more). Preempted sequences never wait.
 //  * Blocks run out: a running sequence that needs a block preempts the lowest-ranked running
@@ -238,6 +240,9 @@ class Scheduler {
   void trim_blocks(Sequence& s);
   void add_piece(StepBuilder& b, Sequence& s, int64_t start, int64_t n);
   bool should_hold(const StepBuilder& b) const;
+  // When the new requests' wait for companions ends (max_wait_ms, max_burst_wait_ms); nullopt:
+  // none waits, or waiting is off.
+  std::optional<Clock::time_point> hold_deadline() const;
   Sequence* slot_victim(const StepBuilder& b, const Sequence& s) const;
   bool preempt_for_slot(StepBuilder& b, const Sequence& s);
   bool admit(StepBuilder& b, Sequence& s);
@@ -257,7 +262,7 @@ class Scheduler {
   BlockPool& pool_;
   const Clock& clock_;
   WindowPool window_;
-  Clock::duration max_wait_;
+  Clock::duration max_wait_, max_burst_wait_;
   Clock::duration aging_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> running_;  // holding blocks

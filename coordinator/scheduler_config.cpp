@@ -21,6 +21,12 @@ namespace {
 //   max_step_tokens 2048: room for every one of the 32 decodes plus about three prefill
 //     chunks, so a burst of arrivals starts within one step, while a step never grows past a
 //     few chunks' compute (tens of ms).
+//   max_burst_wait_ms 50: a burst of arrivals (each within max_wait_ms of the one before:
+//     a client's parallel calls, a load generator's clients starting together) is gathered
+//     into one prefill step, where cut after max_wait_ms its stragglers would prefill in a
+//     later step beside the first ones' decodes, stalling them all (on a CPU, a 1.1B model's
+//     32-client burst: a 4 s step beside 28 decoders, bench/results/serve-vs-vllm/
+//     m1b-bf16-20261205.md). A lone request still waits only max_wait_ms.
 //   max_wait_ms 2: far below one decode step (10-30 ms), so waiting is invisible in time to
 //     first token, yet it gathers requests that arrive together (a client's parallel calls,
 //     n > 1) into one prefill step instead of one slow step each.
@@ -40,6 +46,7 @@ SchedulerConfig offline_profile() {
   c.max_batch = 256;
   c.max_step_tokens = 8192;
   c.max_wait_ms = 50.0;
+  c.max_burst_wait_ms = 50.0;
   c.prefill_chunk = 2048;
   c.aging_ms = 30000.0;
   return c;
@@ -80,6 +87,8 @@ constexpr KnobInfo kKnobs[] = {
     {"max_batch", "Most sequences in one step."},
     {"max_step_tokens", "Token budget per step (decode tokens plus prefill pieces)."},
     {"max_wait_ms", "Longest a new prefill waits for companions, in milliseconds."},
+    {"max_burst_wait_ms", "While requests keep arriving within max_wait_ms of each other, the wait extends up to this "
+                          "long after the first, in milliseconds."},
     {"prefill_chunk", "Longest prefill piece per step, in tokens."},
     {"mixed_prefill_tokens", "Most prefill tokens in a step that also decodes (0: no limit but max_step_tokens)."},
     {"priority_classes", "Number of request priority classes (0 is served first)."},
@@ -98,6 +107,7 @@ double knob_value(const SchedulerConfig& c, std::string_view name) {
   if (name == "max_batch") return c.max_batch;
   if (name == "max_step_tokens") return c.max_step_tokens;
   if (name == "max_wait_ms") return c.max_wait_ms;
+  if (name == "max_burst_wait_ms") return c.max_burst_wait_ms;
   if (name == "prefill_chunk") return c.prefill_chunk;
   if (name == "mixed_prefill_tokens") return c.mixed_prefill_tokens;
   if (name == "priority_classes") return c.priority_classes;
@@ -150,6 +160,8 @@ Status validate_scheduler_config(const SchedulerConfig& c) {
   if (c.mixed_prefill_tokens < 0)
     return bad("mixed_prefill_tokens", c.mixed_prefill_tokens, "must be >= 0 (0: no limit but max_step_tokens)");
   if (!std::isfinite(c.max_wait_ms) || c.max_wait_ms < 0) return bad("max_wait_ms", c.max_wait_ms, "must be >= 0");
+  if (!std::isfinite(c.max_burst_wait_ms) || c.max_burst_wait_ms < 0)
+    return bad("max_burst_wait_ms", c.max_burst_wait_ms, "must be >= 0");
   if (c.priority_classes < 1 || c.priority_classes > 16)
     return bad("priority_classes", c.priority_classes, "must be in 1..16");
   if (!std::isfinite(c.aging_ms) || c.aging_ms <= 0) return bad("aging_ms", c.aging_ms, "must be > 0");
@@ -168,6 +180,7 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
   if (name == "max_batch") return parse_int(name, value, c.max_batch);
   if (name == "max_step_tokens") return parse_int(name, value, c.max_step_tokens);
   if (name == "max_wait_ms") return parse_double(name, value, c.max_wait_ms);
+  if (name == "max_burst_wait_ms") return parse_double(name, value, c.max_burst_wait_ms);
   if (name == "prefill_chunk") return parse_int(name, value, c.prefill_chunk);
   if (name == "mixed_prefill_tokens") return parse_int(name, value, c.mixed_prefill_tokens);
   if (name == "priority_classes") return parse_int(name, value, c.priority_classes);
@@ -263,7 +276,8 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
     }
     const std::string key = normalize(name);
     const bool ours = key == "scheduler_profile" || key == "scheduler_config" || key == "max_batch" ||
-                      key == "max_step_tokens" || key == "max_wait_ms" || key == "prefill_chunk" ||
+                      key == "max_step_tokens" || key == "max_wait_ms" || key == "max_burst_wait_ms" ||
+                      key == "prefill_chunk" ||
                       key == "mixed_prefill_tokens" ||
                       key == "priority_classes" || key == "aging_ms" || key == "speculation" ||
                       key.rfind("spec_", 0) == 0;
@@ -295,10 +309,11 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
 
 std::string format_scheduler_config(const SchedulerConfig& c) {
   return fmt::format(
-      "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} prefill_chunk={} mixed_prefill_tokens={} "
-      "priority_classes={} aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} spec_probe={}/{} "
-      "spec_hysteresis={}{}",
-      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.prefill_chunk, c.mixed_prefill_tokens,
+      "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} max_burst_wait_ms={} prefill_chunk={} "
+      "mixed_prefill_tokens={} priority_classes={} aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} "
+      "spec_probe={}/{} spec_hysteresis={}{}",
+      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.max_burst_wait_ms, c.prefill_chunk,
+      c.mixed_prefill_tokens,
       c.priority_classes, c.aging_ms,
       c.block_size > 0 ? fmt::format(" block_size={}", c.block_size) : std::string(),
       spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,

@@ -8,7 +8,8 @@
 //   Flags (both `--name value` and `--name=value`; '-' and '_' are interchangeable):
 //     --scheduler-profile interactive|offline
 //     --scheduler-config FILE         JSON object: {"profile": "offline", "max_batch": 128, ...}
-//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --prefill-chunk N  --mixed-prefill-tokens N
+//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --max-burst-wait-ms MS  --prefill-chunk N
+//     --mixed-prefill-tokens N
 //     --priority-classes N  --aging-ms MS
 //     --speculation off|auto|ngram|draft  --spec-depth N  --spec-ngram-max N  --spec-ngram-min N
 //     --spec-probe-interval STEPS  --spec-probe-steps STEPS  --spec-hysteresis H
@@ -30,6 +31,10 @@ struct SchedulerConfig {
   int32_t max_batch = 32;               // most sequences in one step (and most running at once)
   int32_t max_step_tokens = 2048;       // token budget per step: decode tokens + prefill pieces
   double max_wait_ms = 2.0;             // longest a new prefill waits for companions
+  // While new requests keep arriving less than max_wait_ms apart (a burst), the wait extends to
+  // max_wait_ms after the newest, but never past max_burst_wait_ms after the first
+  // (<= max_wait_ms: no extension).
+  double max_burst_wait_ms = 50.0;
   int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
   // Most prefill (and recompute) tokens in a step that also decodes (0: only max_step_tokens
   // limits them): what one step's prefill adds to the running sequences' inter-token latency.
@@ -50,7 +55,7 @@ std::vector<std::string> scheduler_profile_names();
 // InvalidArgument naming the knob and value: max_batch < 1, max_step_tokens < max_batch
 // (every running sequence must be able to decode in each step), prefill_chunk < 1,
 // mixed_prefill_tokens < 0,
-// max_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values, and the
+// max_wait_ms < 0, max_burst_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values, and the
 // speculation knobs (validate_speculation_config).
 Status validate_scheduler_config(const SchedulerConfig& config);
 

@@ -51,8 +51,8 @@ struct ServerCli {
     app.add_option("--max-queued", o.max_queued_sequences, "queued sequences before 429")->capture_default_str();
     app.add_option("--profile", profile, "scheduler profile: interactive or offline")->capture_default_str();
     app.add_option("--scheduler-config", scheduler_file, "JSON file of scheduler knobs");
-    for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "prefill-chunk", "mixed-prefill-tokens",
-                             "priority-classes", "aging-ms"})
+    for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "max-burst-wait-ms", "prefill-chunk",
+                             "mixed-prefill-tokens", "priority-classes", "aging-ms"})
       app.add_option(std::string("--") + knob, knobs[knob], std::string("scheduler knob ") + knob);
     app.add_option("--speculation", knobs["speculation"],
                    "speculative decoding for requests without the field: off, auto (gated by measured acceptance), "

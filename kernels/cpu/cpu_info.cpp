@@ -134,7 +134,8 @@ std::string describe_cpu() {
   const KernelTuning& t = kernel_tuning();
   const std::string prefetch =
       t.r16_prefetch_bytes > 0 ? fmt::format("{} B", t.r16_prefetch_bytes) : std::string("off");
-  return fmt::format("{} ({} family {} model {}), isa {}, r16 prefetch {} ({}), float streams prefetch {}, float panels {}",
+  return fmt::format("{} ({} family {} model {}), isa {}, r16 prefetch {} ({}), float streams prefetch {}, "
+                     "float panels {}",
                      c.brand.empty() ? "unknown CPU" : c.brand, c.vendor.empty() ? "?" : c.vendor, c.family, c.model,
                      isa_name(active_isa()), prefetch, t.source, t.float_prefetch_l2 ? "L2" : "non-temporal",
                      t.float_panels_fp32 ? "fp32" : "as stored");

@@ -56,8 +56,8 @@ KernelTuning choose_kernel_tuning(const CpuInfo& cpu, const char* env);
 // value is reported on stderr and ignored.
 void apply_float_overrides(KernelTuning* t, const char* prefetch, const char* panels);
 
-// choose_kernel_tuning(cpu_info(), getenv("TESSERA_CPU_PREFETCH")) with apply_float_overrides, once; a malformed TESSERA_CPU_PREFETCH is reported
-// on stderr and ignored (the default is kept).
+// choose_kernel_tuning(cpu_info(), getenv("TESSERA_CPU_PREFETCH")) with apply_float_overrides, once;
+// a malformed TESSERA_CPU_PREFETCH is reported on stderr and ignored (the default is kept).
 const KernelTuning& kernel_tuning();
 
 // Replaces the R16 prefetch distance (tests cover both variants on any CPU; benchmarks compare

@@ -218,7 +218,8 @@ TESSERA_AVX512 void fmatmul_small_avx512(const FMatmulArgs& a, int64_t r0, int64
 //   tokens in blocks of kBlockTokens,
 //   k      in balanced chunks of at most kBlockSteps * 16 columns.
 // The weight rows of a block are copied once into a thread-local panel (quad-interleaved,
-// zero-padded past k; F16 / BF16 stay 16-bit and are widened in the tile, exactly), the 6-token
+// zero-padded past k; F16 / BF16 stay 16-bit and are widened in the tile, exactly, or are
+// widened when packed: PanelElem below), the 6-token
 // slice of the activations of a chunk stays in L1 while every quad of the panel passes it, and
 // the accumulators of each tile are parked in a thread-local buffer between chunks (storing
 // and reloading fp32 values changes no bit).
@@ -276,7 +277,8 @@ TESSERA_AVX512 void pack_panel_avx512(const FMatmulArgs& a, int64_t row0, int64_
     const uint8_t* row = a.w + static_cast<size_t>(row0 + std::min(r, n_rows - 1)) * a.row_bytes;
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t c = c0 + s * kLanes;
-      pack_step<kType, kPanel>(row, c, r < n_rows ? std::clamp<int64_t>(a.k - c, 0, kLanes) : 0, dst + s * kQuadRows * kLanes);
+      const int64_t valid = r < n_rows ? std::clamp<int64_t>(a.k - c, 0, kLanes) : 0;
+      pack_step<kType, kPanel>(row, c, valid, dst + s * kQuadRows * kLanes);
     }
   }
 }

@@ -704,6 +704,48 @@ TEST(SchedulerTest, MaxWaitHoldsALonePrefillUntilItsDeadline) {
   EXPECT_FALSE(h.sched.time_until_next_decision().has_value());
 }
 
+// max_burst_wait_ms: arrivals each within max_wait_ms of the one before keep the new requests
+// waiting (to max_wait_ms after the newest), up to max_burst_wait_ms after the first; a lone
+// request, or a gap longer than max_wait_ms, waits only max_wait_ms.
+TEST(SchedulerTest, MaxWaitGathersABurstUpToItsCap) {
+  SchedulerConfig cfg = knobs(8, 256, 64, /*wait_ms=*/10);
+  cfg.max_burst_wait_ms = 30;
+  Harness h(cfg, 64);
+  ASSERT_TRUE(h.add(1, 8, 2).is_ok());
+  h.clock.advance(milliseconds(8));
+  ASSERT_TRUE(h.add(2, 8, 2).is_ok());  // within 10 ms of 1: the wait runs to 8 + 10
+  EXPECT_EQ(h.step(), "idle");
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(10));
+  h.clock.advance(milliseconds(8));
+  ASSERT_TRUE(h.add(3, 8, 2).is_ok());  // t = 16: to 26
+  h.clock.advance(milliseconds(9));     // t = 25
+  EXPECT_EQ(h.step(), "idle");
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(1));
+  ASSERT_TRUE(h.add(4, 8, 2).is_ok());  // t = 25: to 35, but the cap is 0 + 30
+  EXPECT_EQ(*h.sched.time_until_next_decision(), milliseconds(5));
+  h.clock.advance(milliseconds(4));
+  EXPECT_EQ(h.step(), "idle");
+  h.clock.advance(milliseconds(1));     // t = 30: the cap
+  EXPECT_EQ(h.step(), "+1 +2 +3 +4 1:0+8s 2:0+8s 3:0+8s 4:0+8s");
+  // A gap longer than max_wait_ms ends the burst: 5 waits 10 ms from its arrival; 6, arriving
+  // 12 ms after 5, does not extend 5's wait.
+  Harness g(cfg, 64);
+  ASSERT_TRUE(g.add(5, 8, 2).is_ok());
+  g.clock.advance(milliseconds(12));
+  ASSERT_TRUE(g.add(6, 8, 2).is_ok());
+  EXPECT_EQ(*g.sched.time_until_next_decision(), milliseconds(0));
+  EXPECT_EQ(g.step(), "+5 +6 5:0+8s 6:0+8s");
+  // And with max_burst_wait_ms <= max_wait_ms, the wait is max_wait_ms after the first.
+  cfg.max_burst_wait_ms = 0;
+  Harness f(cfg, 64);
+  ASSERT_TRUE(f.add(7, 8, 2).is_ok());
+  f.clock.advance(milliseconds(8));
+  ASSERT_TRUE(f.add(8, 8, 2).is_ok());
+  EXPECT_EQ(*f.sched.time_until_next_decision(), milliseconds(2));
+  f.clock.advance(milliseconds(2));
+  EXPECT_EQ(f.step(), "+7 +8 7:0+8s 8:0+8s");
+}
+
 TEST(SchedulerTest, MaxWaitReleasesWhenCompanionsFillTheBatch) {
   Harness h(knobs(3, 256, 64, 50), 32);
   ASSERT_TRUE(h.add(1, 8, 2).is_ok());
@@ -1480,7 +1522,7 @@ TEST(SchedulerConfigTest, ProfilesAndValidation) {
   };
   const Case bad[] = {
       {"max_batch", "0", "max_batch"},          {"max_step_tokens", "8", "max_step_tokens"},
-      {"prefill_chunk", "0", "prefill_chunk"},  {"max_wait_ms", "-1", "max_wait_ms"},
+      {"prefill_chunk", "0", "prefill_chunk"},  {"max_wait_ms", "-1", "max_wait_ms"}, {"max_burst_wait_ms", "-3", "max_burst_wait_ms"},
       {"priority_classes", "17", "priority_classes"}, {"aging_ms", "0", "aging_ms"},
   };
   for (const Case& c : bad) {
@@ -1542,13 +1584,14 @@ TEST(SchedulerConfigTest, FlagsAndFileLayerOverAProfile) {
 TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   SchedulerConfig c = *scheduler_profile("interactive");
   EXPECT_EQ(format_scheduler_config(c),
-            "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 prefill_chunk=512 "
-            "mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
+            "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 max_burst_wait_ms=50 "
+            "prefill_chunk=512 mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
             "spec_hysteresis=0.03");
   const std::string prom = scheduler_config_prometheus(c);
   EXPECT_NE(prom.find("tessera_scheduler_max_batch{profile=\"interactive\"} 32\n"), std::string::npos) << prom;
   EXPECT_NE(prom.find("# TYPE tessera_scheduler_max_wait_ms gauge\n"), std::string::npos) << prom;
   EXPECT_NE(prom.find("tessera_scheduler_max_wait_ms{profile=\"interactive\"} 2\n"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("tessera_scheduler_max_burst_wait_ms{profile=\"interactive\"} 50\n"), std::string::npos) << prom;
   c = *scheduler_profile("offline");
   c.max_wait_ms = 0.5;
   EXPECT_NE(scheduler_config_prometheus(c).find("tessera_scheduler_max_wait_ms{profile=\"offline\"} 0.5\n"),

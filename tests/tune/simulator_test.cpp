@@ -63,13 +63,22 @@ TEST(Simulator, ALevelScalesEveryStep) {
 }
 
 TEST(Simulator, MaxWaitGathersArrivalsIntoOnePrefill) {
-  // The first request waits up to 5 ms for companions; the second joins it at 1 ms; one step of
-  // 20 tokens (3 ms) starts when the first one's wait runs out.
+  // The first request waits up to 5 ms for companions; the second joins it at 1 ms and, within
+  // 5 ms of it, extends the wait to 6 ms (max_burst_wait_ms, 50 by default, caps that); one step
+  // of 20 tokens (3 ms) starts when the wait runs out.
   auto r = simulate({{0.0, 10, 1, 0}, {1e-3, 10, 1, 0}}, options(5.0));
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->steps, 1);
-  EXPECT_NEAR(r->requests[0].ttft_s, 8e-3, 1e-9);
-  EXPECT_NEAR(r->requests[1].ttft_s, 7e-3, 1e-9);
+  EXPECT_NEAR(r->requests[0].ttft_s, 9e-3, 1e-9);
+  EXPECT_NEAR(r->requests[1].ttft_s, 8e-3, 1e-9);
+  // Without the extension the step starts 5 ms after the first arrival.
+  SimOptions capped = options(5.0);
+  capped.scheduler.max_burst_wait_ms = 0;
+  auto c = simulate({{0.0, 10, 1, 0}, {1e-3, 10, 1, 0}}, capped);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->steps, 1);
+  EXPECT_NEAR(c->requests[0].ttft_s, 8e-3, 1e-9);
+  EXPECT_NEAR(c->requests[1].ttft_s, 7e-3, 1e-9);
   // Without the wait: two prefills, each on arrival.
   auto none = simulate({{0.0, 10, 1, 0}, {1e-3, 10, 1, 0}}, options(0.0));
   ASSERT_TRUE(none.is_ok());
