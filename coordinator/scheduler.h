@@ -53,9 +53,11 @@
 //    batch-class work runs. Within a class nobody is preempted for a slot.
 //  * max_wait_ms: a request that has never run may wait up to max_wait_ms after its arrival for
 //    companions, so that arrivals close together share one prefill step (one slow step instead
-//    of several, and bigger GEMMs). While more new requests arrive, each within max_wait_ms of
-//    the one before, the wait extends to max_wait_ms after the newest, but at most to
-//    max_burst_wait_ms after the first (a burst is gathered, not cut). The wait ends early when the waiting prompts would fill the
+//    of several, and bigger GEMMs). A companion arriving within max_wait_ms starts a burst:
+//    while new requests keep arriving, each within the burst gap (max(max_wait_ms,
+//    max_burst_wait_ms / 5)) of the one before, the wait runs to a gap after the newest, but at
+//    most to max_burst_wait_ms after the first (a burst is gathered, not cut; a lone request
+//    waits max_wait_ms). The wait ends early when the waiting prompts would fill the
 //    step (tokens or batch slots), or when a running prefill is in this step anyway (joining it
 //    costs the decoders nothing more). Preempted sequences never wait.
 //  * Blocks run out: a running sequence that needs a block preempts the lowest-ranked running
@@ -262,7 +264,7 @@ class Scheduler {
   BlockPool& pool_;
   const Clock& clock_;
   WindowPool window_;
-  Clock::duration max_wait_, max_burst_wait_;
+  Clock::duration max_wait_, max_burst_wait_, burst_gap_;
   Clock::duration aging_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> running_;  // holding blocks

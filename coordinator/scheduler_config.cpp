@@ -21,7 +21,7 @@ namespace {
 //   max_step_tokens 2048: room for every one of the 32 decodes plus about three prefill
 //     chunks, so a burst of arrivals starts within one step, while a step never grows past a
 //     few chunks' compute (tens of ms).
-//   max_burst_wait_ms 50: a burst of arrivals (each within max_wait_ms of the one before:
+//   max_burst_wait_ms 50: a burst of arrivals (each within 10 ms, a fifth of it, of the one before:
 //     a client's parallel calls, a load generator's clients starting together) is gathered
 //     into one prefill step, where cut after max_wait_ms its stragglers would prefill in a
 //     later step beside the first ones' decodes, stalling them all (on a CPU, a 1.1B model's
@@ -87,8 +87,8 @@ constexpr KnobInfo kKnobs[] = {
     {"max_batch", "Most sequences in one step."},
     {"max_step_tokens", "Token budget per step (decode tokens plus prefill pieces)."},
     {"max_wait_ms", "Longest a new prefill waits for companions, in milliseconds."},
-    {"max_burst_wait_ms", "While requests keep arriving within max_wait_ms of each other, the wait extends up to this "
-                          "long after the first, in milliseconds."},
+    {"max_burst_wait_ms", "While requests keep arriving close together (within a fifth of this), the wait for "
+                          "companions extends up to this long after the first, in milliseconds."},
     {"prefill_chunk", "Longest prefill piece per step, in tokens."},
     {"mixed_prefill_tokens", "Most prefill tokens in a step that also decodes (0: no limit but max_step_tokens)."},
     {"priority_classes", "Number of request priority classes (0 is served first)."},

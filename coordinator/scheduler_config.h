@@ -31,9 +31,10 @@ struct SchedulerConfig {
   int32_t max_batch = 32;               // most sequences in one step (and most running at once)
   int32_t max_step_tokens = 2048;       // token budget per step: decode tokens + prefill pieces
   double max_wait_ms = 2.0;             // longest a new prefill waits for companions
-  // While new requests keep arriving less than max_wait_ms apart (a burst), the wait extends to
-  // max_wait_ms after the newest, but never past max_burst_wait_ms after the first
-  // (<= max_wait_ms: no extension).
+  // A companion within max_wait_ms starts a burst: while new requests keep arriving, each
+  // within max(max_wait_ms, max_burst_wait_ms / 5) of the one before, the wait extends to that
+  // gap after the newest, but never past max_burst_wait_ms after the first (<= max_wait_ms: no
+  // extension).
   double max_burst_wait_ms = 50.0;
   int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
   // Most prefill (and recompute) tokens in a step that also decodes (0: only max_step_tokens

@@ -704,9 +704,10 @@ TEST(SchedulerTest, MaxWaitHoldsALonePrefillUntilItsDeadline) {
   EXPECT_FALSE(h.sched.time_until_next_decision().has_value());
 }
 
-// max_burst_wait_ms: arrivals each within max_wait_ms of the one before keep the new requests
-// waiting (to max_wait_ms after the newest), up to max_burst_wait_ms after the first; a lone
-// request, or a gap longer than max_wait_ms, waits only max_wait_ms.
+// max_burst_wait_ms: a companion within max_wait_ms starts a burst; arrivals each within the
+// burst gap (max(max_wait_ms, max_burst_wait_ms / 5)) of the one before keep the new requests
+// waiting (to a gap after the newest), up to max_burst_wait_ms after the first; a lone request,
+// or one followed by a longer gap, waits only max_wait_ms.
 TEST(SchedulerTest, MaxWaitGathersABurstUpToItsCap) {
   SchedulerConfig cfg = knobs(8, 256, 64, /*wait_ms=*/10);
   cfg.max_burst_wait_ms = 30;
@@ -744,6 +745,25 @@ TEST(SchedulerTest, MaxWaitGathersABurstUpToItsCap) {
   EXPECT_EQ(*f.sched.time_until_next_decision(), milliseconds(2));
   f.clock.advance(milliseconds(2));
   EXPECT_EQ(f.step(), "+7 +8 7:0+8s 8:0+8s");
+  // The burst gap beyond max_wait_ms: wait 2, cap 50 -> gap 10. A companion at 1 ms starts the
+  // burst; one 7 ms later (more than 2, less than 10) still extends it, to 8 + 10.
+  cfg.max_wait_ms = 2;
+  cfg.max_burst_wait_ms = 50;
+  Harness e(cfg, 64);
+  ASSERT_TRUE(e.add(9, 8, 2).is_ok());
+  e.clock.advance(milliseconds(1));
+  ASSERT_TRUE(e.add(10, 8, 2).is_ok());
+  EXPECT_EQ(*e.sched.time_until_next_decision(), milliseconds(10));
+  e.clock.advance(milliseconds(7));
+  ASSERT_TRUE(e.add(11, 8, 2).is_ok());
+  EXPECT_EQ(e.step(), "idle");
+  EXPECT_EQ(*e.sched.time_until_next_decision(), milliseconds(10));
+  e.clock.advance(milliseconds(10));
+  EXPECT_EQ(e.step(), "+9 +10 +11 9:0+8s 10:0+8s 11:0+8s");
+  // A lone request with that cap still goes after max_wait_ms.
+  Harness d(cfg, 64);
+  ASSERT_TRUE(d.add(12, 8, 2).is_ok());
+  EXPECT_EQ(*d.sched.time_until_next_decision(), milliseconds(2));
 }
 
 TEST(SchedulerTest, MaxWaitReleasesWhenCompanionsFillTheBatch) {
