@@ -812,8 +812,7 @@ std::vector<uint64_t> Scheduler::on_step_failed() {
 
 // ---- queries ---------------------------------------------------------------------------------
 
-// max_wait_ms after the newest new request, but not past max_burst_wait_ms after the oldest:
-// arrivals each within max_wait_ms of the one before extend the wait (a burst is gathered).
+// When the new requests' wait for companions ends (scheduler.h, max_wait_ms).
 std::optional<Clock::time_point> Scheduler::hold_deadline() const {
   if (max_wait_.count() <= 0) return std::nullopt;
   // A lone request waits max_wait_ms. A companion within that time starts a burst: while
