@@ -552,6 +552,7 @@ void Engine::step() {
     const SchedulerStats st = scheduler_->stats();
     r.running = st.running;
     r.waiting = st.waiting;
+    r.preemptions = st.preemptions;
     r.features = step_features(*plan, pool_->block_size());
     options_.on_step(r);
   }

@@ -26,9 +26,9 @@ std::string step_record_json(const StepRecord& r) {
   return fmt::format(
       "{{\"step\":{},\"start_s\":{:.6f},\"schedule_s\":{:.6e},\"run_s\":{:.6e},\"commit_s\":{:.6e},"
       "\"block_size\":{},\"running\":{},\"waiting\":{},\"tokens\":{},\"sequences\":{},\"decode_seqs\":{},"
-      "\"prefill_tokens\":{},\"context_tokens\":{},\"attention_pairs\":{},\"blocks\":{}}}",
+      "\"prefill_tokens\":{},\"context_tokens\":{},\"attention_pairs\":{},\"blocks\":{},\"preemptions\":{}}}",
       r.step_id, r.start_s, r.schedule_s, r.run_s, r.commit_s, r.block_size, r.running, r.waiting, f.tokens,
-      f.sequences, f.decode_seqs, f.prefill_tokens, f.context_tokens, f.attention_pairs, f.blocks);
+      f.sequences, f.decode_seqs, f.prefill_tokens, f.context_tokens, f.attention_pairs, f.blocks, r.preemptions);
 }
 
 }  // namespace tessera

@@ -43,8 +43,9 @@ struct StepRecord {
   double run_s = 0;       // run_step: the shards' compute and the round trip
   double commit_s = 0;    // on_result and turning tokens into events after it
   int64_t block_size = 0;
-  int64_t running = 0;    // sequences holding blocks after the step
+  int64_t running = 0;      // sequences holding blocks after the step
   int64_t waiting = 0;
+  int64_t preemptions = 0;  // sequences preempted since the engine started, this step's included
   StepFeatures features;
   double total_s() const { return schedule_s + run_s + commit_s; }
 };

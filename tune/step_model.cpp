@@ -445,6 +445,7 @@ Result<std::vector<StepRecord>> parse_step_log(std::string_view jsonl, std::stri
       r.block_size = j.at("block_size").get<int64_t>();
       r.running = j.value("running", int64_t{0});
       r.waiting = j.value("waiting", int64_t{0});
+      r.preemptions = j.value("preemptions", int64_t{0});
       StepFeatures& f = r.features;
       f.tokens = j.at("tokens").get<int64_t>();
       f.sequences = j.at("sequences").get<int64_t>();

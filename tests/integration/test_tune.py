@@ -223,6 +223,28 @@ def test_step_log_has_one_json_line_per_step(step_log):
     output_tokens = 16 + 24 + 16 + 40 + 12 + 30 + 20 + 36 + 24 + 40 + 28 + 16
     # (a BOS the server might add is one token a request either way)
     assert abs(sum(st["tokens"] for st in steps) - (prompt_tokens + output_tokens - 12)) <= 12
+    assert all(st["preemptions"] == 0 for st in steps), steps  # a 2 GiB pool never runs out here
+
+
+def test_step_log_counts_the_preemptions_that_metrics_counts(tmp_path):
+    """A pool of a few blocks and eight requests at once: sequences are preempted, and the step
+    log's running count ends where /metrics' counter does (what the simulator is compared with)."""
+    need_stories()
+    path = str(tmp_path / "steps.jsonl")
+    # stories260K keeps 2.5 KiB of fp32 KV per token: 0.0004 GiB is ~160 tokens, ~2 requests' worth.
+    with serving(["--step-log", path, "--max-kv-gb", "0.0004", *QUIET]) as s:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(s.complete, prompt(40, salt=200 + i), 32) for i in range(8)]
+            for f in futures:
+                assert f.result()["usage"]["completion_tokens"] == 32
+        metrics = s.get("/metrics")
+    total = metric_lines(metrics, "tessera_preemptions_total")
+    assert len(total) == 1, metrics
+    preempted = int(float(total[0].split()[-1]))
+    assert preempted > 0, metrics
+    with open(path) as f:
+        counts = [json.loads(line)["preemptions"] for line in f.read().splitlines()]
+    assert counts == sorted(counts) and counts[-1] == preempted, counts
 
 
 @pytest.fixture(scope="module")

@@ -204,12 +204,14 @@ TEST(StepLog, RoundTripsAndNamesTheBadLine) {
   r.schedule_s = 1e-4;
   r.commit_s = 2e-4;
   r.block_size = 64;
+  r.preemptions = 3;
   r.features = step_features(plan_of({{99, 1}, {0, 64}}), 64);
   const std::string text = step_record_json(r) + "\n" + step_record_json(r) + "\n";
   auto parsed = parse_step_log(text, "log.jsonl");
   ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
   ASSERT_EQ(parsed->size(), 2u);
   EXPECT_EQ((*parsed)[1].features.attention_pairs, r.features.attention_pairs);
+  EXPECT_EQ((*parsed)[1].preemptions, 3);
   EXPECT_NEAR((*parsed)[0].total_s(), r.total_s(), 1e-9);
   auto bad = parse_step_log(text + "{\"run_s\": 1}\n", "log.jsonl");
   ASSERT_FALSE(bad.is_ok());
