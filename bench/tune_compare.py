@@ -38,6 +38,22 @@ def cpu_line():
     return f"{model} (family {family} model {mod}), {os.cpu_count()} cores, {platform.machine()}"
 
 
+def logged_preemptions(path):
+    """The engine's preemption count at the end of a run: the last record of its step log
+    (steps-validate-NAME-rK.jsonl beside real-NAME-rK.json), or None where the log lacks it."""
+    stem = os.path.basename(path)[len("real-"):-len(".json")]
+    log = os.path.join(os.path.dirname(path), f"steps-validate-{stem}.jsonl")
+    last = None
+    try:
+        with open(log) as f:
+            for line in f:
+                if line.strip():
+                    last = line
+    except OSError:
+        return None
+    return json.loads(last).get("preemptions") if last else None
+
+
 def real_summary(path):
     with open(path) as f:
         j = json.load(f)
@@ -51,7 +67,7 @@ def real_summary(path):
         "itl_p99": s["itl_ms"]["p99"] / 1e3,
         "completed": s["completed"],
         "failed": s["failed"],
-        "preemptions": None,
+        "preemptions": logged_preemptions(path),
     }
 
 
@@ -76,6 +92,14 @@ def err(sim, real):
     return (sim - real) / real * 100 if real else float("nan")
 
 
+COMMANDS = {
+    "apart": "`bash bench/tune_validate.sh all`: calibration at block sizes 16/64/256 (`tessera serve --step-log`, "
+             "`tessera tune calibrate`), before the runs.",
+    "window": "`bash bench/tune_validate.sh window`: in one window, rounds of [a calibration load on a fresh "
+              "block-16 server with `--step-log`, then each trace once], closed by one more calibration load; the "
+              "step model is fitted on the calibration loads alone (`tessera tune calibrate`).",
+}
+
 KEYS = ("out_tok_s", "req_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
 
 
@@ -92,6 +116,8 @@ def combine(runs):
     out["runs"] = len(runs)
     out["completed"] = min(r["completed"] for r in runs)
     out["failed"] = max(r["failed"] for r in runs)
+    counts = [r["preemptions"] for r in runs]
+    out["preemptions"] = None if None in counts else (median(counts), min(counts), max(counts))
     return out
 
 
@@ -100,6 +126,10 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="")
+    ap.add_argument("--serve", default="--tp 1 --threads 2", help="the servers' flags, for the Command line")
+    ap.add_argument("--method", choices=("apart", "window"), default="apart",
+                    help="apart: calibrated beforehand (`tune_validate.sh all`); window: calibration loads "
+                    "alternating with the runs in one window (`tune_validate.sh window`)")
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
     rows, worst = [], {k: 0.0 for k in KEYS}
@@ -146,48 +176,53 @@ def main():
         lo, hi = v["range"][k]
         return f"{v[k] * scale:{fmt}} ({lo * scale:{fmt}}-{hi * scale:{fmt}})"
 
+    def preempt(v):
+        if v["preemptions"] is None:
+            return "not logged"
+        mid, lo, hi = v["preemptions"]
+        return f"{mid:g} ({lo:g}-{hi:g})"
+
     lines = [
         "# Simulator against the real engine",
         "",
         f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- CPU: {cpu_line()}",
         f"- Model: {a.model}",
-        "- Command: `bash bench/tune_validate.sh all`: calibration at block sizes 16/64/256 "
-        "(`tessera serve --step-log`, `tessera tune calibrate`), then each trace replayed on a fresh "
-        "`tessera serve --threads 2 --speculation off --block-size 16` by `tessera bench serve --trace` "
-        "(real; several runs) and on `tessera tune simulate --trace` (five seeds of the step jitter).",
+        f"- Command: {COMMANDS[a.method]} Each trace is replayed on a fresh "
+        f"`tessera serve {a.serve} --speculation off --block-size 16` by `tessera bench serve --trace` "
+        "(real) and on `tessera tune simulate --trace` (seeds of the step jitter); `runs` counts each.",
         f"- Step model: {step_model.get('source', '?')}; fit |relative error| median "
-        f"{100 * step_model.get('median_abs_rel_error', 0):.1f}%, p90 {100 * step_model.get('p90_abs_rel_error', 0):.1f}%",
+        f"{100 * step_model.get('median_abs_rel_error', 0):.1f}%, "
+        f"p90 {100 * step_model.get('p90_abs_rel_error', 0):.1f}%",
         "- Cells: median over the runs (range). Error: simulated median against real median. "
         "Real spread: (max - min) / median of the real runs, the engine's own run-to-run variation on this machine.",
         "",
-        "| trace | side | runs | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trace | side | runs | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | preemptions |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    metrics = (("out_tok_s", 1, ".1f"), ("ttft_p50", 1e3, ".0f"), ("ttft_p99", 1e3, ".0f"), ("itl_p50", 1e3, ".1f"),
+               ("itl_p99", 1e3, ".0f"))
+
+    def row(*cells):
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+
+    def values(v):
+        return [cell(v, k, scale, fmt) for k, scale, fmt in metrics] + [preempt(v)]
+
+    def errors(v, r):
+        return [f"{err(v[k], r[k]):+.1f}%" for k, _, _ in metrics] + [""]
+
     for name, r, s, at in rows:
-        for side, v in (("real", r), ("simulated", s)):
-            lines.append(
-                f"| {name} | {side} | {v['runs']} | {cell(v, 'out_tok_s', 1, '.1f')} | {cell(v, 'ttft_p50', 1e3, '.0f')} | "
-                f"{cell(v, 'ttft_p99', 1e3, '.0f')} | {cell(v, 'itl_p50', 1e3, '.1f')} | {cell(v, 'itl_p99', 1e3, '.0f')} |")
-        lines.append(
-            f"| {name} | error | | {err(s['out_tok_s'], r['out_tok_s']):+.1f}% | {err(s['ttft_p50'], r['ttft_p50']):+.1f}% | "
-            f"{err(s['ttft_p99'], r['ttft_p99']):+.1f}% | {err(s['itl_p50'], r['itl_p50']):+.1f}% | "
-            f"{err(s['itl_p99'], r['itl_p99']):+.1f}% |")
-        spread = {k: (r["range"][k][1] - r["range"][k][0]) / r[k] * 100 if r[k] else 0 for k in KEYS}
-        lines.append(
-            f"| {name} | real spread | | {spread['out_tok_s']:.0f}% | {spread['ttft_p50']:.0f}% | {spread['ttft_p99']:.0f}% | "
-            f"{spread['itl_p50']:.0f}% | {spread['itl_p99']:.0f}% |")
+        row(name, "real", r["runs"], *values(r))
+        row(name, "simulated", s["runs"], *values(s))
+        row(name, "error", "", *errors(s, r))
+        row(name, "real spread", "",
+            *[f"{(r['range'][k][1] - r['range'][k][0]) / r[k] * 100 if r[k] else 0:.0f}%" for k, _, _ in metrics], "")
         for kind, lv in at.items():
             label = level_kinds[kind][0]
             levels = "/".join(f"{x:.2f}" for x in lv["levels"])
-            lines.append(
-                f"| {name} | simulated at {label} ({levels}) | {lv['runs']} | {cell(lv, 'out_tok_s', 1, '.1f')} | "
-                f"{cell(lv, 'ttft_p50', 1e3, '.0f')} | {cell(lv, 'ttft_p99', 1e3, '.0f')} | {cell(lv, 'itl_p50', 1e3, '.1f')} | "
-                f"{cell(lv, 'itl_p99', 1e3, '.0f')} |")
-            lines.append(
-                f"| {name} | error at {label} | | {err(lv['out_tok_s'], r['out_tok_s']):+.1f}% | "
-                f"{err(lv['ttft_p50'], r['ttft_p50']):+.1f}% | {err(lv['ttft_p99'], r['ttft_p99']):+.1f}% | "
-                f"{err(lv['itl_p50'], r['itl_p50']):+.1f}% | {err(lv['itl_p99'], r['itl_p99']):+.1f}% |")
+            row(name, f"simulated at {label} ({levels})", lv["runs"], *values(lv))
+            row(name, f"error at {label}", "", *errors(lv, r))
     lines += [
         "",
         f"Largest |error| of the medians: P99 TTFT {worst['ttft_p99']:.1f}% (target 15%), P99 ITL "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator against the real engine (tune/simulator.h; issue: `tessera tune`).
 #
-#   bash bench/tune_validate.sh [calibrate|fit|validate|all]
+#   bash bench/tune_validate.sh [calibrate|fit|validate|all|window]
 #
 # calibrate: runs `tessera serve --step-log` on the model at block sizes 16, 64 and 256 under a
 #   mixed load (chat-length requests at concurrency 1, 4 and 16; 1.5k-token documents at
@@ -20,16 +20,25 @@
 #   measured (`tune simulate --level-from` the probe's log): how well a calibration taken just
 #   before the run predicts it on a machine whose speed drifts by +-15% over minutes. The probe
 #   never sees the run it predicts.
+# window: calibration and validation alternating in one window (WORK/window; see below): the
+#   simulator's error without the machine's drift between a calibration and runs taken apart.
 #
 # Environment: MODEL (default: the Gemma file), TESSERA (the binary), OUT (results directory),
-# THREADS (shard threads, default 2). Speculation is off on both sides (the simulator does not
-# model drafts). The machine should be quiet: the load generator shares its cores.
+# THREADS (threads per shard, default 2), TP (shards, default 1: the step model is stored per TP).
+# For another model than the Gemma file: CAL_DOCS (the calibration's document prompts, default
+# lognormal:1500,0.4), TRACE_SPECS (the validation traces, name|lengths|arrivals|rate|requests,
+# space-separated), RESULT (the table's file name in OUT, default sim-vs-real.md) and, for
+# `window`, WINDOW (its folder in WORK, default window). Speculation is off on both sides (the
+# simulator does not model drafts). The machine should be quiet: the load generator shares its cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
 TESSERA=${TESSERA:-build/bin/tessera}
 OUT=${OUT:-bench/results/tune}
 THREADS=${THREADS:-2}
+TP=${TP:-1}
+CAL_DOCS=${CAL_DOCS:-lognormal:1500,0.4}
+RESULT=${RESULT:-sim-vs-real.md}
 WORK=${WORK:-$OUT/work}
 mkdir -p "$OUT" "$WORK"
 what=${1:-all}
@@ -40,8 +49,8 @@ SERVER_PID=
 start_server() {  # $1 block size, $2 step log, rest: extra serve flags
   local block=$1 log=$2; shift 2
   PORT=$(free_port)
-  "$TESSERA" serve --model "$MODEL" --port "$PORT" --threads "$THREADS" --speculation off --block-size "$block" \
-    --step-log "$log" "$@" > "$WORK/server-$block.log" 2>&1 &
+  "$TESSERA" serve --model "$MODEL" --port "$PORT" --tp "$TP" --threads "$THREADS" --speculation off \
+    --block-size "$block" --step-log "$log" "$@" > "$WORK/server-$block.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 600); do
     if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; then return 0; fi
@@ -61,39 +70,116 @@ trap stop_server EXIT
 
 bench() { "$TESSERA" bench serve --url "http://127.0.0.1:$PORT" --no-plots --no-progress "$@"; }
 
+# The calibration load on a running server: $1 block size, $2 a tag that makes its seeds its own.
+calibration_load() {
+  local block=$1 tag=$2
+  # A seed per level: prompts must not repeat, or the prefix cache computes them once.
+  for c in 1 4 16; do
+    bench -c "$c" -n 32 --prompt-tokens lognormal:200,0.9 --output-tokens lognormal:48,0.6 --seed "$tag$block$c"
+  done
+  for c in 2 4; do
+    bench -c "$c" -n 8 --prompt-tokens "$CAL_DOCS" --output-tokens 24 --seed "9$tag$block$c"
+  done
+  if [ "$block" = 16 ]; then
+    # Open-loop chat traffic as served (its own seed: the validation traces use 7).
+    "$TESSERA" tune trace --lengths chat --arrivals poisson --rate 1.3 -n 100 --seed "10$tag"1 \
+      --out "$WORK/trace-calibrate$tag.jsonl"
+    bench --trace "$WORK/trace-calibrate$tag.jsonl"
+  fi
+}
+
 if [ "$what" = calibrate ] || [ "$what" = all ]; then
   for block in 16 64 256; do
-    log="$WORK/steps-$block.jsonl"
-    start_server "$block" "$log"
-    # A seed per level: prompts must not repeat, or the prefix cache computes them once.
-    for c in 1 4 16; do
-      bench -c "$c" -n 32 --prompt-tokens lognormal:200,0.9 --output-tokens lognormal:48,0.6 --seed "$block$c"
-    done
-    for c in 2 4; do
-      bench -c "$c" -n 8 --prompt-tokens lognormal:1500,0.4 --output-tokens 24 --seed "9$block$c"
-    done
-    if [ "$block" = 16 ]; then
-      # Open-loop chat traffic as served (its own seed: the validation traces use 7).
-      "$TESSERA" tune trace --lengths chat --arrivals poisson --rate 1.3 -n 100 --seed 101 --out "$WORK/trace-calibrate.jsonl"
-      bench --trace "$WORK/trace-calibrate.jsonl"
-    fi
+    start_server "$block" "$WORK/steps-$block.jsonl"
+    calibration_load "$block" ""
     stop_server
   done
 fi
 if [ "$what" = calibrate ] || [ "$what" = fit ] || [ "$what" = all ]; then
   logs=()
   for block in 16 64 256; do logs+=(--step-log "$WORK/steps-$block.jsonl"); done
-  "$TESSERA" tune calibrate --model "$MODEL" --card cpu "${logs[@]}" | tee "$OUT/step-model-cpu.txt"
+  calibrate "${logs[@]}" | tee "$OUT/step-model-cpu.txt"
+fi
+
+# The validation traces, name|lengths|arrivals|rate|requests: about half the server's capacity on
+# average (the bursts above it).
+TRACES=("chat-poisson|chat|poisson|1.5|150" "chat-bursty|chat|bursty|1.2|120"
+        "docs1k-poisson|lognormal:1200,0.3/lognormal:32,0.5|poisson|0.2|24")
+if [ -n "${TRACE_SPECS:-}" ]; then read -r -a TRACES <<< "$TRACE_SPECS"; fi
+make_trace() {  # $1 spec, $2 output: the trace of seed 7
+  local name lengths arrivals rate n
+  IFS='|' read -r name lengths arrivals rate n <<< "$1"
+  "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n "$n" --seed 7 --out "$2"
+}
+calibrate() {  # the fit; $@: --step-log files and other flags (CALIBRATE_ARGS: more, e.g. --block-context 1024)
+  # shellcheck disable=SC2086
+  "$TESSERA" tune calibrate --model "$MODEL" --card cpu --tp "$TP" ${CALIBRATE_ARGS:-} "$@"
+}
+compare() {  # $1 method, rest: trace names
+  local method=$1; shift
+  python3 bench/tune_compare.py --work "$WORK" --out "$OUT/$RESULT" --model "$MODEL" \
+    --serve "--tp $TP --threads $THREADS" --method "$method" "$@"
+}
+simulate() {  # $1 trace name, $2 step-model store, rest: extra flags (--sim-seed / --level-from, --json)
+  local name=$1 store=$2; shift 2
+  "$TESSERA" tune simulate --model "$MODEL" --card cpu --tp "$TP" --step-models "$store" \
+    --trace "$WORK/trace-$name.jsonl" --block-size 16 "$@" > /dev/null
+}
+
+if [ "$what" = window ]; then
+  # Calibration and validation in one window: ROUNDS rounds (default 3) of [a block-16 calibration
+  # load on a fresh server, then each trace once on a fresh server], closed by one more calibration
+  # load, so the calibration brackets the runs in time as the runs alternate with it. The step
+  # model is then fitted on those calibration logs alone (stored in WORK, not beside the model)
+  # and the simulator replays each trace with SIM_SEEDS seeds of its step jitter (default 25: its
+  # P99 ITL moves by +-20% between seeds, as a jitter spike lands in a burst or not); it never sees
+  # a validation run's steps. SIM_ONLY=1 keeps the window's runs and fit and replays the simulator.
+  rounds=${ROUNDS:-3}
+  WORK=$WORK/${WINDOW:-window}
+  mkdir -p "$WORK"
+  for spec in "${TRACES[@]}"; do make_trace "$spec" "$WORK/trace-${spec%%|*}.jsonl"; done
+  for round in $(seq 1 $(( rounds + 1 ))); do
+    [ "${SIM_ONLY:-0}" = 1 ] && break
+    start_server 16 "$WORK/steps-window-cal-r$round.jsonl"
+    calibration_load 16 "$round"
+    stop_server
+    [ "$round" -le "$rounds" ] || break
+    for spec in "${TRACES[@]}"; do
+      name=${spec%%|*}
+      start_server 16 "$WORK/steps-validate-$name-r$round.jsonl"
+      bench --trace "$WORK/trace-$name.jsonl" --json "$WORK/real-$name-r$round.json"
+      stop_server
+    done
+  done
+  if [ "${SIM_ONLY:-0}" != 1 ]; then
+    logs=()
+    for log in "$WORK"/steps-window-cal-r*.jsonl; do logs+=(--step-log "$log"); done
+    calibrate "${logs[@]}" --out "$WORK/window.steps.json" | tee "$WORK/window-step-model.txt"
+  fi
+  rows=()
+  for spec in "${TRACES[@]}"; do
+    name=${spec%%|*}
+    rm -f "$WORK"/sim-"$name"-s*.json
+    for seed in $(seq 1 "${SIM_SEEDS:-25}"); do
+      simulate "$name" "$WORK/window.steps.json" --sim-seed "$seed" --json "$WORK/sim-$name-s$seed.json"
+    done
+    # The level each real run measured over its own step log: how much of the error is the drift
+    # within the window (a diagnostic row; the headline uses the window's fit alone).
+    for run in $(seq 1 "$rounds"); do
+      simulate "$name" "$WORK/window.steps.json" --sim-seed "$run" \
+        --level-from "$WORK/steps-validate-$name-r$run.jsonl" --json "$WORK/simlevel-$name-r$run.json"
+    done
+    rows+=("$name")
+  done
+  compare window "${rows[@]}"
 fi
 
 if [ "$what" = validate ] || [ "$what" = all ]; then
   rows=()
-  # name|lengths|arrivals|rate|requests: about half the server's capacity on average (the bursts above it).
-  for spec in "chat-poisson|chat|poisson|1.5|150" "chat-bursty|chat|bursty|1.2|120" \
-              "docs1k-poisson|lognormal:1200,0.3/lognormal:32,0.5|poisson|0.2|24"; do
+  for spec in "${TRACES[@]}"; do
     IFS='|' read -r name lengths arrivals rate n <<< "$spec"
     trace="$WORK/trace-$name.jsonl"
-    "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n "$n" --seed 7 --out "$trace"
+    make_trace "$spec" "$trace"
     probe="$WORK/probe-$name.jsonl"
     "$TESSERA" tune trace --lengths "$lengths" --arrivals "$arrivals" --rate "$rate" -n $(( n / 5 > 8 ? n / 5 : 8 )) \
       --seed 8 --out "$probe"
@@ -112,8 +198,7 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
     done
     # The simulator with five seeds of its step jitter.
     for seed in 1 2 3 4 5; do
-      "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$seed" \
-        --json "$WORK/sim-$name-s$seed.json" > /dev/null
+      simulate "$name" "$MODEL.steps.json" --sim-seed "$seed" --json "$WORK/sim-$name-s$seed.json"
     done
     # And at other levels than the calibration's median: the level each real run measured over
     # its own step log (the machine's drift between calibration and run, apart from the
@@ -122,11 +207,11 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
       for log in "$WORK"/steps-"${kind%%:*}"-"$name"-r*.jsonl; do
         [ -e "$log" ] || continue
         run=${log##*-r}; run=${run%.jsonl}
-        "$TESSERA" tune simulate --model "$MODEL" --card cpu --trace "$trace" --block-size 16 --sim-seed "$run" \
-          --level-from "$log" --json "$WORK/${kind##*:}-$name-r$run.json" > /dev/null
+        simulate "$name" "$MODEL.steps.json" --sim-seed "$run" --level-from "$log" \
+          --json "$WORK/${kind##*:}-$name-r$run.json"
       done
     done
     rows+=("$name")
   done
-  python3 bench/tune_compare.py --work "$WORK" --out "$OUT/sim-vs-real.md" --model "$MODEL" "${rows[@]}"
+  compare apart "${rows[@]}"
 fi
