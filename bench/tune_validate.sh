@@ -88,19 +88,6 @@ calibration_load() {
   fi
 }
 
-if [ "$what" = calibrate ] || [ "$what" = all ]; then
-  for block in 16 64 256; do
-    start_server "$block" "$WORK/steps-$block.jsonl"
-    calibration_load "$block" ""
-    stop_server
-  done
-fi
-if [ "$what" = calibrate ] || [ "$what" = fit ] || [ "$what" = all ]; then
-  logs=()
-  for block in 16 64 256; do logs+=(--step-log "$WORK/steps-$block.jsonl"); done
-  calibrate "${logs[@]}" | tee "$OUT/step-model-cpu.txt"
-fi
-
 # The validation traces, name|lengths|arrivals|rate|requests: about half the server's capacity on
 # average (the bursts above it).
 TRACES=("chat-poisson|chat|poisson|1.5|150" "chat-bursty|chat|bursty|1.2|120"
@@ -125,6 +112,19 @@ simulate() {  # $1 trace name, $2 step-model store, rest: extra flags (--sim-see
   "$TESSERA" tune simulate --model "$MODEL" --card cpu --tp "$TP" --step-models "$store" \
     --trace "$WORK/trace-$name.jsonl" --block-size 16 "$@" > /dev/null
 }
+
+if [ "$what" = calibrate ] || [ "$what" = all ]; then
+  for block in 16 64 256; do
+    start_server "$block" "$WORK/steps-$block.jsonl"
+    calibration_load "$block" ""
+    stop_server
+  done
+fi
+if [ "$what" = calibrate ] || [ "$what" = fit ] || [ "$what" = all ]; then
+  logs=()
+  for block in 16 64 256; do logs+=(--step-log "$WORK/steps-$block.jsonl"); done
+  calibrate "${logs[@]}" | tee "$OUT/step-model-cpu.txt"
+fi
 
 if [ "$what" = window ]; then
   # Calibration and validation in one window: ROUNDS rounds (default 3) of [a block-16 calibration
