@@ -71,6 +71,10 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+Clock::duration from_ms(double ms) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock& clock, WindowPool window)
@@ -87,14 +91,13 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool, const Clock
                   "window pool of {} blocks; a window of {} tokens, max_step_tokens {} and max_batch {} need {}",
                   window_.pool->num_blocks(), window_.window, config_.max_step_tokens, config_.max_batch, need);
   }
-  max_wait_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.max_wait_ms));
-  max_burst_wait_ = std::max(max_wait_, std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double, std::milli>(config.max_burst_wait_ms)));
+  max_wait_ = from_ms(config.max_wait_ms);
+  max_burst_wait_ = std::max(max_wait_, from_ms(config.max_burst_wait_ms));
   // Requests a client or a load generator starts together reach the server spread over a few
   // ms (a 32-client start on 2 busy cores: gaps above 2 ms), so the chain tolerates a fifth of
   // the burst's cap between arrivals.
   burst_gap_ = std::max(max_wait_, max_burst_wait_ / 5);
-  aging_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config.aging_ms));
+  aging_ = from_ms(config.aging_ms);
   if (aging_.count() <= 0) aging_ = Clock::duration(1);
 }
 
