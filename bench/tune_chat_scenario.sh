@@ -20,7 +20,10 @@ md="$OUT/chat-70b-a100.md"
 {
   echo "# Chat service on Llama-2-70B INT4, one A100-80GB (simulated)"
   echo
-  echo "- Date: $(date -u '+%Y-%m-%d %H:%M') UTC; simulated on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  cpu+=" (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+  cpu+=" model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' '))"
+  echo "- Date: $(date -u '+%Y-%m-%d %H:%M') UTC; simulated on $cpu (the tables do not depend on its speed)"
   echo "- Command: \`bash bench/tune_chat_scenario.sh ${rates[*]}\`"
   echo "- Trace: \`tessera tune trace --lengths chat --arrivals poisson -n 20000\` at each rate (prompts log-normal mean 160,"
   echo "  outputs log-normal mean 96 tokens); KV fp16, block 16; speculation not simulated."
