@@ -60,6 +60,8 @@ if [ -n "$PREBUILT" ]; then
   BIN=$(cd "$PREBUILT/bin" && pwd)
   LIBDIR=$(cd "$PREBUILT/lib" && pwd)
   export TESSERA_CUDA_LIBRARY=${GPU_CHECK_CUDA_LIBRARY:-$LIBDIR/libtessera_cuda.so}
+  # The bundle's copy of the reference test data: the tests' compiled-in default is a folder of
+  # the machine that built them.
   export TESSERA_TESTDATA=$(cd "$PREBUILT/testdata" && pwd)
   # The loader tests' two libraries (their build paths are compiled in).
   export TESSERA_BUILT_CUDA_LIBRARY="$LIBDIR/libtessera_cuda.so" TESSERA_FAKE_CUDA_LIBRARY="$LIBDIR/libtessera_fake_cuda.so"

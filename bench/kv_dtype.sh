@@ -10,7 +10,8 @@
 # GEN decoded tokens after that context (--depth DEPTH), dense attention (the quality of
 # the types is `tessera eval --precisions file:kv-fp16,file:kv-int8 --reference file`).
 # Environment: MODEL (default: the Gemma file), BIN (build/bin), THREADS (2), GEN (32),
-# TYPES ("fp32 fp16 int8"), OUT (bench/results). Writes OUT/kv-dtype-<cpu>.md.
+# TYPES ("fp32 fp16 int8"), OUT (bench/results), WORK (bench/work/kv-dtype: each run's JSON and
+# output, git-ignored). Writes OUT/kv-dtype-<cpu>.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
@@ -25,8 +26,8 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 fam=$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 mod=$(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 tag=$(echo "$cpu" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g; s/-$//' | cut -c1-40)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=${WORK:-bench/work/kv-dtype}
+mkdir -p "$work"
 md="$OUT/kv-dtype-$tag.md"
 start=$(date -u '+%Y-%m-%d %H:%M')
 n=${#types[@]}

@@ -12,7 +12,8 @@
 # is dense in both (the sparse run skips its prompt figure). Context ids are synthetic (timing
 # only; quality is measured apart).
 # Environment: MODEL (default: the Gemma file), BIN (build/bin), THREADS (2), GEN (32), TOP (128),
-# OUT (bench/results), APPEND=1 (add rows to an existing table). Writes OUT/long-context-<cpu>.md.
+# OUT (bench/results), APPEND=1 (add rows to an existing table), WORK (bench/work/long-context: each
+# run's JSON and output, git-ignored). Writes OUT/long-context-<cpu>.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
@@ -27,7 +28,8 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 fam=$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 mod=$(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 tag=$(echo "$cpu" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g; s/-$//' | cut -c1-40)
-work=$(mktemp -d)
+work=${WORK:-bench/work/long-context}
+mkdir -p "$work"
 md="$OUT/long-context-$tag.md"
 [ "${APPEND:-0}" = 1 ] && [ -e "$md" ] || {
   echo "# Long context on the CPU: dense against sparse decode attention"
@@ -60,5 +62,4 @@ print(f"| {d} | {dense.get('prompt_tok_s', 0):.0f} | {md:.1f} | {ms:.1f} | {ms /
 PY
   tail -1 "$md"
 done
-rm -rf "$work"
 echo "wrote $md"

@@ -11,7 +11,8 @@
 # argparse, typing, dataclasses, enum, functools and inspect's sources, concatenated.
 # Environment: MODEL (the Gemma file), BIN (build/bin), THREADS (2), LENGTHS (2048,4096,8192,16384,32704),
 # DEPTHS (10), TOPS (16,32,64,128: the top-block budgets, one sparse run each), KL_TOKENS (128),
-# OUT (bench/results). Writes OUT/long-quality-<cpu>.md and .json. About 45 minutes on 2 cores.
+# OUT (bench/results), WORK (bench/work/long-quality: the two texts, git-ignored). Writes
+# OUT/long-quality-<cpu>.md and .json. About 45 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
@@ -28,8 +29,8 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 fam=$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 mod=$(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 tag=$(echo "$cpu" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g; s/-$//' | cut -c1-40)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=${WORK:-bench/work/long-quality}
+mkdir -p "$work"
 "$PY" - "$work" <<'PY'
 import os, sys, sysconfig
 import pydoc_data.topics as t

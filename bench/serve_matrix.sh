@@ -4,16 +4,18 @@
 # 0, 5, 50 under the same open-loop Poisson loads). Each server is started here, measured with
 # `tessera bench serve`, and stopped with SIGINT.
 #
-#   bench/serve_matrix.sh [MODEL]      (default: the shared stories260K HF directory)
+#   bench/serve_matrix.sh [MODEL]      (default: stories260K's HF directory from the reference test
+#                                       data: $TESSERA_TESTDATA, else the build's copy beside BIN)
 #
 # Knobs (environment): BIN (build/bin), OUT (bench/results), TP (1), REQUESTS per level (512),
 # PROMPT / OUTPUT token counts (64 / 64), KV_GB (KV pool cap per shard, 0.05: small enough that
 # the KV-usage timeline shows something with stories260K), WAIT_RATES (requests/s of the wait
-# sweep, 25,100,200), WAIT_REQUESTS (400 per rate).
+# sweep, 25,100,200), WAIT_REQUESTS (400 per rate), WORK (bench/work/serve-matrix: the servers'
+# logs, git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-${TESSERA_TESTDATA:-../shared/testdata}/stories260K/hf}
 BIN=${BIN:-build/bin}
+MODEL=${1:-${TESSERA_TESTDATA:-$(dirname "$BIN")/testdata}/stories260K/hf}
 OUT=${OUT:-bench/results}
 TP=${TP:-1}
 REQUESTS=${REQUESTS:-512}
@@ -22,8 +24,9 @@ OUTPUT=${OUTPUT:-64}
 KV_GB=${KV_GB:-0.05}
 WAIT_RATES=${WAIT_RATES:-25,100,200}
 WAIT_REQUESTS=${WAIT_REQUESTS:-400}
+WORK=${WORK:-bench/work/serve-matrix}
 MD="$OUT/serve.md"
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 
 server_pid=""
 stop_server() {
@@ -55,7 +58,7 @@ common=(--prompt-tokens "$PROMPT" --output-tokens "$OUTPUT" --slo ttft=200ms,itl
         --md "$MD")
 
 for profile in interactive offline; do
-  start_server "/tmp/tessera-serve-matrix-$profile.log" --profile "$profile"
+  start_server "$WORK/server-$profile.log" --profile "$profile"
   "$BIN/tessera" bench serve --url "$url" --sweep-concurrency 1,8,32,128 --num-requests "$REQUESTS" \
     --title "profile $profile, TP $TP" --json "$OUT/serve-$profile.json" "${common[@]}"
   stop_server
@@ -65,7 +68,7 @@ done
 
 files=()
 for wait_ms in 0 5 50; do
-  start_server "/tmp/tessera-serve-matrix-wait$wait_ms.log" --profile interactive --max-wait-ms "$wait_ms"
+  start_server "$WORK/server-wait$wait_ms.log" --profile interactive --max-wait-ms "$wait_ms"
   "$BIN/tessera" bench serve --url "$url" --sweep-rate "$WAIT_RATES" --num-requests "$WAIT_REQUESTS" \
     --title "max_wait_ms $wait_ms" --json "$OUT/serve-wait$wait_ms.json" --no-plots "${common[@]}"
   files+=("$OUT/serve-wait$wait_ms.json")

@@ -2,9 +2,10 @@
 """Table and plot of bench/serve_vs_vllm.sh: Tessera beside vLLM per concurrency, ranges over
 the rounds (min-max), and the ratios of the medians.
 
-    serve_vs_vllm.py --name NAME --work DIR --out PREFIX [--command TEXT]
+    serve_vs_vllm.py --name NAME [--work DIR] --out PREFIX [--command TEXT]
 
-Reads DIR/NAME-<engine>-c<C>-r<R>.json (`tessera bench serve --json`), writes PREFIX.md
+Reads DIR/NAME-<engine>-c<C>-r<R>.json (`tessera bench serve --json`; DIR defaults to
+bench/work/serve-vs-vllm, where bench/serve_vs_vllm.sh leaves them, git-ignored), writes PREFIX.md
 (machine, command, date, table, targets met or not) and PREFIX.png.
 """
 import argparse
@@ -82,7 +83,8 @@ def cell(vals):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
-    ap.add_argument("--work", required=True)
+    ap.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", "serve-vs-vllm"),
+                    help="folder of the per-run JSON (default: bench/work/serve-vs-vllm)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--command", default="")
     a = ap.parse_args()

@@ -2,13 +2,14 @@
 # Tessera beside vLLM's CPU backend under the same `tessera bench serve` closed-loop loads
 # (issue 21): each engine in turn (one server at a time, alternating, RUNS rounds) at every
 # concurrency of LEVELS, same model directory, same prompts (token ids), greedy, ignore-EOS
-# lengths. Writes one JSON per engine, round and model into $OUT/work, then the table and
-# plot with bench/serve_vs_vllm.py.
+# lengths. Writes one JSON per engine, round and model (and the servers' logs) into $WORK, then
+# the table and plot into $OUT with bench/serve_vs_vllm.py.
 #
 #   bench/serve_vs_vllm.sh MODEL_DIR NAME
 #       MODEL_DIR: a Hugging Face directory (tessera-make-model --preset 110m --format hf --type f16)
 #
-# Knobs (environment): BIN (build/bin), OUT (bench/results/serve-vs-vllm), RUNS (3),
+# Knobs (environment): BIN (build/bin), OUT (bench/results/serve-vs-vllm: the table and plot only),
+# WORK (bench/work/serve-vs-vllm: the per-run JSON and server logs, git-ignored), RUNS (3),
 # LEVELS ("1 4 16 32"), PROMPT / OUTPUT tokens (128 / 128), REQ_FACTOR (requests per level =
 # max(REQ_MIN, REQ_FACTOR x concurrency); 4), REQ_MIN (16), THREADS (2), ENGINES ("tessera vllm"),
 # TESSERA_ARGS (extra `tessera serve` flags), VLLM_VENV (bench/.venv-vllm: bench/vllm_setup.sh
@@ -19,6 +20,7 @@ MODEL=${1:?usage: bench/serve_vs_vllm.sh MODEL_DIR NAME}
 NAME=${2:?usage: bench/serve_vs_vllm.sh MODEL_DIR NAME}
 BIN=${BIN:-build/bin}
 OUT=${OUT:-bench/results/serve-vs-vllm}
+WORK=${WORK:-bench/work/serve-vs-vllm}
 RUNS=${RUNS:-3}
 LEVELS=${LEVELS:-"1 4 16 32"}
 PROMPT=${PROMPT:-128}
@@ -28,7 +30,7 @@ REQ_MIN=${REQ_MIN:-16}
 THREADS=${THREADS:-2}
 ENGINES=${ENGINES:-"tessera vllm"}
 VLLM_VENV=${VLLM_VENV:-bench/.venv-vllm}
-mkdir -p "$OUT/work"
+mkdir -p "$OUT" "$WORK"
 
 server_pid=""
 stop_server() {
@@ -80,7 +82,7 @@ for run in $(seq 1 "$RUNS"); do
       echo "serve_vs_vllm: no $VLLM_VENV (bench/vllm_setup.sh makes it): vLLM skipped" >&2
       continue
     fi
-    log="$OUT/work/$NAME-$engine-r$run.log"
+    log="$WORK/$NAME-$engine-r$run.log"
     "start_$engine" "$log"
     for c in $LEVELS; do
       n=$((REQ_FACTOR * c)); [ "$n" -lt "$REQ_MIN" ] && n=$REQ_MIN
@@ -91,10 +93,10 @@ for run in $(seq 1 "$RUNS"); do
         --seed 999 --no-plots --no-progress --metrics-interval-ms 0 >/dev/null 2>&1 || true
       "$BIN/tessera" bench serve --url "$url" -c "$c" -n "$n" --prompt-tokens "$PROMPT" \
         --output-tokens "$OUTPUT" --temperature 0 --seed "$((1000 * run + c))" --metrics-interval-ms 0 \
-        --title "$engine c$c r$run" --json "$OUT/work/$NAME-$engine-c$c-r$run.json" --no-plots --no-progress
+        --title "$engine c$c r$run" --json "$WORK/$NAME-$engine-c$c-r$run.json" --no-plots --no-progress
     done
     stop_server
   done
 done
-"${PYTHON:-.venv/bin/python}" bench/serve_vs_vllm.py --name "$NAME" --work "$OUT/work" \
+"${PYTHON:-.venv/bin/python}" bench/serve_vs_vllm.py --name "$NAME" --work "$WORK" \
   --out "$OUT/$NAME" --command "bench/serve_vs_vllm.sh $MODEL $NAME (RUNS=$RUNS LEVELS='$LEVELS')"

@@ -33,7 +33,9 @@ def main():
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     print("cpu:", sb.cpu_line(), flush=True)
-    log = open(os.path.join("/tmp", f"spec_batch16_server_{os.getpid()}.log"), "w")
+    log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", "spec-batch16-pairs")
+    os.makedirs(log_dir, exist_ok=True)
+    log = open(os.path.join(log_dir, f"spec_batch16_server_{os.getpid()}.log"), "w")
     srv = sb.Tessera(a.bin_dir, a.model, a.threads, "auto", log)
     workloads = {"story": ([sb.story_prompt(s) for s in sb.STORIES][:3], 1.0),
                  "code": ([sb.code_prompt(*f) for f in sb.CODE_FUNCS][:3], 0.0)}

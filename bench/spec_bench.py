@@ -34,7 +34,6 @@ import os
 import socket
 import statistics
 import subprocess
-import tempfile
 import sys
 import threading
 import time
@@ -229,7 +228,9 @@ def main():
     lines = [f"cpu: {cpu}", f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
              f"command: {' '.join(sys.argv)}", f"model: {a.model}, max_tokens {a.max_tokens}, threads {a.threads}"]
     print("\n".join(lines), flush=True)
-    log_path = os.path.join(tempfile.gettempdir(), f"spec_bench_server_{os.getpid()}.log")
+    log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", "spec-bench")
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"spec_bench_server_{os.getpid()}.log")
     log = open(log_path, "w")
     print(f"server log: {log_path} (the gate's switches are logged there)")
     server = Tessera(a.bin_dir, a.model, a.threads, "auto", log, a.draft_layers, a.draft_vocab)

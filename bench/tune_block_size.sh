@@ -8,13 +8,17 @@
 #    roofline prior (A100-80GB, Llama-2-70B INT4).
 #
 #   bash bench/tune_block_size.sh      -> bench/results/tune/block-size.md
+#
+# Environment: MODEL, TESSERA (the binary), OUT (bench/results/tune: the table only), WORK
+# (bench/work/tune-block-size: each measurement's and simulation's JSON, git-ignored), CONTEXTS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
 TESSERA=${TESSERA:-build/bin/tessera}
 OUT=${OUT:-bench/results/tune}
+WORK=${WORK:-bench/work/tune-block-size}
 CONTEXTS=${CONTEXTS:-"256 16384"}
-mkdir -p "$OUT/work"
+mkdir -p "$OUT" "$WORK"
 md="$OUT/block-size.md"
 {
   echo "# KV block size: measured beside \`--block-size auto\`"
@@ -31,7 +35,7 @@ md="$OUT/block-size.md"
 for ctx in $CONTEXTS; do
   row="| $ctx |"
   for b in 16 64 256; do
-    j="$OUT/work/measure-c$ctx-b$b.json"
+    j="$WORK/measure-c$ctx-b$b.json"
     "$TESSERA" plan --model "$MODEL" --card cpu --measure --batch 8 --decode-context "$ctx" --block-size "$b" \
       --json > "$j"
     ms=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); m=j.get('measured', j); print('%.2f (min %.2f)' % (m['step_median_s']*1e3, m['step_min_s']*1e3))" "$j")
@@ -50,7 +54,7 @@ for mix in chat docs; do
   row="| $mix |"
   rate=$([ "$mix" = chat ] && echo 2 || echo 0.05)
   for b in 16 64 256; do
-    j="$OUT/work/frag-$mix-b$b.json"
+    j="$WORK/frag-$mix-b$b.json"
     "$TESSERA" tune simulate --model "$MODEL" --card cpu --lengths "$mix" --rate "$rate" -n 2000 --block-size "$b" \
       --kv-gb 64 --json "$j" > /dev/null
     row="$row $(python3 -c "import json,sys; print('%.1f%%' % (100*json.load(open(sys.argv[1]))['mean_fragmentation']))" "$j") |"

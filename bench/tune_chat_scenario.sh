@@ -5,13 +5,16 @@
 #
 #   bash bench/tune_chat_scenario.sh [RATE ...]     (default: 3 4 5 requests/s)
 #
-# Writes bench/results/tune/chat-70b-a100.md (and the tune plot/table beside it). Simulation
-# only: no model, no device; a few seconds per setting.
+# Writes bench/results/tune/chat-70b-a100.md, the two profiles and the Pareto plot beside it (OUT);
+# the traces, each setting's JSON, tune's printed report, its table and its every-candidate JSON
+# (the plot's input) go to WORK (bench/work/tune-chat-scenario, git-ignored). Simulation only:
+# no model, no device; a few seconds per setting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESSERA=${TESSERA:-build/bin/tessera}
 OUT=${OUT:-bench/results/tune}
-mkdir -p "$OUT/work"
+WORK=${WORK:-bench/work/tune-chat-scenario}
+mkdir -p "$OUT" "$WORK"
 rates=("$@")
 [ ${#rates[@]} -gt 0 ] || rates=(3 4 5)
 DEP=(--model llama-2-70b --precision INT4 --card A100-80GB --kv-dtype fp16)
@@ -33,11 +36,11 @@ md="$OUT/chat-70b-a100.md"
   echo "|---|---|---|---|---|---|---|---|"
 } > "$md"
 for rate in "${rates[@]}"; do
-  trace="$OUT/work/chat-70b-rate$rate.jsonl"
+  trace="$WORK/chat-70b-rate$rate.jsonl"
   "$TESSERA" tune trace --lengths chat --arrivals poisson --rate "$rate" -n 20000 --seed 11 --out "$trace" > /dev/null
   for setting in "50:32" "5:16"; do
     IFS=: read -r wait batch <<< "$setting"
-    j="$OUT/work/chat-70b-rate$rate-w$wait-b$batch.json"
+    j="$WORK/chat-70b-rate$rate-w$wait-b$batch.json"
     "$TESSERA" tune simulate "${DEP[@]}" --trace "$trace" --max-wait-ms "$wait" --max-batch "$batch" --slo "$SLO" \
       --json "$j" > /dev/null
     python3 - "$j" "$rate" "$wait" "$batch" >> "$md" << 'PY'
@@ -57,12 +60,12 @@ rate=${TUNE_RATE:-${rates[$(( ${#rates[@]} / 2 ))]}}
   echo
 } >> "$md"
 "$TESSERA" tune "${DEP[@]}" --lengths chat --rate "$rate" -n 5000 --seed 5 --slo "$SLO" \
-  --out "$OUT/chat-70b-a100-profile.json" --table "$OUT/work/chat-70b-tune-table.md" --json "$OUT/chat-70b-a100-tune.json" \
-  > "$OUT/work/chat-70b-tune.txt"
-cat "$OUT/work/chat-70b-tune-table.md" >> "$md"
+  --out "$OUT/chat-70b-a100-profile.json" --table "$WORK/chat-70b-tune-table.md" --json "$WORK/chat-70b-a100-tune.json" \
+  > "$WORK/chat-70b-tune.txt"
+cat "$WORK/chat-70b-tune-table.md" >> "$md"
 {
   echo
-  grep '^recommended:' "$OUT/work/chat-70b-tune.txt" || true
+  grep '^recommended:' "$WORK/chat-70b-tune.txt" || true
   echo
   echo "Profile written: \`$OUT/chat-70b-a100-profile.json\`"
 } >> "$md"
@@ -79,16 +82,16 @@ rate=${TTFT_RATE:-${rates[0]}}
   echo
 } >> "$md"
 "$TESSERA" tune "${DEP[@]}" --lengths chat --rate "$rate" -n 5000 --seed 5 --slo "$SLO_TTFT" \
-  --out "$OUT/chat-70b-a100-profile-ttft.json" > "$OUT/work/chat-70b-tune-ttft.txt"
+  --out "$OUT/chat-70b-a100-profile-ttft.json" > "$WORK/chat-70b-tune-ttft.txt"
 {
   echo '```'
-  sed -n '/Recommended and built-in/,/settings simulated/p' "$OUT/work/chat-70b-tune-ttft.txt"
+  sed -n '/Recommended and built-in/,/settings simulated/p' "$WORK/chat-70b-tune-ttft.txt"
   echo '```'
   echo
-  grep '^recommended:' "$OUT/work/chat-70b-tune-ttft.txt" || true
+  grep '^recommended:' "$WORK/chat-70b-tune-ttft.txt" || true
 } >> "$md"
 if [ -x .venv/bin/python ] && .venv/bin/python -c 'import matplotlib' 2> /dev/null; then
-  .venv/bin/python tools/plot_tune.py "$OUT/chat-70b-a100-tune.json" "$OUT/chat-70b-a100-pareto.png" && \
+  .venv/bin/python tools/plot_tune.py "$WORK/chat-70b-a100-tune.json" "$OUT/chat-70b-a100-pareto.png" && \
     echo "![throughput against P99 TTFT](chat-70b-a100-pareto.png)" >> "$md"
 fi
 cat "$md"

@@ -23,7 +23,9 @@
 # window: calibration and validation alternating in one window (WORK/window; see below): the
 #   simulator's error without the machine's drift between a calibration and runs taken apart.
 #
-# Environment: MODEL (default: the Gemma file), TESSERA (the binary), OUT (results directory),
+# Environment: MODEL (default: the Gemma file), TESSERA (the binary), OUT (results directory, default
+# bench/results/tune: the tables and the fit's report), WORK (default bench/work/tune-validate, git-ignored:
+# the traces, step logs, server logs, each run's and each simulation's JSON, the window's fit),
 # THREADS (threads per shard, default 2), TP (shards, default 1: the step model is stored per TP).
 # For another model than the Gemma file: CAL_DOCS (the calibration's document prompts, default
 # lognormal:1500,0.4), TRACE_SPECS (the validation traces, name|lengths|arrivals|rate|requests,
@@ -39,7 +41,7 @@ THREADS=${THREADS:-2}
 TP=${TP:-1}
 CAL_DOCS=${CAL_DOCS:-lognormal:1500,0.4}
 RESULT=${RESULT:-sim-vs-real.md}
-WORK=${WORK:-$OUT/work}
+WORK=${WORK:-bench/work/tune-validate}
 mkdir -p "$OUT" "$WORK"
 what=${1:-all}
 
@@ -154,7 +156,8 @@ if [ "$what" = window ]; then
   if [ "${SIM_ONLY:-0}" != 1 ]; then
     logs=()
     for log in "$WORK"/steps-window-cal-r*.jsonl; do logs+=(--step-log "$log"); done
-    calibrate "${logs[@]}" --out "$WORK/window.steps.json" | tee "$WORK/window-step-model.txt"
+    # The fit's report is a summary: it goes beside the table too (sim-vs-real.md -> sim-vs-real-step-model.txt).
+    calibrate "${logs[@]}" --out "$WORK/window.steps.json" | tee "$WORK/window-step-model.txt" "$OUT/${RESULT%.md}-step-model.txt"
   fi
   rows=()
   for spec in "${TRACES[@]}"; do

@@ -8,22 +8,25 @@
 #   bash bench/tune_verify.sh [RATE] [SLO]     (default: 1.2 ttft_p99=5s,itl_p99=300ms)
 #
 # Environment: MODEL (default: the Gemma file; its step model from `bench/tune_validate.sh`),
-# TESSERA (the binary), N (requests per trace, default 300), OUT (results directory).
-# Writes OUT/verify-mixed.md and the tune outputs beside it. About 4 minutes per verified setting (three).
+# TESSERA (the binary), N (requests per trace, default 300), OUT (results directory, default
+# bench/results/tune), WORK (default bench/work/tune-verify, git-ignored). Writes OUT/verify-mixed.md and
+# the recommended profile beside it; tune's printed report, its table and the verify runs' JSON and
+# server logs go to WORK. About 4 minutes per verified setting (three).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
 TESSERA=${TESSERA:-build/bin/tessera}
 OUT=${OUT:-bench/results/tune}
+WORK=${WORK:-bench/work/tune-verify}
 N=${N:-300}
 RATE=${1:-1.2}
 SLO=${2:-ttft_p99=5s,itl_p99=300ms}
 LENGTHS="chat*0.85+lognormal:900,0.3/lognormal:32,0.5*0.15"
-mkdir -p "$OUT/work"
+mkdir -p "$OUT" "$WORK"
 cmd=("$TESSERA" tune --model "$MODEL" --card cpu --lengths "$LENGTHS" --rate "$RATE" -n "$N" --seed 11 --slo "$SLO"
-     --out "$OUT/gemma-cpu-mixed-profile.json" --table "$OUT/work/gemma-cpu-mixed-tune-table.md"
-     --verify --verify-top 1 --verify-dir "$OUT/work/verify-mixed" --serve-arg=--threads=2 --serve-arg=--speculation=off)
-"${cmd[@]}" | tee "$OUT/work/gemma-cpu-mixed-tune.txt"
+     --out "$OUT/gemma-cpu-mixed-profile.json" --table "$WORK/gemma-cpu-mixed-tune-table.md"
+     --verify --verify-top 1 --verify-dir "$WORK/verify-mixed" --serve-arg=--threads=2 --serve-arg=--speculation=off)
+"${cmd[@]}" | tee "$WORK/gemma-cpu-mixed-tune.txt"
 {
   echo "# \`tessera tune\` verified on the real engine: chat with pasted documents"
   echo
@@ -37,13 +40,13 @@ cmd=("$TESSERA" tune --model "$MODEL" --card cpu --lengths "$LENGTHS" --rate "$R
   echo "## Simulated (the tune trace)"
   echo
   echo '```'
-  sed -n '/Recommended and built-in/,/settings simulated/p' "$OUT/work/gemma-cpu-mixed-tune.txt"
+  sed -n '/Recommended and built-in/,/settings simulated/p' "$WORK/gemma-cpu-mixed-tune.txt"
   echo '```'
   echo
   echo "## Real engine (the held-out trace)"
   echo
   echo '```'
-  sed -n '/verify on the real engine/,$p' "$OUT/work/gemma-cpu-mixed-tune.txt"
+  sed -n '/verify on the real engine/,$p' "$WORK/gemma-cpu-mixed-tune.txt"
   echo '```'
 } > "$OUT/verify-mixed.md"
 echo "wrote $OUT/verify-mixed.md"
