@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "coordinator/http_parser.h"
+#include "server/http_parser.h"
 
 using namespace tessera;
 

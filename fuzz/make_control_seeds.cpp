@@ -1,5 +1,6 @@
 // Writes the control codec fuzz target's seed corpus: one encoded message of each kind, with
-// every field set (fuzz/make_seeds.py runs it; the output is committed in fuzz/corpus/).
+// every field set, into the folder named (fuzz/make_seeds.py runs it on a scratch folder and packs
+// that into fuzz/corpus/control_codec.tar.xz).
 #include <cstdio>
 #include <fstream>
 #include <string>

@@ -1,34 +1,53 @@
 #!/usr/bin/env python3
-"""Writes the fuzz targets' seed corpus, fuzz/corpus/<target>/ (committed; rerun after a format
-change): small valid inputs of every kind each parser takes, so mutation starts deep inside
-the format instead of at its magic number.
+"""Writes the fuzz targets' seed corpus, one archive a target, fuzz/corpus/<target>.tar.xz
+(committed; rerun after a format change): small valid inputs of every kind each parser takes,
+so mutation starts deep inside the format instead of at its magic number. The seeds are written
+into a scratch folder, <target>/<seed>, then packed; the build unpacks each archive into
+<build>/fuzz-corpus/<target>/ for its fuzz_corpus_<target> test, scripts/fuzz.sh into its own
+scratch folder.
 
-  python3 fuzz/make_seeds.py --bin-dir build/bin --testdata ../shared/testdata
+  python3 fuzz/make_seeds.py --bin-dir build/bin
+  (--testdata: the reference test data, by default $TESSERA_TESTDATA, else the copy the build
+  unpacks from tests/data/ beside the binaries, <bin-dir>/../testdata)
+  python3 fuzz/make_seeds.py --pack DIR
+  (packs the seeds already in DIR/<target>/, as they are, and writes none: e.g. an archive
+  unpacked, one seed edited by hand, packed again; or only the control codec's seeds new,
+  `build/bin/tessera_fuzz_control_seeds DIR/control_codec` first)
+
+The archives are deterministic, so one changes in git only when its seeds do: names sorted,
+every mtime 0, owner root with no user or group names, modes 0644 (files) and 0755 (folders),
+ustar headers, xz preset 9e with a CRC64 check (as tests/data/pack.py writes the test data).
 """
 import argparse
+import io
 import json
+import lzma
 import os
 import shutil
 import struct
 import subprocess
+import sys
+import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SEP = b"\n\x00\n"  # splits an input in two documents (fuzz/fuzz_input.h)
+# The fuzz targets, as fuzz/CMakeLists.txt lists them: one archive each.
+TARGETS = ("gguf", "safetensors", "tokenizer_json", "chat_template", "control_codec", "http_request")
 
 
-def out_dir(name):
-    d = os.path.join(HERE, "corpus", name)
+def out_dir(root, name):
+    d = os.path.join(root, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     return d
 
 
-def gguf_seeds(bin_dir):
+def gguf_seeds(root, bin_dir):
     """Tiny synthetic models (tessera-make-model): llama Q8_0 with a tied head, Gemma 3 Q4_0,
     Qwen 3 F16; each has its tokenizer and config metadata and real tensor data."""
-    d = out_dir("gguf")
+    d = out_dir(root, "gguf")
     make = os.path.join(bin_dir, "tessera-make-model")
     small = ["--hidden", "32", "--heads", "2", "--kv-heads", "1", "--ffn", "32", "--vocab", "354", "--ctx", "64"]
     for name, extra in (("llama-q8_0.gguf", ["--layers", "1", "--tie", "--type", "q8_0"]),
@@ -51,8 +70,8 @@ def safetensors_file(tensors, metadata=None):
     return struct.pack("<Q", len(text)) + text + data
 
 
-def safetensors_seeds():
-    d = out_dir("safetensors")
+def safetensors_seeds(root):
+    d = out_dir(root, "safetensors")
     f32 = struct.pack("<6f", 0.5, -1.0, 2.0, 0.25, 3.5, -0.125)
     seeds = {
         "f32_bf16_f16.safetensors": [("a.weight", "F32", [2, 3], f32), ("b.weight", "BF16", [4], b"\x80\x3f" * 4),
@@ -105,8 +124,8 @@ def shrink_tokenizer(path, keep=400):
     return json.dumps(tok, ensure_ascii=False).encode()
 
 
-def tokenizer_seeds(testdata, synthetic_hf):
-    d = out_dir("tokenizer_json")
+def tokenizer_seeds(root, testdata, synthetic_hf):
+    d = out_dir(root, "tokenizer_json")
     sources = [("stories260K", os.path.join(testdata, "stories260K/hf"), None),
                ("synthetic", synthetic_hf, None)]
     for name in ("llama3", "mistral-spm", "qwen3", "gemma3"):
@@ -129,8 +148,8 @@ def tokenizer_seeds(testdata, synthetic_hf):
                 f.write(body + SEP + json.dumps(cfg).encode())
 
 
-def chat_template_seeds(testdata):
-    d = out_dir("chat_template")
+def chat_template_seeds(root, testdata):
+    d = out_dir(root, "chat_template")
     n = 0
 
     def put(text, extra=None):
@@ -156,8 +175,8 @@ def chat_template_seeds(testdata):
             put(case["template"], case.get("context") or None)
 
 
-def http_seeds():
-    d = out_dir("http_request")
+def http_seeds(root):
+    d = out_dir(root, "http_request")
     body = b'{"model":"m","prompt":"Once upon a time","max_tokens":8,"stream":true}'
     seeds = {
         "post_completion": b"POST /v1/completions HTTP/1.1\r\nHost: localhost:8000\r\nContent-Type: application/json\r\n"
@@ -176,26 +195,82 @@ def http_seeds():
             f.write(data)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build/bin"))
-    ap.add_argument("--testdata", default=os.path.join(os.path.dirname(ROOT), "shared/testdata"))
-    args = ap.parse_args()
-    gguf_seeds(args.bin_dir)
-    safetensors_seeds()
+def tar_bytes(root, target):
+    """An uncompressed tar of root/target/ (one folder of seeds, no subfolders): the folder, then
+    its files by name."""
+    folder = os.path.join(root, target)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in [""] + sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            info = tarfile.TarInfo(target + ("/" + name if name else ""))
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if not name:
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tar.addfile(info)
+            elif os.path.isfile(path) and not os.path.islink(path):
+                info.mode = 0o644
+                info.size = os.path.getsize(path)
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                sys.exit(f"make_seeds: {path} is not a plain file")
+    return buf.getvalue()
+
+
+def pack(root, target):
+    """Writes fuzz/corpus/<target>.tar.xz from root/<target>/."""
+    data = lzma.compress(tar_bytes(root, target), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64,
+                         preset=9 | lzma.PRESET_EXTREME)
+    out = os.path.join(HERE, "corpus", target + ".tar.xz")
+    with open(out, "wb") as f:
+        f.write(data)
+    folder = os.path.join(root, target)
+    files = os.listdir(folder)
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    print(f"{target}: {len(files)} seeds, {size} bytes -> {os.path.relpath(out)} ({len(data)} bytes)")
+
+
+def write_seeds(root, args):
+    """Writes every target's seeds into root/<target>/."""
+    gguf_seeds(root, args.bin_dir)
+    safetensors_seeds(root)
     with tempfile.TemporaryDirectory() as tmp:
         hf = os.path.join(tmp, "hf")
         subprocess.run([os.path.join(args.bin_dir, "tessera-make-model"), "--hidden", "32", "--layers", "1",
                         "--heads", "2", "--kv-heads", "1", "--ffn", "32", "--vocab", "354", "--ctx", "64",
                         "--format", "hf", "--out", hf], check=True, stdout=subprocess.DEVNULL)
-        tokenizer_seeds(args.testdata, hf)
-    chat_template_seeds(args.testdata)
-    http_seeds()
-    subprocess.run([os.path.join(args.bin_dir, "tessera_fuzz_control_seeds"), out_dir("control_codec")], check=True)
-    for name in sorted(os.listdir(os.path.join(HERE, "corpus"))):
-        files = os.listdir(os.path.join(HERE, "corpus", name))
-        size = sum(os.path.getsize(os.path.join(HERE, "corpus", name, f)) for f in files)
-        print(f"{name}: {len(files)} seeds, {size} bytes")
+        tokenizer_seeds(root, args.testdata, hf)
+    chat_template_seeds(root, args.testdata)
+    http_seeds(root)
+    subprocess.run([os.path.join(args.bin_dir, "tessera_fuzz_control_seeds"), out_dir(root, "control_codec")],
+                   check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build/bin"))
+    ap.add_argument("--testdata", help="the reference test data (default: $TESSERA_TESTDATA, else <bin-dir>/../testdata)")
+    ap.add_argument("--pack", metavar="DIR", help="pack the seeds already in DIR/<target>/ instead of writing them")
+    args = ap.parse_args()
+    if args.pack:
+        targets = [t for t in TARGETS if os.path.isdir(os.path.join(args.pack, t))]
+        if not targets:
+            sys.exit(f"make_seeds: no folder of seeds under {args.pack} (one of: {' '.join(TARGETS)})")
+        for target in targets:
+            pack(args.pack, target)
+        return
+    args.testdata = args.testdata or os.environ.get("TESSERA_TESTDATA") or \
+        os.path.join(os.path.dirname(os.path.abspath(args.bin_dir)), "testdata")
+    if not os.path.isdir(os.path.join(args.testdata, "tokenizers")):
+        sys.exit(f"make_seeds: no reference test data at {args.testdata} (build target tessera_testdata unpacks it)")
+    with tempfile.TemporaryDirectory() as root:
+        write_seeds(root, args)
+        for target in TARGETS:
+            pack(root, target)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // The fuzz targets' main() in builds without libFuzzer (GCC, the normal and sanitizer builds):
 // runs LLVMFuzzerTestOneInput once on every file named, or in a directory named, so the
-// committed corpus (fuzz/corpus/<target>/) is a regression test everywhere. libFuzzer builds
+// committed corpus (fuzz/corpus/<target>.tar.xz, which the build unpacks into
+// <build>/fuzz-corpus/<target>/) is a regression test everywhere. libFuzzer builds
 // (scripts/fuzz.sh) link libFuzzer's own main instead, which also mutates.
 #include <algorithm>
 #include <cstdint>

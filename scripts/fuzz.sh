@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets with clang + libFuzzer + ASan/UBSan into build-fuzz/ and fuzzes each
-# for a fixed time from its committed seed corpus (fuzz/corpus/<target>/), with a fixed seed:
+# for a fixed time from its committed seed corpus (fuzz/corpus/<target>.tar.xz), with a fixed seed:
 #   TESSERA_FUZZ_SECONDS (per target, default 20), TESSERA_FUZZ_SEED (default 1),
 #   TESSERA_FUZZ_TARGETS (default all: gguf safetensors tokenizer_json chat_template
 #   control_codec http_request).
-# New inputs go to a scratch copy of the corpus, never into the tree. A crash, leak, sanitizer
-# report or timeout fails the script and leaves the input in build-fuzz/crashes/<target>/;
-# replay it with `build-fuzz/bin/tessera_fuzz_<target> FILE` (or the GCC build's replay binary).
+# The corpus is unpacked into a scratch folder, build-fuzz/work/<target>/, where new inputs go
+# too, never into the tree. A crash, leak, sanitizer report or timeout fails the script and leaves
+# the input in build-fuzz/crashes/<target>/; replay it with `build-fuzz/bin/tessera_fuzz_<target>
+# FILE` (or the GCC build's replay binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${TESSERA_FUZZ_SECONDS:-20}
@@ -27,8 +28,9 @@ work=build-fuzz/work
 rm -rf "$work"
 failed=()
 for t in $TARGETS; do
-  mkdir -p "$work/$t" "build-fuzz/crashes/$t"
-  cp fuzz/corpus/"$t"/* "$work/$t/"
+  mkdir -p "$work" "build-fuzz/crashes/$t"
+  # The archive holds <target>/<seed>.
+  cmake -E chdir "$work" cmake -E tar xf "$PWD/fuzz/corpus/$t.tar.xz"
   echo "== fuzz $t: ${SECONDS_PER_TARGET}s, seed $SEED =="
   # -timeout: one input over 10 s is a hang; -rss_limit_mb: a parser that allocates without
   # bound is a failure too. -max_len: 128 KiB, above the largest seed (a tokenizer.json of ~105 KiB).
