@@ -245,15 +245,15 @@ int run(int argc, char** argv) {
   app.add_flag("--no-prompt", no_prompt, "skip the prefill figure");
   app.add_flag("--sampled", sampled, "also time sampled decoding (temperature 0.8, top-p 0.95), paired with greedy");
   app.add_option("--json", json_path, "also write the results as JSON here");
-  cli::QuantFlags quant;
-  cli::add_quant_flags(app, quant);
-  cli::KvDtypeFlag kv_dtype;
-  cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
-  SparseAttentionConfig sparse;
-  cli::add_sparse_attention_flags(app, sparse);
-  MatmulPrecision precision = MatmulPrecision::kAuto;
-  cli::add_matmul_precision_flag(app, precision);
+  // --quant, --kv-dtype, --sparse-attention, --matmul-precision, ... as a shard takes them (the
+  // --threads list above is this program's own; the CUDA and device flags do not apply).
+  ShardRuntimeOptions runtime;
+  cli::add_shard_runtime_flags(app, runtime, cli::ShardFlagsFor::kLauncher,
+                               {"--threads", "--device", "--no-cuda-graphs", "--no-device-sampling",
+                                "--collective-timeout-ms"});
   CLI11_PARSE(app, argc, argv);
+  const MatmulPrecision precision = runtime.matmul_precision;
+  const SparseAttentionConfig& sparse = runtime.sparse;
   if (Status st = set_matmul_precision(precision); !st.is_ok()) {
     std::fprintf(stderr, "error: --matmul-precision: %s\n", st.to_string().c_str());
     return 2;
@@ -273,8 +273,8 @@ int run(int argc, char** argv) {
   out["prompt_tokens"] = n_prompt;
   out["gen_tokens"] = n_gen;
   out["depth"] = depth;
-  out["quant"] = std::string(weight_quant_name(quant.quant));
-  out["kv_dtype"] = std::string(kv_dtype_name(kv_dtype.runtime()));
+  out["quant"] = std::string(weight_quant_name(runtime.quant));
+  out["kv_dtype"] = std::string(kv_dtype_name(runtime.kv_dtype));
   out["sparse_attention"] = sparse.enabled;
   out["sparse_threshold"] = sparse.threshold_tokens;
   out["sparse_top_blocks"] = sparse.select.top_blocks;
@@ -284,11 +284,8 @@ int run(int argc, char** argv) {
   for (int nt : threads) {
     LocalModelOptions opts;
     opts.path = model_path;
-    opts.threads = nt;
-    opts.quant = quant.quant;
-    opts.quantize_lm_head = quant.lm_head;
-    opts.kv_dtype = kv_dtype.runtime();
-    opts.sparse = sparse;
+    opts.runtime = runtime;
+    opts.runtime.threads = nt;
     int64_t max_batch = 1;
     for (int b : batches) max_batch = std::max<int64_t>(max_batch, b);
     // Each sequence rounds up to whole KV blocks (16 tokens by default).
@@ -305,7 +302,7 @@ int run(int argc, char** argv) {
     r["threads"] = nt;
     r["weight_bytes_per_token"] = wbytes;
     const ModelConfig& mc = model.config();
-    r["kv_bytes_per_token"] = kv_bytes_per_token(mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_dtype.runtime());
+    r["kv_bytes_per_token"] = kv_bytes_per_token(mc.n_layers, mc.n_kv_heads, mc.head_dim, runtime.kv_dtype);
     if (!no_prompt) {
       runner.prefill(std::min<int64_t>(n_prompt, 64));  // warm-up (pages, scratch)
       std::vector<double> t;

@@ -192,11 +192,11 @@ int main(int argc, char** argv) {
 
   LocalModelOptions opts;
   opts.path = model_path;
-  opts.threads = threads;
-  opts.kv_dtype = kv_dtype.runtime();
-  opts.sparse.enabled = true;  // the cache keeps key summaries
-  opts.sparse.threshold_tokens = kDenseThreshold;
-  opts.sparse.select = select;
+  opts.runtime.threads = threads;
+  opts.runtime.kv_dtype = kv_dtype.runtime();
+  opts.runtime.sparse.enabled = true;  // the cache keeps key summaries
+  opts.runtime.sparse.threshold_tokens = kDenseThreshold;
+  opts.runtime.sparse.select = select;
   // A shared prefix of max_len plus one run's own blocks (a run never outgrows max_len).
   opts.kv_tokens = 2 * max_len + 256;
   auto loaded = LocalModel::load(opts);
@@ -213,14 +213,14 @@ int main(int argc, char** argv) {
   nlohmann::json out;
   out["model"] = model_path;
   out["cpu"] = cpu::describe_cpu();
-  out["kv_dtype"] = std::string(kv_dtype_name(opts.kv_dtype));
+  out["kv_dtype"] = std::string(kv_dtype_name(opts.runtime.kv_dtype));
   out["block_size"] = bs;
   out["top_blocks"] = tops;
   out["sink_blocks"] = select.sink_blocks;
   out["recent_blocks"] = select.recent_blocks;
   out["kl_tokens"] = kl_tokens;
   std::printf("model %s  kv %s  block %lld  selection: %lld sink + %lld recent + top %s blocks\n", model_path.c_str(),
-              std::string(kv_dtype_name(opts.kv_dtype)).c_str(), static_cast<long long>(bs),
+              std::string(kv_dtype_name(opts.runtime.kv_dtype)).c_str(), static_cast<long long>(bs),
               static_cast<long long>(select.sink_blocks), static_cast<long long>(select.recent_blocks), tops_s.c_str());
 
   // ---------------------------------------------------------------- teacher-forced KL

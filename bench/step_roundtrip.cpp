@@ -11,13 +11,14 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
-#include "coordinator/shard_group.h"
-#include "coordinator/shard_launcher.h"
+#include "server/shard_group.h"
+#include "server/shard_launcher.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -74,7 +75,7 @@ int run(const Args& a, const std::string& command_line) {
   spec.model_path = a.model;
   spec.coordinator_endpoint = (*group)->endpoint();
   spec.tp = a.tp;
-  spec.device = "cpu";
+  spec.runtime.device = "cpu";
   auto child = ChildProcess::spawn(build_shard_command(spec));
   if (!child.is_ok()) {
     std::fprintf(stderr, "error: %s\n", child.status().to_string().c_str());
@@ -178,12 +179,21 @@ int run(const Args& a, const std::string& command_line) {
   return 0;
 }
 
+// stories260K from the reference test data: $TESSERA_TESTDATA, else the copy the build unpacks
+// from tests/data/ beside this program (<build>/bin/../testdata).
+std::string default_model() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string built = (exe.parent_path().parent_path() / "testdata").string();
+  return testdata_dir(built) + "/stories260K/stories260K-f32.gguf";
+}
+
 }  // namespace
 }  // namespace tessera
 
 int main(int argc, char** argv) {
   tessera::Args a;
-  a.model = tessera::env_string("TESSERA_TESTDATA", "../shared/testdata") + "/stories260K/stories260K-f32.gguf";
+  a.model = tessera::default_model();
   CLI::App app{"tessera-bench-step: control-plane round trip and per-step overhead"};
   app.add_option("--model", a.model, "model for the decode steps")->capture_default_str();
   app.add_option("--tp", a.tp)->capture_default_str();

@@ -9,7 +9,7 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # ships a libutf8proc.pc that says 2.6.0.
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
-# The benchmarks' HTTP client (bench/http_client.cpp). Debian builds the library in split mode
+# The benchmarks' HTTP client (loadgen/http_client.cpp). Debian builds the library in split mode
 # (declarations in httplib.h, code in libcpp-httplib.so) with OpenSSL, zlib and Brotli; the .pc
 # file's Cflags carry the matching CPPHTTPLIB_*_SUPPORT defines, which must agree with the .so.
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

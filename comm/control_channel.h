@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/status.h"
 
 namespace tessera {

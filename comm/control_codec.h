@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <string>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/status.h"
 
 namespace tessera {

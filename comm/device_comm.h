@@ -1,4 +1,4 @@
-// Collective communication between the shards of one tensor-parallel group (DESIGN §2).
+// Collective communication between the shards of one tensor-parallel group (ARCHITECTURE.md "Tensor parallelism").
 //
 // Implementations: SingleRankComm (TP = 1), InProcessComm (ranks as threads, for tests), MpiComm
 // (CPU shards, host memory), and NCCL (GPU shards, device memory; in the CUDA backend).

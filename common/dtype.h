@@ -12,7 +12,11 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+
+#include "common/block_geometry.h"
+#include "common/status.h"
 
 namespace tessera {
 
@@ -20,18 +24,11 @@ enum class QuantType : uint8_t {
   kF32 = 0,
   kF16,
   kBF16,
-  kQ8_0,  // ggml: 32 elems, fp16 scale + 32 x int8                         (34 B)
-  kQ4_0,  // ggml: 32 elems, fp16 scale + 16 B nibbles, value (q - 8) * d   (18 B)
-  kQ5_0,  // ggml: 32 elems, fp16 scale + 4 B high bits + 16 B nibbles      (22 B)
-  kQ4_K,  // ggml: 256 elems super-block, fp16 d, dmin, 12 B scales, 128 B   (144 B)
-  kQ5_K,  // ggml: 256 elems, d, dmin, 12 B scales, 32 B high bits, 128 B   (176 B)
-  kQ6_K,  // ggml: 256 elems, 128 B low, 64 B high, 16 x int8 scales, fp16 d (210 B)
-  // Low-bit GGUF formats: integer-dot CPU kernels (kernels/cpu/qgemm.h, row at a time, no
-  // 16-row re-lay); the CUDA backend reads their blocks as stored (kBlocks).
-  kQ2_K,   // ggml: 256 elems, 16 B 4-bit scale|min, 64 B 2-bit levels, fp16 d, dmin   (84 B)
-  kQ3_K,   // ggml: 256 elems, 32 B high-bit mask, 64 B 2-bit low, 12 B scales, fp16 d (110 B)
-  kTQ1_0,  // ggml ternary: 256 elems, 48 B of 5 trits, 4 B of 4 trits, fp16 d         (54 B)
-  kTQ2_0,  // ggml ternary: 256 elems, 64 B of 2-bit (trit + 1), fp16 d                 (66 B)
+  // The GGUF block formats kQ8_0, kQ4_0, ... kTQ2_0: one per entry of common/block_geometry.h's
+  // list, in its order (their layouts are described there).
+#define TESSERA_GGUF_QUANT_TYPE(name, elems, bytes) k##name,
+  TESSERA_GGUF_BLOCK_FORMATS(TESSERA_GGUF_QUANT_TYPE)
+#undef TESSERA_GGUF_QUANT_TYPE
   kI8,    // plain int8 (activations, per-channel INT8 weight payloads)
   kI32,   // plain int32
   // Weight formats produced at load (RTN of a float checkpoint, or converted AWQ / GPTQ). Not
@@ -56,6 +53,8 @@ enum class QuantType : uint8_t {
   kI4_G128_R16,
   kCount,
 };
+static_assert(static_cast<int>(QuantType::kBF16) + 1 == blocks::kFirstQuantType,
+              "common/block_geometry.h: the GGUF formats' QuantType values start right after kBF16");
 
 // How the CPU backend's matmul reads a weight of this type (kernels/cpu/gemm.cpp).
 enum class CpuMatmul : uint8_t {
@@ -83,11 +82,26 @@ struct QuantTraits {
   int row_extra_bytes;        // per-row trailer after the blocks (I8_CH's fp32 scale), else 0
   int ggml_type;              // ggml type id in GGUF files, or -1
   bool is_float;              // F32/F16/BF16
-  bool quant_at_load;         // produced at load from a float checkpoint (--quant int8 / int4)
+  bool quant_at_load;         // made only at load, never read from a file (I8_CH, I4_G128)
   CpuMatmul cpu;              // how the CPU backend computes with it
   CudaWeightForm cuda;        // how the CUDA backend holds it
   QuantType r16;              // its 16-row re-laid variant (kernels/cpu/qgemm.h), or kCount
   QuantType r16_base;         // for a 16-row re-lay, the format it re-lays; else `type` itself
+  // Made at load (`--quant`, WeightQuant below):
+  std::string_view load_name; // the --quant mode that makes it ("q4_k"), or "" (none does)
+  int load_order;             // that mode's place in --quant's list (1, 2, ...), or 0
+  QuantType load_fallback;    // what that mode makes of a matrix whose columns fill no block of
+                              // this format (the nearest 32-element format with at least as many
+                              // bits), or kCount: none (the matrix stays as stored, or fails)
+  // GGUF files written by tessera-make-model (tools/testmodel/synthetic_model.h):
+  int file_type;              // general.file_type of a file of it throughout (llama.cpp's
+                              // LLAMA_FTYPE_MOSTLY_*), or -1: no such file is written
+  QuantType file_fallback;    // the format such a file stores a matrix in whose columns fill no
+                              // block of this one (llama.cpp's choice, among Tessera's formats),
+                              // or kCount: F16
+  // `tessera plan`: how the format stores weights, or "" for one it does not list (plain
+  // integers, the 16-row re-lays).
+  std::string_view layout;
 };
 
 const QuantTraits& quant_traits(QuantType t);
@@ -133,5 +147,77 @@ inline float bf16_to_f32(uint16_t b) {
   return f;
 }
 uint16_t f32_to_bf16(float f);
+
+// ---- INT4 group-wise weights (I4_G128): one group unpacked, and the grids it is rounded to ----
+
+inline constexpr int64_t kInt4Group = 128;  // elements per I4_G128 group (its block_elems)
+
+// One I4_G128 group unpacked; the value of a level is (level - zero) * d, d widened from fp16.
+struct Int4Group {
+  uint16_t scale_fp16 = 0;          // d
+  uint8_t zero = 0;                 // z, 0..15
+  uint8_t levels[kInt4Group] = {};  // 0..15
+};
+// Writes the 68 bytes of one I4_G128 block (layout at QuantType::kI4_G128): the loaders'
+// conversion of AWQ / GPTQ checkpoints, which computes nothing. The same bytes as
+// kernels/quant.h's pack_int4_group.
+void write_int4_group(const Int4Group& g, uint8_t* dst);
+
+// The round-to-nearest grids of I4_G128 (defined in kernels/quant.h): asymmetric (a zero per
+// group) and symmetric (zero 8, GPTQ's).
+enum class Int4Grid { kAsymmetric, kSymmetric };
+
+// ---- `--quant`: weights converted at load ----
+//
+// Round to nearest. A mode makes one format: each format whose row of the table has a
+// load_name ("int8" -> I8_CH, "int4" -> I4_G128 on the asymmetric grid, "q4_k" -> Q4_K, ...;
+// "f32" widens every linear weight to fp32, the reference a quantized file is measured
+// against: its own weights computed in fp32), and "int4-sym" makes I4_G128 on the symmetric
+// grid. A GGUF format needs columns that fill its blocks (32 or 256 elements), else the mode
+// makes its load_fallback. Float matrices are rounded directly; matrices stored quantized (GGUF
+// blocks, AWQ / GPTQ) are re-quantized from their dequantized values unless already in the
+// target format. The embedding and norms always stay as stored; the LM head too unless
+// quantize_lm_head. The arithmetic is the kernels' (common/weight_codec.h).
+//
+// The mode that makes format T has the value of T + 1 (weight_quant_making), so a format
+// added to the table is a mode with no line here. The enumerators name the modes for code that
+// picks one (the GGUF formats' from common/block_geometry.h's list).
+enum class WeightQuant : uint8_t {
+  kNone = 0,  // the weights as stored
+  kF32 = 1 + static_cast<int>(QuantType::kF32),
+#define TESSERA_GGUF_WEIGHT_QUANT(name, elems, bytes) k##name = 1 + static_cast<int>(QuantType::k##name),
+  TESSERA_GGUF_BLOCK_FORMATS(TESSERA_GGUF_WEIGHT_QUANT)
+#undef TESSERA_GGUF_WEIGHT_QUANT
+  kInt8 = 1 + static_cast<int>(QuantType::kI8_CH),
+  kInt4 = 1 + static_cast<int>(QuantType::kI4_G128),
+  kInt4Sym = 1 + static_cast<int>(QuantType::kCount),  // I4_G128 on the symmetric grid
+};
+
+// The mode that makes `t` (whose row has a load_name); kNone when none does.
+WeightQuant weight_quant_making(QuantType t);
+// The format a --quant mode produces (kNone: kF32, never used).
+QuantType weight_quant_type(WeightQuant q);
+// The format it produces for a matrix of `cols` columns: weight_quant_type(q), or, when `cols`
+// does not fill its 256-element super-blocks, the format's load_fallback: the nearest 32-block
+// format with at least as many bits (Q2_K / Q3_K / TQ1_0 / TQ2_0 -> Q4_0, Q4_K / Q5_K -> Q5_0,
+// Q6_K -> Q8_0; llama.cpp's quantizer makes the same kind of substitution). Gemma-3-270M's
+// q/k/v/gate/up weights (640 columns) take the fallback; its o and down projections keep the
+// format.
+QuantType weight_quant_type_for(WeightQuant q, int64_t cols);
+
+// "none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0", "f32", "q8_0", "q4_0",
+// "q5_0", "q4_k", "q5_k", "q6_k" (the table's load_name; "?" for a value that is no mode).
+std::string_view weight_quant_name(WeightQuant q);
+// Parses those names; InvalidArgument lists them.
+Result<WeightQuant> parse_weight_quant(std::string_view name);
+// Every mode: kNone, then in the table's load_order (int4-sym right after int4). For flag
+// choices and checks.
+std::span<const WeightQuant> all_weight_quants();
+// Their names in that order, comma-separated: "none, int8, int4, int4-sym, q2_k, ..., q6_k".
+std::string weight_quant_names_text();
+// What each mode does, for --quant's help: "none, int8, int4 (asymmetric, groups of 128),
+// int4-sym, the GGUF formats q8_0, q4_0, q5_0 (columns a multiple of 32), q2_k, ..., q6_k (a
+// multiple of 256), or f32 (widen to fp32: the reference precision)".
+std::string weight_quant_help();
 
 }  // namespace tessera

@@ -24,12 +24,9 @@ bool env_flag(std::string_view name, bool fallback) {
   return !(s == "0" || s == "false" || s == "no" || s == "off");
 }
 
-std::string testdata_dir() {
-#ifdef TESSERA_SOURCE_DIR
-  return env_string("TESSERA_TESTDATA", TESSERA_SOURCE_DIR "/../shared/testdata");
-#else
-  return env_string("TESSERA_TESTDATA", "../shared/testdata");
-#endif
+std::string testdata_dir(std::string_view built_in) {
+  const std::string dir = env_string("TESSERA_TESTDATA", "");
+  return dir.empty() ? std::string(built_in) : dir;
 }
 
 }  // namespace tessera

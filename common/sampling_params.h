@@ -1,6 +1,6 @@
 // The per-request sampling parameters (what a request asks for; kernels/sampling.h says how a
 // Sampler applies them) and their validation. In common/ so that the control protocol (comm/)
-// and the API layer (coordinator/) carry them without depending on the kernels.
+// and the API layer (server/) carry them without depending on the kernels.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The arithmetic of speculative decoding that the gate (coordinator/speculation.h) and the cost
+// The arithmetic of speculative decoding that the gate (engine/speculation.h) and the cost
 // model (`tessera plan`) share. With per-position acceptance a (each draft kept with probability
 // a while every draft before it was), a piece with k drafts yields 1 + a + a^2 + ... + a^k
 // tokens; if it makes the step cost_ratio times as long as a plain step, it pays exactly when

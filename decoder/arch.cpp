@@ -15,11 +15,15 @@ std::string_view glu_activation_name(GluActivation a) {
 }
 
 ArchSpec describe_architecture(const ModelConfig& c, const ModelWeights& w) {
+  const ArchitectureTraits& row = architecture_traits(c.arch);
   ArchSpec s;
-  s.name = std::string(architecture_name(c.arch));
-  s.activation = c.is_gemma() ? GluActivation::kGeluTanh : GluActivation::kSilu;
-  s.post_norms = c.is_gemma();
-  if (c.is_gemma()) s.embed_scale = std::sqrt(static_cast<float>(c.hidden));
+  s.name = std::string(row.name);
+  s.activation = row.activation;
+  s.post_norms = row.post_norms;
+  switch (row.embed_scale) {
+    case EmbedScale::kNone: break;
+    case EmbedScale::kSqrtHidden: s.embed_scale = std::sqrt(static_cast<float>(c.hidden)); break;
+  }
   const float scalar = c.query_pre_attn_scalar > 0.0f ? c.query_pre_attn_scalar : static_cast<float>(c.head_dim);
   s.attn_scale = 1.0f / std::sqrt(scalar);
   s.rms_eps = c.rms_eps;

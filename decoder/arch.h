@@ -1,8 +1,8 @@
 // How one architecture's decoder layers are put together: the description the decoder
 // (decoder/decoder.h) walks. An architecture is data here, not code: norm placement, the gated
 // activation, q/k norms, biases, per-layer attention window and RoPE table, attention and
-// embedding scales. A new architecture is a new describe_* case (and its weight names in
-// model/), not a second layer graph.
+// embedding scales. describe_architecture fills it from the architecture's row
+// (model/architecture.h) and the config: a new architecture is a new row, not a second layer graph.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +15,8 @@
 
 namespace tessera {
 
-// The MLP's gated activation: out = act(gate) * up.
-enum class GluActivation : uint8_t {
-  kSilu,      // SwiGLU (Llama, Mistral, Qwen): silu(x) = x / (1 + e^-x)
-  kGeluTanh,  // GeGLU (Gemma): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-};
+// GluActivation, the MLP's gated activation, is a column of the architecture table
+// (model/architecture.h).
 std::string_view glu_activation_name(GluActivation a);
 
 // One layer's attention and which optional tensors it applies.
@@ -49,12 +46,12 @@ struct ArchSpec {
   Status validate(const ModelConfig& config, const ModelWeights* weights = nullptr) const;
 };
 
-// The description of the architectures Tessera loads (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3)
-// from the config and the bound weights: biases where the file has them, q/k norms where the
-// config announces them, the config's window on its local layers (every layer unless the config
-// lists them). Gemma 3 adds post-norms, GeGLU, the sqrt(hidden) embedding scale, the
-// query_pre_attn_scalar softmax scale and a second RoPE table (its local base, unscaled) for
-// the local layers.
+// The description of a model from its architecture's row (model/architecture.h: name, gated
+// activation, post-norms, embedding scale), its config and its bound weights: q/k/v biases and
+// q/k norms where the weights have them, the config's window on its local layers (every layer
+// unless the config lists them), softmax scale 1 / sqrt(query_pre_attn_scalar) when the config
+// sets it (else 1 / sqrt(head_dim)), and a second RoPE table (the local base, unscaled) for the
+// local layers when the config sets rope_theta_local (Gemma 3).
 ArchSpec describe_architecture(const ModelConfig& config, const ModelWeights& weights);
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-#include "coordinator/block_pool.h"
+#include "engine/block_pool.h"
 
 #include <fmt/format.h>
 

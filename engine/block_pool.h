@@ -1,4 +1,4 @@
-// The coordinator's KV block pool (DESIGN §3): the accounting of the paged KV cache that every
+// The coordinator's KV block pool (ARCHITECTURE.md "KV accounting"): the accounting of the paged KV cache that every
 // shard stores. Only ids and counts live here; the KV bytes live on the shards.
 //
 // * Blocks are integer ids in [0, num_blocks), each holding `block_size` token slots.

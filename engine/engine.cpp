@@ -1,4 +1,4 @@
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <random>
@@ -6,7 +6,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "coordinator/stop_checker.h"
+#include "engine/stop_checker.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-// The engine (DESIGN §1): the one decode loop. It owns the Scheduler and the BlockPool, drives
+// The engine (ARCHITECTURE.md): the one decode loop. It owns the Scheduler and the BlockPool, drives
 // one StepExecutor (shard processes, or a shard in this process), turns sampled tokens into text
 // (incremental detokenization, stop strings, EOS, length), and reports each job's progress
 // through the job's event callback. `tessera serve` runs it on its own engine thread (start():
@@ -21,13 +21,13 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/block_pool.h"
-#include "coordinator/clock.h"
-#include "coordinator/metrics.h"
-#include "coordinator/scheduler.h"
-#include "coordinator/speculation.h"
-#include "coordinator/step_features.h"
-#include "comm/step_executor.h"
+#include "engine/block_pool.h"
+#include "engine/clock.h"
+#include "engine/metrics.h"
+#include "engine/scheduler.h"
+#include "engine/speculation.h"
+#include "engine/step_features.h"
+#include "engine/step_executor.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -63,13 +63,13 @@ struct Job {
   int32_t priority = 0;
   bool want_logprobs = false;
   bool want_prompt_logprobs = false;
-  // Speculative decoding for this request (coordinator/speculation.h); none: the scheduler
+  // Speculative decoding for this request (engine/speculation.h); none: the scheduler
   // config's mode. kDraft needs a draft proposer, which this engine does not have yet.
   std::optional<SpecMode> speculation;
   std::function<void(const JobEvent&)> on_event;  // engine thread; called until each choice finishes
 };
 
-// Where a failed engine stands (the server's recovery, coordinator/server.cpp; /health): none
+// Where a failed engine stands (the server's recovery, server/server.cpp; /health): none
 // (healthy, or failed with nobody restarting it), its shards being restarted, or given up.
 enum class RecoveryState : int { kNone = 0, kRestarting = 1, kFailed = 2 };
 
@@ -81,7 +81,7 @@ struct EngineOptions {
   // The first sequence id this engine hands out (ids are the shards' keys: an engine that
   // follows another on the same shards starts past the ids the first one used).
   uint64_t first_seq_id = 1;
-  // The window pool beside the block pool (coordinator/scheduler.h; none by default). Not
+  // The window pool beside the block pool (engine/scheduler.h; none by default). Not
   // owned: it must outlive the engine.
   WindowPool window;
   // Called on the engine thread after every step that ran (not for a failed one) with what it

@@ -1,4 +1,4 @@
-#include "coordinator/metrics.h"
+#include "engine/metrics.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "coordinator/scheduler.h"
+#include "engine/scheduler.h"
 
 #include <fmt/format.h>
 

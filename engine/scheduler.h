@@ -1,6 +1,6 @@
-// The continuous-batching scheduler (DESIGN §4): decides, step by step, which sequences run,
+// The continuous-batching scheduler (ARCHITECTURE.md "One step", step 3): decides, step by step, which sequences run,
 // which tokens of each are computed, and which KV blocks they use, and emits the StepPlan the
-// shards execute (comm/control_messages.h, proto/README.md).
+// shards execute (proto/control_messages.h, proto/README.md).
 //
 // The engine loop (one thread owns the Scheduler, its BlockPool and the Clock's readings):
 //
@@ -87,7 +87,7 @@
 //    The window pool is sized by window_pool_blocks (max_batch, max_step_tokens), so it never
 //    runs out and never preempts anyone.
 //
-// Thread-safety: none; the engine thread owns the scheduler (DESIGN §1).
+// Thread-safety: none; the engine thread owns the scheduler (ARCHITECTURE.md).
 #pragma once
 
 #include <cstdint>
@@ -96,11 +96,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/status.h"
-#include "coordinator/block_pool.h"
-#include "coordinator/clock.h"
-#include "coordinator/scheduler_config.h"
+#include "engine/block_pool.h"
+#include "engine/clock.h"
+#include "engine/scheduler_config.h"
 
 namespace tessera {
 

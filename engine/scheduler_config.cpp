@@ -1,6 +1,4 @@
-#include "coordinator/scheduler_config.h"
-
-#include "common/kv_config.h"
+#include "engine/scheduler_config.h"
 
 #include <fmt/format.h>
 
@@ -9,46 +7,73 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
+
+#include "common/kv_config.h"
 
 namespace tessera {
 namespace {
 
-// Why these numbers (one 7-13B model on one A100/H100-class card as the reference point):
-//
-// interactive — latency first.
-//   max_batch 32: a decode step stays bound by reading the weights (about the same time as
-//     batch 1) up to a few dozen sequences, so inter-token latency barely grows with it.
-//   max_step_tokens 2048: room for every one of the 32 decodes plus about three prefill
-//     chunks, so a burst of arrivals starts within one step, while a step never grows past a
-//     few chunks' compute (tens of ms).
-//   max_burst_wait_ms 50: a burst of arrivals (each within 10 ms, a fifth of it, of the one before:
-//     a client's parallel calls, a load generator's clients starting together) is gathered
-//     into one prefill step, where cut after max_wait_ms its stragglers would prefill in a
-//     later step beside the first ones' decodes, stalling them all (on a CPU, a 1.1B model's
-//     32-client burst: a 4 s step beside 28 decoders, bench/results/serve-vs-vllm/
-//     m1b-bf16-20261205.md). A lone request still waits only max_wait_ms.
-//   max_wait_ms 2: far below one decode step (10-30 ms), so waiting is invisible in time to
-//     first token, yet it gathers requests that arrive together (a client's parallel calls,
-//     n > 1) into one prefill step instead of one slow step each.
-//   prefill_chunk 512: big enough for the GEMMs to run near peak, small enough that a long
-//     prompt delays the others' next token by one modest step, not by the whole prompt.
-//   aging 5 s: a batch-class request competes as interactive after at most 5 s per class.
-//
-// offline — throughput first.
-//   max_batch 256 and max_step_tokens 8192: large GEMMs at full efficiency; latency of a
-//     single request matters little. max_wait_ms 50 (a few decode steps) gathers many arrivals
-//     into one prefill step; prefill_chunk 2048 cuts per-chunk overhead; aging 30 s.
-SchedulerConfig interactive_profile() { return SchedulerConfig{}; }
+// One row of engine/scheduler_knobs.h, with the accessors its member gives.
+struct Knob {
+  std::string_view key;
+  bool whole;  // an int32_t knob
+  KnobBound lo, hi;
+  double interactive, offline;
+  std::string_view help;
+  double (*get)(const SchedulerConfig&);
+  void (*set)(SchedulerConfig&, double);
+};
 
-SchedulerConfig offline_profile() {
+#define TESSERA_SCHEDULER_ROW(key, member, type, lo, hi, interactive, offline, help)                       \
+  Knob{#key, std::is_integral_v<type>, lo, hi, interactive, offline, help,                                 \
+       [](const SchedulerConfig& c) -> double { return static_cast<double>(c.member); },                    \
+       [](SchedulerConfig& c, double v) { c.member = static_cast<type>(v); }},
+#define TESSERA_SPECULATION_ROW(key, member, type, lo, hi, interactive, offline, help)                     \
+  Knob{#key, std::is_integral_v<type>, lo, hi, interactive, offline, help,                                 \
+       [](const SchedulerConfig& c) -> double { return static_cast<double>(c.speculation.member); },        \
+       [](SchedulerConfig& c, double v) { c.speculation.member = static_cast<type>(v); }},
+
+const Knob kKnobs[] = {TESSERA_SCHEDULER_KNOBS(TESSERA_SCHEDULER_ROW) TESSERA_SPECULATION_KNOBS(TESSERA_SPECULATION_ROW)};
+
+#undef TESSERA_SCHEDULER_ROW
+#undef TESSERA_SPECULATION_ROW
+
+const Knob* find_knob(std::string_view key) {
+  for (const Knob& k : kKnobs)
+    if (k.key == key) return &k;
+  return nullptr;
+}
+
+bool is_speculation_knob(const Knob& k) { return k.key.rfind("spec_", 0) == 0; }
+
+// "must be at least 1", "must be in 1..16", "must be > 0", "must be in [0, 0.5)".
+std::string range_text(const Knob& k) {
+  const KnobBound& lo = k.lo;
+  const KnobBound& hi = k.hi;
+  if (k.whole) {
+    if (hi.none) return fmt::format("at least {}", lo.value);
+    return fmt::format("in {}..{}", lo.value, hi.value);
+  }
+  if (hi.none) return fmt::format("{} {}", lo.open ? ">" : ">=", lo.value);
+  return fmt::format("in {}{}, {}{}", lo.open ? "(" : "[", lo.value, hi.value, hi.open ? ")" : "]");
+}
+
+bool in_range(const Knob& k, double v) {
+  if (!std::isfinite(v)) return false;
+  if (!k.lo.none && (k.lo.open ? v <= k.lo.value : v < k.lo.value)) return false;
+  if (!k.hi.none && (k.hi.open ? v >= k.hi.value : v > k.hi.value)) return false;
+  return true;
+}
+
+Status out_of_range(const Knob& k, double v) {
+  return Status::invalid_argument(fmt::format("scheduler knob {} = {}: must be {}", k.key, v, range_text(k)));
+}
+
+SchedulerConfig profile_values(bool offline) {
   SchedulerConfig c;
-  c.profile = "offline";
-  c.max_batch = 256;
-  c.max_step_tokens = 8192;
-  c.max_wait_ms = 50.0;
-  c.max_burst_wait_ms = 50.0;
-  c.prefill_chunk = 2048;
-  c.aging_ms = 30000.0;
+  c.profile = offline ? "offline" : "interactive";
+  for (const Knob& k : kKnobs) k.set(c, offline ? k.offline : k.interactive);
   return c;
 }
 
@@ -60,6 +85,23 @@ std::string normalize(std::string_view name) {
   return s;
 }
 
+Status parse_value(const Knob& k, std::string_view v, double* out) {
+  if (k.whole) {
+    int64_t x = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size() || x < INT32_MIN || x > INT32_MAX)
+      return Status::invalid_argument(fmt::format("scheduler knob {}: '{}' is not an integer", k.key, v));
+    *out = static_cast<double>(x);
+    return Status::ok();
+  }
+  double x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(x))
+    return Status::invalid_argument(fmt::format("scheduler knob {}: '{}' is not a number", k.key, v));
+  *out = x;
+  return Status::ok();
+}
+
 Status parse_int(std::string_view knob, std::string_view v, int32_t& out) {
   int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
@@ -67,59 +109,6 @@ Status parse_int(std::string_view knob, std::string_view v, int32_t& out) {
     return Status::invalid_argument(fmt::format("scheduler knob {}: '{}' is not an integer", knob, v));
   out = static_cast<int32_t>(x);
   return Status::ok();
-}
-
-Status parse_double(std::string_view knob, std::string_view v, double& out) {
-  double x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(x))
-    return Status::invalid_argument(fmt::format("scheduler knob {}: '{}' is not a number", knob, v));
-  out = x;
-  return Status::ok();
-}
-
-struct KnobInfo {
-  const char* name;
-  const char* help;
-};
-
-constexpr KnobInfo kKnobs[] = {
-    {"max_batch", "Most sequences in one step."},
-    {"max_step_tokens", "Token budget per step (decode tokens plus prefill pieces)."},
-    {"max_wait_ms", "Longest a new prefill waits for companions, in milliseconds."},
-    {"max_burst_wait_ms", "While requests keep arriving close together (within a fifth of this), the wait for "
-                          "companions extends up to this long after the first, in milliseconds."},
-    {"prefill_chunk", "Longest prefill piece per step, in tokens."},
-    {"mixed_prefill_tokens", "Most prefill tokens in a step that also decodes (0: no limit but max_step_tokens)."},
-    {"priority_classes", "Number of request priority classes (0 is served first)."},
-    {"aging_ms", "Milliseconds in the system after which a request's class improves by one."},
-    {"spec_depth", "Most speculative drafts per sequence per step (0: never)."},
-    {"spec_ngram_max", "Longest suffix the n-gram proposer looks up."},
-    {"spec_ngram_min", "Shortest suffix the n-gram proposer looks up."},
-    {"spec_probe_interval", "Steps between probes of a traffic class whose speculation is off."},
-    {"spec_probe_steps", "Steps of a speculation probe."},
-    {"spec_hysteresis", "Speculation goes off below 1 - h of plain speed and on again above 1 + h."},
-    {"spec_draft_layers", "Layers of the shards' self-draft (0: none; the draft proposer)."},
-    {"spec_draft_vocab", "Fixed head rows of the self-draft (token ids below it, plus each context's ids)."},
-};
-
-double knob_value(const SchedulerConfig& c, std::string_view name) {
-  if (name == "max_batch") return c.max_batch;
-  if (name == "max_step_tokens") return c.max_step_tokens;
-  if (name == "max_wait_ms") return c.max_wait_ms;
-  if (name == "max_burst_wait_ms") return c.max_burst_wait_ms;
-  if (name == "prefill_chunk") return c.prefill_chunk;
-  if (name == "mixed_prefill_tokens") return c.mixed_prefill_tokens;
-  if (name == "priority_classes") return c.priority_classes;
-  if (name == "spec_depth") return c.speculation.max_depth;
-  if (name == "spec_ngram_max") return c.speculation.ngram_max;
-  if (name == "spec_ngram_min") return c.speculation.ngram_min;
-  if (name == "spec_probe_interval") return c.speculation.probe_interval;
-  if (name == "spec_probe_steps") return c.speculation.probe_steps;
-  if (name == "spec_hysteresis") return c.speculation.hysteresis;
-  if (name == "spec_draft_layers") return c.speculation.draft_layers;
-  if (name == "spec_draft_vocab") return c.speculation.draft_vocab;
-  return c.aging_ms;
 }
 
 // Prometheus label values escape backslash, quote and newline.
@@ -141,33 +130,34 @@ std::string escape_label(std::string_view v) {
 std::vector<std::string> scheduler_profile_names() { return {"interactive", "offline"}; }
 
 Result<SchedulerConfig> scheduler_profile(std::string_view name) {
-  if (name == "interactive") return interactive_profile();
-  if (name == "offline") return offline_profile();
+  if (name == "interactive") return profile_values(false);
+  if (name == "offline") return profile_values(true);
   return Status::not_found(fmt::format("unknown scheduler profile '{}' (known: {})", name,
                                        fmt::join(scheduler_profile_names(), ", ")));
 }
 
+Status validate_speculation_config(const SpeculationConfig& sp) {
+  SchedulerConfig c;
+  c.speculation = sp;
+  for (const Knob& k : kKnobs)
+    if (is_speculation_knob(k) && !in_range(k, k.get(c))) return out_of_range(k, k.get(c));
+  if (sp.ngram_max < sp.ngram_min)
+    return Status::invalid_argument(fmt::format("scheduler knob spec_ngram_max = {}: must be at least spec_ngram_min ({})",
+                                                sp.ngram_max, sp.ngram_min));
+  return Status::ok();
+}
+
 Status validate_scheduler_config(const SchedulerConfig& c) {
-  auto bad = [](std::string_view knob, auto value, std::string_view why) {
-    return Status::invalid_argument(fmt::format("scheduler knob {} = {}: {}", knob, value, why));
-  };
-  if (c.max_batch < 1) return bad("max_batch", c.max_batch, "must be at least 1");
+  for (const Knob& k : kKnobs)
+    if (!is_speculation_knob(k) && !in_range(k, k.get(c))) return out_of_range(k, k.get(c));
   if (c.max_step_tokens < c.max_batch)
-    return bad("max_step_tokens", c.max_step_tokens,
-               fmt::format("must be at least max_batch ({}) so every running sequence can decode each step",
-                           c.max_batch));
-  if (c.prefill_chunk < 1) return bad("prefill_chunk", c.prefill_chunk, "must be at least 1");
-  if (c.mixed_prefill_tokens < 0)
-    return bad("mixed_prefill_tokens", c.mixed_prefill_tokens, "must be >= 0 (0: no limit but max_step_tokens)");
-  if (!std::isfinite(c.max_wait_ms) || c.max_wait_ms < 0) return bad("max_wait_ms", c.max_wait_ms, "must be >= 0");
-  if (!std::isfinite(c.max_burst_wait_ms) || c.max_burst_wait_ms < 0)
-    return bad("max_burst_wait_ms", c.max_burst_wait_ms, "must be >= 0");
-  if (c.priority_classes < 1 || c.priority_classes > 16)
-    return bad("priority_classes", c.priority_classes, "must be in 1..16");
-  if (!std::isfinite(c.aging_ms) || c.aging_ms <= 0) return bad("aging_ms", c.aging_ms, "must be > 0");
+    return Status::invalid_argument(
+        fmt::format("scheduler knob max_step_tokens = {}: must be at least max_batch ({}) so every running sequence "
+                    "can decode each step",
+                    c.max_step_tokens, c.max_batch));
   if (c.block_size != 0 && !validate_block_size(c.block_size).is_ok())
-    return bad("block_size", c.block_size,
-               fmt::format("must be 0 (not set) or in {}..{} tokens", kMinBlockSize, kMaxBlockSize));
+    return Status::invalid_argument(fmt::format("scheduler knob block_size = {}: must be 0 (not set) or in {}..{} tokens",
+                                                c.block_size, kMinBlockSize, kMaxBlockSize));
   return validate_speculation_config(c.speculation);
 }
 
@@ -177,31 +167,43 @@ Status set_scheduler_knob(SchedulerConfig& c, std::string_view raw_name, std::st
     TESSERA_ASSIGN_OR_RETURN(c, scheduler_profile(value));
     return Status::ok();
   }
-  if (name == "max_batch") return parse_int(name, value, c.max_batch);
-  if (name == "max_step_tokens") return parse_int(name, value, c.max_step_tokens);
-  if (name == "max_wait_ms") return parse_double(name, value, c.max_wait_ms);
-  if (name == "max_burst_wait_ms") return parse_double(name, value, c.max_burst_wait_ms);
-  if (name == "prefill_chunk") return parse_int(name, value, c.prefill_chunk);
-  if (name == "mixed_prefill_tokens") return parse_int(name, value, c.mixed_prefill_tokens);
-  if (name == "priority_classes") return parse_int(name, value, c.priority_classes);
-  if (name == "aging_ms") return parse_double(name, value, c.aging_ms);
   if (name == "block_size" || name == "kv_block_size") return parse_int(name, value, c.block_size);
-  SpeculationConfig& sp = c.speculation;
   if (name == "speculation") {
     auto mode = parse_spec_mode(value);
     if (!mode.is_ok()) return mode.status().with_context("scheduler knob speculation");
-    sp.mode = *mode;
+    c.speculation.mode = *mode;
     return Status::ok();
   }
-  if (name == "spec_depth") return parse_int(name, value, sp.max_depth);
-  if (name == "spec_ngram_max") return parse_int(name, value, sp.ngram_max);
-  if (name == "spec_ngram_min") return parse_int(name, value, sp.ngram_min);
-  if (name == "spec_probe_interval") return parse_int(name, value, sp.probe_interval);
-  if (name == "spec_probe_steps") return parse_int(name, value, sp.probe_steps);
-  if (name == "spec_hysteresis") return parse_double(name, value, sp.hysteresis);
-  if (name == "spec_draft_layers") return parse_int(name, value, sp.draft_layers);
-  if (name == "spec_draft_vocab") return parse_int(name, value, sp.draft_vocab);
-  return Status::invalid_argument(fmt::format("unknown scheduler knob '{}'", raw_name));
+  const Knob* k = find_knob(name);
+  if (!k) return Status::invalid_argument(fmt::format("unknown scheduler knob '{}'", raw_name));
+  double v = 0;
+  TESSERA_RETURN_IF_ERROR(parse_value(*k, value, &v));
+  k->set(c, v);
+  return Status::ok();
+}
+
+const std::vector<SchedulerKnobInfo>& scheduler_knob_infos() {
+  static const std::vector<SchedulerKnobInfo> infos = [] {
+    std::vector<SchedulerKnobInfo> out;
+    auto flag = [](std::string_view key) {
+      std::string f = "--" + std::string(key);
+      for (char& ch : f)
+        if (ch == '_') ch = '-';
+      return f;
+    };
+    for (const Knob& k : kKnobs) {
+      if (k.key == "spec_depth")
+        out.push_back({"speculation", "--speculation",
+                       "speculative decoding for requests without the field: off, auto (gated by measured acceptance), "
+                       "ngram (always), draft (the self-draft, always; needs --spec-draft-layers)"});
+      const std::string profiles =
+          k.interactive == k.offline ? fmt::format("default {}", k.interactive)
+                                     : fmt::format("interactive {}, offline {}", k.interactive, k.offline);
+      out.push_back({k.key, flag(k.key), fmt::format("{} ({}; {})", k.help, range_text(k), profiles)});
+    }
+    return out;
+  }();
+  return infos;
 }
 
 namespace {
@@ -256,6 +258,20 @@ Status apply_scheduler_config_file(SchedulerConfig& c, const std::string& path) 
   return apply_json(c, text, path, /*apply_profile=*/true);
 }
 
+Status apply_scheduler_layers(SchedulerConfig& c, std::string_view profile, const std::string& config_file,
+                              const std::vector<std::pair<std::string, std::string>>& knobs) {
+  if (!profile.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(c, scheduler_profile(profile));
+  }
+  if (!config_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(std::string text, read_text(config_file));
+    TESSERA_RETURN_IF_ERROR(apply_json(c, text, config_file, /*apply_profile=*/profile.empty()));
+  }
+  for (const auto& [k, v] : knobs)
+    if (!v.empty()) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(c, k, v));
+  return validate_scheduler_config(c);
+}
+
 Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::string>& args,
                                                     std::vector<std::string>* rest) {
   std::string profile, file;
@@ -275,12 +291,8 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
       has_value = true;
     }
     const std::string key = normalize(name);
-    const bool ours = key == "scheduler_profile" || key == "scheduler_config" || key == "max_batch" ||
-                      key == "max_step_tokens" || key == "max_wait_ms" || key == "max_burst_wait_ms" ||
-                      key == "prefill_chunk" ||
-                      key == "mixed_prefill_tokens" ||
-                      key == "priority_classes" || key == "aging_ms" || key == "speculation" ||
-                      key.rfind("spec_", 0) == 0;
+    const bool ours = key == "scheduler_profile" || key == "scheduler_config" || key == "speculation" ||
+                      find_knob(key) != nullptr;
     if (!ours) {
       if (!rest) return Status::invalid_argument(fmt::format("unknown flag '{}'", a));
       rest->push_back(a);
@@ -295,46 +307,49 @@ Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::strin
     else knobs.emplace_back(key, value);
   }
   SchedulerConfig c;
-  if (!profile.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(c, scheduler_profile(profile));
-  }
-  if (!file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(std::string text, read_text(file));
-    TESSERA_RETURN_IF_ERROR(apply_json(c, text, file, /*apply_profile=*/profile.empty()));
-  }
-  for (const auto& [k, v] : knobs) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(c, k, v));
-  TESSERA_RETURN_IF_ERROR(validate_scheduler_config(c));
+  TESSERA_RETURN_IF_ERROR(apply_scheduler_layers(c, profile, file, knobs));
   return c;
 }
 
 std::string format_scheduler_config(const SchedulerConfig& c) {
-  return fmt::format(
-      "scheduler: profile={} max_batch={} max_step_tokens={} max_wait_ms={} max_burst_wait_ms={} prefill_chunk={} "
-      "mixed_prefill_tokens={} priority_classes={} aging_ms={}{} speculation={} spec_depth={} spec_ngram={}..{} "
-      "spec_probe={}/{} spec_hysteresis={}{}",
-      c.profile, c.max_batch, c.max_step_tokens, c.max_wait_ms, c.max_burst_wait_ms, c.prefill_chunk,
-      c.mixed_prefill_tokens,
-      c.priority_classes, c.aging_ms,
-      c.block_size > 0 ? fmt::format(" block_size={}", c.block_size) : std::string(),
-      spec_mode_name(c.speculation.mode), c.speculation.max_depth, c.speculation.ngram_min, c.speculation.ngram_max,
-      c.speculation.probe_steps, c.speculation.probe_interval, c.speculation.hysteresis,
-      c.speculation.draft_layers > 0
-          ? fmt::format(" spec_draft_layers={} spec_draft_vocab={}", c.speculation.draft_layers, c.speculation.draft_vocab)
-          : std::string());
+  std::string out = "scheduler: profile=" + c.profile;
+  for (const Knob& k : kKnobs) {
+    if (k.key == "spec_depth") {
+      if (c.block_size > 0) out += fmt::format(" block_size={}", c.block_size);
+      out += fmt::format(" speculation={}", spec_mode_name(c.speculation.mode));
+    }
+    out += fmt::format(" {}={}", k.key, k.get(c));
+  }
+  return out;
 }
 
 std::string scheduler_config_prometheus(const SchedulerConfig& c) {
   std::string out;
   const std::string label = escape_label(c.profile);
-  for (const KnobInfo& k : kKnobs) {
-    out += fmt::format("# HELP tessera_scheduler_{} {}\n# TYPE tessera_scheduler_{} gauge\n", k.name, k.help, k.name);
-    out += fmt::format("tessera_scheduler_{}{{profile=\"{}\"}} {}\n", k.name, label, knob_value(c, k.name));
+  for (const Knob& k : kKnobs) {
+    out += fmt::format("# HELP tessera_scheduler_{} {}\n# TYPE tessera_scheduler_{} gauge\n", k.key, k.help, k.key);
+    out += fmt::format("tessera_scheduler_{}{{profile=\"{}\"}} {}\n", k.key, label, k.get(c));
   }
   out += "# HELP tessera_scheduler_speculation The speculation mode of requests without the field (1 on its label)\n"
          "# TYPE tessera_scheduler_speculation gauge\n";
   out += fmt::format("tessera_scheduler_speculation{{profile=\"{}\",mode=\"{}\"}} 1\n", label,
                      spec_mode_name(c.speculation.mode));
   return out;
+}
+
+std::string scheduler_config_json(const SchedulerConfig& c, const std::string& comment) {
+  nlohmann::ordered_json j;
+  j["profile"] = c.profile;
+  for (const Knob& k : kKnobs) {
+    if (k.key == "spec_depth") {
+      if (c.block_size > 0) j["block_size"] = c.block_size;
+      j["speculation"] = std::string(spec_mode_name(c.speculation.mode));
+    }
+    if (k.whole) j[std::string(k.key)] = static_cast<int64_t>(k.get(c));
+    else j[std::string(k.key)] = k.get(c);
+  }
+  if (!comment.empty()) j["comment"] = comment;
+  return j.dump(2) + "\n";
 }
 
 }  // namespace tessera

@@ -1,19 +1,17 @@
-// The scheduler's knobs (DESIGN §4), its named profiles, and how they are set (flags, a JSON
-// config file) and shown (start-up log line, Prometheus gauges).
+// The scheduler's config: its knobs (one table, engine/scheduler_knobs.h), the named profiles,
+// and how they are set (flags, a JSON config file) and shown (start-up log line, Prometheus
+// gauges). Everything here iterates the table; no knob is named in this file's code.
 //
 // Precedence: a profile gives every knob a value; a config file may name a profile and set
-// knobs on top of it; flags set knobs on top of that. `--scheduler-profile` on the command
-// line wins over the file's "profile".
+// knobs on top of it; flags set knobs on top of that. A profile named on the command line wins
+// over the file's "profile" (apply_scheduler_layers).
 //
-//   Flags (both `--name value` and `--name=value`; '-' and '_' are interchangeable):
-//     --scheduler-profile interactive|offline
+//   Flags (server/server_cli.h registers them for serve, launch, tessera-coordinator and
+//   `tune simulate`; both `--name value` and `--name=value`; '-' and '_' are interchangeable):
+//     --profile interactive|offline   (--scheduler-profile in scheduler_config_from_flags)
 //     --scheduler-config FILE         JSON object: {"profile": "offline", "max_batch": 128, ...}
-//     --max-batch N  --max-step-tokens N  --max-wait-ms MS  --max-burst-wait-ms MS  --prefill-chunk N
-//     --mixed-prefill-tokens N
-//     --priority-classes N  --aging-ms MS
-//     --speculation off|auto|ngram|draft  --spec-depth N  --spec-ngram-max N  --spec-ngram-min N
-//     --spec-probe-interval STEPS  --spec-probe-steps STEPS  --spec-hysteresis H
-//   (coordinator/speculation.h says what the speculation knobs do)
+//     --speculation off|auto|ngram|draft
+//     --<knob> VALUE                  every row of engine/scheduler_knobs.h: --max-batch N, --spec-depth N, ...
 #pragma once
 
 #include <cstdint>
@@ -22,27 +20,16 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/speculation.h"
+#include "engine/scheduler_knobs.h"
+#include "engine/speculation.h"
 
 namespace tessera {
 
 struct SchedulerConfig {
   std::string profile = "interactive";  // the profile the values started from (a label)
-  int32_t max_batch = 32;               // most sequences in one step (and most running at once)
-  int32_t max_step_tokens = 2048;       // token budget per step: decode tokens + prefill pieces
-  double max_wait_ms = 2.0;             // longest a new prefill waits for companions
-  // A companion within max_wait_ms starts a burst: while new requests keep arriving, each
-  // within max(max_wait_ms, max_burst_wait_ms / 5) of the one before, the wait extends to that
-  // gap after the newest, but never past max_burst_wait_ms after the first (<= max_wait_ms: no
-  // extension).
-  double max_burst_wait_ms = 50.0;
-  int32_t prefill_chunk = 512;          // longest prefill (or recompute) piece per step, tokens
-  // Most prefill (and recompute) tokens in a step that also decodes (0: only max_step_tokens
-  // limits them): what one step's prefill adds to the running sequences' inter-token latency.
-  // Steps without decodes are not limited (nobody waits on them).
-  int32_t mixed_prefill_tokens = 0;
-  int32_t priority_classes = 2;         // request priority in [0, classes); 0 is served first
-  double aging_ms = 5000.0;             // a request's class improves by one per aging_ms in the system
+  // max_batch, max_step_tokens, max_wait_ms, max_burst_wait_ms, prefill_chunk,
+  // mixed_prefill_tokens, priority_classes, aging_ms: engine/scheduler_knobs.h says what each is.
+  TESSERA_SCHEDULER_KNOBS(TESSERA_KNOB_FIELD)
   SpeculationConfig speculation;        // drafts and their gate; mode: what a request without the field gets
   // KV tokens per block the config was tuned for (`tessera tune` writes it); 0: not set, the
   // --block-size flag (or its default) decides. An explicit --block-size wins over it.
@@ -53,11 +40,10 @@ struct SchedulerConfig {
 Result<SchedulerConfig> scheduler_profile(std::string_view name);
 std::vector<std::string> scheduler_profile_names();
 
-// InvalidArgument naming the knob and value: max_batch < 1, max_step_tokens < max_batch
-// (every running sequence must be able to decode in each step), prefill_chunk < 1,
-// mixed_prefill_tokens < 0,
-// max_wait_ms < 0, max_burst_wait_ms < 0, priority_classes outside 1..16, aging_ms <= 0, non-finite values, and the
-// speculation knobs (validate_speculation_config).
+// InvalidArgument naming the knob and value: a value outside its row's range, a non-finite one,
+// max_step_tokens < max_batch (every running sequence must be able to decode in each step), a
+// block_size outside common/kv_config.h's range, and the speculation knobs
+// (validate_speculation_config).
 Status validate_scheduler_config(const SchedulerConfig& config);
 
 // Sets one knob by name ("max_batch" or "max-batch", ...; "profile" resets every knob to that
@@ -79,11 +65,30 @@ Status apply_scheduler_config_file(SchedulerConfig& config, const std::string& p
 Result<SchedulerConfig> scheduler_config_from_flags(const std::vector<std::string>& args,
                                                     std::vector<std::string>* rest = nullptr);
 
-// One line for the start-up log:
-// "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 ..."
+// One line for the start-up log, every knob in table order:
+// "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 ... speculation=auto spec_depth=4 ..."
 std::string format_scheduler_config(const SchedulerConfig& config);
 // Prometheus text exposition: a HELP and TYPE line and one gauge per knob, e.g.
 // tessera_scheduler_max_batch{profile="interactive"} 32
 std::string scheduler_config_prometheus(const SchedulerConfig& config);
+
+// What the command-line and file layers need to know of a knob, one entry per table row plus
+// `speculation` (the mode), in table order.
+struct SchedulerKnobInfo {
+  std::string_view key;   // "max_batch"
+  std::string flag;       // "--max-batch"
+  std::string help;       // the row's help, its range and the two profiles' values
+};
+const std::vector<SchedulerKnobInfo>& scheduler_knob_infos();
+
+// The layers of precedence applied in order: a profile (empty: keep `config`'s values), then a
+// JSON config file (empty: none; its "profile" applies unless one was given here), then knobs by
+// name (empty values are skipped), then validation. For command lines that collect these.
+Status apply_scheduler_layers(SchedulerConfig& config, std::string_view profile, const std::string& config_file,
+                              const std::vector<std::pair<std::string, std::string>>& knobs);
+
+// Every knob as a JSON object's text, keys in table order ("profile" first, then "comment" when
+// given), for a profile file that `--scheduler-config` reads back.
+std::string scheduler_config_json(const SchedulerConfig& config, const std::string& comment = "");
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-#include "coordinator/speculation.h"
+#include "engine/speculation.h"
 
 #include <fmt/format.h>
 
@@ -43,24 +43,6 @@ std::string_view spec_mode_name(SpecMode mode) {
     case SpecMode::kDraft: return "draft";
   }
   return "?";
-}
-
-Status validate_speculation_config(const SpeculationConfig& c) {
-  auto bad = [](std::string_view knob, auto value, std::string_view why) {
-    return Status::invalid_argument(fmt::format("scheduler knob {} = {}: {}", knob, value, why));
-  };
-  if (c.max_depth < 0 || c.max_depth > 16) return bad("spec_depth", c.max_depth, "must be in 0..16");
-  if (c.ngram_min < 1) return bad("spec_ngram_min", c.ngram_min, "must be at least 1");
-  if (c.ngram_max < c.ngram_min || c.ngram_max > 16)
-    return bad("spec_ngram_max", c.ngram_max, fmt::format("must be in spec_ngram_min ({})..16", c.ngram_min));
-  if (c.probe_interval < 1) return bad("spec_probe_interval", c.probe_interval, "must be at least 1");
-  if (c.probe_steps < 1) return bad("spec_probe_steps", c.probe_steps, "must be at least 1");
-  if (c.draft_layers < 0 || c.draft_layers > 1024)
-    return bad("spec_draft_layers", c.draft_layers, "must be in 0..1024 (0: no self-draft)");
-  if (c.draft_vocab < 0) return bad("spec_draft_vocab", c.draft_vocab, "must be at least 0");
-  if (!std::isfinite(c.hysteresis) || c.hysteresis < 0 || c.hysteresis >= 0.5)
-    return bad("spec_hysteresis", c.hysteresis, "must be in [0, 0.5)");
-  return Status::ok();
 }
 
 // ---- n-gram proposer --------------------------------------------------------------------------

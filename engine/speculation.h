@@ -1,9 +1,9 @@
-// Speculative decoding's control (DESIGN §6 "Speculation that pays for itself"): the proposers
+// Speculative decoding's control (engine/README.md, speculation): the proposers
 // that run in the coordinator and the gate that decides, step by step, which decoding sequences
 // carry drafts and how many.
 //
 // A draft is verified by the shards in the same step as the sequence's next token (the step
-// plan's draft_tokens, comm/control_messages.h): every row is sampled exactly as plain decoding
+// plan's draft_tokens, proto/control_messages.h): every row is sampled exactly as plain decoding
 // would sample it, so the output is the same with or without speculation; only the time differs.
 // A step with k drafts computes k more tokens and yields 1 + (drafts kept) tokens. Whether that
 // pays depends on how often drafts are kept and on what the extra tokens cost on this model and
@@ -52,9 +52,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/speculation_math.h"
 #include "common/status.h"
+#include "engine/scheduler_knobs.h"
 
 namespace tessera {
 
@@ -73,21 +74,17 @@ std::string_view spec_mode_name(SpecMode mode);
 // The speculation knobs (SchedulerConfig carries them; scheduler_config.h shows how they are set).
 struct SpeculationConfig {
   SpecMode mode = SpecMode::kAuto;  // a request without a "speculation" field gets this
-  int32_t max_depth = 4;            // most drafts per sequence per step
-  int32_t ngram_max = 3;            // longest suffix the n-gram proposer looks up
-  int32_t ngram_min = 1;            // shortest
-  int32_t probe_interval = 64;      // steps between probes of a class that is off
-  int32_t probe_steps = 4;          // steps of a probe
-  double hysteresis = 0.03;         // off below 1 - h of plain speed, on again above 1 + h
-  // The shards' self-draft: > 0 builds it over the model's first draft_layers layers (the
-  // "draft" proposer; "auto" then uses it where the n-gram lookup finds nothing); 0: none.
-  int32_t draft_layers = 0;
-  int32_t draft_vocab = 16384;  // its head's fixed rows: ids below this, plus each context's ids
+  // max_depth (most drafts per sequence per step), ngram_max / ngram_min (the suffixes the n-gram
+  // proposer looks up), probe_interval / probe_steps (re-probing a class that is off),
+  // hysteresis (off below 1 - h of plain speed, on above 1 + h), draft_layers (> 0: the shards'
+  // self-draft over the model's first layers, the "draft" proposer; "auto" then uses it where the
+  // n-gram lookup finds nothing), draft_vocab (its head's fixed rows: ids below it, plus each
+  // context's ids). Rows of engine/scheduler_knobs.h: ranges, defaults and help there.
+  TESSERA_SPECULATION_KNOBS(TESSERA_KNOB_FIELD)
 };
 
-// InvalidArgument naming the knob: max_depth outside 0..16 (0: never draft), ngram_min < 1,
-// ngram_max < ngram_min or > 16, probe_interval < 1, probe_steps < 1, hysteresis outside [0, 0.5),
-// draft_layers < 0 or > 1024, draft_vocab < 0 (the shards check both against the model).
+// InvalidArgument naming the knob: a value outside its row's range (engine/scheduler_knobs.h)
+// or ngram_max < ngram_min (the shards check draft_layers and draft_vocab against the model).
 Status validate_speculation_config(const SpeculationConfig& config);
 
 // What proposes drafts for a sequence. Proposals must be deterministic functions of what the

@@ -1,6 +1,6 @@
-// Where the engine's step plans run (DESIGN §1): the coordinator's engine (coordinator/engine.h)
+// Where the engine's step plans run (ARCHITECTURE.md): the coordinator's engine (engine/engine.h)
 // drives one StepExecutor, whatever is behind it: shard processes over the control channel
-// (coordinator/shard_group.h) or a shard in this very process (local/in_process_shard.h, for
+// (server/shard_group.h) or a shard in this very process (local/in_process_shard.h, for
 // `tessera generate`, tests and benchmarks). Either way a plan goes out, every rank computes
 // it, and rank 0's result comes back.
 //
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/status.h"
 
 namespace tessera {

@@ -1,4 +1,4 @@
-#include "coordinator/step_features.h"
+#include "engine/step_features.h"
 
 #include <fmt/format.h>
 

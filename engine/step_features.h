@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <string>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 
 namespace tessera {
 

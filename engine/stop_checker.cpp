@@ -1,4 +1,4 @@
-#include "coordinator/stop_checker.h"
+#include "engine/stop_checker.h"
 
 #include <algorithm>
 #include <utility>

@@ -13,7 +13,7 @@
 
 #include "common/sha256.h"
 #include "common/thread_pool.h"
-#include "coordinator/speculation.h"
+#include "engine/speculation.h"
 #include "eval/corpus.h"
 #include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/fgemm_bf16.h"
@@ -44,9 +44,9 @@ Result<PrecisionSpec> parse_precision(const std::string& name) {
   if (const size_t at = base.rfind(":kv-"); at != std::string::npos) {
     const std::string kv = base.substr(at + 4);
     auto d = parse_kv_dtype(kv);
-    if (!d.is_ok() || (*d != KvDtype::kF32 && *d != KvDtype::kF16 && *d != KvDtype::kInt8))
-      return Status::invalid_argument(
-          fmt::format("precision '{}': ':kv-{}' is not a KV cache type the CPU stores (fp32, fp16, int8)", name, kv));
+    if (!d.is_ok() || !kv_dtype_stored(*d, KvBackend::kCpu))
+      return Status::invalid_argument(fmt::format("precision '{}': ':kv-{}' is not a KV cache type the CPU stores ({})",
+                                                  name, kv, kv_dtypes_stored_text(KvBackend::kCpu, ", ")));
     p.kv_dtype = *d;
     base.resize(at);
   }
@@ -72,13 +72,14 @@ Result<PrecisionSpec> parse_precision(const std::string& name) {
   auto q = parse_weight_quant(base);
   if (!q.is_ok() || *q == WeightQuant::kNone)
     return Status::invalid_argument(fmt::format(
-        "precision '{}': expected 'file', a --quant name (f32, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, q3_k, q2_k, "
-        "tq2_0, tq1_0, int8, int4, int4-sym) or one of those with '+imatrix', each optionally with '@fp32' or '@bf16' "
-        "(how its float matmuls compute) and then ':kv-fp16' or ':kv-int8' (the KV cache's elements)",
-        name));
+        "precision '{}': expected 'file', a --quant name ({}) or one of those with '+imatrix', each optionally with "
+        "'@fp32' or '@bf16' (how its float matmuls compute) and then ':kv-fp16' or ':kv-int8' (the KV cache's "
+        "elements)",
+        name, precision_quant_names()));
   p.quant = *q;
-  if (p.calibrated && (p.quant == WeightQuant::kF32 || p.quant == WeightQuant::kInt8 ||
-                       p.quant == WeightQuant::kInt4 || p.quant == WeightQuant::kInt4Sym))
+  // Calibrated encoders exist for the GGUF block formats (kernels/quant.h's quantize_row_weighted).
+  const QuantTraits& made = quant_traits(weight_quant_type(p.quant));
+  if (p.calibrated && (made.is_float || made.ggml_type < 0))
     return Status::invalid_argument(
         fmt::format("precision '{}': only the GGUF formats have calibrated (importance-weighted) encoders", name));
   return p;
@@ -273,6 +274,13 @@ Result<Canaries> run_canaries(LocalModel& m, const Tokenizer& tok, const EvalCor
 
 }  // namespace
 
+std::string precision_quant_names() {
+  std::string names;
+  for (const WeightQuant q : all_weight_quants())
+    if (q != WeightQuant::kNone) names += fmt::format("{}{}", names.empty() ? "" : ", ", weight_quant_name(q));
+  return names;
+}
+
 Result<ModelReport> run_quality_eval(const EvalOptions& o) {
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
@@ -341,11 +349,11 @@ Result<ModelReport> run_quality_eval(const EvalOptions& o) {
   auto load = [&](const PrecisionSpec& s, const ImportanceMatrix* importance) -> Result<std::unique_ptr<LocalModel>> {
     LocalModelOptions lo;
     lo.path = o.model_path;
-    lo.threads = o.threads;
+    lo.runtime.threads = o.threads;
     lo.kv_tokens = std::max<int64_t>(o.window, longest_prompt + o.code_tokens + 16);
-    lo.quant = s.quant;
-    lo.kv_dtype = s.kv_dtype;
-    lo.quantize_lm_head = s.quant == WeightQuant::kF32;  // the reference computes its head in fp32 too
+    lo.runtime.quant = s.quant;
+    lo.runtime.kv_dtype = s.kv_dtype;
+    lo.runtime.quant_lm_head = s.quant == WeightQuant::kF32;  // the reference computes its head in fp32 too
     lo.importance = importance;
     auto m = LocalModel::load(lo);
     if (!m.is_ok()) return m.status().with_context(fmt::format("precision '{}'", s.name));

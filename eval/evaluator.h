@@ -10,7 +10,7 @@
 // All models are loaded at once and fed window by window in lockstep, so the reference's
 // logits are computed once per position and never stored beyond one chunk.
 //
-// Precisions: "file" (the weights as stored), any --quant name (model/weight_store.h:
+// Precisions: "file" (the weights as stored), any --quant name (common/dtype.h's WeightQuant:
 // "f32", "q8_0", "q4_0", "q3_k", "q2_k", "tq2_0", ...), and "<name>+imatrix" for the same
 // quantized with an importance estimate measured by the reference model on the corpus's
 // calibration text (disjoint from the evaluation text; model/importance.h); each optionally
@@ -60,6 +60,10 @@ struct EvalOptions {
 // Errors: an unknown precision name, a corpus that is missing or malformed, a model that does
 // not load in some precision (the message names it), a canary driver that cannot run.
 Result<ModelReport> run_quality_eval(const EvalOptions& options);
+
+// The --quant names a precision may start with (every mode that converts: "int8, int4, int4-sym,
+// q2_k, ..., q6_k"), from common/dtype.h's table, for help texts and messages.
+std::string precision_quant_names();
 
 // The table printed by `tessera eval` (and written to the results files): one row per
 // precision, per class KL mean / p99, top-1, perplexity, then the canaries.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/shard_options.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -11,23 +12,11 @@ namespace tessera {
 
 class ThreadPool;
 
-// How matmuls with float weights (F32, F16, BF16) compute; process-wide (set it before the first
-// matmul, as set_max_isa). Block-quantized weights are unaffected (integer dot products).
-//   kFp32: fp32 fma on the widened weights (kernels/cpu/fgemm.h): fp32-accurate.
-//   kBf16: weights and activations rounded to bf16, VDPBF16PS with fp32 accumulation
-//          (kernels/cpu/fgemm_bf16.h): twice the multiply-adds per instruction; needs
-//          AVX512_BF16 (Zen 4/5, Intel Cooper Lake and later).
-//   kAuto: kBf16 for 16-bit weights (F16, BF16) where the CPU's bf16 dot product outruns its
-//          fp32 fma (cpu::bf16_dot_pays(), measured at start-up: Zen 4/5), else kFp32 (also on
-//          Intel Xeons with AVX512_BF16, where VDPBF16PS has half the fma's rate).
-// Every mode is bit-identical across thread counts and batch compositions (each output's
-// accumulation order is fixed), so a token alone and in a batch get the same logits.
-enum class MatmulPrecision { kAuto, kFp32, kBf16 };
-
-// "auto", "fp32", "bf16".
-const char* matmul_precision_name(MatmulPrecision p);
-// Parses a name; false for anything else.
-bool parse_matmul_precision(const std::string& text, MatmulPrecision* out);
+// How matmuls with float weights (F32, F16, BF16) compute: MatmulPrecision (common/
+// shard_options.h says what each mode does); process-wide (set it before the first matmul, as
+// set_max_isa). Block-quantized weights are unaffected (integer dot products). Every mode is
+// bit-identical across thread counts and batch compositions (each output's accumulation order
+// is fixed), so a token alone and in a batch get the same logits.
 // The mode; kBf16 on a CPU without AVX512_BF16 is an error (InvalidArgument naming the CPU).
 Status set_matmul_precision(MatmulPrecision p);
 MatmulPrecision matmul_precision();

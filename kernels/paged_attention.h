@@ -1,4 +1,4 @@
-// Paged KV cache layout and attention over it (DESIGN §3).
+// Paged KV cache layout and attention over it (ARCHITECTURE.md "KV accounting").
 //
 // One layer's cache is two arrays, K and V, each [num_blocks][block_size][n_kv_heads][row] of
 // one of three element types (exactly one pair of arrays is set):

@@ -16,8 +16,8 @@ void dequantize_row(QuantType type, const void* src, float* dst, int64_t k);
 // Stores k fp32 values as one row of `type` (round to nearest; for K-quants the scale search
 // follows the reference quantizers closely enough that dequantize(quantize(x)) has the usual
 // error of that format; the ternary TQ1_0 / TQ2_0 take the least-squares-best threshold and
-// scale per block). Supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K,
-// TQ1_0, TQ2_0 (and I8_CH, I4_G128).
+// scale per block). Supports the float formats, every GGUF block format (common/dtype.h's
+// table) and I8_CH, I4_G128 (see can_quantize).
 void quantize_row(QuantType type, const float* src, void* dst, int64_t k);
 
 // Whether quantize_row supports `type`.
@@ -41,9 +41,9 @@ bool can_quantize(QuantType type);
 void quantize_row_weighted(QuantType type, const float* src, const float* importance, void* dst,
                            int64_t k);
 
-// Whether quantize_row_weighted takes importance for `type`: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K,
-// Q6_K, Q2_K, Q3_K, TQ1_0, TQ2_0, and F32 / F16 / BF16 (where every element is stored
-// independently, so the importance cannot change the result).
+// Whether quantize_row_weighted takes importance for `type`: the GGUF block formats with a
+// weighted encoder (kernels/cpu/quant_weighted.cpp), and F32 / F16 / BF16 (where every element
+// is stored independently, so the importance cannot change the result).
 bool can_quantize_weighted(QuantType type);
 
 // ---- INT8 per-channel (I8_CH) and INT4 group-wise (I4_G128) weights (kernels/cpu/int_quant.cpp)
@@ -55,20 +55,13 @@ bool can_quantize_weighted(QuantType type);
 //   I4_G128 symmetric: d = fp16(2 * amax / 15), z = 8, level = clamp(rne(w / d) + 8, 0, 15)
 //     (GPTQ's symmetric grid). An all-zero group stores d = 0, z = 0, levels 0.
 // The value of a level is (level - z) * d, d widened from fp16 exactly. AWQ / GPTQ checkpoints
-// are converted into the same layout (model/int4_checkpoint.cpp).
-constexpr int64_t kInt4Group = 128;
-
-struct Int4Group {
-  uint16_t scale_fp16 = 0;  // d
-  uint8_t zero = 0;         // z, 0..15
-  uint8_t levels[kInt4Group] = {};  // 0..15
-};
-
-enum class Int4Grid { kAsymmetric, kSymmetric };
+// are converted into the same layout (model/int4_checkpoint.cpp). kInt4Group, Int4Group and
+// Int4Grid are in common/dtype.h.
 
 // Quantizes 128 floats.
 void rtn_int4_group(const float* x, Int4Grid grid, Int4Group* g);
-// The 68 bytes of one I4_G128 block (layout in common/dtype.h) and back.
+// The 68 bytes of one I4_G128 block (layout in common/dtype.h; the same bytes as its
+// write_int4_group) and back.
 void pack_int4_group(const Int4Group& g, uint8_t* dst);
 void unpack_int4_group(const uint8_t* src, Int4Group* g);
 // One I4_G128 row of k floats (k % 128 == 0) with the given grid; quantize_row uses kAsymmetric.

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/kv_config.h"
+#include "common/shard_options.h"
 #include "kernels/paged_attention.h"
 
 namespace tessera {
@@ -69,22 +70,7 @@ struct KvBlockSummaries {
 void kv_summary_update(const PagedKvLayer& kv, const KvBlockSummaries& s, const int32_t* block_table,
                        int64_t start_pos, int64_t n_tokens);
 
-struct SparseSelectOptions {
-  int64_t sink_blocks = 1;    // first blocks, always attended (>= 0)
-  int64_t recent_blocks = 2;  // last blocks, always attended, the current one included (>= 1)
-  int64_t top_blocks = 128;   // highest-scoring blocks in between (>= 0; bench/long_quality.sh chose 128)
-};
-
-// Where an engine uses it (shard/forward.h): a decode piece of a global-attention layer whose
-// context reaches threshold_tokens attends to the selected blocks only.
-struct SparseAttentionConfig {
-  bool enabled = false;             // needs a cache with key summaries (shard/kv_cache.h)
-  int64_t threshold_tokens = 8192;  // a decode at position p goes sparse when p + 1 >= this
-  SparseSelectOptions select;
-  // `--sparse-attention auto`: the backend measures the threshold at start-up
-  // (measure_sparse_crossover) and sets enabled and threshold_tokens from it.
-  bool measure = false;
-};
+// SparseSelectOptions and SparseAttentionConfig: common/shard_options.h.
 
 // The start-up measurement behind `--sparse-attention auto`: one decode query's attention in one
 // global layer of this shape, dense (paged_attention over the whole context) against sparse

@@ -1,12 +1,12 @@
-// `tessera bench serve`: load generator for any OpenAI-compatible endpoint (bench/serve_bench.h).
-// `tessera bench scale`: the engine at several TP degrees on one workload (bench/scale_bench.h).
+// `tessera bench serve`: load generator for any OpenAI-compatible endpoint (loadgen/serve_bench.h).
+// `tessera bench scale`: the engine at several TP degrees on one workload (launch/bench_scale.h).
 #include <fstream>
 #include <memory>
 #include <sstream>
 
-#include "bench/bench_report.h"
-#include "bench/scale_bench.h"
-#include "bench/serve_bench.h"
+#include "loadgen/bench_report.h"
+#include "launch/bench_scale.h"
+#include "loadgen/serve_bench.h"
 #include "launch/commands.h"
 
 namespace tessera::cli {

@@ -1,4 +1,4 @@
-#include "bench/scale_bench.h"
+#include "launch/bench_scale.h"
 
 #include <unistd.h>
 
@@ -11,10 +11,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench/bench_report.h"
+#include "loadgen/bench_report.h"
 #include "common/logging.h"
-#include "coordinator/shard_group.h"
-#include "coordinator/shard_launcher.h"
+#include "server/shard_group.h"
+#include "server/shard_launcher.h"
 
 namespace tessera {
 namespace {
@@ -66,8 +66,8 @@ Result<ScalePoint> measure(const ScaleBenchOptions& o, const std::string& model,
   spec.model_path = model;
   spec.coordinator_endpoint = group->endpoint();
   spec.tp = tp;
-  spec.device = o.device;
-  spec.threads = o.threads;
+  spec.runtime.device = o.device;
+  spec.runtime.threads = o.threads;
   TESSERA_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(build_shard_command(spec)));
   Status s = group->start([&] {
     return child.running() ? Status::ok() : Status::unavailable(fmt::format("the TP {} shards exited during start-up", tp));

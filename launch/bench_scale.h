@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 #include "common/status.h"
 
 namespace tessera {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "cli/default_model.h"
 #include "eval/evaluator.h"
 #include "eval/report.h"
@@ -95,10 +97,10 @@ Runner add_eval_command(CLI::App& app) {
   EvalOptions& o = a->options;
   add_model_flag(app, o.model_path, "Model to evaluate (.gguf file or Hugging Face directory)");
   app.add_option("--precisions", a->precisions,
-                 "Comma-separated precisions: 'file' (as stored), --quant names (f32, q8_0, q4_0, q5_0, q4_k, q5_k, "
-                 "q6_k, q3_k, q2_k, tq2_0, tq1_0, int8, int4, int4-sym), '+imatrix' for calibrated, '@fp32' / '@bf16' for "
-                 "how float matmuls compute (default: auto), ':kv-fp16' / ':kv-int8' for the KV cache's elements "
-                 "(default fp32), e.g. file:kv-int8")
+                 fmt::format("Comma-separated precisions: 'file' (as stored), --quant names ({}), '+imatrix' for "
+                             "calibrated, '@fp32' / '@bf16' for how float matmuls compute (default: auto), ':kv-fp16' / "
+                             "':kv-int8' for the KV cache's elements (default fp32), e.g. file:kv-int8",
+                             precision_quant_names()))
       ->capture_default_str();
   app.add_option("--reference", o.reference, "The precision the others are compared with")->capture_default_str();
   app.add_option("--classes", a->classes, "Comma-separated workload classes (default: all of the corpus: code, math, prose)");

@@ -1,6 +1,6 @@
-// `tessera generate`: one prompt, streamed output, through the engine (coordinator/engine.h):
+// `tessera generate`: one prompt, streamed output, through the engine (engine/engine.h):
 // without --tp over a shard in this process (local/local_model.h), with --tp over shard
-// processes (coordinator/shard_group.h).
+// processes (server/shard_group.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,10 +14,11 @@
 #include "cli/default_model.h"
 #include "cli/flags.h"
 #include "common/logging.h"
-#include "coordinator/block_pool.h"
-#include "coordinator/engine.h"
-#include "coordinator/shard_group.h"
-#include "coordinator/shard_launcher.h"
+#include "engine/block_pool.h"
+#include "engine/engine.h"
+#include "kernels/gemm.h"
+#include "server/shard_group.h"
+#include "server/shard_launcher.h"
 #include "launch/commands.h"
 #include "local/local_model.h"
 #include "model/model_config.h"
@@ -40,20 +41,15 @@ struct GenerateArgs {
   bool seed_set = false;
   bool print_ids = false;
   bool ignore_eos = false;
-  int threads = 0;
+  ShardRuntimeOptions shard;  // the in-process shard's, or (--tp) the shard processes'
   int64_t block_size = 16;
   bool kv_window_pool = true;
   int64_t prefill_chunk = 0;
-  SparseAttentionConfig sparse;
   int tp = 0;                 // 0: in this process; >= 1: through a coordinator and shards
-  std::string device = "auto";
   int64_t heartbeat_timeout_ms = 2000;
   int64_t max_kv_mb = 1024;
   std::vector<std::string> hosts;
   std::vector<std::string> shard_args;
-  QuantFlags quant;
-  KvDtypeFlag kv_dtype;
-  MatmulPrecision matmul_precision = MatmulPrecision::kAuto;
   SpeculationConfig speculation;
   std::string speculation_mode = "auto";
 };
@@ -132,7 +128,7 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   go.world_size = a.tp;
   go.endpoint = a.hosts.empty() ? local_control_endpoint() : "tcp://0.0.0.0:0";
   go.block_size = a.block_size;
-  go.kv_dtype = a.kv_dtype.runtime();
+  go.kv_dtype = a.shard.kv_dtype;
   go.heartbeat_timeout = std::chrono::milliseconds(a.heartbeat_timeout_ms);
   go.max_kv_bytes = static_cast<uint64_t>(a.max_kv_mb) << 20;
   // One request needs at most its prompt plus its new tokens, within the context.
@@ -154,18 +150,11 @@ int run_remote(const GenerateArgs& a, const std::vector<int32_t>& prompt, const 
   spec.model_path = a.model;
   spec.coordinator_endpoint = (*group)->endpoint();
   spec.tp = a.tp;
-  spec.device = a.device;
-  spec.threads = a.threads;
+  spec.runtime = a.shard;
+  spec.runtime.max_step_tokens = chunk;
+  spec.runtime.max_step_seqs = 1;
   spec.hosts = a.hosts;
   spec.extra_shard_args = a.shard_args;
-  spec.kv_dtype = a.kv_dtype.runtime();
-  spec.matmul_precision = a.matmul_precision;
-  spec.sparse = a.sparse;
-  spec.quant = a.quant.quant;
-  spec.quant_lm_head = a.quant.lm_head;
-  spec.imatrix = a.quant.imatrix;
-  spec.max_step_tokens = chunk;
-  spec.max_step_seqs = 1;
   auto child = ChildProcess::spawn(build_shard_command(spec));
   if (!child.is_ok()) return fail(child.status().to_string());
   ChildProcess& shards = *child;
@@ -281,22 +270,19 @@ int run_generate(const GenerateArgs& a) {
 
   if (a.tp > 0) return run_remote(a, prompt, tokenizer.get());
 
-  if (Status st = set_matmul_precision(a.matmul_precision); !st.is_ok()) return fail("--matmul-precision: " + st.to_string());
+  if (Status st = set_matmul_precision(a.shard.matmul_precision); !st.is_ok())
+    return fail("--matmul-precision: " + st.to_string());
   LocalModelOptions mo;
   mo.path = a.model;
-  mo.threads = a.threads;
+  mo.runtime = a.shard;
   mo.block_size = a.block_size;
-  mo.quant = a.quant.quant;
-  mo.quantize_lm_head = a.quant.lm_head;
   std::optional<ImportanceMatrix> importance;
-  if (!a.quant.imatrix.empty()) {
-    auto m = load_importance(a.quant.imatrix);
+  if (!a.shard.imatrix.empty()) {
+    auto m = load_importance(a.shard.imatrix);
     if (!m.is_ok()) return fail(m.status().to_string());
     importance = std::move(m).value();
     mo.importance = &*importance;
   }
-  mo.kv_dtype = a.kv_dtype.runtime();
-  mo.sparse = a.sparse;
   mo.draft = SelfDraftConfig{a.speculation.draft_layers, a.speculation.draft_vocab, {}};
   if (tokenizer && a.speculation.draft_layers > 0) mo.draft.ids = tokenizer->frequent_ids(a.speculation.draft_vocab);
   auto model = LocalModel::load(mo);
@@ -337,14 +323,12 @@ Runner add_generate_command(CLI::App& app) {
       ->each([a](const std::string&) { a->seed_set = true; });
   app.add_flag("--print-ids", a->print_ids, "print the generated ids, comma-separated, on the last line");
   app.add_flag("--ignore-eos", a->ignore_eos, "do not stop at end-of-sequence tokens");
-  app.add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   add_block_size_flag(app, a->block_size);
   add_window_pool_flag(app, a->kv_window_pool);
-  add_quant_flags(app, a->quant);
-  add_kv_dtype_flag(app, a->kv_dtype, KvDtypeUse::kRuntime);
-  add_matmul_precision_flag(app, a->matmul_precision);
+  // --threads (0: all, or with --tp the cores each shard is bound to), --quant, --kv-dtype, ...;
+  // --device applies with --tp (this process computes on the CPU).
+  add_shard_runtime_flags(app, a->shard, ShardFlagsFor::kLauncher);
   app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of N tokens (0 = whole prompt)");
-  add_sparse_attention_flags(app, a->sparse);
   app.add_option("--speculation", a->speculation_mode,
                  "speculative decoding: off, auto (drafts gated by measured acceptance), ngram (always), draft (the "
                  "self-draft, always; needs --spec-draft-layers)")
@@ -357,8 +341,6 @@ Runner add_generate_command(CLI::App& app) {
   app.add_option("--spec-draft-vocab", a->speculation.draft_vocab, "the self-draft head's fixed rows (ids below N)")
       ->capture_default_str();
   app.add_option("--tp", a->tp, "run through a coordinator and N tensor-parallel shard processes (mpirun for N > 1)");
-  app.add_option("--device", a->device, "shard device with --tp: cpu, cuda or auto")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--hosts", a->hosts, "with --tp: hosts for mpirun (comma-separated)")->delimiter(',');
   app.add_option("--shard-arg", a->shard_args, "with --tp: an extra argument for every shard (repeatable)")
       ->allow_extra_args(false)->group("");

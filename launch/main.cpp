@@ -1,4 +1,4 @@
-// `tessera`: the user-facing CLI (DESIGN §1, launch/).
+// `tessera`: the user-facing CLI (launch/README.md).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>

@@ -11,6 +11,7 @@
 #include "comm/device_comm.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
+#include "kernels/weight_codec.h"
 #include "model/weight_store.h"
 #include "shard/forward.h"
 #include "shard/kv_cache.h"
@@ -67,7 +68,7 @@ Result<Measured> measure_decode_steps(const MeasureArgs& a, int64_t context) {
   std::vector<Rank> ranks(static_cast<size_t>(a.tp));
   for (int r = 0; r < a.tp; ++r) {
     Rank& rank = ranks[static_cast<size_t>(r)];
-    TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store));
+    TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store, {.codec = &cpu_weight_codec()}));
     TESSERA_ASSIGN_OR_RETURN(rank.layout, plan_shard_layout(c, TpConfig{r, a.tp}));
     TESSERA_ASSIGN_OR_RETURN(rank.weights, slice_model_weights(std::move(full), c, rank.layout));
     KvCacheShape shape;

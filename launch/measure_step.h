@@ -20,7 +20,7 @@ struct MeasureArgs {
   int threads = 0;    // all of them, split over the ranks: 0 = the hardware's
   int64_t batch = 1;
   int64_t block_size = 16;
-  KvDtype kv_dtype = KvDtype::kF32;
+  KvDtype kv_dtype = KvDtype::kF32;  // one the CPU KV cache stores (common/kv_config.h: fp32, fp16, int8)
   int steps = 16;
 };
 
@@ -38,7 +38,8 @@ struct Measured {  // what one measure_decode_steps call timed
   double comm_s = 0;               // rank 0's time in collectives per step
 };
 
-// Errors: a model that does not load, a context plus the steps past the model's positions.
+// Errors: a model that does not load, a context plus the steps past the model's positions, a
+// KV dtype the CPU backend does not store (Unimplemented, naming those it does).
 Result<Measured> measure_decode_steps(const MeasureArgs& a, int64_t context);
 
 }  // namespace tessera::cli

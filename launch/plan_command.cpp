@@ -1,4 +1,4 @@
-// `tessera plan`: the memory bill and predicted decode-step time of a deployment (DESIGN §6),
+// `tessera plan`: the memory bill and predicted decode-step time of a deployment (plan/README.md),
 // and with --measure the same configuration run on this machine's CPU, measured beside the
 // prediction.
 //
@@ -16,7 +16,7 @@
 #include "common/logging.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
-#include "coordinator/scheduler_config.h"
+#include "engine/scheduler_config.h"
 #include "cli/default_model.h"
 #include "cli/flags.h"
 #include "eval/report.h"
@@ -144,8 +144,8 @@ std::string format_measured(const Plan& p, const Measured& m) {
   line("tokens/s", fmt::format("{:.1f}", p.time.tokens_per_s), fmt::format("{:.1f}", m.batch / m.step_median_s),
        (m.batch / m.step_median_s) / p.time.tokens_per_s);
   out += fmt::format("  measured weights: the rank's matrices, embedding, LM-head slice and fp32 norm vectors as "
-                     "loaded; KV: the CPU cache (fp32); steps: wall time of rank 0's forward pass (mean {}).\n",
-                     ms(m.step_mean_s));
+                     "loaded; KV: the CPU cache ({}); steps: wall time of rank 0's forward pass (mean {}).\n",
+                     kv_dtype_name(p.input.kv_dtype), ms(m.step_mean_s));
   return out;
 }
 
@@ -205,9 +205,9 @@ int run_plan(const PlanArgs& a) {
     if (!model->has_weights) return fail("--measure needs a model file with weights (an HF directory or a .gguf)");
     if (!a.precision.empty() && a.precision != "stored")
       return fail("--measure runs the weights as stored: leave --precision out");
-    if (a.kv_dtype.value && *a.kv_dtype.value != KvDtype::kF32 && *a.kv_dtype.value != KvDtype::kF16)
-      return fail("--measure runs the KV cache the CPU backend stores: --kv-dtype fp32 or fp16, not " +
-                  std::string(kv_dtype_name(*a.kv_dtype.value)));
+    if (a.kv_dtype.value && !kv_dtype_stored(*a.kv_dtype.value, KvBackend::kCpu))
+      return fail(fmt::format("--measure runs the KV cache the CPU backend stores: --kv-dtype {}, not {}",
+                              kv_dtypes_stored_text(KvBackend::kCpu), kv_dtype_name(*a.kv_dtype.value)));
   }
   auto in = build_input(a, *model);
   if (!in.is_ok()) return fail(in.status().to_string());

@@ -13,27 +13,13 @@
 
 #include "cli/flags.h"
 #include "common/process.h"
-#include "coordinator/server_cli.h"
+#include "server/server_cli.h"
 #include "eval/report.h"
 #include "launch/commands.h"
 
 namespace tessera::cli {
 
 namespace {
-
-// --quant / --quant-lm-head for the shards this command starts (they quantize at load; see
-// tessera-shard --quant).
-std::shared_ptr<QuantFlags> add_shard_quant_flags(CLI::App& app) {
-  auto q = std::make_shared<QuantFlags>();
-  add_quant_flags(app, *q, "shards ");
-  return q;
-}
-
-void pass_quant(const QuantFlags& q, ServerOptions& o) {
-  o.quant = q.quant;
-  o.quant_lm_head = q.lm_head;
-  o.imatrix = q.imatrix;
-}
 
 // --quality-budget / --quality-report: the deployment starts only with a precision whose loss,
 // measured by `tessera eval` on this model file, is within budget for every class it serves.
@@ -60,7 +46,8 @@ Status check_quality_gate(const QualityGateFlags& g, const ServerOptions& o) {
   }
   TESSERA_ASSIGN_OR_RETURN(QualityBudget budget, parse_quality_budget(g.budget));
   const std::string precision =
-      served_precision_name(o.quant == WeightQuant::kNone ? "" : std::string(weight_quant_name(o.quant)), !o.imatrix.empty());
+      served_precision_name(o.shard.quant == WeightQuant::kNone ? "" : std::string(weight_quant_name(o.shard.quant)),
+                            !o.shard.imatrix.empty());
   const std::string report = g.report.empty() ? default_eval_report_path(o.model_path) : g.report;
   TESSERA_ASSIGN_OR_RETURN(std::string line, apply_quality_gate(o.model_path, precision, budget, report));
   std::fprintf(stderr, "%s\n", line.c_str());
@@ -72,13 +59,11 @@ Status check_quality_gate(const QualityGateFlags& g, const ServerOptions& o) {
 Runner add_serve_command(CLI::App& app) {
   auto cli = std::make_shared<ServerCli>();
   cli->add_to(app, /*spawns_shards=*/true);
-  auto quant = add_shard_quant_flags(app);
   auto gate = add_quality_gate_flags(app);
-  return [cli, quant, gate] {
+  return [cli, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     if (Status b = resolve_auto_block_size(cli->options); !b.is_ok()) return fail(b.to_string());
-    pass_quant(*quant, cli->options);
     if (Status g = check_quality_gate(*gate, cli->options); !g.is_ok()) return fail(g.to_string());
     return run_server(cli->options);
   };
@@ -99,14 +84,12 @@ Runner add_launch_command(CLI::App& app) {
   app.add_option("--mpirun-arg", cli->options.extra_mpirun_args,
                  "an extra argument for mpirun (repeatable; --mpirun-arg=-x for one that starts with a dash)");
   app.add_flag("--dry-run", *dry_run, "print the coordinator and mpirun command lines, start nothing");
-  auto quant = add_shard_quant_flags(app);
   auto gate = add_quality_gate_flags(app);
-  return [cli, dry_run, mca, quant, gate] {
+  return [cli, dry_run, mca, gate] {
     Status s = cli->finish();
     if (!s.is_ok()) return fail(s.to_string());
     if (Status b = resolve_auto_block_size(cli->options); !b.is_ok()) return fail(b.to_string());
     ServerOptions& o = cli->options;
-    pass_quant(*quant, o);
     if (Status g = check_quality_gate(*gate, o); !g.is_ok()) return fail(g.to_string());
     for (const auto& [name, value] : *mca) o.extra_mpirun_args.insert(o.extra_mpirun_args.end(), {"--mca", name, value});
     if (o.shard_endpoint.empty()) o.shard_endpoint = "tcp://0.0.0.0:7070";

@@ -22,8 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/flags.h"
-#include "coordinator/scheduler_config.h"
-#include "coordinator/server.h"
+#include "engine/scheduler_config.h"
+#include "server/server.h"
+#include "server/server_cli.h"
 #include "launch/commands.h"
 #include "launch/measure_step.h"
 #include "launch/tune_verify.h"
@@ -326,9 +327,7 @@ int run_calibrate(const CalibrateArgs& a) {
 struct SimulateArgs {
   DeploymentArgs dep;
   TraceArgs trace;
-  std::string profile = "interactive";
-  std::string scheduler_config;
-  std::map<std::string, std::string> knobs;
+  SchedulerFlags scheduler;
   int64_t block_size = 0;
   std::string slo;
   std::string json;
@@ -345,12 +344,7 @@ int run_simulate(const SimulateArgs& a) {
   auto trace = resolve_trace(a.trace);
   if (!trace.is_ok()) return fail(trace.status().to_string());
   SchedulerConfig c;
-  if (Status s = set_scheduler_knob(c, "profile", a.profile); !s.is_ok()) return fail(s.to_string());
-  if (!a.scheduler_config.empty())
-    if (Status s = apply_scheduler_config_file(c, a.scheduler_config); !s.is_ok()) return fail(s.to_string());
-  for (const auto& [k, v] : a.knobs)
-    if (!v.empty())
-      if (Status s = set_scheduler_knob(c, k, v); !s.is_ok()) return fail(s.to_string());
+  if (Status s = a.scheduler.apply(c); !s.is_ok()) return fail(s.to_string());
   auto slo = parse_tune_slo(a.slo);
   if (!slo.is_ok()) return fail(slo.status().to_string());
   SimOptions o;
@@ -600,7 +594,7 @@ Status resolve_auto_block_size(ServerOptions& o) {
   d.tp = o.tp;
   // A measured model for this TP: the CPU's when the shards run there, else any card's.
   std::string card = "cpu";
-  if (o.device != "cpu") {
+  if (o.shard.device != "cpu") {
     if (auto models = load_step_models(step_model_path(o.model_path)); models.is_ok())
       for (const StepTimeModel& m : *models)
         if (m.tp == o.tp && m.card != "cpu") card = m.card;
@@ -660,10 +654,7 @@ Runner add_tune_command(CLI::App& app) {
   CLI::App* sim = app.add_subcommand("simulate", "Run one setting on the simulator");
   add_deployment_flags(*sim, s->dep);
   add_trace_flags(*sim, s->trace);
-  sim->add_option("--profile", s->profile, "scheduler profile")->capture_default_str();
-  sim->add_option("--scheduler-config", s->scheduler_config, "scheduler-config JSON (e.g. a tuned profile)");
-  for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "prefill-chunk", "aging-ms"})
-    sim->add_option(std::string("--") + knob, s->knobs[knob], std::string("scheduler knob ") + knob);
+  s->scheduler.add_to(*sim);
   sim->add_option("--block-size", s->block_size, "KV block size (default: the config's, else 16)");
   sim->add_option("--slo", s->slo, "for goodput: ttft_p99=...,itl_p99=...");
   sim->add_option("--json", s->json, "write the summary as JSON");

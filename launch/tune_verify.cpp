@@ -17,7 +17,7 @@
 #include <fstream>
 #include <thread>
 
-#include "bench/http_client.h"
+#include "loadgen/http_client.h"
 
 extern char** environ;
 

@@ -1,6 +1,6 @@
 // `tessera tune --verify`: one scheduler profile on the real engine. Starts `tessera serve`
 // (this executable) with the profile and block size on an ephemeral port, replays a trace
-// against it with the load generator (bench/load_generator.h, open loop at the trace's arrival
+// against it with the load generator (loadgen/load_generator.h, open loop at the trace's arrival
 // times), stops the server (SIGTERM, then SIGKILL after a grace period) and returns what the
 // load generator measured.
 #pragma once
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 #include "common/status.h"
 
 namespace tessera::cli {

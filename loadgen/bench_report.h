@@ -1,4 +1,4 @@
-// What every benchmark report carries (CONVENTIONS: numbers land in a results file with the
+// What every benchmark report carries (bench/README.md: numbers land in a results file with the
 // machine, the command and the date), and the plotting hand-off to Python/matplotlib.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "bench/http_client.h"
+#include "loadgen/http_client.h"
 
 #include <pthread.h>
 #include <signal.h>

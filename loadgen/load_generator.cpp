@@ -1,4 +1,4 @@
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench/http_client.h"
+#include "loadgen/http_client.h"
 
 namespace tessera {
 namespace {

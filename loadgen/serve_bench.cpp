@@ -1,4 +1,4 @@
-#include "bench/serve_bench.h"
+#include "loadgen/serve_bench.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench/bench_report.h"
+#include "loadgen/bench_report.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-// `tessera bench serve`: runs the load generator (bench/load_generator.h) at one load or a
+// `tessera bench serve`: runs the load generator (loadgen/load_generator.h) at one load or a
 // sweep of loads against an OpenAI-compatible server and reports, per load level: request and
 // token throughput, goodput under the SLO, and TTFT / ITL / E2E at P50, P90 and P99. Output:
 // a table on stdout, optionally a JSON file, PNG plots (bench/plot_serve.py: latency
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
 namespace tessera {
 

@@ -1,8 +1,8 @@
-// A StepExecutor (comm/step_executor.h) over one shard in this process: the engine's plans go
+// A StepExecutor (engine/step_executor.h) over one shard in this process: the engine's plans go
 // straight to a ShardExecutor, no control channel, no codec, no second process. TP 1 only.
 #pragma once
 
-#include "comm/step_executor.h"
+#include "engine/step_executor.h"
 #include "shard/shard_executor.h"
 
 namespace tessera {

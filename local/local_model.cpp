@@ -4,7 +4,8 @@
 
 #include "common/kv_config.h"
 #include "common/logging.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
+#include "kernels/weight_codec.h"
 
 namespace tessera {
 
@@ -14,24 +15,24 @@ Result<std::unique_ptr<LocalModel>> LocalModel::load(const LocalModelOptions& op
   TESSERA_ASSIGN_OR_RETURN(m->store_, WeightStore::open(options.path));
   const ModelConfig& c = m->store_->config();
   WeightLoadOptions wo;
-  wo.quant = options.quant;
-  wo.quantize_lm_head = options.quantize_lm_head;
-  wo.threads = options.threads;
+  wo.codec = &cpu_weight_codec();
+  wo.quant = options.runtime.quant;
+  wo.quantize_lm_head = options.runtime.quant_lm_head;
+  wo.threads = options.runtime.threads;
   wo.importance = options.importance;
   wo.keep_unquantizable = options.keep_unquantizable;
   TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*m->store_, wo));
   TESSERA_ASSIGN_OR_RETURN(m->layout_, plan_shard_layout(c, TpConfig{}));
   TESSERA_ASSIGN_OR_RETURN(ShardWeights weights, slice_model_weights(std::move(full), c, m->layout_));
   m->comm_ = make_single_rank_comm();
-  m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.threads});
+  m->pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = options.runtime.threads});
   CpuBackendOptions bo;
-  bo.kv_dtype = options.kv_dtype;
-  bo.sparse = options.sparse;
+  bo.runtime = options.runtime;
   m->backend_ = std::make_unique<CpuBackend>(c, m->layout_, std::move(weights), m->pool_.get(), m->comm_.get(), bo);
   m->executor_ = std::make_unique<ShardExecutor>(*m->backend_, c, ShardExecutorOptions{});
   const int64_t kv_tokens = options.kv_tokens > 0 ? options.kv_tokens : c.max_positions;
   const int64_t num_blocks = (kv_tokens + options.block_size - 1) / options.block_size;
-  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks, options.kv_dtype, 0, options.draft));
+  TESSERA_RETURN_IF_ERROR(m->executor_->configure(options.block_size, num_blocks, options.runtime.kv_dtype, 0, options.draft));
   m->draft_layers_ = options.draft.layers;
   m->steps_ = std::make_unique<InProcessShard>(*m->executor_);
   // One request at a time from scratch: no prefix cache between calls.

@@ -1,6 +1,6 @@
 // A whole model in one process: the weights, the CPU backend (KV cache + forward pass), one
 // shard's step executor and the coordinator's block pool, driven by the engine
-// (coordinator/engine.h), the same decode loop `tessera serve` runs. Used by `tessera
+// (engine/engine.h), the same decode loop `tessera serve` runs. Used by `tessera
 // generate` without --tp, by tests and by benchmarks.
 //
 // Thread-safety: one thread uses a LocalModel.
@@ -14,9 +14,9 @@
 #include "comm/device_comm.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
-#include "coordinator/block_pool.h"
-#include "coordinator/metrics.h"
-#include "coordinator/speculation.h"
+#include "engine/block_pool.h"
+#include "engine/metrics.h"
+#include "engine/speculation.h"
 #include "kernels/sampling.h"
 #include "local/in_process_shard.h"
 #include "model/weight_store.h"
@@ -29,18 +29,19 @@ namespace tessera {
 
 struct LocalModelOptions {
   std::string path;          // HF directory or .gguf file
-  int threads = 0;           // 0: all hardware threads
+  // The in-process shard's options (common/shard_options.h): threads (0: all hardware threads),
+  // quant (round-to-nearest conversion of float linear weights at load) and quant_lm_head,
+  // kv_dtype (fp16: half the memory), sparse decode attention of the global layers (off unless
+  // set), ... (device, imatrix and the CUDA options do not apply: this shard computes on the CPU,
+  // and `importance` below carries a loaded imatrix).
+  ShardRuntimeOptions runtime;
   int64_t block_size = 16;   // tokens per KV block (common/kv_config.h's range)
   int64_t kv_tokens = 0;     // KV capacity in tokens; 0: the model's context length
-  WeightQuant quant = WeightQuant::kNone;  // RTN of float linear weights at load (--quant)
-  bool quantize_lm_head = false;           // with quant: the LM head too
   const ImportanceMatrix* importance = nullptr;  // with quant: calibrated (WeightLoadOptions)
   bool keep_unquantizable = true;                // with quant: see WeightLoadOptions
-  KvDtype kv_dtype = KvDtype::kF32;        // fp16: half the memory
   // Speculation's self-draft (shard/self_draft.h): layers > 0 builds it; generate() then takes
   // GenerateOptions::speculation's "draft" proposer (generate() sets its draft_layers from here).
   SelfDraftConfig draft;
-  SparseAttentionConfig sparse;  // sparse decode attention for the global layers (off by default)
 };
 
 struct GenerateOptions {
@@ -48,7 +49,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool ignore_eos = false;        // otherwise stop after a token in config().eos_ids
   int64_t prefill_chunk = 0;      // >0: prefill in pieces of this many tokens
-  SpeculationConfig speculation;  // coordinator/speculation.h (default: n-gram drafts, gated)
+  SpeculationConfig speculation;  // engine/speculation.h (default: n-gram drafts, gated)
 };
 
 struct GenerateOutput {

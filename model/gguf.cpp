@@ -261,7 +261,7 @@ class GgufParser {
   Status read_array(int depth, GgufValue* out) {
     if (depth > kMaxArrayDepth)
       return Status::corrupt(fmt::format("{}: arrays nested too deeply in {}", path(), ctx_));
-    GgufValueType et;
+    GgufValueType et = GgufValueType::kUint8;  // read_value_type sets it or fails
     TESSERA_RETURN_IF_ERROR(read_value_type(&et));
     uint64_t count = 0;
     TESSERA_RETURN_IF_ERROR(read(&count));

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "common/dtype.h"
-#include "kernels/quant.h"
 #include "model/safetensors.h"
 
 namespace tessera {
@@ -123,7 +122,7 @@ Result<Int4Linear> convert_int4_linear(const SafetensorsCheckpoint& st, const st
         grp.levels[j] = static_cast<uint8_t>(awq ? nibble(word(w, k, n / 8), kAwqNibbleOfColumn[n % 8])
                                                  : nibble(word(w, k / 8, n), static_cast<int>(k % 8)));
       }
-      pack_int4_group(grp, out.bytes.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(g) * 68);
+      write_int4_group(grp, out.bytes.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(g) * 68);
     }
   }
   return out;

@@ -79,24 +79,6 @@ Result<std::optional<std::string>> opt_string(const Json& obj, const char* key,
                                               key, it->dump()));
 }
 
-std::optional<Architecture> arch_from_hf_class(std::string_view s) {
-  if (s == "LlamaForCausalLM") return Architecture::kLlama;
-  if (s == "MistralForCausalLM") return Architecture::kMistral;
-  if (s == "Qwen2ForCausalLM") return Architecture::kQwen2;
-  if (s == "Qwen3ForCausalLM") return Architecture::kQwen3;
-  if (s == "Gemma3ForCausalLM") return Architecture::kGemma3;
-  return std::nullopt;
-}
-
-std::optional<Architecture> arch_from_model_type(std::string_view s) {
-  if (s == "llama") return Architecture::kLlama;
-  if (s == "mistral") return Architecture::kMistral;
-  if (s == "qwen2") return Architecture::kQwen2;
-  if (s == "qwen3") return Architecture::kQwen3;
-  if (s == "gemma3_text") return Architecture::kGemma3;
-  return std::nullopt;
-}
-
 Result<Architecture> parse_architecture(const Json& j, std::string_view source) {
   auto it = j.find("architectures");
   if (it != j.end() && !it->is_null()) {
@@ -105,20 +87,17 @@ Result<Architecture> parse_architecture(const Json& j, std::string_view source) 
           "{}: field 'architectures' must be a non-empty list of strings, got {}", source,
           it->dump()));
     const std::string name = (*it)[0].get<std::string>();
-    if (auto a = arch_from_hf_class(name)) return *a;
-    return Status::unimplemented(fmt::format(
-        "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)",
-        source, name));
+    if (const ArchitectureTraits* row = find_architecture_by_hf_class(name)) return row->arch;
+    return Status::unimplemented(fmt::format("{}: unsupported architecture '{}' (supported: {})", source, name,
+                                             architecture_names_list(&ArchitectureTraits::hf_classes)));
   }
   TESSERA_ASSIGN_OR_RETURN(auto model_type, opt_string(j, "model_type", source));
   if (!model_type)
     return Status::invalid_argument(
         fmt::format("{}: missing field 'architectures' (and no 'model_type')", source));
-  if (auto a = arch_from_model_type(*model_type)) return *a;
-  return Status::unimplemented(fmt::format(
-      "{}: unsupported architecture '{}' (model_type; supported: llama, mistral, qwen2, qwen3, gemma3_text)",
-      source, *model_type));
+  if (const ArchitectureTraits* row = find_architecture_by_model_type(*model_type)) return row->arch;
+  return Status::unimplemented(fmt::format("{}: unsupported architecture '{}' (model_type; supported: {})", source,
+                                           *model_type, architecture_names_list(&ArchitectureTraits::hf_model_types)));
 }
 
 Status parse_rope_scaling(const Json& j, std::string_view source, RopeScaling* out) {
@@ -255,19 +234,42 @@ Status parse_quantization_config(const Json& j, std::string_view source, Quantiz
   return Status::ok();
 }
 
-// Gemma 3 (`gemma3_text`): the GELU activation, softcapping (refused), the local RoPE base, the
-// attention scale, the sliding-window layers (`layer_types` or `sliding_window_pattern`), the
-// (1 + w) norms. Newer transformers nest the two RoPE settings under rope_parameters
-// {"full_attention": {...}, "sliding_attention": {...}}.
-Status parse_gemma3_fields(const Json& j, std::string_view source, ModelConfig* c) {
-  std::optional<std::string> act;
-  for (const char* key : {"hidden_activation", "hidden_act"}) {
-    TESSERA_ASSIGN_OR_RETURN(auto a, opt_string(j, key, source));
-    if (a && !act) act = a;
-    if (a && *a != "gelu_pytorch_tanh" && *a != "gelu_tanh")
-      return Status::unimplemented(fmt::format(
-          "{}: field '{}' is '{}'; Gemma 3 is supported with 'gelu_pytorch_tanh'", source, key, *a));
+// The row's gated activation, as config.json spells it.
+Status check_hf_activation(const Json& j, std::string_view source, const ArchitectureTraits& row) {
+  switch (row.activation) {
+    case GluActivation::kSilu: {
+      TESSERA_ASSIGN_OR_RETURN(auto act, opt_string(j, "hidden_act", source));
+      if (act && *act != "silu")
+        return Status::unimplemented(
+            fmt::format("{}: field 'hidden_act' is '{}'; only 'silu' is supported", source, *act));
+      return Status::ok();
+    }
+    case GluActivation::kGeluTanh:
+      // Gemma configs name it `hidden_activation`; `hidden_act` is the older key.
+      for (const char* key : {"hidden_activation", "hidden_act"}) {
+        TESSERA_ASSIGN_OR_RETURN(auto a, opt_string(j, key, source));
+        if (a && *a != "gelu_pytorch_tanh" && *a != "gelu_tanh")
+          return Status::unimplemented(fmt::format("{}: field '{}' is '{}'; {} is supported with 'gelu_pytorch_tanh'",
+                                                   source, key, *a, row.display_name));
+      }
+      return Status::ok();
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+// The parsed config.json that HfConfigHooks (model/architecture.h) read.
+struct HfConfigJson {
+  const nlohmann::json& json;
+};
+
+// Gemma 3 (`gemma3_text`): softcapping (refused), the local RoPE base, the attention scale, the
+// sliding-window layers (`layer_types` or `sliding_window_pattern`). Newer transformers nest the
+// two RoPE settings under rope_parameters {"full_attention": {...}, "sliding_attention": {...}}.
+// The activation, the (1 + w) norms and the tied head are the row's (model/architecture.h).
+Status gemma3_hf_config(const HfConfigJson& hf, std::string_view source, ModelConfig* c) {
+  const Json& j = hf.json;
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
     TESSERA_ASSIGN_OR_RETURN(auto cap, opt_float(j, key, source));
     if (cap)
@@ -310,17 +312,17 @@ Status parse_gemma3_fields(const Json& j, std::string_view source, ModelConfig* 
           fmt::format("{}: field 'sliding_window_pattern' must be in [1, {}], got {}", source, kMaxLayers, n));
     c->local_layers = gemma_local_layers(c->n_layers, n);
   }
-  c->norm_weight_offset = 1.0f;
-  TESSERA_ASSIGN_OR_RETURN(auto tie, opt_bool(j, "tie_word_embeddings", source));
-  c->tie_embeddings = tie.value_or(true);  // the Gemma 3 default
   return Status::ok();
 }
+
+namespace {
 
 Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source) {
   if (!j.is_object())
     return Status::invalid_argument(fmt::format("{}: expected a JSON object", source));
   ModelConfig c;
   TESSERA_ASSIGN_OR_RETURN(c.arch, parse_architecture(j, source));
+  const ArchitectureTraits& row = architecture_traits(c.arch);
   TESSERA_ASSIGN_OR_RETURN(c.hidden, req_int(j, "hidden_size", source));
   TESSERA_ASSIGN_OR_RETURN(c.n_layers, req_int(j, "num_hidden_layers", source));
   TESSERA_ASSIGN_OR_RETURN(c.n_heads, req_int(j, "num_attention_heads", source));
@@ -342,49 +344,44 @@ Result<ModelConfig> parse_hf_config_json(const Json& j, std::string_view source)
   c.rope_theta = theta ? static_cast<float>(*theta) : 10000.0f;
   TESSERA_RETURN_IF_ERROR(parse_rope_scaling(j, source, &c.rope_scaling));
   TESSERA_ASSIGN_OR_RETURN(auto tie, opt_bool(j, "tie_word_embeddings", source));
-  c.tie_embeddings = tie.value_or(false);
+  c.tie_embeddings = tie.value_or(row.hf_tie_embeddings_default);
+  c.norm_weight_offset = row.hf_norm_weight_offset;
   TESSERA_RETURN_IF_ERROR(parse_token_ids(j, source, &c));
   TESSERA_RETURN_IF_ERROR(parse_quantization_config(j, source, &c.quantization));
 
-  if (c.arch == Architecture::kGemma3) {
-    TESSERA_RETURN_IF_ERROR(parse_gemma3_fields(j, source, &c));
-  } else {
-    TESSERA_ASSIGN_OR_RETURN(auto act, opt_string(j, "hidden_act", source));
-    if (act && *act != "silu")
-      return Status::unimplemented(
-          fmt::format("{}: field 'hidden_act' is '{}'; only 'silu' is supported", source, *act));
-  }
+  TESSERA_RETURN_IF_ERROR(check_hf_activation(j, source, row));
+  if (row.hf_config_hook) TESSERA_RETURN_IF_ERROR(row.hf_config_hook(HfConfigJson{j}, source, &c));
   TESSERA_ASSIGN_OR_RETURN(auto mlp_bias, opt_bool(j, "mlp_bias", source));
   if (mlp_bias.value_or(false))
     return Status::unimplemented(
         fmt::format("{}: field 'mlp_bias' is true; MLP biases are not supported", source));
   TESSERA_ASSIGN_OR_RETURN(auto attn_bias, opt_bool(j, "attention_bias", source));
 
-  switch (c.arch) {
-    case Architecture::kLlama:
-    case Architecture::kMistral:
-    case Architecture::kQwen3:
-    case Architecture::kGemma3:
-      // These architectures put a bias on o_proj too when attention_bias is set, which the
-      // forward pass has no slot for.
-      if (attn_bias.value_or(false))
-        return Status::unimplemented(fmt::format(
-            "{}: field 'attention_bias' is true; attention output biases are not supported",
-            source));
-      break;
-    case Architecture::kQwen2:
-      c.qkv_bias = true;
-      break;
+  if (row.qkv_bias) {
+    c.qkv_bias = true;
+  } else if (attn_bias.value_or(false)) {
+    // Without the row's q/k/v biases, attention_bias puts a bias on o_proj too, which the
+    // forward pass has no slot for.
+    return Status::unimplemented(fmt::format(
+        "{}: field 'attention_bias' is true; attention output biases are not supported", source));
   }
-  c.qk_norm = c.arch == Architecture::kQwen3 || c.arch == Architecture::kGemma3;
+  c.qk_norm = row.qk_norm;
 
   TESSERA_ASSIGN_OR_RETURN(auto window, opt_int(j, "sliding_window", source));
-  if (c.arch == Architecture::kMistral) {
-    c.sliding_window = window.value_or(0);
-  } else if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) {
-    // Qwen configs always carry a window size; it only applies when use_sliding_window is set.
-    TESSERA_ASSIGN_OR_RETURN(auto use, opt_bool(j, "use_sliding_window", source));
-    c.sliding_window = use.value_or(false) ? window.value_or(0) : 0;
+  switch (row.sliding_window) {
+    case SlidingWindowRule::kNone:
+      break;
+    case SlidingWindowRule::kEveryLayer:
+      c.sliding_window = window.value_or(0);
+      break;
+    case SlidingWindowRule::kOptIn: {
+      // Qwen configs always carry a window size; it only applies when use_sliding_window is set.
+      TESSERA_ASSIGN_OR_RETURN(auto use, opt_bool(j, "use_sliding_window", source));
+      c.sliding_window = use.value_or(false) ? window.value_or(0) : 0;
+      break;
+    }
+    case SlidingWindowRule::kLocalLayers:
+      break;  // the row's hook set it
   }
   return c;
 }
@@ -397,18 +394,9 @@ Status check_positive(std::string_view source, std::string_view field, int64_t v
 }
 
 Result<Architecture> arch_from_gguf(std::string_view s, const GgufFile& g) {
-  if (s == "llama") {
-    // Mistral models convert to the "llama" architecture; a sliding window tells them apart.
-    if (g.has("llama.attention.sliding_window")) return Architecture::kMistral;
-    return Architecture::kLlama;
-  }
-  if (s == "qwen2") return Architecture::kQwen2;
-  if (s == "qwen3") return Architecture::kQwen3;
-  if (s == "gemma3") return Architecture::kGemma3;
-  return Status::unimplemented(
-      fmt::format("{}: unsupported architecture '{}' (general.architecture; supported: llama, "
-                  "qwen2, qwen3, gemma3)",
-                  g.path(), s));
+  if (const ArchitectureTraits* row = find_architecture_by_gguf(s, g)) return row->arch;
+  return Status::unimplemented(fmt::format("{}: unsupported architecture '{}' (general.architecture; supported: {})",
+                                           g.path(), s, architecture_names_list(&ArchitectureTraits::gguf_names)));
 }
 
 Result<int64_t> gguf_int_or(const GgufFile& g, const std::string& key, int64_t fallback) {
@@ -472,12 +460,15 @@ Status rope_scaling_from_freqs_tensor(const GgufFile& g, ModelConfig* c) {
   return Status::ok();
 }
 
+}  // namespace
+
 // What llama.cpp assumes for "gemma3" files, which carry none of it: 5 local layers to 1
 // global (a `<arch>.attention.sliding_window_pattern` integer, or per-layer booleans, when
 // present), RoPE base 10,000 on local layers, softmax scale 1 / sqrt(head_dim) (the
 // query_pre_attn_scalar of the released 270M, 1B, 4B and 12B models). The 27B model scales by
-// hidden / heads, read from `general.size_label`.
-Status gemma3_from_gguf(const GgufFile& g, const std::string& p, ModelConfig* c) {
+// hidden / heads, read from `general.size_label`. The norms stay as stored (offset 0): llama.cpp's
+// converter added Gemma's 1.
+Status gemma3_gguf_config(const GgufFile& g, const std::string& p, ModelConfig* c) {
   if (c->sliding_window <= 0) c->sliding_window = 4096;
   const std::string key = p + "attention.sliding_window_pattern";
   c->local_layers = gemma_local_layers(c->n_layers, 6);
@@ -502,27 +493,13 @@ Status gemma3_from_gguf(const GgufFile& g, const std::string& p, ModelConfig* c)
     TESSERA_ASSIGN_OR_RETURN(std::string size, g.get_string("general.size_label"));
     if (size == "27B" && c->n_heads > 0) c->query_pre_attn_scalar = static_cast<float>(c->hidden / c->n_heads);
   }
-  c->norm_weight_offset = 0.0f;
   return Status::ok();
 }
-
-}  // namespace
 
 std::vector<bool> gemma_local_layers(int64_t n_layers, int64_t pattern) {
   std::vector<bool> local(static_cast<size_t>(std::max<int64_t>(n_layers, 0)));
   for (size_t l = 0; l < local.size(); ++l) local[l] = pattern > 0 && (static_cast<int64_t>(l) + 1) % pattern != 0;
   return local;
-}
-
-std::string_view architecture_name(Architecture a) {
-  switch (a) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kMistral: return "mistral";
-    case Architecture::kQwen2: return "qwen2";
-    case Architecture::kQwen3: return "qwen3";
-    case Architecture::kGemma3: return "gemma3";
-  }
-  return "unknown";
 }
 
 Status ModelConfig::validate(std::string_view source) const {
@@ -603,18 +580,6 @@ Result<ModelConfig> load_hf_config(const std::string& config_json_path) {
   return parse_hf_config(text, config_json_path);
 }
 
-namespace {
-
-// End-of-turn tokens that a family's GGUF files do not mark with tokenizer.ggml.eot_token_id:
-// Gemma 3 chat turns end with <end_of_turn> while the files name only <eos>.
-struct UnmarkedStopToken {
-  std::string_view architecture;  // general.architecture
-  std::string_view token;
-};
-constexpr UnmarkedStopToken kUnmarkedStopTokens[] = {{"gemma3", "<end_of_turn>"}};
-
-}  // namespace
-
 Result<std::vector<int32_t>> gguf_stop_token_ids(const GgufFile& g, int64_t vocab) {
   std::vector<int32_t> ids;
   auto add = [&](int64_t id) {
@@ -634,9 +599,13 @@ Result<std::vector<int32_t>> gguf_stop_token_ids(const GgufFile& g, int64_t voca
   if (tokens_it == g.metadata().end()) return ids;
   const auto* tokens = std::get_if<std::vector<std::string>>(&tokens_it->second.value);
   if (tokens == nullptr) return ids;  // config_from_gguf and the tokenizer report the bad type
-  for (const UnmarkedStopToken& u : kUnmarkedStopTokens) {
-    if (u.architecture != arch) continue;
-    const auto t = std::find(tokens->begin(), tokens->end(), u.token);
+  // End-of-turn tokens that a family's files do not mark with tokenizer.ggml.eot_token_id (Gemma 3
+  // chat turns end with <end_of_turn> while the files name only <eos>): the rows of this GGUF name.
+  for (const ArchitectureTraits& row : kArchitectureTable) {
+    const std::string_view token = row.gguf_unmarked_end_of_turn;
+    if (token.empty() || std::find(row.gguf_names.begin(), row.gguf_names.end(), arch) == row.gguf_names.end())
+      continue;
+    const auto t = std::find(tokens->begin(), tokens->end(), token);
     if (t != tokens->end()) add(t - tokens->begin());
   }
   return ids;
@@ -714,11 +683,13 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   c.bos_id = (bos >= 0 && bos < c.vocab) ? static_cast<int32_t>(bos) : -1;
   TESSERA_ASSIGN_OR_RETURN(c.eos_ids, gguf_stop_token_ids(g, c.vocab));
 
-  c.qkv_bias = c.arch == Architecture::kQwen2 || g.find_tensor("blk.0.attn_q.bias") != nullptr;
-  c.qk_norm = c.arch == Architecture::kQwen3 || c.arch == Architecture::kGemma3;
+  const ArchitectureTraits& row = architecture_traits(c.arch);
+  c.qkv_bias = row.qkv_bias || g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = row.qk_norm;
   TESSERA_ASSIGN_OR_RETURN(c.sliding_window, gguf_int_or(g, p + "attention.sliding_window", 0));
-  if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) c.sliding_window = 0;
-  if (c.arch == Architecture::kGemma3) TESSERA_RETURN_IF_ERROR(gemma3_from_gguf(g, p, &c));
+  if (row.sliding_window == SlidingWindowRule::kNone || row.sliding_window == SlidingWindowRule::kOptIn)
+    c.sliding_window = 0;
+  if (row.gguf_config_hook) TESSERA_RETURN_IF_ERROR(row.gguf_config_hook(g, p, &c));
   if (c.head_dim > 0 && c.head_dim % 2 == 0 && c.rope_theta > 1.0f && c.head_dim <= 65536)
     TESSERA_RETURN_IF_ERROR(rope_scaling_from_freqs_tensor(g, &c));
   return c;

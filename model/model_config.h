@@ -6,13 +6,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/architecture.h"
 
 namespace tessera {
 
 class GgufFile;
-
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
-std::string_view architecture_name(Architecture a);
 
 enum class RopeScalingType { kNone, kLinear, kLlama3 };
 
@@ -39,7 +37,7 @@ struct QuantizationConfig {
 };
 
 struct ModelConfig {
-  Architecture arch = Architecture::kLlama;
+  Architecture arch = Architecture::kLlama;  // its other facts: architecture_traits(arch)
   int64_t hidden = 0;            // d_model
   int64_t n_layers = 0;
   int64_t n_heads = 0;
@@ -79,18 +77,18 @@ struct ModelConfig {
     if (sliding_window <= 0) return false;
     return local_layers.empty() || (l >= 0 && static_cast<size_t>(l) < local_layers.size() && local_layers[l]);
   }
-  // Gemma 2 / 3: a norm after attention and after the MLP, GeGLU, a scaled embedding.
-  bool is_gemma() const { return arch == Architecture::kGemma3; }
 };
 
 // Parses a Hugging Face config.json text. `source` names the file in errors.
 Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view source);
 Result<ModelConfig> load_hf_config(const std::string& config_json_path);
-// Reads `general.architecture` and `<arch>.*` keys (and the rope_freqs.weight tensor when present).
+// Reads `general.architecture` and `<arch>.*` keys (and the rope_freqs.weight tensor when present);
+// the architecture's row (model/architecture.h) decides what else applies.
 Result<ModelConfig> config_from_gguf(const GgufFile& gguf);
 // The token ids generation stops at in a GGUF model: tokenizer.ggml.{eos,eot,eom}_token_id, then
-// the end-of-turn token that some architectures' files leave unmarked, found by its string in
-// tokenizer.ggml.tokens ("<end_of_turn>" for gemma3). In that order, without duplicates; ids outside
+// the end-of-turn token that some architectures' files leave unmarked (the row's
+// gguf_unmarked_end_of_turn, model/architecture.h), found by its string in tokenizer.ggml.tokens
+// ("<end_of_turn>" for gemma3). In that order, without duplicates; ids outside
 // [0, vocab) are dropped (unset ids are often written as UINT32_MAX). The model config and the
 // tokenizer both take their stop set from here.
 Result<std::vector<int32_t>> gguf_stop_token_ids(const GgufFile& gguf, int64_t vocab);

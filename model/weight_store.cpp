@@ -9,9 +9,9 @@
 
 #include "common/logging.h"
 #include "common/thread_pool.h"
-#include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/int4_checkpoint.h"
+#include "common/weight_codec.h"
 #include "model/safetensors.h"
 
 namespace tessera {
@@ -51,14 +51,6 @@ constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
-// Gemma 2 / 3 norms: GGUF's ffn_norm is the pre-FFN norm there, and HF's
-// post_attention_layernorm is the norm of the attention output (before its residual add).
-constexpr std::pair<std::string_view, std::string_view> kGemmaNormNames[] = {
-    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
-    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
-};
-
 }  // namespace
 
 std::string gguf_to_hf_name(std::string_view gguf_name, Architecture arch) {
@@ -74,9 +66,9 @@ std::string gguf_to_hf_name(std::string_view gguf_name, Architecture arch) {
   for (char ch : layer)
     if (ch < '0' || ch > '9') return std::string(gguf_name);
   const std::string_view suffix = rest.substr(dot + 1);
-  if (arch == Architecture::kGemma3)
-    for (const auto& [g, hf] : kGemmaNormNames)
-      if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
+  // The architecture's own names first (model/architecture.h), then the common ones.
+  for (const auto& [g, hf] : architecture_traits(arch).gguf_layer_names)
+    if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
   for (const auto& [g, hf] : kLayerNames)
     if (suffix == g) return fmt::format("model.layers.{}.{}", layer, hf);
   return std::string(gguf_name);
@@ -194,10 +186,9 @@ class WeightStoreBuilder {
     TESSERA_ASSIGN_OR_RETURN(s->gguf_, GgufFile::open(path));
     TESSERA_ASSIGN_OR_RETURN(s->config_, config_from_gguf(*s->gguf_));
     TESSERA_RETURN_IF_ERROR(s->config_.validate(path));
-    TESSERA_ASSIGN_OR_RETURN(const std::string arch, s->gguf_->get_string("general.architecture"));
-    // llama.cpp's converter interleaves the two rotate-half halves of every Q and K head only
-    // for the "llama" architecture (which Mistral also uses).
-    const bool permuted_qk = arch == "llama";
+    // llama.cpp's converter interleaves the two rotate-half halves of every Q and K head of some
+    // architectures only (the row's gguf_qk_permuted: "llama", which Mistral also uses).
+    const bool permuted_qk = architecture_traits(s->config_.arch).gguf_qk_permuted;
     for (const GgufTensorInfo& t : s->gguf_->tensors()) {
       auto e = std::make_unique<WeightStore::Entry>();
       e->name = gguf_to_hf_name(t.name, s->config_.arch);
@@ -261,9 +252,11 @@ namespace {
 
 class Binder {
  public:
-  Binder(const WeightStore& s, ModelWeights* w, const ImportanceMatrix* importance = nullptr,
-         bool keep_unquantizable = false)
-      : s_(s), w_(w), importance_(importance), keep_unquantizable_(keep_unquantizable) {}
+  // `codec`: the arithmetic of dequantizing and quantizing rows (common/weight_codec.h), or
+  // nullptr: a tensor that needs it is an error naming what is missing.
+  Binder(const WeightStore& s, ModelWeights* w, const WeightCodec* codec,
+         const ImportanceMatrix* importance = nullptr, bool keep_unquantizable = false)
+      : s_(s), w_(w), codec_(codec), importance_(importance), keep_unquantizable_(keep_unquantizable) {}
 
   // Converts a matrix to the mode's type (RTN, rows in parallel; a quantized matrix from its
   // dequantized values) into owned bytes; one already in that type stays as it is.
@@ -293,7 +286,7 @@ class Binder {
           return Status::invalid_argument(fmt::format(
               "importance file (measured on {}): tensor '{}' has {} columns there, {} in {}", importance_->model,
               name, it->second.size(), cols, s_.source_file(name)));
-        if (can_quantize_weighted(type)) importance = it->second.data();
+        if (codec_->can_quantize_weighted(type)) importance = it->second.data();
       }
     }
     const size_t rb = row_bytes(type, cols);
@@ -302,14 +295,14 @@ class Binder {
     auto work = [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = b; r < e; ++r) {
-        dequantize_row(src.type, src.row_ptr(r), row.data(), cols);
+        codec_->dequantize_row(src.type, src.row_ptr(r), row.data(), cols);
         uint8_t* dst = bytes.data() + static_cast<size_t>(r) * rb;
         if (type == QuantType::kF32)
           std::memcpy(dst, row.data(), rb);
         else if (q == WeightQuant::kInt4Sym)
-          quantize_row_int4(row.data(), dst, cols, Int4Grid::kSymmetric);
+          codec_->quantize_row_int4(row.data(), dst, cols, Int4Grid::kSymmetric);
         else
-          quantize_row_weighted(type, row.data(), importance, dst, cols);
+          codec_->quantize_row_weighted(type, row.data(), importance, dst, cols);
       }
     };
     pool->parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { work(b, e); });
@@ -368,7 +361,12 @@ class Binder {
         return Status::unimplemented(fmt::format("{}: tensor '{}' has type {}, expected a float vector",
                                                  s_.source_file(name), name, quant_name(v.type)));
       default:  // block formats: the loader guaranteed n is a multiple of the block size
-        dequantize_row(v.type, v.data, f.data(), n);
+        if (codec_ == nullptr)
+          return Status::invalid_argument(fmt::format(
+              "{}: tensor '{}' is stored as {}: widening it to F32 needs a weight codec (WeightLoadOptions::codec, "
+              "e.g. kernels/weight_codec.h's cpu_weight_codec()), and the load was given none",
+              s_.source_file(name), name, quant_name(v.type)));
+        codec_->dequantize_row(v.type, v.data, f.data(), n);
         break;
     }
     if (offset != 0.0f)
@@ -394,88 +392,21 @@ class Binder {
  private:
   const WeightStore& s_;
   ModelWeights* w_;
+  const WeightCodec* codec_ = nullptr;
   const ImportanceMatrix* importance_ = nullptr;
   bool keep_unquantizable_ = false;
 };
 
 }  // namespace
 
-namespace {
-
-struct WeightQuantInfo {
-  WeightQuant mode;
-  std::string_view name;
-  QuantType type;
-};
-
-constexpr WeightQuantInfo kWeightQuants[] = {
-    {WeightQuant::kNone, "none", QuantType::kF32},        {WeightQuant::kInt8, "int8", QuantType::kI8_CH},
-    {WeightQuant::kInt4, "int4", QuantType::kI4_G128},     {WeightQuant::kInt4Sym, "int4-sym", QuantType::kI4_G128},
-    {WeightQuant::kQ2_K, "q2_k", QuantType::kQ2_K},        {WeightQuant::kQ3_K, "q3_k", QuantType::kQ3_K},
-    {WeightQuant::kTQ1_0, "tq1_0", QuantType::kTQ1_0},     {WeightQuant::kTQ2_0, "tq2_0", QuantType::kTQ2_0},
-    {WeightQuant::kF32, "f32", QuantType::kF32},           {WeightQuant::kQ8_0, "q8_0", QuantType::kQ8_0},
-    {WeightQuant::kQ4_0, "q4_0", QuantType::kQ4_0},        {WeightQuant::kQ5_0, "q5_0", QuantType::kQ5_0},
-    {WeightQuant::kQ4_K, "q4_k", QuantType::kQ4_K},        {WeightQuant::kQ5_K, "q5_k", QuantType::kQ5_K},
-    {WeightQuant::kQ6_K, "q6_k", QuantType::kQ6_K},
-};
-
-const WeightQuantInfo* find_weight_quant(WeightQuant q) {
-  for (const WeightQuantInfo& i : kWeightQuants)
-    if (i.mode == q) return &i;
-  return nullptr;
-}
-
-}  // namespace
-
-std::string_view weight_quant_name(WeightQuant q) {
-  const WeightQuantInfo* i = find_weight_quant(q);
-  return i ? i->name : "?";
-}
-
-QuantType weight_quant_type(WeightQuant q) {
-  const WeightQuantInfo* i = find_weight_quant(q);
-  return i ? i->type : QuantType::kF32;
-}
-
-QuantType weight_quant_type_for(WeightQuant q, int64_t cols) {
-  const QuantType type = weight_quant_type(q);
-  if (cols % quant_traits(type).block_elems == 0) return type;
-  switch (type) {
-    case QuantType::kQ2_K:
-    case QuantType::kQ3_K:
-    case QuantType::kTQ1_0:
-    case QuantType::kTQ2_0: return QuantType::kQ4_0;
-    case QuantType::kQ4_K:
-    case QuantType::kQ5_K: return QuantType::kQ5_0;
-    case QuantType::kQ6_K: return QuantType::kQ8_0;
-    default: return type;
-  }
-}
-
-std::span<const WeightQuant> all_weight_quants() {
-  static const std::vector<WeightQuant> modes = [] {
-    std::vector<WeightQuant> v;
-    for (const WeightQuantInfo& i : kWeightQuants) v.push_back(i.mode);
-    return v;
-  }();
-  return modes;
-}
-
-Result<WeightQuant> parse_weight_quant(std::string_view name) {
-  for (const WeightQuantInfo& i : kWeightQuants)
-    if (name == i.name) return i.mode;
-  std::string names;
-  for (const WeightQuantInfo& i : kWeightQuants) names += fmt::format("{}{}", names.empty() ? "" : ", ", i.name);
-  return Status::invalid_argument(fmt::format("--quant '{}': expected one of {}", name, names));
-}
 
 namespace {
 
 // The views of every weight, in their stored types.
-Result<ModelWeights> bind_views(const WeightStore& store) {
+Result<ModelWeights> bind_views(const WeightStore& store, const WeightCodec* codec) {
   const ModelConfig& c = store.config();
   ModelWeights w;
-  Binder b(store, &w);
+  Binder b(store, &w, codec);
   const int64_t q_dim = c.n_heads * c.head_dim;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;
   TESSERA_RETURN_IF_ERROR(b.matrix("model.embed_tokens.weight", c.vocab, c.hidden, &w.embed));
@@ -506,7 +437,7 @@ Result<ModelWeights> bind_views(const WeightStore& store) {
       TESSERA_RETURN_IF_ERROR(b.norm(p + "self_attn.q_norm.weight", c.head_dim, &l.q_norm));
       TESSERA_RETURN_IF_ERROR(b.norm(p + "self_attn.k_norm.weight", c.head_dim, &l.k_norm));
     }
-    if (c.is_gemma()) {
+    if (architecture_traits(c.arch).post_norms) {
       TESSERA_RETURN_IF_ERROR(b.norm(p + "post_attention_layernorm.weight", c.hidden, &l.post_attn_norm));
       TESSERA_RETURN_IF_ERROR(b.norm(p + "pre_feedforward_layernorm.weight", c.hidden, &l.ffn_norm));
       TESSERA_RETURN_IF_ERROR(b.norm(p + "post_feedforward_layernorm.weight", c.hidden, &l.post_ffn_norm));
@@ -523,10 +454,15 @@ Result<ModelWeights> bind_views(const WeightStore& store) {
 }  // namespace
 
 Result<ModelWeights> bind_model_weights(const WeightStore& store, const WeightLoadOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(ModelWeights w, bind_views(store));
+  TESSERA_ASSIGN_OR_RETURN(ModelWeights w, bind_views(store, options.codec));
   if (options.quant == WeightQuant::kNone) return w;
+  if (options.codec == nullptr)
+    return Status::invalid_argument(fmt::format(
+        "{}: --quant {} converts weights at load, which needs a weight codec (WeightLoadOptions::codec, e.g. "
+        "kernels/weight_codec.h's cpu_weight_codec()), and the load was given none",
+        store.path(), weight_quant_name(options.quant)));
   ThreadPool pool(ThreadPoolOptions{.num_threads = options.threads});
-  Binder b(store, &w, options.importance, options.keep_unquantizable);
+  Binder b(store, &w, options.codec, options.importance, options.keep_unquantizable);
   for (size_t i = 0; i < w.layers.size(); ++i) {
     LayerWeights& l = w.layers[i];
     const std::string p = fmt::format("model.layers.{}.", i);

@@ -25,6 +25,7 @@ namespace tessera {
 
 class GgufFile;
 class SafetensorsCheckpoint;
+struct WeightCodec;
 
 class WeightStore {
  public:
@@ -98,42 +99,17 @@ struct ModelWeights {
   std::vector<WeightBytes> owned_bytes;       // storage for matrices quantized at load (huge pages)
 };
 
-// Weights converted at load (`--quant`), round to nearest: kInt8 -> I8_CH, kInt4 -> I4_G128
-// asymmetric, kInt4Sym -> I4_G128 symmetric (grids in kernels/quant.h); kQ8_0 ... kTQ2_0 ->
-// those GGUF block formats (kernels/quant.h's quantize_row; columns a multiple of the block:
-// 32 for Q8_0 / Q4_0 / Q5_0, 256 for the rest); kF32 widens every linear weight to fp32 (the
-// reference a quantized file is measured against: its own weights computed in fp32). Float
-// matrices are rounded directly; matrices stored quantized (GGUF blocks, AWQ / GPTQ) are
-// re-quantized from their dequantized values unless already in the target format. The
-// embedding and norms always stay as stored; the LM head too unless quantize_lm_head.
-enum class WeightQuant {
-  kNone, kInt8, kInt4, kInt4Sym, kQ2_K, kQ3_K, kTQ1_0, kTQ2_0,
-  kF32, kQ8_0, kQ4_0, kQ5_0, kQ4_K, kQ5_K, kQ6_K,
-};
-
-// The format a --quant mode produces (kNone: kF32, never used).
-QuantType weight_quant_type(WeightQuant q);
-// The format it produces for a matrix of `cols` columns: weight_quant_type(q), or, when `cols`
-// does not fill its 256-element super-blocks, the nearest 32-block format with at least as many
-// bits (Q2_K / Q3_K / TQ1_0 / TQ2_0 -> Q4_0, Q4_K / Q5_K -> Q5_0, Q6_K -> Q8_0; llama.cpp's
-// quantizer makes the same kind of substitution). Gemma-3-270M's q/k/v/gate/up weights (640
-// columns) take the fallback; its o and down projections keep the format.
-QuantType weight_quant_type_for(WeightQuant q, int64_t cols);
-
-// "none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0", "f32", "q8_0", "q4_0",
-// "q5_0", "q4_k", "q5_k", "q6_k".
-std::string_view weight_quant_name(WeightQuant q);
-// Parses those names; InvalidArgument lists them.
-Result<WeightQuant> parse_weight_quant(std::string_view name);
-// Every mode, in the order above (for flag help and checks).
-std::span<const WeightQuant> all_weight_quants();
-
 struct WeightLoadOptions {
+  // The arithmetic of the load (common/weight_codec.h): every loader passes kernels/
+  // weight_codec.h's cpu_weight_codec(). Not owned. Without one, a load that must dequantize or
+  // quantize (a --quant mode, a norm stored in a block format) fails with an InvalidArgument
+  // naming the codec; one that uses the weights as stored needs none.
+  const WeightCodec* codec = nullptr;
   WeightQuant quant = WeightQuant::kNone;
   bool quantize_lm_head = false;  // also the LM head (a tied one gets its own quantized copy)
   int threads = 0;                // threads for the quantization (0: all)
   // Calibration (model/importance.h): a weight it names is quantized with the importance of
-  // its columns (kernels/quant.h's quantize_row_weighted) where the format has such an
+  // its columns (the codec's quantize_row_weighted) where the format has such an
   // encoder. A weight whose entry has another length is an InvalidArgument naming both.
   // Not owned; must outlive the call.
   const ImportanceMatrix* importance = nullptr;

@@ -1,4 +1,4 @@
-// The cards `tessera plan` prices a deployment on (DESIGN §6): datasheet presets for NVIDIA
+// The cards `tessera plan` prices a deployment on (plan/README.md): datasheet presets for NVIDIA
 // A100-40GB, A100-80GB, H100-80GB (SXM) and H200-141GB, and the local CPU, whose read bandwidth,
 // FMA throughput and thread-pool dispatch cost are measured on the spot.
 //

@@ -40,27 +40,28 @@ PrecisionSpec spec(std::string name, std::string layout, QuantType type) {
   return spec(std::move(name), std::move(layout), tr.block_elems, tr.block_bytes, tr.row_extra_bytes);
 }
 
+// The precisions Tessera runs: every format of the one table (common/dtype.h) with a layout,
+// named as --quant names it (upper case; the table's name where no mode makes it), its geometry
+// the format's row. The float formats first, then those made only at load, then the GGUF ones,
+// each in the table's order.
 std::vector<PrecisionSpec> precision_table() {
-  return {
-      spec("F32", "32-bit float", QuantType::kF32),
-      spec("F16", "16-bit float", QuantType::kF16),
-      spec("BF16", "bfloat16", QuantType::kBF16),
-      spec("INT8", "8-bit per-channel (W8A16, I8_CH): int8 + one fp32 scale per output row", QuantType::kI8_CH),
-      spec("INT4", "4-bit, group 128 (W4A16, I4_G128): 64 B of nibbles + fp16 scale + uint8 zero + 1 B pad per group",
-           QuantType::kI4_G128),
-      spec("Q8_0", "GGUF Q8_0: 32 x int8 + fp16 scale per 32", QuantType::kQ8_0),
-      spec("Q4_0", "GGUF Q4_0: 16 B of nibbles + fp16 scale per 32", QuantType::kQ4_0),
-      spec("Q4_K", "GGUF Q4_K: 144 B per super-block of 256", QuantType::kQ4_K),
-      spec("Q6_K", "GGUF Q6_K: 210 B per super-block of 256", QuantType::kQ6_K),
-      spec("Q3_K", "GGUF Q3_K: 110 B per super-block of 256", QuantType::kQ3_K),
-      spec("Q2_K", "GGUF Q2_K: 84 B per super-block of 256", QuantType::kQ2_K),
-      spec("TQ2_0", "GGUF TQ2_0: ternary, 66 B per super-block of 256", QuantType::kTQ2_0),
-      spec("TQ1_0", "GGUF TQ1_0: ternary, 5 trits per byte, 54 B per super-block of 256", QuantType::kTQ1_0),
-      // Formats Tessera does not store yet (no QuantType; DESIGN §5): planned geometries.
-      spec("2BIT", "2-bit, group 64: 16 B of crumbs + fp16 scale + fp16 zero per group", 64, 20),
-      spec("TERNARY", "ternary {-1,0,1} packed 4 per byte (2 bits) + one fp16 absmean scale per row", 4, 1, 2),
-      spec("TERNARY-B5", "ternary packed 5 trits per byte (3^5 = 243 <= 256) + one fp16 scale per row", 5, 1, 2),
-  };
+  std::vector<PrecisionSpec> table;
+  auto group = [](const QuantTraits& tr) { return tr.is_float ? 0 : tr.quant_at_load ? 1 : 2; };
+  for (int g = 0; g < 3; ++g)
+    for (int i = 0; i < static_cast<int>(QuantType::kCount); ++i) {
+      const QuantTraits& tr = quant_traits(static_cast<QuantType>(i));
+      if (tr.layout.empty() || group(tr) != g) continue;
+      std::string name(tr.load_name.empty() ? tr.name : tr.load_name);
+      for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      table.push_back(spec(std::move(name), std::string(tr.layout), tr.type));
+    }
+  // Formats Tessera does not store yet (no QuantType; kernels/README.md): planned geometries.
+  table.push_back(spec("2BIT", "2-bit, group 64: 16 B of crumbs + fp16 scale + fp16 zero per group", 64, 20));
+  table.push_back(
+      spec("TERNARY", "ternary {-1,0,1} packed 4 per byte (2 bits) + one fp16 absmean scale per row", 4, 1, 2));
+  table.push_back(
+      spec("TERNARY-B5", "ternary packed 5 trits per byte (3^5 = 243 <= 256) + one fp16 scale per row", 5, 1, 2));
+  return table;
 }
 
 // ---- model presets ----
@@ -406,7 +407,7 @@ uint64_t layer_bytes(const ModelConfig& c, const Split& s, const PrecisionSpec& 
 }
 
 uint64_t vector_elems(const ModelConfig& c, const Split& s) {
-  uint64_t per_layer = (c.is_gemma() ? 4 : 2) * static_cast<uint64_t>(c.hidden);  // Gemma: + 2 post-norms
+  uint64_t per_layer = (architecture_traits(c.arch).post_norms ? 4 : 2) * static_cast<uint64_t>(c.hidden);  // + 2 post-norms
   if (c.qkv_bias) per_layer += static_cast<uint64_t>(s.q_cols + 2 * s.kv_cols);
   if (c.qk_norm) per_layer += 2 * static_cast<uint64_t>(c.head_dim);
   return per_layer * static_cast<uint64_t>(c.n_layers) + static_cast<uint64_t>(c.hidden);
@@ -424,7 +425,7 @@ Status validate_input(const PlanInput& in) {
         fmt::format("{} KV heads can be neither split nor replicated over TP {}", c.n_kv_heads, in.tp));
   if (!(in.headroom >= 0 && in.headroom < 1))
     return Status::invalid_argument(fmt::format("headroom must be in [0, 1), got {}", in.headroom));
-  TESSERA_RETURN_IF_ERROR(validate_block_size(in.block_size).with_context("DESIGN §3"));
+  TESSERA_RETURN_IF_ERROR(validate_block_size(in.block_size).with_context("block size"));
   if (in.batch < 1) return Status::invalid_argument(fmt::format("batch must be >= 1, got {}", in.batch));
   if (in.max_batch < 1 || in.max_step_tokens < 1)
     return Status::invalid_argument("max_batch and max_step_tokens must be >= 1");
@@ -436,7 +437,7 @@ Status validate_input(const PlanInput& in) {
   return Status::ok();
 }
 
-// The coordinator's rule (coordinator/shard_group.cpp plan_kv_memory), on this rank's KV room:
+// The coordinator's rule (server/shard_group.cpp plan_kv_memory), on this rank's KV room:
 // the window pool takes what max_batch sequences can hold at once, the normal pool the rest, unless
 // the window pool alone would need the room of every block one pool could hold.
 void plan_kv_pools(const PlanInput& in, MemoryBill& m) {
@@ -612,22 +613,20 @@ void add_warnings(const PlanInput& in, Plan& plan, const Split& s) {
     for (const PrecisionSpec* p : {&in.weights}) {
       if (s.q_cols % p->alignment() != 0 || s.ffn % p->alignment() != 0)
         warn(false, fmt::format("a row-parallel slice ({} columns of O, {} of down) is not a multiple of the {} "
-                                "group of {}: groups would straddle ranks (DESIGN §2 forbids it; the loader refuses)",
+                                "group of {}: groups would straddle ranks (ARCHITECTURE.md forbids it; the loader refuses)",
                                 s.q_cols, s.ffn, p->name, p->alignment()));
     }
   }
   if (t.context > m.context_length)
     warn(false, fmt::format("decode context {} is longer than the context length {}", t.context, m.context_length));
-  // What the runtime stores: fp32, or fp16 with --kv-dtype fp16, on the CPU and the CUDA backend;
-  // int8 with --kv-dtype int8 on the CPU.
-  const bool stored = in.kv_dtype == KvDtype::kF32 || in.kv_dtype == KvDtype::kF16 ||
-                      (in.kv_dtype == KvDtype::kInt8 && in.card.is_cpu);
-  if (!stored) {
+  // What the runtime stores: the KV dtype table's column of the card's backend
+  // (common/kv_config.h).
+  const KvBackend backend = in.card.is_cpu ? KvBackend::kCpu : KvBackend::kCuda;
+  if (!kv_dtype_stored(in.kv_dtype, backend)) {
     const int fewer = kv_dtype_bytes(KvDtype::kF16) / kv_dtype_bytes(in.kv_dtype);
     warn(false, fmt::format("KV dtype {}: Tessera's {} KV cache stores {} today, so a run holds {} "
                             "than this plan; plan with --kv-dtype fp16 for what runs now",
-                            kv_dtype_name(in.kv_dtype), in.card.is_cpu ? "CPU" : "CUDA",
-                            in.card.is_cpu ? "fp32, fp16 or int8" : "fp32 or fp16",
+                            kv_dtype_name(in.kv_dtype), kv_backend_name(backend), kv_dtypes_stored_text(backend),
                             fewer > 1 ? fmt::format("{}x fewer tokens", fewer) : "its tokens in fp16, not"));
   }
 }
@@ -720,8 +719,10 @@ std::string format_plan(const Plan& plan) {
                      in.weights.layout);
   out += fmt::format("  embedding {} = {:.4g} bits/weight (embedding and LM head)\n", in.embeddings.name,
                      in.embeddings.bits_per_weight());
-  out += fmt::format("  KV        {} ({} B{}), block {} tokens\n", kv_dtype_name(in.kv_dtype), kv_dtype_bytes(in.kv_dtype),
-                     in.kv_dtype == KvDtype::kInt8 ? " + a 4 B scale per token and KV head" : "", in.block_size);
+  const KvDtypeTraits& kv = kv_dtype_traits(in.kv_dtype);
+  const std::string kv_scale =
+      kv.row_extra_bytes > 0 ? fmt::format(" + a {} B scale per token and KV head", kv.row_extra_bytes) : "";
+  out += fmt::format("  KV        {} ({} B{}), block {} tokens\n", kv.name, kv.elem_bytes, kv_scale, in.block_size);
   out += fmt::format("  card      {}: {} memory, {}, {} peak [{}]\n", card.description, bytes(card.memory_bytes),
                      gbps(card.memory_bandwidth), flops_text(card.peak_flops), card.source);
   if (in.tp > 1) out += fmt::format("  link      {}\n", plan.link.name);
@@ -761,9 +762,9 @@ std::string format_plan(const Plan& plan) {
   out += row("per token",
              fmt::format("2 x {} layers x {} KV heads{} x {}", c.n_layers, m.kv_heads_per_rank,
                          m.kv_heads_replicated ? " (replicated)" : "",
-                         in.kv_dtype == KvDtype::kInt8
-                             ? fmt::format("({} x 1 B + a 4 B scale)", c.head_dim)
-                             : fmt::format("{} x {} B", c.head_dim, kv_dtype_bytes(in.kv_dtype))),
+                         kv.row_extra_bytes > 0
+                             ? fmt::format("({} x {} B + a {} B scale)", c.head_dim, kv.elem_bytes, kv.row_extra_bytes)
+                             : fmt::format("{} x {} B", c.head_dim, kv.elem_bytes)),
              per_token(m.kv_bytes_per_token));
   if (m.windowed_layers > 0) {
     out += row("  global",
@@ -877,7 +878,7 @@ std::string format_plan(const Plan& plan) {
     for (const PlanWarning& w : plan.warnings) out += fmt::format("  {}: {}\n", w.fatal ? "ERROR" : "warning", w.message);
   }
   out += "\nASSUMPTIONS\n";
-  out += "  TP split as DESIGN §2: Q/K/V, gate/up by rows; O, down by columns; LM head by vocabulary; embedding "
+  out += "  TP split as ARCHITECTURE.md says: Q/K/V, gate/up by rows; O, down by columns; LM head by vocabulary; embedding "
          "replicated.\n";
   out += "  Decode reads every weight of the rank once per step; launch costs are added, not overlapped; "
          "figures are nominal unless measured.\n";

@@ -1,21 +1,21 @@
-// `tessera plan`: the cost accounts of a deployment (DESIGN §6). For a model config, a weight
+// `tessera plan`: the cost accounts of a deployment (plan/README.md). For a model config, a weight
 // precision, a KV dtype, a TP degree and a card, the memory bill of one rank and the predicted
 // decode-step time. Pure arithmetic: no I/O except reading model configs in load_plan_model().
 //
 // What is assumed (the bill prints each of these):
-// * TP split as shard/tp_slice.h does it (DESIGN §2): Q/K/V and gate/up by output rows, O and
+// * TP split as shard/tp_slice.h does it (ARCHITECTURE.md "Tensor parallelism"): Q/K/V and gate/up by output rows, O and
 //   down by input columns, the LM head by vocabulary rows (ceil(vocab / tp) on the largest
 //   rank), the embedding replicated on every rank (the lookup needs no collective). KV heads
 //   are split when n_kv % tp == 0, else replicated (one per rank) when tp % n_kv == 0.
 // * A matrix of [rows, cols] in a precision takes rows * (ceil(cols / group) * group_bytes +
 //   row_extra_bytes); groups run along the input dimension (cols).
 // * Memory: KV room = memory * (1 - headroom) - runtime reserve - weights - workspace. The
-//   headroom is a fraction of the card's memory never planned for (DESIGN §3).
+//   headroom is a fraction of the card's memory never planned for (ARCHITECTURE.md "KV accounting").
 // * Workspace (per rank): max_step_tokens * (3 * hidden + 2 * q_cols + 2 * kv_cols + 2 * ffn/tp)
 //   * activation bytes (the buffers of the forward pass: x, h, proj; q, attn; k, v; gate, up)
 //   + logits: max_batch * (vocab_per_rank + (tp > 1 ? tp * vocab_per_rank : 0)) * 4 (fp32; with TP
 //   the padded slices of every rank are gathered for sampling).
-// * KV pools, as the coordinator plans them (DESIGN §3): a model with windowed layers
+// * KV pools, as the coordinator plans them (ARCHITECTURE.md "KV accounting"): a model with windowed layers
 //   (windowed_kv_layers non-empty: Gemma 3's local layers) keeps their KV in a window pool of
 //   W = window_pool_blocks(window, max_step_tokens, block, max_batch) blocks of Wb = windowed
 //   bytes per token * block, and the global layers' KV in the normal pool of F = global bytes
@@ -65,9 +65,10 @@ struct PrecisionSpec {
   int64_t alignment() const { return align_elems > 0 ? align_elems : group_elems; }
 };
 
-// F32, F16, BF16, INT8 (per-channel), INT4 (g128), Q8_0, Q4_0, Q4_K, Q6_K, 2BIT (g64),
-// TERNARY (2 bits packed), TERNARY-B5 (5 trits per byte). Case-insensitive; "int4-g128" etc.
-// NotFound naming the choices.
+// Every format Tessera reads, from the format table (common/dtype.h): F32, F16, BF16, INT8
+// (per-channel), INT4 (g128), then the GGUF formats (Q8_0, Q4_0, ..., TQ2_0); and the planned
+// 2BIT (g64), TERNARY (2 bits packed), TERNARY-B5 (5 trits per byte). Case-insensitive;
+// "int4-g128" etc. NotFound naming the choices.
 Result<PrecisionSpec> precision_preset(std::string_view name);
 std::vector<std::string> precision_names();
 // Makes a precision whose bits per weight equal bytes * 8 / elements (the stored model's mix).

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Configures and builds Tessera into build/ (executables in build/bin/).
 # BUILD_DIR, BUILD_TYPE, BUILD_TARGETS (space-separated; default all) and extra CMake arguments
-# can be given.
+# can be given. With TESSERA_FAIL_ON_WARNINGS=1 (scripts/test.sh, hence CI) a compiler warning
+# fails the build: the compilers' output is kept in $BUILD_DIR/build.log and every "warning:"
+# line in it is printed (ccache replays a cached object's warnings, so a warm cache hides none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -19,4 +21,15 @@ fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${LAUNCHER[@]}" "$@"
 TARGET_ARGS=()
 [ -n "${BUILD_TARGETS:-}" ] && TARGET_ARGS=(--target $BUILD_TARGETS)
-cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGET_ARGS[@]}"
+if [ "${TESSERA_FAIL_ON_WARNINGS:-0}" != "1" ]; then
+  exec cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGET_ARGS[@]}"
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGET_ARGS[@]}" 2>&1 | tee "$BUILD_DIR/build.log"
+status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] || exit "$status"
+if grep -E "warning[: ]" "$BUILD_DIR/build.log" | grep -vE "^CMake Warning|^ninja: warning" > "$BUILD_DIR/warnings.log"; then
+  echo "error: the build printed $(wc -l < "$BUILD_DIR/warnings.log") warning line(s) (the whole output: $BUILD_DIR/build.log):"
+  head -50 "$BUILD_DIR/warnings.log"
+  exit 1
+fi
+echo "build: no compiler warnings"

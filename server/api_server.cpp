@@ -1,4 +1,4 @@
-#include "coordinator/api_server.h"
+#include "server/api_server.h"
 
 #include <nlohmann/json.hpp>
 
@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "common/logging.h"
-#include "coordinator/openai_protocol.h"
+#include "server/openai_protocol.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP API (DESIGN §1): /v1/completions, /v1/chat/completions,
+// The OpenAI-compatible HTTP API (ARCHITECTURE.md): /v1/completions, /v1/chat/completions,
 // /v1/models, /health, /metrics, /tokenize, /detokenize, /tokenizer_info. Handlers run on the
 // HTTP server's thread: they parse, tokenize and hand a Job to the engine; the job's events
 // (engine thread) render responses or SSE chunks and write them to the client.
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "common/status.h"
-#include "coordinator/engine.h"
-#include "coordinator/http_server.h"
-#include "coordinator/metrics.h"
+#include "engine/engine.h"
+#include "server/http_server.h"
+#include "engine/metrics.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 

@@ -3,7 +3,7 @@
 // can run outside mpirun on any host the shards reach.
 #include <cstdio>
 
-#include "coordinator/server_cli.h"
+#include "server/server_cli.h"
 
 int main(int argc, char** argv) {
   tessera::ServerCli cli;

@@ -1,4 +1,4 @@
-#include "coordinator/http_parser.h"
+#include "server/http_parser.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // HTTP/1.1 request-head parsing and response framing for the coordinator's HTTP server
-// (coordinator/http_server.h). Pure functions on byte strings: no sockets, no state, so every
+// (server/http_server.h). Pure functions on byte strings: no sockets, no state, so every
 // branch is unit-testable and fuzzable without a network.
 //
 // What is accepted (RFC 9112, strict where leniency would hide request smuggling):

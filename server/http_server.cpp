@@ -1,4 +1,4 @@
-#include "coordinator/http_server.h"
+#include "server/http_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

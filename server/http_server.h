@@ -1,8 +1,8 @@
-// The coordinator's HTTP/1.1 server (DESIGN §1): one epoll event-loop thread serving thousands
+// The coordinator's HTTP/1.1 server (ARCHITECTURE.md): one epoll event-loop thread serving thousands
 // of keep-alive connections and streaming responses (server-sent events) at once, so no stream
 // ever waits for another's thread. No third-party HTTP library.
 //
-// Request flow: the loop reads and parses a request (coordinator/http_parser.h), then calls the
+// Request flow: the loop reads and parses a request (server/http_parser.h), then calls the
 // application's HttpHandler on the loop thread with the request and a shared HttpResponder.
 // The handler must be quick (parse, validate, enqueue to the engine thread); it completes the
 // request then or later, from any thread, with exactly one of
@@ -46,7 +46,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "coordinator/http_parser.h"
+#include "server/http_parser.h"
 
 namespace tessera {
 

@@ -1,6 +1,6 @@
-#include "coordinator/openai_protocol.h"
+#include "server/openai_protocol.h"
 
-#include "coordinator/speculation.h"
+#include "engine/speculation.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

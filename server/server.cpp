@@ -1,4 +1,4 @@
-#include "coordinator/server.h"
+#include "server/server.h"
 
 #include <fstream>
 #include <signal.h>
@@ -15,12 +15,12 @@
 #include "common/logging.h"
 #include "common/mapped_file.h"
 #include "common/process.h"
-#include "coordinator/api_server.h"
-#include "coordinator/block_pool.h"
-#include "coordinator/engine.h"
-#include "coordinator/metrics.h"
-#include "coordinator/shard_group.h"
-#include "coordinator/shard_launcher.h"
+#include "server/api_server.h"
+#include "engine/block_pool.h"
+#include "engine/engine.h"
+#include "engine/metrics.h"
+#include "server/shard_group.h"
+#include "server/shard_launcher.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "template/builtin_chat_template.h"
@@ -42,8 +42,7 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.model_path = o.model_path;
   spec.coordinator_endpoint = endpoint;
   spec.tp = o.tp;
-  spec.device = o.device;
-  spec.threads = o.threads;
+  spec.runtime = o.shard;
   spec.hosts = o.hosts;
   spec.hostfile = o.hostfile;
   spec.bind = o.bind;
@@ -51,15 +50,9 @@ ShardLaunchSpec launch_spec(const ServerOptions& o, const std::string& endpoint)
   spec.extra_shard_args = o.extra_shard_args;
   spec.launch_agent = o.launch_agent;
   spec.extra_mpirun_args = o.extra_mpirun_args;
-  spec.quant = o.quant;
-  spec.quant_lm_head = o.quant_lm_head;
-  spec.imatrix = o.imatrix;
-  spec.kv_dtype = o.kv_dtype;
-  spec.matmul_precision = o.matmul_precision;
-  spec.sparse = o.sparse;
   // A GPU shard sizes its workspace for the scheduler's largest step.
-  spec.max_step_tokens = o.scheduler.max_step_tokens;
-  spec.max_step_seqs = o.scheduler.max_batch;
+  spec.runtime.max_step_tokens = o.scheduler.max_step_tokens;
+  spec.runtime.max_step_seqs = o.scheduler.max_batch;
   // Shards on this host can look at the coordinator's process before they give up on it.
   if (o.hosts.empty() && o.hostfile.empty()) spec.coordinator_pid = static_cast<int>(::getpid());
   return spec;
@@ -317,7 +310,7 @@ int run_server(const ServerOptions& o) {
                     ? local_control_endpoint()
                     : "tcp://0.0.0.0:0";
   go.block_size = o.block_size;
-  go.kv_dtype = o.kv_dtype;
+  go.kv_dtype = o.shard.kv_dtype;
   go.headroom = o.headroom;
   go.max_kv_bytes = o.max_kv_bytes;
   go.cpu_max_kv_bytes = uint64_t{2} << 30;  // CPU shards: 2 GiB of KV unless --max-kv-bytes says otherwise

@@ -7,11 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "common/kv_config.h"
-#include "coordinator/scheduler_config.h"
-#include "kernels/gemm.h"
-#include "kernels/sparse_attention.h"
-#include "model/weight_store.h"
+#include "common/shard_options.h"
+#include "engine/scheduler_config.h"
 
 namespace tessera {
 
@@ -20,8 +17,10 @@ struct ServerOptions {
   std::string model_name;            // default: the model's directory or file name
   std::string chat_template_path;    // a Jinja file overriding the model's chat template
   int tp = 1;
-  std::string device = "auto";       // for the shards: cpu | cuda | auto
-  int threads = 0;                   // per shard (0: its bound cores)
+  // How the shards run the model (common/shard_options.h): device, threads, --quant,
+  // --kv-dtype (the coordinator plans it; the shards must store it), ... The workspace limits
+  // (max_step_tokens / max_step_seqs) are the scheduler's, set when the shards start.
+  ShardRuntimeOptions shard;
   std::string host = "127.0.0.1";
   int port = 8000;                   // 0: ephemeral
   SchedulerConfig scheduler;
@@ -34,12 +33,6 @@ struct ServerOptions {
   std::string expected_trace;             // a JSONL trace whose lengths are expected (wins over the mix)
   std::string block_size_source = "default";  // default | flag | scheduler-config | auto: shown in /metrics
   std::string block_size_reason;              // why (auto): printed at start-up and in /metrics
-  KvDtype kv_dtype = KvDtype::kF32;  // the coordinator plans it; the shards must store it
-  MatmulPrecision matmul_precision = MatmulPrecision::kAuto;  // --matmul-precision for the shards
-  SparseAttentionConfig sparse;  // --sparse-attention ... for the shards (CPU backend)
-  WeightQuant quant = WeightQuant::kNone;  // for the shards it starts: --quant at load
-  bool quant_lm_head = false;
-  std::string imatrix;  // --imatrix for the shards: calibrated --quant
   double headroom = 0.10;
   uint64_t max_kv_bytes = 0;         // per shard; 0: 2 GiB for CPU shards, none for CUDA
   bool kv_window_pool = true;        // the sliding-window layers' KV in a pool of its own (common/kv_config.h)
@@ -68,7 +61,7 @@ struct ServerOptions {
   // restarted with backoff, at most this many times in a row (0: never; the server then stays
   // up, unhealthy). Only shards the server starts itself are restarted.
   int max_restarts = 5;
-  // A JSONL file the engine appends one line per step to (coordinator/step_features.h: what the
+  // A JSONL file the engine appends one line per step to (engine/step_features.h: what the
   // step computed and how long it took): the data `tessera tune calibrate` fits the step-time
   // model on. "": none.
   std::string step_log_path;

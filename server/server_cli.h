@@ -14,18 +14,44 @@
 #include "cli/default_model.h"
 #include "cli/flags.h"
 #include "common/status.h"
-#include "coordinator/server.h"
+#include "server/server.h"
 
 namespace tessera {
 
+// The scheduler's command-line layer: --profile, --scheduler-config and one flag per knob of
+// engine/scheduler_knobs.h (with --speculation), for `serve`, `launch`, `tessera-coordinator`
+// and `tune simulate`. apply() layers them in their order of precedence and validates.
+struct SchedulerFlags {
+  std::string profile;  // empty: interactive, or the config file's "profile"
+  std::string file;
+  std::map<std::string, std::string> knobs;  // knob key -> value given on the command line
+
+  void add_to(CLI::App& app) {
+    app.add_option("--profile", profile,
+                   "scheduler profile: interactive or offline (wins over a --scheduler-config file's \"profile\")")
+        ->default_str("interactive");
+    app.add_option("--scheduler-config", file, "JSON file of scheduler knobs (`tessera tune` writes one)");
+    for (const SchedulerKnobInfo& k : scheduler_knob_infos()) {
+      std::string& value = knobs[std::string(k.key)];
+      // A flag the command already has (`tune simulate`'s --priority-classes, which also shapes
+      // its generated trace) sets the knob too.
+      if (CLI::Option* existing = app.get_option_no_throw(k.flag))
+        existing->each([&value](const std::string& v) { value = v; });
+      else
+        app.add_option(k.flag, value, k.help);
+    }
+  }
+  Status apply(SchedulerConfig& config) const {
+    std::vector<std::pair<std::string, std::string>> given(knobs.begin(), knobs.end());
+    return apply_scheduler_layers(config, profile, file, given);
+  }
+};
+
 struct ServerCli {
   ServerOptions options;
-  std::string profile = "interactive";
-  std::string scheduler_file;
-  std::map<std::string, std::string> knobs;  // knob name -> value given on the command line
+  SchedulerFlags scheduler;
   double max_kv_gb = 0;
   std::string block_size_text;
-  cli::KvDtypeFlag kv_dtype;
 
   void add_to(CLI::App& app, bool spawns_shards) {
     ServerOptions& o = options;
@@ -42,24 +68,15 @@ struct ServerCli {
                    "the request lengths --block-size auto plans for: chat, docs, docs-2k, PROMPT/OUTPUT or MIX*W+MIX*W")
         ->capture_default_str();
     app.add_option("--expected-trace", o.expected_trace, "a JSONL trace whose lengths --block-size auto plans for");
-    cli::add_kv_dtype_flag(app, kv_dtype, cli::KvDtypeUse::kRuntime);
-    cli::add_matmul_precision_flag(app, o.matmul_precision);
-    cli::add_sparse_attention_flags(app, o.sparse);
+    // The shards' options: all of them for a command that starts shards; what it plans with
+    // (--kv-dtype) for a coordinator whose shards start elsewhere.
+    cli::add_shard_runtime_flags(app, o.shard,
+                                 spawns_shards ? cli::ShardFlagsFor::kLauncher : cli::ShardFlagsFor::kCoordinator);
     app.add_option("--headroom", o.headroom, "fraction of each shard's memory never planned for KV")->capture_default_str();
     app.add_option("--max-kv-gb", max_kv_gb, "cap on each shard's KV cache (default: 2 for CPU shards)");
     cli::add_window_pool_flag(app, o.kv_window_pool);
     app.add_option("--max-queued", o.max_queued_sequences, "queued sequences before 429")->capture_default_str();
-    app.add_option("--profile", profile, "scheduler profile: interactive or offline")->capture_default_str();
-    app.add_option("--scheduler-config", scheduler_file, "JSON file of scheduler knobs");
-    for (const char* knob : {"max-batch", "max-step-tokens", "max-wait-ms", "max-burst-wait-ms", "prefill-chunk",
-                             "mixed-prefill-tokens", "priority-classes", "aging-ms"})
-      app.add_option(std::string("--") + knob, knobs[knob], std::string("scheduler knob ") + knob);
-    app.add_option("--speculation", knobs["speculation"],
-                   "speculative decoding for requests without the field: off, auto (gated by measured acceptance), "
-                   "ngram (always), draft (the self-draft, always; needs --spec-draft-layers)");
-    for (const char* knob : {"spec-depth", "spec-ngram-max", "spec-ngram-min", "spec-probe-interval", "spec-probe-steps",
-                             "spec-hysteresis", "spec-draft-layers", "spec-draft-vocab"})
-      app.add_option(std::string("--") + knob, knobs[knob], std::string("speculation knob ") + knob);
+    scheduler.add_to(app);
     app.add_option("--step-log", o.step_log_path,
                    "append one JSON line per engine step (its tokens, sequences, context and times) to this file, "
                    "for `tessera tune calibrate`");
@@ -79,10 +96,6 @@ struct ServerCli {
         ->check(CLI::Range(0.0, 86400.0))
         ->capture_default_str();
     if (spawns_shards) {
-      app.add_option("--device", o.device, "shard device: cpu, cuda or auto")
-          ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
-          ->capture_default_str();
-      app.add_option("--threads", o.threads, "CPU threads per shard (0: its cores)");
       app.add_option("--bind", o.bind, "auto (shards bind from hwloc), none, or core (mpirun binds)")
           ->check(CLI::IsMember({"auto", "none", "core"}));
       app.add_option("--shard-arg", o.extra_shard_args, "an extra argument for every shard (repeatable)")->group("");
@@ -92,11 +105,7 @@ struct ServerCli {
   Status finish() {
     ServerOptions& o = options;
     TESSERA_RETURN_IF_ERROR(cli::resolve_model_flag(o.model_path));
-    TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, "profile", profile));
-    if (!scheduler_file.empty()) TESSERA_RETURN_IF_ERROR(apply_scheduler_config_file(o.scheduler, scheduler_file));
-    for (const auto& [name, value] : knobs)
-      if (!value.empty()) TESSERA_RETURN_IF_ERROR(set_scheduler_knob(o.scheduler, name, value));
-    TESSERA_RETURN_IF_ERROR(validate_scheduler_config(o.scheduler));
+    TESSERA_RETURN_IF_ERROR(scheduler.apply(o.scheduler));
     if (block_size_text == "auto") {
       o.block_size_auto = true;
       o.block_size_source = "auto";
@@ -112,7 +121,6 @@ struct ServerCli {
       o.block_size = o.scheduler.block_size;
       o.block_size_source = "scheduler-config";
     }
-    o.kv_dtype = kv_dtype.runtime();
     if (max_kv_gb > 0) o.max_kv_bytes = static_cast<uint64_t>(max_kv_gb * (1ull << 30));
     return Status::ok();
   }

@@ -1,4 +1,4 @@
-// The coordinator's view of its shards (DESIGN §1): the control server they connect to, the
+// The coordinator's view of its shards (ARCHITECTURE.md): the control server they connect to, the
 // start-up handshake (every rank's hello is checked: protocol version, world size, TP, model),
 // the memory plan that sizes the KV cache, and one StepPlan -> StepResult round trip at a time.
 //
@@ -21,13 +21,16 @@
 #include <vector>
 
 #include "comm/control_channel.h"
-#include "comm/control_messages.h"
-#include "comm/step_executor.h"
+#include "proto/control_messages.h"
+#include "engine/step_executor.h"
 #include "common/status.h"
+#include "engine/memory_plan.h"
 
 namespace tessera {
 
-struct ShardGroupOptions {
+// The shard group's options; the memory plan's (engine/memory_plan.h) are its base, so a
+// caller sets `block_size`, `headroom`, ... on the group's options directly.
+struct ShardGroupOptions : MemoryPlanOptions {
   std::string endpoint = "tcp://127.0.0.1:0";  // where shards connect
   int world_size = 1;
   std::string expected_fingerprint;            // empty: take rank 0's
@@ -37,38 +40,11 @@ struct ShardGroupOptions {
   std::chrono::milliseconds dead_timeout{30000};
   std::chrono::milliseconds step_timeout{600000};
   std::chrono::milliseconds heartbeat_interval{250};
-  // Memory plan.
-  int64_t block_size = 16;
   KvDtype kv_dtype = KvDtype::kF32;  // every shard's hello must say it stores this
-  double headroom = 0.10;           // fraction of each shard's available memory never planned
-  uint64_t max_kv_bytes = 0;        // cap per shard (0: none)
-  uint64_t cpu_max_kv_bytes = 0;    // cap when max_kv_bytes is 0 and a shard runs on the CPU (0: none)
-  int64_t max_blocks = 0;           // cap on blocks (0: none)
-  // The largest step the scheduler will send (0: unchecked); a shard whose workspace is
-  // smaller is refused at start-up, naming both numbers.
-  int64_t step_tokens = 0;
-  int64_t step_seqs = 0;
-  // The window pool (common/kv_config.h), when the shards report windowed layers and it leaves
-  // room for more blocks than one pool: sized for step_seqs sequences and steps of step_tokens.
-  bool window_pool = false;
   // Speculation's self-draft in every shard (ConfigureMsg::draft_layers; 0: none).
   int32_t draft_layers = 0;
   int32_t draft_vocab = 0;
   std::vector<int32_t> draft_ids;  // its head's fixed rows (Tokenizer::frequent_ids)
-};
-
-struct MemoryPlan {
-  int64_t num_blocks = 0;
-  int64_t block_size = 0;
-  uint64_t kv_bytes_per_block = 0;       // largest over ranks
-  uint64_t min_available_bytes = 0;      // smallest over ranks
-  uint64_t planned_kv_bytes = 0;         // per rank
-  std::string limited_by;                // "memory", "max_kv_bytes", "max_blocks"
-  // The window pool: num_window_blocks > 0 when the windowed layers' KV lives apart. Then
-  // kv_bytes_per_block is the other layers' share, and planned_kv_bytes counts both pools.
-  int64_t num_window_blocks = 0;
-  int64_t window = 0;                    // tokens
-  uint64_t window_bytes_per_block = 0;   // largest over ranks
 };
 
 // How long a rank may be silent before it is declared dead, scaled to what is measured: the
@@ -144,8 +120,5 @@ class ShardGroup : public StepExecutor {
   bool healthy_ = false;
   std::string failure_;
 };
-
-// Pure arithmetic of the plan, exposed for tests.
-Result<MemoryPlan> plan_kv_memory(const std::vector<ShardHello>& hellos, const ShardGroupOptions& options);
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-#include "coordinator/shard_launcher.h"
+#include "server/shard_launcher.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -25,29 +25,11 @@ std::string sibling_executable(const std::string& name) {
 }
 
 std::vector<std::string> build_shard_command(const ShardLaunchSpec& s) {
-  std::vector<std::string> shard = {s.shard_binary, "--model", s.model_path, "--coordinator", s.coordinator_endpoint,
-                                    "--device", s.device};
-  if (s.threads > 0) shard.insert(shard.end(), {"--threads", std::to_string(s.threads)});
+  std::vector<std::string> shard = {s.shard_binary, "--model", s.model_path, "--coordinator", s.coordinator_endpoint};
   if (s.coordinator_pid > 0) shard.insert(shard.end(), {"--coordinator-pid", std::to_string(s.coordinator_pid)});
   if (s.bind != "auto") shard.push_back("--no-bind");
-  if (s.quant != WeightQuant::kNone) shard.insert(shard.end(), {"--quant", std::string(weight_quant_name(s.quant))});
-  if (s.quant_lm_head) shard.push_back("--quant-lm-head");
-  if (!s.imatrix.empty()) shard.insert(shard.end(), {"--imatrix", s.imatrix});
-  if (s.kv_dtype != KvDtype::kF32) shard.insert(shard.end(), {"--kv-dtype", std::string(kv_dtype_name(s.kv_dtype))});
-  if (s.matmul_precision != MatmulPrecision::kAuto)
-    shard.insert(shard.end(), {"--matmul-precision", matmul_precision_name(s.matmul_precision)});
-  // The shard's own default is auto: off and a fixed threshold are passed.
-  if (s.sparse.measure)
-    shard.insert(shard.end(), {"--sparse-top-blocks", std::to_string(s.sparse.select.top_blocks)});
-  else if (s.sparse.enabled)
-    shard.insert(shard.end(), {"--sparse-attention", "on", "--sparse-threshold", std::to_string(s.sparse.threshold_tokens),
-                               "--sparse-top-blocks", std::to_string(s.sparse.select.top_blocks)});
-  else
-    shard.insert(shard.end(), {"--sparse-attention", "off"});
-  if (s.device != "cpu" && s.max_step_tokens > 0)
-    shard.insert(shard.end(), {"--max-step-tokens", std::to_string(s.max_step_tokens)});
-  if (s.device != "cpu" && s.max_step_seqs > 0)
-    shard.insert(shard.end(), {"--max-step-seqs", std::to_string(s.max_step_seqs)});
+  const std::vector<std::string> runtime = shard_runtime_argv(s.runtime);
+  shard.insert(shard.end(), runtime.begin(), runtime.end());
   shard.insert(shard.end(), s.extra_shard_args.begin(), s.extra_shard_args.end());
   const bool mpi = s.tp > 1 || s.force_mpirun || !s.hosts.empty() || !s.hostfile.empty();
   if (!mpi) return shard;

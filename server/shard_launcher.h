@@ -9,11 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/kv_config.h"
+#include "common/shard_options.h"
 #include "common/status.h"
-#include "kernels/gemm.h"
-#include "kernels/sparse_attention.h"
-#include "model/weight_store.h"
 
 namespace tessera {
 
@@ -22,20 +19,13 @@ struct ShardLaunchSpec {
   std::string model_path;
   std::string coordinator_endpoint;
   int tp = 1;
-  std::string device = "auto";            // cpu | cuda | auto
-  int threads = 0;
+  // How the shards run the model (device, threads, --quant, --kv-dtype, the workspace limits
+  // the scheduler sets, ...): passed as the flags common/shard_options.h's table gives.
+  ShardRuntimeOptions runtime;
   std::vector<std::string> hosts;         // empty: this host
   std::string hostfile;
   std::string bind = "auto";              // auto: shards bind themselves (hwloc); none; core (mpirun binds)
   bool force_mpirun = false;              // use mpirun even for TP = 1
-  WeightQuant quant = WeightQuant::kNone;  // --quant for the shards (kNone: not passed)
-  bool quant_lm_head = false;              // --quant-lm-head for the shards
-  std::string imatrix;                     // --imatrix for the shards ("": not passed)
-  KvDtype kv_dtype = KvDtype::kF32;        // --kv-dtype for the shards (fp32: not passed)
-  MatmulPrecision matmul_precision = MatmulPrecision::kAuto;  // --matmul-precision (auto: not passed)
-  SparseAttentionConfig sparse;           // --sparse-attention on ... (off: not passed)
-  int64_t max_step_tokens = 0;            // > 0: --max-step-tokens (a GPU shard's workspace)
-  int64_t max_step_seqs = 0;              // > 0: --max-step-seqs
   int coordinator_pid = 0;                // > 0: --coordinator-pid (shards on the coordinator's host)
   std::vector<std::string> extra_shard_args;
   // How mpirun starts its daemons on the other hosts: a command called as `AGENT HOST WORD...`

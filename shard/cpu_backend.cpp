@@ -35,11 +35,11 @@ CpuBackend::CpuBackend(const ModelConfig& config, const ShardLayout& layout, Sha
 }
 
 uint64_t CpuBackend::kv_bytes_per_token() const {
-  return tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.kv_dtype);
+  return tessera::kv_bytes_per_token(config_.n_layers, layout_.n_kv_heads, config_.head_dim, options_.runtime.kv_dtype);
 }
 
 uint64_t CpuBackend::kv_window_bytes_per_token() const {
-  return tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, options_.kv_dtype);
+  return tessera::kv_bytes_per_token(window_.count(), layout_.n_kv_heads, config_.head_dim, options_.runtime.kv_dtype);
 }
 
 Result<BackendMemory> CpuBackend::memory() const {
@@ -66,7 +66,7 @@ Result<BackendMemory> CpuBackend::memory() const {
   m.kv_window_bytes_per_token = kv_window_bytes_per_token();
   // Key summaries: billed when sparse attention is on, or auto and the context can outgrow the
   // selection at the smallest block size (else auto resolves to off and keeps none).
-  const SparseAttentionConfig& sp = options_.sparse;
+  const SparseAttentionConfig& sp = options_.runtime.sparse;
   const int64_t min_budget = (sp.select.sink_blocks + sp.select.recent_blocks + sp.select.top_blocks) * kMinBlockSize;
   if (global_layers() > 0 && (sp.enabled || (sp.measure && config_.max_positions > min_budget)))
     m.kv_summary_bytes_per_block = key_summary_bytes_per_block(global_layers(), layout_.n_kv_heads, config_.head_dim);
@@ -80,12 +80,12 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
     return Status::invalid_argument(fmt::format(
         "a window pool of {} blocks, but this model ({}) has no sliding-window layers that could use it",
         num_window_blocks, arch_.name));
-  KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.kv_dtype};
+  KvCacheShape shape{config_.n_layers, layout_.n_kv_heads, config_.head_dim, block_size, num_blocks, options_.runtime.kv_dtype};
   // window_layers also tells the key summaries which layers are global (without a window pool too).
   shape.window_layers = window_.layers;
   shape.num_window_blocks = num_window_blocks;
   TESSERA_RETURN_IF_ERROR(resolve_sparse(block_size));
-  shape.key_summaries = options_.sparse.enabled;
+  shape.key_summaries = options_.runtime.sparse.enabled;
   TESSERA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(shape));
   cache_ = std::make_unique<KvCache>(std::move(cache));
   const int64_t relaid = relayout_for_cpu_kernels(weights_, pool_);
@@ -94,12 +94,12 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
   TESSERA_RETURN_IF_ERROR(arch.validate(config_, &weights_.weights));
   forward_ = std::make_unique<ForwardPass>(config_, layout_, weights_.weights, pool_, cache_.get(), comm_,
                                            std::move(arch));
-  TESSERA_RETURN_IF_ERROR(forward_->set_sparse_attention(options_.sparse));
-  if (options_.sparse.enabled)
+  TESSERA_RETURN_IF_ERROR(forward_->set_sparse_attention(options_.runtime.sparse));
+  if (options_.runtime.sparse.enabled)
     TESSERA_LOG_INFO("sparse attention: decodes of the global layers from {} tokens of context attend to {} sink + {} "
                      "recent + {} selected blocks of {} tokens",
-                     options_.sparse.threshold_tokens, options_.sparse.select.sink_blocks,
-                     options_.sparse.select.recent_blocks, options_.sparse.select.top_blocks, block_size);
+                     options_.runtime.sparse.threshold_tokens, options_.runtime.sparse.select.sink_blocks,
+                     options_.runtime.sparse.select.recent_blocks, options_.runtime.sparse.select.top_blocks, block_size);
   if (num_window_blocks > 0)
     TESSERA_LOG_DEBUG("KV cache: {} blocks of {} tokens; window pool: {} blocks for {} layers (window {})", num_blocks,
                       block_size, num_window_blocks, window_.count(), window_.window);
@@ -111,7 +111,7 @@ Status CpuBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t 
 ShardBackend::SparseStats CpuBackend::sparse_stats() const {
   SparseStats s;
   if (!forward_) return s;
-  s.threshold_tokens = options_.sparse.enabled ? options_.sparse.threshold_tokens : 0;
+  s.threshold_tokens = options_.runtime.sparse.enabled ? options_.runtime.sparse.threshold_tokens : 0;
   s.sparse = forward_->sparse_attentions;
   s.dense = forward_->dense_global_decodes;
   return s;
@@ -120,7 +120,7 @@ ShardBackend::SparseStats CpuBackend::sparse_stats() const {
 int64_t CpuBackend::global_layers() const { return config_.n_layers - window_.count(); }
 
 Status CpuBackend::resolve_sparse(int64_t block_size) {
-  SparseAttentionConfig& sp = options_.sparse;
+  SparseAttentionConfig& sp = options_.runtime.sparse;
   if (!sp.measure) return Status::ok();
   sp.measure = false;
   sp.enabled = false;
@@ -138,7 +138,7 @@ Status CpuBackend::resolve_sparse(int64_t block_size) {
   int64_t threshold = 0;
   if (!comm_ || comm_->rank() == 0) {
     SparseCrossoverShape shape{layout_.n_heads, layout_.n_kv_heads, config_.head_dim, block_size,
-                               options_.kv_dtype};
+                               options_.runtime.kv_dtype};
     const SparseCrossover c = measure_sparse_crossover(
         shape, sp.select, std::min<int64_t>(config_.max_positions, 32768), kSparseMinSpeedup, 5, pool_);
     TESSERA_LOG_INFO("sparse attention (auto): one global layer's decode attention, dense/sparse: {}",

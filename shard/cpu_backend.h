@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/device_comm.h"
+#include "common/shard_options.h"
 #include "common/thread_pool.h"
 #include "decoder/arch.h"
 #include "shard/forward.h"
@@ -17,14 +18,14 @@
 namespace tessera {
 
 struct CpuBackendOptions {
-  KvDtype kv_dtype = KvDtype::kF32;  // fp16: half the memory
+  // What the shard was asked to run with: kv_dtype (fp16: half the memory; int8), sparse decode
+  // attention for the global layers (enabled: the KV cache keeps key summaries; measure:
+  // configure_kv measures the threshold, kernels/sparse_attention.h), ...
+  ShardRuntimeOptions runtime;
   int local_ranks = 1;          // ranks sharing this host's memory (each reports its share)
   std::vector<int> bound_cpus;  // the cores this rank is bound to (for the device name)
   // The layers' description; default: describe_architecture(config, weights).
   std::optional<ArchSpec> arch;
-  // Sparse decode attention for the global layers (enabled: the KV cache keeps key summaries;
-  // measure: configure_kv measures the threshold, kernels/sparse_attention.h).
-  SparseAttentionConfig sparse;
 };
 
 class CpuBackend : public ShardBackend {
@@ -35,7 +36,7 @@ class CpuBackend : public ShardBackend {
              DeviceComm* comm, CpuBackendOptions options);
 
   Result<BackendMemory> memory() const override;
-  KvDtype kv_dtype() const override { return options_.kv_dtype; }
+  KvDtype kv_dtype() const override { return options_.runtime.kv_dtype; }
   int64_t kv_window() const override { return window_.window; }
   Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
   Status copy_block(int32_t src, int32_t dst, KvPool pool) override;
@@ -55,7 +56,7 @@ class CpuBackend : public ShardBackend {
   // Of kv_bytes_per_token(), the windowed layers' (0 when the model has none).
   uint64_t kv_window_bytes_per_token() const;
   // The sparse decode attention in effect once configured (auto resolved).
-  const SparseAttentionConfig& sparse_attention() const { return options_.sparse; }
+  const SparseAttentionConfig& sparse_attention() const { return options_.runtime.sparse; }
 
  private:
   const ModelConfig& config_;

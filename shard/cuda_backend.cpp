@@ -10,9 +10,10 @@ namespace tessera {
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& config, const ShardLayout& layout,
                                                          ShardWeights weights, DeviceComm& comm,
                                                          const CudaBackendOptions& options) {
-  if (options.kv_dtype != KvDtype::kF32 && options.kv_dtype != KvDtype::kF16)
-    return Status::unimplemented(fmt::format("--kv-dtype {}: the CUDA backend's KV cache is fp32 or fp16",
-                                             kv_dtype_name(options.kv_dtype)));
+  if (!kv_dtype_stored(options.runtime.kv_dtype, KvBackend::kCuda))  // the KV dtype table's column
+    return Status::unimplemented(fmt::format("--kv-dtype {}: the CUDA backend's KV cache is {}",
+                                             kv_dtype_name(options.runtime.kv_dtype),
+                                             kv_dtypes_stored_text(KvBackend::kCuda)));
   TESSERA_ASSIGN_OR_RETURN(const CudaApi* api, load_cuda_api_with_device());
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->options_ = options;
@@ -25,14 +26,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& conf
   }
   CudaForwardOptions co;
   co.device = device;
-  co.max_tokens_per_step = options.max_step_tokens;
-  co.max_seqs_per_step = options.max_step_seqs;
-  co.max_logit_rows = std::min<int64_t>(options.max_step_tokens, std::max<int64_t>(options.max_step_seqs, 256));
+  co.max_tokens_per_step = options.runtime.max_step_tokens;
+  co.max_seqs_per_step = options.runtime.max_step_seqs;
+  co.max_logit_rows = std::min<int64_t>(options.runtime.max_step_tokens, std::max<int64_t>(options.runtime.max_step_seqs, 256));
   co.defer_kv_pool = true;
-  co.kv_dtype = options.kv_dtype;
-  co.cuda_graphs = options.cuda_graphs;
-  co.max_graph_batch = options.max_step_seqs;
-  co.sparse = options.sparse;
+  co.kv_dtype = options.runtime.kv_dtype;
+  co.cuda_graphs = options.runtime.cuda_graphs;
+  co.max_graph_batch = options.runtime.max_step_seqs;
+  co.sparse = options.runtime.sparse;
   if (co.sparse.measure) {
     co.sparse.measure = false;
     co.sparse.enabled = false;
@@ -40,7 +41,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelConfig& conf
         "sparse attention (auto): off on CUDA (the dense/sparse crossover is measured only on the CPU backend); "
         "--sparse-attention on --sparse-threshold N enables it");
   }
-  b->options_.sparse = co.sparse;
+  b->options_.runtime.sparse = co.sparse;
   ArchSpec arch = options.arch ? *options.arch : describe_architecture(config, weights.weights);
   TESSERA_ASSIGN_OR_RETURN(b->forward_,
                            CudaForward::create(config, layout, weights.weights, b->nccl_.get(), co, std::move(arch)));
@@ -60,8 +61,8 @@ Result<BackendMemory> CudaBackend::memory() const {
   m.kv_window_bytes_per_token = static_cast<uint64_t>(forward_->kv_window_bytes_per_token());
   m.kv_summary_bytes_per_block = static_cast<uint64_t>(forward_->kv_summary_bytes_per_block());
   m.weight_bytes = static_cast<uint64_t>(forward_->weight_bytes());
-  m.max_step_tokens = options_.max_step_tokens;
-  m.max_step_seqs = options_.max_step_seqs;
+  m.max_step_tokens = options_.runtime.max_step_tokens;
+  m.max_step_seqs = options_.runtime.max_step_seqs;
   return m;
 }
 
@@ -69,7 +70,7 @@ Status CudaBackend::configure_kv(int64_t block_size, int64_t num_blocks, int64_t
   TESSERA_RETURN_IF_ERROR(forward_->configure_kv(block_size, num_blocks, num_window_blocks));
   TESSERA_LOG_DEBUG("KV pool on {}: {} blocks of {} tokens, window pool {} blocks", forward_->device_name(), num_blocks,
                     block_size, num_window_blocks);
-  const SparseAttentionConfig& sp = options_.sparse;
+  const SparseAttentionConfig& sp = options_.runtime.sparse;
   if (sp.enabled)
     TESSERA_LOG_INFO("sparse attention: decodes of the global layers from {} tokens of context attend to {} sink + {} "
                      "recent + {} selected blocks of {} tokens (selected on {})",
@@ -86,7 +87,7 @@ Status CudaBackend::run(std::span<const SequenceInput> batch, std::vector<float>
 
 ShardBackend::SparseStats CudaBackend::sparse_stats() const {
   SparseStats s;
-  s.threshold_tokens = options_.sparse.enabled ? options_.sparse.threshold_tokens : 0;
+  s.threshold_tokens = options_.runtime.sparse.enabled ? options_.runtime.sparse.threshold_tokens : 0;
   s.sparse = forward_->sparse_attentions();
   s.dense = forward_->dense_global_decodes();
   return s;

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "comm/device_comm.h"
+#include "common/shard_options.h"
 #include "comm/nccl_comm.h"
 #include "decoder/arch.h"
 #include "shard/cuda_forward.h"
@@ -17,16 +18,15 @@ namespace tessera {
 
 struct CudaBackendOptions {
   int local_rank = 0;              // this rank on its host: device local_rank % devices
-  int64_t max_step_tokens = 8192;  // the workspace holds steps of at most this many tokens
-  int64_t max_step_seqs = 256;     // ... and sequences
-  bool cuda_graphs = true;         // decode steps as CUDA graph replays
-  KvDtype kv_dtype = KvDtype::kF32;  // fp32 or fp16: others are refused
+  // What the shard was asked to run with: the workspace holds steps of at most
+  // max_step_tokens tokens and max_step_seqs sequences; decode steps as CUDA graph replays
+  // (cuda_graphs); kv_dtype fp32 or fp16 (others are refused); sparse decode attention of the
+  // global layers (CudaForwardOptions::sparse): `measure` (--sparse-attention auto) resolves to
+  // off on CUDA, as the crossover is measured only by the CPU backend (measure_sparse_crossover
+  // times the CPU kernels); create() logs that, and a CUDA shard turns sparse attention on only
+  // with --sparse-attention on (and its threshold).
+  ShardRuntimeOptions runtime;
   std::optional<ArchSpec> arch;    // default: describe_architecture(config, weights)
-  // Sparse decode attention of the global layers (CudaForwardOptions::sparse). `measure`
-  // (--sparse-attention auto) resolves to off on CUDA: the crossover is measured only by the
-  // CPU backend (measure_sparse_crossover times the CPU kernels); create() logs that, and a
-  // CUDA shard turns sparse attention on only with --sparse-attention on (and its threshold).
-  SparseAttentionConfig sparse;
 };
 
 class CudaBackend : public ShardBackend {
@@ -38,7 +38,7 @@ class CudaBackend : public ShardBackend {
                                                      const CudaBackendOptions& options);
 
   Result<BackendMemory> memory() const override;
-  KvDtype kv_dtype() const override { return options_.kv_dtype; }  // fp32 or fp16: create() refuses the others
+  KvDtype kv_dtype() const override { return options_.runtime.kv_dtype; }  // fp32 or fp16: create() refuses the others
   int64_t kv_window() const override { return forward_->kv_window(); }
   Status configure_kv(int64_t block_size, int64_t num_blocks, int64_t num_window_blocks) override;
   Status copy_block(int32_t src, int32_t dst, KvPool pool) override;

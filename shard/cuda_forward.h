@@ -9,69 +9,39 @@
 // returns Unavailable there.
 //
 // Memory, all allocated by create(), nothing per step:
-//  1. weights: F16 matrices as they are; F32 / BF16 converted to f16 at upload; I8_CH uploaded
-//     as int8 levels + fp32 row scales (W8A16 kernel); I4_G128 repacked to the W4A16 layout of
-//     cuda_api.h; GGUF block types Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K uploaded as the file's
-//     blocks (row by row, the bytes weight_bytes() counts) and read by the GGUF block kernels
-//     (kernels/cuda/gguf_gemm.cu); other GGUF block types, and a GGUF embedding table (its
-//     kernel reads f16), are dequantized on the host to f16 at upload. Norm weights and biases
-//     stay fp32. A tied LM head shares the embedding's f16 matrix.
-//  2. workspace for the largest step (options.max_tokens_per_step tokens, max_seqs_per_step
-//     sequences, max_logit_rows logit rows): fp32 activations, one f16 activation buffer for
-//     the GEMM inputs, logits, and the per-step metadata (tokens, positions, slots, block tables);
-//     with INT8 / INT4 / GGUF-block weights also an f16 buffer for the largest such matrix:
-//     INT8 / INT4 GEMMs of more than 256 tokens and GGUF GEMMs of more than 8 dequantize the
-//     matrix into it and use cuBLAS (the register-dequantizing kernels re-read the packed
-//     weights once per 8 tokens).
-//  3. the KV pool as ONE allocation, [layer][K|V][num_blocks][block_size][n_kv_heads][head_dim]
-//     of options.kv_dtype, fp32 or fp16 (the CPU layout and rounding per layer), with the block tables' metadata. Either at create()
-//     (cudaMemGetInfo's free bytes minus kv_headroom * total, capped at max_kv_blocks when > 0),
-//     or, with options.defer_kv_pool, by configure_kv() with the block size and block count the
-//     coordinator chose from free_device_bytes() (the shard reports that in its hello).
-//     configure_kv() with num_window_blocks > 0 also allocates the window pool (common/
-//     kv_config.h): the windowed layers (kv_window_layers) move out of the KV pool into a second
-//     allocation of their own, [window layer][K|V][num_window_blocks][...], addressed by the
-//     sequences' window tables (a second block-table region and a second set of KV slots in the
-//     step metadata, both uploaded every step and at fixed offsets in graphed steps).
-//  4. with options.sparse.enabled, beside the KV pool (allocated with it, kv_summary_bytes_per_block()
-//     per block): the key summaries of the main pool's layers (those not in kv_window_layers),
-//     [summarized layer][min|max][num_blocks][n_kv_heads][head_dim] fp32, and the selection's
-//     buffers: block scores [max_seqs_per_step][max table blocks] (TP > 1: tp_size more for
-//     the all-gather) and the compacted tables, sequence lengths and start positions.
+//  1. the weights, in the form the kernels of each weight type read (shard/cuda_weights.cpp);
+//  2. the workspace for the largest step (options.max_tokens_per_step tokens,
+//     max_seqs_per_step sequences, max_logit_rows logit rows);
+//  3. the KV pool as one allocation of options.kv_dtype. Its size comes from the free device
+//     memory (kv_headroom, max_kv_blocks), or, with options.defer_kv_pool, from
+//     configure_kv(), which with num_window_blocks > 0 also allocates the window pool of the
+//     windowed layers;
+//  4. with options.sparse.enabled, the key summaries and the sparse selection's buffers.
+// shard/cuda_pools.cpp lays out 2 to 4.
 //
-// Sparse decode attention (options.sparse, kernels/sparse_attention.h; kernels in
-// kernels/cuda/sparse_attention.cu): after each RoPE + KV write of a summarized layer the key
-// summaries of the blocks written are recomputed on the device. In a layer with no sliding
-// window, when some piece of the step is one decode token at position p with p + 1 >=
-// sparse.threshold_tokens, the device scores that sequence's blocks (the Quest bound, max over
-// this rank's query heads), at TP > 1 all-gathers the scores so every rank selects with the max
-// over all heads (the same blocks everywhere, bit-exact), selects sink + top + recent blocks
-// and writes compacted block tables and positions, which the unchanged decode / prefill
-// attention kernels read for every sequence of the step (other sequences' rows are copied
-// as they are). Everything stays on the device (no host sync), so graphed decode steps hold
-// it; a graph's key says whether the step has such a piece (a step without one runs the dense
-// graph, with no sparse work). The result equals the CPU's ForwardPass with the same config
-// (set_sparse_attention) up to the forward passes' own rounding differences, and the dense
-// result exactly when the selection covers every block.
+// Sparse decode attention (options.sparse): a decode token at position p with p + 1 >=
+// sparse.threshold_tokens attends to a selection of its sequence's blocks (sink + top +
+// recent) in the layers with no sliding window. The selection runs on the device, with no host
+// sync. The result equals the CPU's ForwardPass with the same config (set_sparse_attention) up
+// to the forward passes' own rounding differences, and the dense result exactly when the
+// selection covers every block. shard/cuda_ops.cpp describes it (enqueue_sparse).
 //
 // CUDA graphs (options.cuda_graphs): a step in which every sequence wants the logits of each of
-// its tokens runs as one graph launch: plain decode steps (one token a sequence) and speculative
-// verification steps (the last known token and k drafts, all_logits, k + 1 <= max_graph_tokens),
-// plain decodes beside them. The batch is padded to a bucket of sequences (1, 2, 4, ... up to
-// max_graph_batch) and every sequence to a bucket of token rows q (1, 2, 4, ... up to
-// max_graph_tokens; sequence s owns rows [s * q, s * q + q)): padding sequences decode token 0
-// at position 0, a sequence's rows past its tokens are dead rows, and neither writes KV (slot
-// -1) nor returns logits (the real logit rows are gathered first, the rest repeat row 0). Rows
-// never mix in any op, so dead rows cannot reach real ones. The step's metadata goes to the
-// same device buffers every time (block tables at a fixed stride, the prefill attention's grid
-// sized for q queries a sequence, each reading its own count from the device), so the graph
-// captured on the (bucket, q, output) key's first step (embedding .. LM head, NCCL collectives
-// included) is replayed for every later one. Other steps (prefill chunks, which want one row of
-// several tokens; steps over the graph limits) run eagerly.
+// its tokens runs as one graph launch: plain decode steps and speculative verification steps
+// (k + 1 <= max_graph_tokens). The batch is padded to a power-of-two bucket of sequences, and
+// each sequence to a power-of-two number of token rows. A graph is captured on its key's first
+// step and replayed for every later one. Other steps (prefill chunks, steps over the graph
+// limits) run eagerly.
+// shard/cuda_graphs.cpp describes the padding and the fixed buffers.
 //
 // Streams: every kernel runs on one stream. With TP > 1 `comm` must be an NcclComm (device
 // pointers) and its stream is used, so kernels and collectives are ordered without events.
 // Thread-safety: create() and run() on one thread (the cuBLAS handle is per thread).
+//
+// The implementation, by job: cuda_forward.cpp (create, validation, the step driver),
+// cuda_weights.cpp (weight upload), cuda_pools.cpp (workspace, KV and window pools),
+// cuda_ops.cpp (the decoder's ops, sparse selection), cuda_head.cpp (LM head, greedy and sampled
+// outputs), cuda_graphs.cpp (CUDA graphs); cuda_forward_internal.h holds what they share.
 #pragma once
 
 #include <chrono>
@@ -118,9 +88,9 @@ struct CudaForwardOptions {
   // run_sampled(): penalty entries (token ids with a repetition / presence / frequency penalty
   // or a ban) one step may carry for all its rows; a step with more samples on the host.
   int64_t max_penalty_entries = 65536;
-  // Sparse decode attention (see above). enabled: threshold_tokens >= 1 and select's sink >= 0,
-  // recent >= 1, top >= 0. `measure` (--sparse-attention auto) is refused: the backend resolves
-  // it first (shard/cuda_backend.h).
+  // Sparse decode attention (see above and shard/cuda_ops.cpp). enabled: threshold_tokens >= 1
+  // and select's sink >= 0, recent >= 1, top >= 0. `measure` (--sparse-attention auto) is
+  // refused: the backend resolves it first (shard/cuda_backend.h).
   SparseAttentionConfig sparse;
 };
 
@@ -232,7 +202,7 @@ class CudaForward : private DecoderBackend {
   // head, not the embedding): the numerator of the bandwidth floor.
   int64_t weight_bytes_per_step() const { return step_weight_bytes_; }
 
-  struct Matrix;   // a device weight matrix (cuda_forward.cpp)
+  struct Matrix;   // a device weight matrix (cuda_forward_internal.h)
   struct Layer;
 
  private:
@@ -290,7 +260,7 @@ class CudaForward : private DecoderBackend {
   Status enqueue_sparse(int64_t l, const LayerSpec& spec, const void* k_cache, int64_t n_tokens,
                         const int32_t** tables, const int32_t** seq_lens, const int32_t** start_pos);
   // The token rows per sequence of a graphed step for `batch` (a power of two), or 0 when the
-  // step runs eagerly (see "CUDA graphs" above).
+  // step runs eagerly (see "CUDA graphs" in shard/cuda_graphs.cpp).
   int64_t graph_tokens(std::span<const SequenceInput> batch) const;
   Status run_graphed(std::span<const SequenceInput> batch, const StepOut& out, int64_t q);
   int64_t graph_bucket(int64_t n_seqs) const;

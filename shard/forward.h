@@ -1,4 +1,4 @@
-// The decoder forward pass on CPU (DESIGN §1 "One step", step 3) for one shard: the CPU backend
+// The decoder forward pass on CPU (ARCHITECTURE.md "One step", step 4) for one shard: the CPU backend
 // of the decoder (decoder/decoder.h walks the layers; this class holds the activations, runs
 // the ops with the CPU kernels, writes the KV cache and computes the LM head).
 //
@@ -43,8 +43,8 @@ struct SequenceInput {
   std::span<const int32_t> window_block_table;
 };
 
-// Re-lays this rank's block-quantized matrices (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K and
-// the load-time I8_CH / I4_G128; rows a multiple of 16) into the 16-row interleaved layouts of
+// Re-lays this rank's block-quantized matrices (every format with a 16-row variant in
+// common/dtype.h's table, its r16 column; rows a multiple of 16) into the 16-row interleaved layouts of
 // the SIMD kernels (kernels/cpu/qgemm.h, repack_r16: same results, no per-block transposes),
 // where AVX-512 or AVX2 is active; a no-op on the scalar path and with TESSERA_CPU_REPACK=0. Buffers the
 // ShardWeights owns are re-laid in place (sw.full's views of them are stale after); a matrix

@@ -87,9 +87,9 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape) {
         shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.block_size, shape.num_blocks,
         shape.num_window_blocks));
   }
-  if (shape.dtype != KvDtype::kF32 && shape.dtype != KvDtype::kF16 && shape.dtype != KvDtype::kInt8)
-    return Status::unimplemented(
-        fmt::format("--kv-dtype {}: the CPU KV cache stores fp32, fp16 or int8", kv_dtype_name(shape.dtype)));
+  if (!kv_dtype_stored(shape.dtype, KvBackend::kCpu))
+    return Status::unimplemented(fmt::format("--kv-dtype {}: the CPU KV cache stores {}", kv_dtype_name(shape.dtype),
+                                                kv_dtypes_stored_text(KvBackend::kCpu)));
   if ((shape.has_window_pool() || !shape.window_layers.empty()) &&
       static_cast<int64_t>(shape.window_layers.size()) != shape.n_layers)
     return Status::invalid_argument(fmt::format("window pool: window_layers has {} entries for {} layers",

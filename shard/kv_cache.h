@@ -1,5 +1,5 @@
 // A shard's KV storage: for every layer, K and V arrays of
-// [num_blocks][block_size][n_kv_heads][head_dim] fp32 (DESIGN §3), or fp16 (half the memory;
+// [num_blocks][block_size][n_kv_heads][head_dim] fp32 (ARCHITECTURE.md "KV accounting"), or fp16 (half the memory;
 // KvCacheShape::dtype, `--kv-dtype fp16`), or int8 rows with their scales (`--kv-dtype int8`,
 // head_dim + 4 bytes a row; kernels/paged_attention.h). Block ids are assigned by the
 // coordinator's BlockPool; this class

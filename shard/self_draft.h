@@ -1,6 +1,6 @@
-// Draft proposers that run in the shard (DESIGN §6 "Speculation that pays for itself"): the
+// Draft proposers that run in the shard (engine/README.md, speculation): the
 // model-based side of speculative decoding. The coordinator asks for shard drafts by sending a
-// speculative piece whose draft tokens are all kShardDraftToken (comm/control_messages.h); the
+// speculative piece whose draft tokens are all kShardDraftToken (proto/control_messages.h); the
 // step executor has its drafter fill them, then verifies them like any other drafts in the same
 // step. Verification keeps a draft exactly when the target's own draw equals it, so a drafter
 // changes only the speed, never the tokens: its proposals must be deterministic and identical on

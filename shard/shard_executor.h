@@ -1,4 +1,4 @@
-// Executes StepPlans on one shard (DESIGN §1 "One step", steps 2-4 on the shard's side): the
+// Executes StepPlans on one shard (ARCHITECTURE.md "One step", steps 2-4 on the shard's side): the
 // per-sequence state a shard keeps between steps (tokens, block table, sampler), the plan's
 // bookkeeping (new sequences, finished ones, block copies), the forward pass on the backend and
 // the choice of each sampled token. Every rank of a TP group runs the same plan on the same
@@ -19,7 +19,7 @@
 #include <span>
 #include <vector>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "common/status.h"
 #include "kernels/sampling.h"
 #include "model/model_config.h"

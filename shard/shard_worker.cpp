@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/thread_pool.h"
+#include "kernels/weight_codec.h"
 #include "shard/cpu_backend.h"
 #include "shard/cuda_backend.h"
 #include "shard/shard_executor.h"
@@ -120,32 +121,32 @@ class ShardWorker {
     TESSERA_ASSIGN_OR_RETURN(store_, WeightStore::open(o_.model_path));
     const ModelConfig& c = store_->config();
     WeightLoadOptions wo;
-    wo.quant = o_.weight_quant;
-    wo.quantize_lm_head = o_.quantize_lm_head;
-    wo.threads = o_.threads > 0 ? o_.threads : static_cast<int>(bound_cpus_.size());
+    wo.codec = &cpu_weight_codec();
+    wo.quant = o_.runtime.quant;
+    wo.quantize_lm_head = o_.runtime.quant_lm_head;
+    wo.threads = o_.runtime.threads > 0 ? o_.runtime.threads : static_cast<int>(bound_cpus_.size());
     std::optional<ImportanceMatrix> importance;
-    if (!o_.imatrix_path.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(importance, load_importance(o_.imatrix_path));
+    if (!o_.runtime.imatrix.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(importance, load_importance(o_.runtime.imatrix));
       wo.importance = &*importance;
     }
     TESSERA_ASSIGN_OR_RETURN(ModelWeights full, bind_model_weights(*store_, wo));
     TESSERA_ASSIGN_OR_RETURN(layout_, plan_shard_layout(c, TpConfig{comm_.rank(), comm_.size()}));
     TESSERA_ASSIGN_OR_RETURN(ShardWeights weights, slice_model_weights(std::move(full), c, layout_));
-    int threads = o_.threads;
+    int threads = o_.runtime.threads;
     if (threads <= 0) threads = bound_cpus_.empty() ? 0 : static_cast<int>(bound_cpus_.size());
     pool_ = std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = threads, .pin_cpus = bound_cpus_});
     if (o_.device == DeviceKind::kCuda) {
       TESSERA_RETURN_IF_ERROR(load_cuda(std::move(weights)));
     } else {
       CpuBackendOptions co;
-      co.kv_dtype = o_.kv_dtype;
+      co.runtime = o_.runtime;
       co.local_ranks = o_.local_ranks;
       co.bound_cpus = bound_cpus_;
-      co.sparse = o_.sparse;
       backend_ = std::make_unique<CpuBackend>(c, layout_, std::move(weights), pool_.get(), &comm_, co);
     }
     executor_ = std::make_unique<ShardExecutor>(
-        *backend_, c, ShardExecutorOptions{.rank = comm_.rank(), .device_sampling = o_.device_sampling});
+        *backend_, c, ShardExecutorOptions{.rank = comm_.rank(), .device_sampling = o_.runtime.device_sampling});
     return Status::ok();
   }
 
@@ -155,19 +156,15 @@ class ShardWorker {
     CudaBackendOptions co;
     co.local_rank =
         static_cast<int>(env_int("OMPI_COMM_WORLD_LOCAL_RANK", comm_.rank() % std::max(1, o_.local_ranks)));
-    co.max_step_tokens = o_.max_step_tokens;
-    co.max_step_seqs = o_.max_step_seqs;
-    co.cuda_graphs = o_.cuda_graphs;
-    co.kv_dtype = o_.kv_dtype;
-    co.sparse = o_.sparse;
+    co.runtime = o_.runtime;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda,
                              CudaBackend::create(store_->config(), layout_, std::move(weights), comm_, co));
     const CudaForward& f = cuda->forward();
     TESSERA_LOG_INFO("{}: {:.1f} MiB of weights, {:.1f} MiB of workspace, steps up to {} tokens / {} sequences{}{}",
                      f.device_name(), static_cast<double>(f.weight_bytes()) / (1 << 20),
-                     static_cast<double>(f.workspace_bytes()) / (1 << 20), o_.max_step_tokens, o_.max_step_seqs,
-                     o_.cuda_graphs ? ", decode as CUDA graphs" : "",
-                     o_.device_sampling ? ", sampling on the device" : ", sampling on the host");
+                     static_cast<double>(f.workspace_bytes()) / (1 << 20), o_.runtime.max_step_tokens, o_.runtime.max_step_seqs,
+                     o_.runtime.cuda_graphs ? ", decode as CUDA graphs" : "",
+                     o_.runtime.device_sampling ? ", sampling on the device" : ", sampling on the host");
     backend_ = std::move(cuda);
     return Status::ok();
   }
@@ -189,8 +186,8 @@ class ShardWorker {
     h.weight_bytes = m.weight_bytes;
     if (m.max_step_tokens > 0) h.max_step_tokens = m.max_step_tokens;
     if (m.max_step_seqs > 0) h.max_step_seqs = m.max_step_seqs;
-    h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.weight_quant)) +
-                          (o_.quantize_lm_head ? "+lm_head" : "") + (o_.imatrix_path.empty() ? "" : "+imatrix");
+    h.model_fingerprint = model_fingerprint(o_.model_path, c) + " quant=" + std::string(weight_quant_name(o_.runtime.quant)) +
+                          (o_.runtime.quant_lm_head ? "+lm_head" : "") + (o_.runtime.imatrix.empty() ? "" : "+imatrix");
     h.hostname = this_hostname();
     h.pid = static_cast<int32_t>(::getpid());
     return h;

@@ -1,4 +1,4 @@
-// Tensor-parallel slicing of a model for one shard (DESIGN §2, Megatron style):
+// Tensor-parallel slicing of a model for one shard (ARCHITECTURE.md "Tensor parallelism", Megatron style):
 // Q/K/V and gate/up by output rows (column-parallel; views into the file, no copy), O and down by
 // input columns (row-parallel; the rank's columns are copied), LM head by vocabulary rows, the
 // embedding replicated. KV heads are split when n_kv_heads % tp == 0; when tp % n_kv_heads == 0

@@ -6,18 +6,28 @@
 #include "template/builtin_chat_template_sources.inc"
 
 namespace tessera {
+namespace {
+
+// The templates compiled in, by the name an architecture's row gives (model/architecture.h's
+// builtin_chat_template).
+struct BuiltinChatTemplate {
+  std::string_view name;
+  std::string_view source;
+};
+constexpr BuiltinChatTemplate kBuiltinChatTemplates[] = {
+    {"gemma3", kGemma3ChatTemplate},
+};
+
+}  // namespace
+
+std::optional<std::string_view> builtin_chat_template_source_by_name(std::string_view name) {
+  for (const BuiltinChatTemplate& t : kBuiltinChatTemplates)
+    if (!name.empty() && t.name == name) return t.source;
+  return std::nullopt;
+}
 
 std::optional<std::string_view> builtin_chat_template_source(Architecture arch) {
-  switch (arch) {
-    case Architecture::kGemma3:
-      return std::string_view(kGemma3ChatTemplate);
-    case Architecture::kLlama:
-    case Architecture::kMistral:
-    case Architecture::kQwen2:
-    case Architecture::kQwen3:
-      return std::nullopt;
-  }
-  return std::nullopt;
+  return builtin_chat_template_source_by_name(architecture_traits(arch).builtin_chat_template);
 }
 
 Result<ChatTemplate> builtin_chat_template(Architecture arch) {

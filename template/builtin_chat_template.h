@@ -12,8 +12,11 @@
 
 namespace tessera {
 
-// The Jinja source of the built-in template for `arch`; nullopt when there is none.
+// The Jinja source of the built-in template for `arch` (the one its row in
+// model/architecture.h names); nullopt when there is none.
 std::optional<std::string_view> builtin_chat_template_source(Architecture arch);
+// The Jinja source of the built-in template called `name` ("gemma3"); nullopt when none is.
+std::optional<std::string_view> builtin_chat_template_source_by_name(std::string_view name);
 
 // The parsed built-in template for `arch`; NotFound when there is none.
 Result<ChatTemplate> builtin_chat_template(Architecture arch);

@@ -12,13 +12,16 @@ Not needed at test time: the tests read the JSON this script writes.
 
     python3 -m venv /tmp/venv-chat && /tmp/venv-chat/bin/pip install jinja2
     /tmp/venv-chat/bin/python tools/gen_chat_template_cases.py \
-        --testdata ../shared/testdata --out tests/template/data/chat_templates
+        --testdata build/testdata --out tests/template/data/chat_templates
+
+--testdata is the reference test data (tests/data/README.md) as the build unpacks it
+(`cmake --build build --target tessera_testdata`); by default $TESSERA_TESTDATA, else build/testdata.
 
 Outputs:
   chat_cases.json   conversations rendered through ChatTemplate (messages + flags)
   jinja_cases.json  templates rendered with an arbitrary JSON context (interpreter features)
 Each case holds the template (inline `template`, a file under the output folder
-`template_file`, or a tokenizer_config.json under the shared test data `template_testdata`),
+`template_file`, or a tokenizer_config.json under the reference test data `template_testdata`),
 its inputs, and either `expected` (the exact string) or `error`: {"kind": "raise", "message"}
 for raise_exception, {"kind": "syntax", "line"} for template syntax errors, {"kind": "runtime"}
 for other render errors.
@@ -400,7 +403,8 @@ def write(path, cases):
 def main():
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--testdata", default=os.path.join(os.path.dirname(__file__), "../../shared/testdata"))
+    parser.add_argument("--testdata", default=os.environ.get("TESSERA_TESTDATA") or
+                        os.path.join(os.path.dirname(__file__), "../build/testdata"))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "../tests/template/data/chat_templates"))
     ARGS = parser.parse_args()
     write(os.path.join(ARGS.out, "chat_cases.json"), chat_cases())

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -24,6 +25,21 @@ using tessera::QuantType;
 int fail(const std::string& message) {
   std::fprintf(stderr, "tessera-make-model: error: %s\n", message.c_str());
   return 1;
+}
+
+// "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 ... q4_k_m (gguf); awq gptq (hf: ...)": the
+// float formats go in both, the other formats of the list (and the q4_k_m mix) in GGUF only.
+std::string weight_type_help(const std::vector<std::string>& names) {
+  std::string both, gguf;
+  for (const std::string& n : names) {
+    if (n == "awq" || n == "gptq") continue;
+    const auto t = tessera::quant_from_name(n);
+    std::string& list = t && tessera::quant_traits(*t).is_float ? both : gguf;
+    list += (list.empty() ? "" : " ") + n;
+  }
+  return fmt::format("Weight type: {} (hf, gguf); {} (gguf); awq gptq (hf: 4-bit packed linear layers, group 128, F16 "
+                     "elsewhere)",
+                     both, gguf);
 }
 
 uint64_t path_bytes(const std::string& path) {
@@ -76,13 +92,9 @@ int main(int argc, char** argv) {
   app.add_flag("--tie", tie, "Tie the LM head to the token embedding (always with gemma3)");
   app.add_option("--format", format, "Output format")->required()->check(CLI::IsMember({"hf", "gguf"}));
   bool int4_sym = false;
-  app.add_option("--type", type_name,
-                 "Weight type: f32 f16 bf16 (hf, gguf); q8_0 q4_0 q5_0 q4_k q5_k q6_k q4_k_m q2_k q3_k tq1_0 tq2_0 "
-                 "(gguf); awq gptq (hf: "
-                 "4-bit packed linear layers, group 128, F16 elsewhere)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q2_k",
-                             "q3_k", "tq1_0", "tq2_0", "awq", "gptq"},
-                            CLI::ignore_case))
+  const std::vector<std::string> type_names = tessera::synthetic_weight_type_names();
+  app.add_option("--type", type_name, weight_type_help(type_names))
+      ->check(CLI::IsMember(type_names, CLI::ignore_case))
       ->capture_default_str();
   app.add_option("--shards", shards, "HF only: number of safetensors files")->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -1,5 +1,5 @@
 // Machine topology from hwloc (packages, NUMA nodes, cores, caches, PCI GPUs) and the binding
-// each shard rank gets: a GPU shard near its GPU, CPU shards on disjoint core sets (DESIGN §6).
+// each shard rank gets: a GPU shard near its GPU, CPU shards on disjoint core sets (plan/README.md).
 #pragma once
 
 #include <cstdint>

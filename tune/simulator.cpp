@@ -9,10 +9,10 @@
 
 #include <fmt/format.h>
 
-#include "coordinator/block_pool.h"
-#include "coordinator/clock.h"
-#include "coordinator/scheduler.h"
-#include "coordinator/step_features.h"
+#include "engine/block_pool.h"
+#include "engine/clock.h"
+#include "engine/scheduler.h"
+#include "engine/step_features.h"
 
 namespace tessera {
 namespace {

@@ -1,7 +1,7 @@
 // The simulated executor: the real Scheduler and BlockPool (the same code the engine runs) on a
 // ManualClock, driven in virtual time by a step-time model (tune/step_model.h) instead of shards.
 //
-// It mirrors the engine's loop (coordinator/engine.h): requests join the scheduler at their
+// It mirrors the engine's loop (engine/engine.h): requests join the scheduler at their
 // arrival; each schedule() plan takes the model's predicted time for its features; every piece
 // that samples emits one token at the step's end; a sequence that has its output_tokens is
 // finished (as `ignore_eos` requests with max_tokens are); when schedule() returns nothing the
@@ -9,7 +9,7 @@
 // simulated. Prompts are distinct token ids per request, so the prefix cache never hits (as with
 // `tessera bench serve`'s random prompts). Step times carry the model's measured jitter (seeded).
 //
-// Per request it reports what `tessera bench serve` measures (bench/load_generator.h: TTFT from
+// Per request it reports what `tessera bench serve` measures (loadgen/load_generator.h: TTFT from
 // arrival to the first token, the gaps between tokens, end to end), summarized by the same
 // functions, so simulated and measured tables compare field by field.
 //
@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 #include "common/status.h"
-#include "coordinator/scheduler_config.h"
+#include "engine/scheduler_config.h"
 #include "tune/step_model.h"
 #include "tune/trace.h"
 

@@ -1,5 +1,5 @@
 // The step-time model of the simulator (tune/simulator.h): how long the engine takes for one
-// step, as a function of what the step computes (coordinator/step_features.h).
+// step, as a function of what the step computes (engine/step_features.h).
 //
 //   t = fixed + max(weight_floor, per_token * tokens) + per_token_over_knee * max(0, tokens - knee)
 //       + per_sequence * sequences + per_context_token * context_tokens
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/step_features.h"
+#include "engine/step_features.h"
 #include "plan/planner.h"
 
 namespace tessera {

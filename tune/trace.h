@@ -9,7 +9,7 @@
 // Length mixes (prompt / output, log-normal, clamped): "chat" (prompts ~200 tokens, outputs ~100:
 // a short-chat service), "docs" (prompts ~16k tokens, outputs ~250: long documents), "docs-2k"
 // (prompts ~2k: long documents at a length a CPU prefills in seconds), or
-// "PROMPT/OUTPUT" with bench/load_generator.h's distributions ("lognormal:512,0.5/64"), or a
+// "PROMPT/OUTPUT" with loadgen/load_generator.h's distributions ("lognormal:512,0.5/64"), or a
 // mixture of those by weight, "MIX*W+MIX*W" ("chat*0.9+docs-2k*0.1": a chat service where one
 // request in ten brings a 2k-token document); each request draws its component by weight.
 //
@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 #include "common/status.h"
 
 namespace tessera {

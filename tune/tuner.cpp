@@ -217,19 +217,11 @@ std::string format_tune_table(const TuneResult& r, const SloSpec& slo, bool md) 
 }
 
 std::string tuned_profile_json(const TuneCandidate& c, const std::string& comment) {
-  const SchedulerConfig& s = c.scheduler;
-  nlohmann::ordered_json j;
-  j["profile"] = "interactive";
-  j["max_batch"] = s.max_batch;
-  j["max_step_tokens"] = s.max_step_tokens;
-  j["max_wait_ms"] = s.max_wait_ms;
-  j["prefill_chunk"] = s.prefill_chunk;
-  j["priority_classes"] = s.priority_classes;
-  j["aging_ms"] = s.aging_ms;
-  j["block_size"] = c.block_size;
-  j["speculation"] = std::string(spec_mode_name(s.speculation.mode));
-  j["comment"] = comment;
-  return j.dump(2) + "\n";
+  // Every knob is written, so the profile named is only the label it reads back with.
+  SchedulerConfig s = c.scheduler;
+  s.profile = "interactive";
+  s.block_size = static_cast<int32_t>(c.block_size);
+  return scheduler_config_json(s, comment);
 }
 
 std::string tune_candidates_json(const TuneResult& r, const SloSpec& slo) {

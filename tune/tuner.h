@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/load_generator.h"
-#include "coordinator/scheduler_config.h"
+#include "loadgen/load_generator.h"
+#include "engine/scheduler_config.h"
 #include "tune/simulator.h"
 
 namespace tessera {

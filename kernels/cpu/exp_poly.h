@@ -1,9 +1,10 @@
 // The fixed exp polynomial of the CPU kernels (SwiGLU in activation.cpp, softmax in
-// paged_attention.cpp), one definition for the scalar, AVX2 and AVX-512 paths so they give the
-// same bits: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in a high and a low part), a degree-7
-// Taylor polynomial in r evaluated by Horner's rule with fma, times 2^n built in the exponent
-// bits. Relative error below 1e-8 before rounding. The argument must already be clamped by the
-// caller to [-87, 88] (2^n stays a normal float); the callers choose their clamps.
+// paged_attention_{scalar,avx2,avx512}.cpp), one definition for the scalar, AVX2 and AVX-512
+// paths so they give the same bits: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in a high and a
+// low part), a degree-7 Taylor polynomial in r evaluated by Horner's rule with fma, times 2^n
+// built in the exponent bits. Relative error below 1e-8 before rounding. The argument must
+// already be clamped by the caller to [-87, 88] (2^n stays a normal float); the callers choose
+// their clamps.
 #pragma once
 
 #include <cmath>

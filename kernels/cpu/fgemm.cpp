@@ -16,9 +16,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
-// maybe-uninitialized; the values are always overwritten.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define TESSERA_FX86 1
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TESSERA_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))

@@ -20,10 +20,6 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
-// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
-// (maybe-)uninitialized; the values are always overwritten.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #define TESSERA_BF16X86 1
 #define TESSERA_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif

@@ -79,25 +79,6 @@ bool uses_bf16(QuantType type) {
 
 }  // namespace
 
-const char* matmul_precision_name(MatmulPrecision p) {
-  switch (p) {
-    case MatmulPrecision::kAuto: return "auto";
-    case MatmulPrecision::kFp32: return "fp32";
-    case MatmulPrecision::kBf16: return "bf16";
-  }
-  return "?";
-}
-
-bool parse_matmul_precision(const std::string& text, MatmulPrecision* out) {
-  for (MatmulPrecision p : {MatmulPrecision::kAuto, MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
-    if (text == matmul_precision_name(p)) {
-      *out = p;
-      return true;
-    }
-  }
-  return false;
-}
-
 Status set_matmul_precision(MatmulPrecision p) {
   if (p == MatmulPrecision::kBf16 && !cpu::has_bf16_dot())
     return Status::invalid_argument("matmul precision bf16 needs AVX512_BF16, which this CPU (" +

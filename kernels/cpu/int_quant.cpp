@@ -37,14 +37,8 @@ void rtn_int4_group(const float* x, Int4Grid grid, Int4Group* g) {
     g->levels[i] = static_cast<uint8_t>(std::clamp(rne(x[i] / df) + z, 0, 15));
 }
 
-void pack_int4_group(const Int4Group& g, uint8_t* dst) {
-  std::memcpy(dst, &g.scale_fp16, 2);
-  dst[2] = g.zero;
-  dst[3] = 0;
-  for (int s = 0; s < 4; ++s)
-    for (int j = 0; j < 16; ++j)
-      dst[4 + 16 * s + j] = static_cast<uint8_t>((g.levels[32 * s + j] & 0xF) | (g.levels[32 * s + 16 + j] << 4));
-}
+// The layout's one writer is common/dtype.h's (the AWQ / GPTQ conversion in model/ uses it too).
+void pack_int4_group(const Int4Group& g, uint8_t* dst) { write_int4_group(g, dst); }
 
 void unpack_int4_group(const uint8_t* src, Int4Group* g) {
   std::memcpy(&g->scale_fp16, src, 2);

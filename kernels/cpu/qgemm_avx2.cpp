@@ -17,9 +17,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
-// maybe-uninitialized; the values are always overwritten.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TESSERA_AVX2_INLINE inline __attribute__((always_inline)) TESSERA_AVX2

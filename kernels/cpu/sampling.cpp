@@ -27,10 +27,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-// GCC 12 reports its own _mm*_undefined_* placeholders inside the intrinsics as (maybe)
-// uninitialized; the values are always overwritten.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #define TESSERA_SAMPLING_AVX512 __attribute__((target("avx512f,avx512dq")))
 #endif
 

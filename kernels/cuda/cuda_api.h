@@ -28,6 +28,8 @@
 
 #include <stdint.h>
 
+#include "common/block_geometry.h"  // the GGUF block formats (no standard library)
+
 extern "C" {
 
 // ---- types of the ops' arguments (the ops themselves are documented in the list) ----
@@ -182,18 +184,13 @@ struct TesseraCudaPrefillAttentionArgs {
 };
 
 // The weight types of gemm_gguf / dequantize_gguf: the numeric values of tessera::QuantType
-// (common/dtype.h).
+// (common/dtype.h), one per format of common/block_geometry.h's list (TESSERA_CUDA_GGUF_Q8_0 = 3,
+// TESSERA_CUDA_GGUF_Q4_0 = 4, ..., TESSERA_CUDA_GGUF_TQ2_0 = 12).
 enum {
-  TESSERA_CUDA_GGUF_Q8_0 = 3,
-  TESSERA_CUDA_GGUF_Q4_0 = 4,
-  TESSERA_CUDA_GGUF_Q5_0 = 5,
-  TESSERA_CUDA_GGUF_Q4_K = 6,
-  TESSERA_CUDA_GGUF_Q5_K = 7,
-  TESSERA_CUDA_GGUF_Q6_K = 8,
-  TESSERA_CUDA_GGUF_Q2_K = 9,
-  TESSERA_CUDA_GGUF_Q3_K = 10,
-  TESSERA_CUDA_GGUF_TQ1_0 = 11,
-  TESSERA_CUDA_GGUF_TQ2_0 = 12,
+#define TESSERA_CUDA_GGUF_TYPE(name, elems, bytes) \
+  TESSERA_CUDA_GGUF_##name = tessera::blocks::kFirstQuantType + tessera::blocks::kIndex##name,
+  TESSERA_GGUF_BLOCK_FORMATS(TESSERA_CUDA_GGUF_TYPE)
+#undef TESSERA_CUDA_GGUF_TYPE
 };
 
 }  // extern "C"
@@ -519,8 +516,8 @@ enum {
   /* gguf_gemm.cu. GGUF block-quantized weights used as stored in the file (ggml's byte layouts,                     \
      specified in kernels/cpu/quant.cpp): row r of W [rows, cols] is cols / block_elems blocks                       \
      at w + r * row_bytes (row_bytes >= those blocks' bytes, even; w 2-byte aligned). `type` is                      \
-     one of the TESSERA_CUDA_GGUF_* values (tessera::QuantType's); Q8_0 / Q4_0 / Q5_0 need                           \
-     cols % 32 == 0, Q4_K / Q5_K / Q6_K / Q2_K / Q3_K / TQ1_0 / TQ2_0 cols % 256 == 0. Any                           \
+     one of the TESSERA_CUDA_GGUF_* values (tessera::QuantType's); cols a multiple of the type's                     \
+     elements per block (common/block_geometry.h's list: 32 or 256). Any                                             \
      other type returns -1 with a message naming it.                                                                 \
      y[t, r] = sum_c W[r, c] * x[t, c]: x f16 [n_tokens, cols], y fp32 [n_tokens, rows]                              \
      (overwritten), fp32 accumulation, weights dequantized in registers (each weight computed in                     \

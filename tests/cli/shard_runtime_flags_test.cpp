@@ -1,5 +1,6 @@
-// --sparse-attention auto|on|off with --sparse-threshold and --sparse-top-blocks
-// (cli/flags.h): what each combination leaves in the SparseAttentionConfig.
+// The shard-runtime flags (common/shard_options.h's table, registered by cli/flags.h): what
+// each --sparse-attention combination leaves in the config, and every option surviving the trip
+// a launcher makes it take: struct -> shard_runtime_argv -> a shard's command line -> struct.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,14 +14,17 @@
 namespace tessera {
 namespace {
 
-SparseAttentionConfig parse(std::vector<std::string> args) {
+// Parses `args` as tessera-shard would.
+ShardRuntimeOptions parse_shard(std::vector<std::string> args) {
   CLI::App app;
-  SparseAttentionConfig c;
-  cli::add_sparse_attention_flags(app, c);
+  ShardRuntimeOptions o;
+  cli::add_shard_runtime_flags(app, o, cli::ShardFlagsFor::kShard);
   std::reverse(args.begin(), args.end());  // CLI11 takes them last first
   app.parse(args);
-  return c;
+  return o;
 }
+
+SparseAttentionConfig parse(std::vector<std::string> args) { return parse_shard(std::move(args)).sparse; }
 
 TEST(SparseAttentionFlags, AutoByDefaultOnOffAndAThresholdThatMeansOn) {
   SparseAttentionConfig c = parse({});
@@ -53,6 +57,83 @@ TEST(SparseAttentionFlags, AutoByDefaultOnOffAndAThresholdThatMeansOn) {
 
   EXPECT_THROW(parse({"--sparse-attention", "sometimes"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--sparse-threshold", "0"}), CLI::ValidationError);
+}
+
+// Every row's value is the same after struct -> argv -> parse, and a struct at the shard's
+// defaults needs no argv at all.
+TEST(ShardRuntimeFlags, EveryOptionSurvivesTheShardsCommandLine) {
+  EXPECT_TRUE(shard_runtime_argv(shard_command_line_defaults()).empty());
+  ShardRuntimeOptions o;
+  o.device = "cpu";
+  o.threads = 3;
+  o.quant = WeightQuant::kQ4_K;
+  o.quant_lm_head = true;
+  o.imatrix = "/data/m.imatrix";
+  o.kv_dtype = KvDtype::kInt8;
+  o.matmul_precision = MatmulPrecision::kFp32;
+  o.sparse.enabled = true;
+  o.sparse.threshold_tokens = 2048;
+  o.sparse.select.top_blocks = 64;
+  o.max_step_tokens = 512;
+  o.max_step_seqs = 8;
+  o.cuda_graphs = false;
+  o.device_sampling = false;
+  o.collective_timeout_ms = 0;
+  const std::vector<std::string> argv = shard_runtime_argv(o);
+  const ShardRuntimeOptions back = parse_shard(argv);
+  EXPECT_EQ(shard_runtime_argv(back), argv);
+  EXPECT_EQ(back.device, "cpu");
+  EXPECT_EQ(back.threads, 3);
+  EXPECT_EQ(back.quant, WeightQuant::kQ4_K);
+  EXPECT_TRUE(back.quant_lm_head);
+  EXPECT_EQ(back.imatrix, "/data/m.imatrix");
+  EXPECT_EQ(back.kv_dtype, KvDtype::kInt8);
+  EXPECT_EQ(back.matmul_precision, MatmulPrecision::kFp32);
+  EXPECT_TRUE(back.sparse.enabled);
+  EXPECT_FALSE(back.sparse.measure);
+  EXPECT_EQ(back.sparse.threshold_tokens, 2048);
+  EXPECT_EQ(back.sparse.select.top_blocks, 64);
+  EXPECT_EQ(back.max_step_tokens, 512);
+  EXPECT_EQ(back.max_step_seqs, 8);
+  EXPECT_FALSE(back.cuda_graphs);
+  EXPECT_FALSE(back.device_sampling);
+  EXPECT_EQ(back.collective_timeout_ms, 0);
+  EXPECT_TRUE(validate_shard_runtime_options(back).is_ok());
+  // Bad values name the flag.
+  try {
+    parse_shard({"--kv-dtype", "fp64"});
+    ADD_FAILURE() << "fp64 accepted";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-dtype"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_shard({"--threads", "-2"}), CLI::ValidationError);
+  EXPECT_THROW(parse_shard({"--device", "tpu"}), CLI::ValidationError);
+  o.device = "tpu";
+  EXPECT_FALSE(validate_shard_runtime_options(o).is_ok());
+}
+
+// A launcher takes every row but the derived workspace limits; a coordinator that starts no
+// shards takes only what it plans with.
+TEST(ShardRuntimeFlags, WhoTakesWhichFlags) {
+  auto flags_of = [](cli::ShardFlagsFor who) {
+    CLI::App app;
+    ShardRuntimeOptions o;
+    cli::add_shard_runtime_flags(app, o, who);
+    std::vector<std::string> names;
+    for (const CLI::Option* opt : app.get_options()) names.push_back(opt->get_name());
+    return names;
+  };
+  auto has = [](const std::vector<std::string>& v, const std::string& name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  const auto shard = flags_of(cli::ShardFlagsFor::kShard);
+  const auto launcher = flags_of(cli::ShardFlagsFor::kLauncher);
+  const auto coordinator = flags_of(cli::ShardFlagsFor::kCoordinator);
+  EXPECT_TRUE(has(shard, "--max-step-tokens"));
+  EXPECT_FALSE(has(launcher, "--max-step-tokens"));
+  EXPECT_TRUE(has(launcher, "--quant"));
+  EXPECT_TRUE(has(coordinator, "--kv-dtype"));
+  EXPECT_FALSE(has(coordinator, "--quant"));
 }
 
 }  // namespace

@@ -84,8 +84,9 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
     } else {
       EXPECT_NE(tr.cuda, CudaWeightForm::kNone) << "every stored format can be uploaded";
     }
-    if (t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 || t == QuantType::kTQ2_0)
+    if (t == QuantType::kQ2_K || t == QuantType::kQ3_K || t == QuantType::kTQ1_0 || t == QuantType::kTQ2_0) {
       EXPECT_EQ(tr.cpu, CpuMatmul::kIntDot) << tr.name;
+    }
     // Widening rows to fp32 is left to the plain integer types.
     EXPECT_EQ(tr.cpu == CpuMatmul::kWiden, t == QuantType::kI8 || t == QuantType::kI32) << tr.name;
     // What CUDA reads as stored is a GGUF block format the CPU computes as stored too.
@@ -98,19 +99,112 @@ TEST(DtypeTest, EveryFormatsRowIsSelfConsistent) {
     // The load-time formats are made from float checkpoints and split for the CUDA kernels.
     EXPECT_EQ(tr.quant_at_load, t == QuantType::kI8_CH || t == QuantType::kI4_G128);
     EXPECT_EQ(tr.quant_at_load, tr.cuda == CudaWeightForm::kRepacked);
+    // Every format Tessera reads has a layout for the planner; the re-lays and plain integers not.
+    EXPECT_EQ(tr.layout.empty(), tr.r16_base != t || tr.cpu == CpuMatmul::kWiden);
+    // A GGUF file of it throughout can be written where it is in files (floats and GGUF blocks).
+    EXPECT_EQ(tr.file_type >= 0, tr.is_float || tr.cuda == CudaWeightForm::kBlocks);
+    // Fallbacks are formats of smaller blocks that need no fallback themselves.
+    for (const QuantType f : {tr.load_fallback, tr.file_fallback}) {
+      if (f == QuantType::kCount) continue;
+      EXPECT_EQ(tr.block_elems % quant_traits(f).block_elems, 0);
+      EXPECT_EQ(quant_traits(f).load_fallback, QuantType::kCount);
+    }
   }
   EXPECT_EQ(row_bytes(QuantType::kI8_CH, 4096), 4096u + 4u);  // the fp32 row scale
 }
 
 TEST(DtypeTest, CudaBlockFormatsAreTheCudaAbisGgufTypes) {
-  const std::set<int> abi = {TESSERA_CUDA_GGUF_Q8_0, TESSERA_CUDA_GGUF_Q4_0, TESSERA_CUDA_GGUF_Q5_0,
-                             TESSERA_CUDA_GGUF_Q4_K, TESSERA_CUDA_GGUF_Q5_K, TESSERA_CUDA_GGUF_Q6_K,
-                             TESSERA_CUDA_GGUF_Q2_K, TESSERA_CUDA_GGUF_Q3_K, TESSERA_CUDA_GGUF_TQ1_0,
-                             TESSERA_CUDA_GGUF_TQ2_0};
+  // Both come from common/block_geometry.h's list: each ABI value is its format's QuantType.
+  std::set<int> abi;
+#define TESSERA_TEST_ABI_TYPE(format, elems, bytes)                                        \
+  abi.insert(TESSERA_CUDA_GGUF_##format);                                                 \
+  EXPECT_EQ(TESSERA_CUDA_GGUF_##format, static_cast<int>(QuantType::k##format)) << #format; \
+  EXPECT_EQ(quant_traits(QuantType::k##format).name, #format);
+  TESSERA_GGUF_BLOCK_FORMATS(TESSERA_TEST_ABI_TYPE)
+#undef TESSERA_TEST_ABI_TYPE
+  EXPECT_EQ(abi.size(), static_cast<size_t>(blocks::kListSize));
+  EXPECT_EQ(TESSERA_CUDA_GGUF_Q8_0, 3);  // the ABI's values as they were written out before the list
+  EXPECT_EQ(TESSERA_CUDA_GGUF_Q5_K, 7);
+  EXPECT_EQ(TESSERA_CUDA_GGUF_TQ2_0, 12);
   std::set<int> table;
   for (QuantType t : all_types())
     if (quant_traits(t).cuda == CudaWeightForm::kBlocks) table.insert(static_cast<int>(t));
   EXPECT_EQ(table, abi);
+}
+
+// --quant: the names, their order and what each makes are the table's load columns.
+TEST(DtypeTest, WeightQuantModesComeFromTheTable) {
+  // Today's modes in the order users know; a format added to the table adds its mode after them.
+  std::vector<std::string> names;
+  for (const WeightQuant q : all_weight_quants()) names.emplace_back(weight_quant_name(q));
+  const std::vector<std::string> today = {"none", "int8", "int4", "int4-sym", "q2_k", "q3_k", "tq1_0", "tq2_0",
+                                          "f32",  "q8_0", "q4_0", "q5_0",     "q4_k", "q5_k", "q6_k"};
+  ASSERT_GE(names.size(), today.size());
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + static_cast<ptrdiff_t>(today.size())), today);
+  for (const WeightQuant q : all_weight_quants()) {
+    const std::string name(weight_quant_name(q));
+    SCOPED_TRACE(name);
+    auto parsed = parse_weight_quant(name);
+    ASSERT_TRUE(parsed.is_ok());
+    EXPECT_EQ(*parsed, q);
+    if (q == WeightQuant::kNone || q == WeightQuant::kInt4Sym) continue;
+    const QuantType t = weight_quant_type(q);
+    EXPECT_EQ(quant_traits(t).load_name, name);
+    EXPECT_EQ(weight_quant_making(t), q);
+  }
+  EXPECT_EQ(weight_quant_type(WeightQuant::kInt8), QuantType::kI8_CH);
+  EXPECT_EQ(weight_quant_type(WeightQuant::kInt4), QuantType::kI4_G128);
+  EXPECT_EQ(weight_quant_type(WeightQuant::kInt4Sym), QuantType::kI4_G128);
+  EXPECT_EQ(weight_quant_type(WeightQuant::kQ5_K), QuantType::kQ5_K);
+  EXPECT_EQ(weight_quant_type(WeightQuant::kNone), QuantType::kF32);
+  EXPECT_EQ(weight_quant_making(QuantType::kF16), WeightQuant::kNone);
+  EXPECT_EQ(weight_quant_name(static_cast<WeightQuant>(1 + static_cast<int>(QuantType::kBF16))), "?");
+  auto bad = parse_weight_quant("q7_k");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_TRUE(bad.status().message().starts_with(
+      "--quant 'q7_k': expected one of none, int8, int4, int4-sym, q2_k, q3_k, tq1_0, tq2_0, f32, q8_0, q4_0, q5_0, "
+      "q4_k, q5_k, q6_k"))
+      << bad.status().message();
+  const std::string help = weight_quant_help();
+  EXPECT_TRUE(help.starts_with("none, int8, int4 (asymmetric, groups of 128), int4-sym, the GGUF formats q8_0, q4_0, "
+                               "q5_0 (columns a multiple of 32), q2_k, q3_k, tq1_0, tq2_0, q4_k, q5_k, q6_k"))
+      << help;
+  EXPECT_TRUE(help.ends_with("(a multiple of 256), or f32 (widen to fp32: the reference precision)")) << help;
+}
+
+TEST(DtypeTest, WeightQuantFallsBackWhereColumnsFillNoSuperBlock) {
+  const std::tuple<WeightQuant, QuantType> fallbacks[] = {
+      {WeightQuant::kQ2_K, QuantType::kQ4_0}, {WeightQuant::kQ3_K, QuantType::kQ4_0},
+      {WeightQuant::kTQ1_0, QuantType::kQ4_0}, {WeightQuant::kTQ2_0, QuantType::kQ4_0},
+      {WeightQuant::kQ4_K, QuantType::kQ5_0}, {WeightQuant::kQ5_K, QuantType::kQ5_0},
+      {WeightQuant::kQ6_K, QuantType::kQ8_0}};
+  for (const auto& [q, fallback] : fallbacks) {
+    SCOPED_TRACE(std::string(weight_quant_name(q)));
+    EXPECT_EQ(weight_quant_type_for(q, 768), weight_quant_type(q));
+    EXPECT_EQ(weight_quant_type_for(q, 640), fallback);  // Gemma-3-270M's hidden size
+    EXPECT_EQ(weight_quant_type_for(q, 100), fallback);  // fits neither: the caller decides
+  }
+  for (const WeightQuant q : all_weight_quants()) {
+    const QuantType t = weight_quant_type(q);
+    if (quant_traits(t).load_fallback != QuantType::kCount) continue;
+    EXPECT_EQ(weight_quant_type_for(q, 100), t) << weight_quant_name(q);  // no fallback: the format itself
+  }
+}
+
+TEST(DtypeTest, Int4GroupLayout) {
+  Int4Group g;
+  g.scale_fp16 = 0x3c00;
+  g.zero = 7;
+  for (int i = 0; i < kInt4Group; ++i) g.levels[i] = static_cast<uint8_t>(i % 16);
+  uint8_t bytes[68];
+  write_int4_group(g, bytes);
+  EXPECT_EQ(bytes[0], 0x00);
+  EXPECT_EQ(bytes[1], 0x3c);
+  EXPECT_EQ(bytes[2], 7);
+  EXPECT_EQ(bytes[3], 0);
+  // Byte j of sub-block s: element 32s + j low, element 32s + 16 + j high.
+  EXPECT_EQ(bytes[4 + 16 * 1 + 3], static_cast<uint8_t>((35 % 16) | ((51 % 16) << 4)));
+  EXPECT_EQ(row_bytes(QuantType::kI4_G128, kInt4Group), sizeof(bytes));
 }
 
 TEST(DtypeTest, GgmlTypeTable) {

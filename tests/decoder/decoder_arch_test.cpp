@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <functional>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/device_comm.h"
 #include "common/thread_pool.h"
 #include "shard/cpu_backend.h"
@@ -22,7 +24,7 @@ using test::ToyModel;
 // The description is what runs: the same weights described as Llama give other logits, and each
 // toy feature on its own moves them.
 TEST(DecoderArch, EachDescribedFeatureChangesTheCpuLogits) {
-  if (!fs::exists(test::stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+  TESSERA_REQUIRE_TESTDATA(test::stories_dir() + "/reference.json");
   ToyModel m;
   auto store = WeightStore::open(test::stories_dir() + "/hf");
   ASSERT_TRUE(store.is_ok());
@@ -66,7 +68,7 @@ TEST(DecoderArch, EachDescribedFeatureChangesTheCpuLogits) {
 }
 
 TEST(DecoderArch, DescriptionsThatDoNotFitTheModelAreRefused) {
-  if (!fs::exists(test::stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+  TESSERA_REQUIRE_TESTDATA(test::stories_dir() + "/reference.json");
   auto store = WeightStore::open(test::stories_dir() + "/hf");
   ASSERT_TRUE(store.is_ok());
   const ModelConfig& c = (*store)->config();
@@ -89,6 +91,37 @@ TEST(DecoderArch, DescriptionsThatDoNotFitTheModelAreRefused) {
   ArchSpec scale = a;
   scale.attn_scale = std::nanf("");
   EXPECT_FALSE(scale.validate(c, &*w).is_ok());
+}
+
+// Every row of the architecture table (model/architecture.h) gives the description it states:
+// name, gated activation, post-norms, embedding scale; a local RoPE table where its config hook
+// sets a local base.
+TEST(DecoderArch, EachArchitectureRowGivesItsDescription) {
+  for (const ArchitectureTraits& row : kArchitectureTable) {
+    const nlohmann::json j = {{"architectures", {std::string(row.hf_classes[0])}},
+                              {"hidden_size", 64},
+                              {"num_hidden_layers", 6},
+                              {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2},
+                              {"intermediate_size", 128},
+                              {"vocab_size", 100},
+                              {"max_position_embeddings", 256}};
+    auto c = parse_hf_config(j.dump(), "config.json");
+    ASSERT_TRUE(c.is_ok()) << row.name << ": " << c.status().to_string();
+    const ArchSpec a = describe_architecture(*c, ModelWeights{});
+    EXPECT_EQ(a.name, row.name);
+    EXPECT_EQ(a.activation, row.activation) << row.name;
+    EXPECT_EQ(a.post_norms, row.post_norms) << row.name;
+    EXPECT_EQ(a.embed_scale, row.embed_scale == EmbedScale::kSqrtHidden ? 8.0f : 1.0f) << row.name;
+    const float scalar = c->query_pre_attn_scalar > 0.0f ? c->query_pre_attn_scalar : 16.0f;  // head_dim 16
+    EXPECT_FLOAT_EQ(a.attn_scale, 1.0f / std::sqrt(scalar)) << row.name;
+    EXPECT_EQ(a.rope_inv_freq.size(), c->rope_theta_local > 0.0f ? 2u : 1u) << row.name;
+    ASSERT_EQ(a.layers.size(), 6u) << row.name;
+    for (int64_t l = 0; l < 6; ++l)
+      EXPECT_EQ(a.layers[static_cast<size_t>(l)].sliding_window, c->is_local_layer(l) ? c->sliding_window : 0)
+          << row.name << " layer " << l;
+    EXPECT_TRUE(a.validate(*c).is_ok()) << row.name << ": " << a.validate(*c).to_string();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // BlockPool: allocation, reference counts, the O(1) free lists, prefix-cache entries and their
 // LRU eviction, metrics. Copy-on-write emission is the scheduler's and is tested there.
-#include "coordinator/block_pool.h"
+#include "engine/block_pool.h"
 
 #include <gtest/gtest.h>
 

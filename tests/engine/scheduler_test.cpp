@@ -1,10 +1,10 @@
 // The scheduler, step by step, against a simulated shard that enforces the StepPlan contract
-// (comm/control_messages.h, coordinator/scheduler.h) strictly, with a manual clock.
+// (proto/control_messages.h, engine/scheduler.h) strictly, with a manual clock.
 //
 // Each plan is summarised in one line, e.g. "-3 +1 c4>9 1:0+16 2:31+1sr":
 //   -id finished, +id new sequence, cS>D block copy, id:start+n piece ("s": sample,
 //   "r": reset_blocks). Scenario tables compare these lines step by step.
-#include "coordinator/scheduler.h"
+#include "engine/scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "coordinator/scheduler_config.h"
+#include "engine/scheduler_config.h"
 
 namespace tessera {
 namespace {
@@ -1605,8 +1605,9 @@ TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   SchedulerConfig c = *scheduler_profile("interactive");
   EXPECT_EQ(format_scheduler_config(c),
             "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 max_burst_wait_ms=50 "
-            "prefill_chunk=512 mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 spec_ngram=1..3 spec_probe=4/64 "
-            "spec_hysteresis=0.03");
+            "prefill_chunk=512 mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 "
+            "spec_ngram_max=3 spec_ngram_min=1 spec_probe_interval=64 spec_probe_steps=4 spec_hysteresis=0.03 "
+            "spec_draft_layers=0 spec_draft_vocab=16384");
   const std::string prom = scheduler_config_prometheus(c);
   EXPECT_NE(prom.find("tessera_scheduler_max_batch{profile=\"interactive\"} 32\n"), std::string::npos) << prom;
   EXPECT_NE(prom.find("# TYPE tessera_scheduler_max_wait_ms gauge\n"), std::string::npos) << prom;
@@ -1616,6 +1617,48 @@ TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   c.max_wait_ms = 0.5;
   EXPECT_NE(scheduler_config_prometheus(c).find("tessera_scheduler_max_wait_ms{profile=\"offline\"} 0.5\n"),
             std::string::npos);
+}
+
+// Every row of engine/scheduler_knobs.h reaches every layer: a flag, a JSON key that round-trips
+// through scheduler_config_json, a gauge, the log line, and its range check.
+TEST(SchedulerConfigTest, EveryKnobOfTheTableIsSetShownAndChecked) {
+  const SchedulerConfig base = *scheduler_profile("interactive");
+  const std::string prom = scheduler_config_prometheus(base);
+  const std::string line = format_scheduler_config(base);
+  int knobs = 0;
+  for (const SchedulerKnobInfo& k : scheduler_knob_infos()) {
+    const std::string key(k.key);
+    EXPECT_EQ(k.flag.substr(0, 2), "--") << key;
+    EXPECT_FALSE(k.help.empty()) << key;
+    if (key == "speculation") continue;
+    ++knobs;
+    EXPECT_NE(prom.find("tessera_scheduler_" + key + "{"), std::string::npos) << key;
+    EXPECT_NE(line.find(" " + key + "="), std::string::npos) << key;
+    // A value far below any range is refused by name; the flag's spelling sets the knob.
+    SchedulerConfig c = base;
+    ASSERT_TRUE(set_scheduler_knob(c, k.flag, "-1000").is_ok()) << key;
+    Status s = validate_scheduler_config(c);
+    EXPECT_FALSE(s.is_ok()) << key;
+    EXPECT_NE(s.message().find(key), std::string::npos) << s.to_string();
+  }
+  EXPECT_GE(knobs, 16);
+  // The JSON of a changed config reads back to the same config.
+  SchedulerConfig c = *scheduler_profile("offline");
+  c.max_burst_wait_ms = 7.5;
+  c.mixed_prefill_tokens = 96;
+  c.speculation.max_depth = 2;
+  c.speculation.mode = SpecMode::kNgram;
+  c.block_size = 64;
+  const std::string json = scheduler_config_json(c, "a test");
+  SchedulerConfig back;
+  ASSERT_TRUE(apply_scheduler_json(back, json, "test.json").is_ok()) << json;
+  EXPECT_EQ(format_scheduler_config(back), format_scheduler_config(c)) << json;
+  // The layers: profile, then file, then flags; validated at the end.
+  SchedulerConfig l;
+  EXPECT_TRUE(apply_scheduler_layers(l, "offline", "", {{"max_batch", "12"}, {"aging_ms", ""}}).is_ok());
+  EXPECT_EQ(l.max_batch, 12);
+  EXPECT_DOUBLE_EQ(l.aging_ms, 30000);
+  EXPECT_FALSE(apply_scheduler_layers(l, "", "", {{"spec_hysteresis", "0.5"}}).is_ok());
 }
 
 }  // namespace

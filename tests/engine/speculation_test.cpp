@@ -1,6 +1,6 @@
-// The speculation gate (coordinator/speculation.h): the n-gram proposer, the step cost model,
+// The speculation gate (engine/speculation.h): the n-gram proposer, the step cost model,
 // and the switch driven through simulated steps whose acceptance and cost the test controls.
-#include "coordinator/speculation.h"
+#include "engine/speculation.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // `tessera eval` end to end in-process (eval/evaluator.h) on the real stories260K model
-// (TESSERA_TESTDATA, skipped without it) with a small corpus written here: stories (what the
+// (the reference test data; a test fails without it) with a small corpus written here: stories (what the
 // model was trained on) and Python source (what it was not). Also the corpus loader
 // (eval/corpus.h) and the evaluator's argument errors.
 #include "eval/evaluator.h"
@@ -32,15 +32,9 @@ using loader_test::TempDir;
   EXPECT_NE(std::string(text).find(part), std::string::npos)                         \
       << "expected \"" << (part) << "\" in:\n" << (text)
 
-std::string testdata_dir() {
-  const char* env = std::getenv("TESSERA_TESTDATA");
-  return env != nullptr && *env != '\0' ? env : std::string(TESSERA_SOURCE_DIR) + "/../shared/testdata";
-}
 std::string stories_gguf() { return testdata_dir() + "/stories260K/stories260K-f32.gguf"; }
 
-#define SKIP_WITHOUT_STORIES()                                    \
-  if (!fs::exists(stories_gguf()))                                \
-  GTEST_SKIP() << "no " << stories_gguf() << " (set TESSERA_TESTDATA)"
+#define REQUIRE_STORIES() TESSERA_REQUIRE_TESTDATA(stories_gguf())
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -185,7 +179,7 @@ const ClassQuality& cls(const PrecisionResult& p, const std::string& name) {
 }
 
 TEST(EvalCorpus, LoadsTheManifestTheClassesAndTheCanaries) {
-  SKIP_WITHOUT_STORIES();  // the stories come from the test data
+  REQUIRE_STORIES();  // the stories come from the test data
   TempDir dir;
   write_corpus(dir.file("c"), {.calibration = true, .canaries = true});
   auto c = load_eval_corpus(dir.file("c"));
@@ -249,7 +243,7 @@ TEST(EvalCorpus, ErrorsSayWhatToRunAndWhere) {
 }
 
 TEST(QualityEval, ArgumentErrors) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   TempDir dir;
   write_corpus(dir.file("c"));
   EvalOptions o = small_options(dir.file("c"));
@@ -305,7 +299,7 @@ TEST(QualityEval, ArgumentErrors) {
 }
 
 TEST(QualityEval, Stories260KPerPrecision) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   TempDir dir;
   write_corpus(dir.file("c"));
   EvalOptions o = small_options(dir.file("c"));
@@ -428,7 +422,7 @@ TEST(QualityEval, Stories260KPerPrecision) {
 }
 
 TEST(QualityEval, SameRunSameNumbers) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   TempDir dir;
   write_corpus(dir.file("c"));
   EvalOptions o = small_options(dir.file("c"));
@@ -451,7 +445,7 @@ TEST(QualityEval, SameRunSameNumbers) {
 }
 
 TEST(QualityEval, UnknownClassesAreSkippedAndTheThresholdsApply) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   TempDir dir;
   write_corpus(dir.file("c"));
   EvalOptions o = small_options(dir.file("c"));
@@ -486,7 +480,7 @@ TEST(QualityEval, UnknownClassesAreSkippedAndTheThresholdsApply) {
 }
 
 TEST(QualityEval, CalibratedPrecisionAndImportanceFile) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   TempDir dir;
   write_corpus(dir.file("c"), {.calibration = true});
   EvalOptions o = small_options(dir.file("c"));
@@ -532,7 +526,7 @@ TEST(QualityEval, CalibratedPrecisionAndImportanceFile) {
 }
 
 TEST(QualityEval, CanariesRunOnTheKeptClasses) {
-  SKIP_WITHOUT_STORIES();
+  REQUIRE_STORIES();
   if (std::system("python3 -c 'import resource' > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "no python3: the code canaries need one";
   TempDir dir;

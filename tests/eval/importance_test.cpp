@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
+#include "kernels/weight_codec.h"
 #include "model/weight_store.h"
 #include "tests/model/loader_test_util.h"
 #include "tools/testmodel/synthetic_model.h"
@@ -161,6 +162,7 @@ TEST(ImportanceLoad, AWrongLengthIsRefusedNamingTheTensor) {
   m.model = "another-model.gguf";
   m.columns["model.layers.1.mlp.down_proj.weight"] = std::vector<float>(100, 1.0f);  // 512 columns there
   WeightLoadOptions o;
+  o.codec = &cpu_weight_codec();
   o.quant = WeightQuant::kQ2_K;
   o.importance = &m;
   o.threads = 2;
@@ -204,6 +206,7 @@ TEST(ImportanceLoad, WeightsTheQuantizationWhereItIsGiven) {
     const std::string qname(weight_quant_name(q));
     SCOPED_TRACE(qname);
     WeightLoadOptions plain;
+    plain.codec = &cpu_weight_codec();
     plain.quant = q;
     plain.threads = 2;
     WeightLoadOptions weighted = plain;
@@ -294,6 +297,7 @@ TEST(WeightQuantModes, KeepUnquantizableLeavesOddMatricesAsStored) {
   auto store = WeightStore::open(dir.file("odd"));
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   WeightLoadOptions o;
+  o.codec = &cpu_weight_codec();
   o.quant = WeightQuant::kQ4_0;
   o.threads = 2;
   o.keep_unquantizable = false;

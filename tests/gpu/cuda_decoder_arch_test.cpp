@@ -36,7 +36,7 @@ class CudaForwardToyArch : public ::testing::Test {
   void SetUp() override {
     Result<const CudaApi*> api = load_cuda_api_with_device();
     if (!api.is_ok()) GTEST_SKIP() << api.status().message();
-    if (!fs::exists(test::stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+    TESSERA_REQUIRE_TESTDATA(test::stories_dir() + "/reference.json");
     auto store = WeightStore::open(test::stories_dir() + "/hf");
     ASSERT_TRUE(store.is_ok()) << store.status().to_string();
     model_.store = std::move(store).value();

@@ -15,6 +15,7 @@
 
 #include "common/env.h"
 #include "kernels/cuda/cuda_loader.h"
+#include "kernels/weight_codec.h"
 #include "local/local_model.h"
 #include "tests/shard/stories_reference.h"
 #include "tests/shard/test_block_allocator.h"
@@ -55,7 +56,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& path, int64_
   auto m = std::make_unique<GpuModel>();
   TESSERA_ASSIGN_OR_RETURN(m->store, WeightStore::open(path));
   ModelWeights full;
-  TESSERA_ASSIGN_OR_RETURN(full, bind_model_weights(*m->store, {.quant = quant}));
+  TESSERA_ASSIGN_OR_RETURN(full, bind_model_weights(*m->store, {.codec = &cpu_weight_codec(), .quant = quant}));
   TESSERA_ASSIGN_OR_RETURN(m->layout, plan_shard_layout(m->config(), {0, 1}));
   TESSERA_ASSIGN_OR_RETURN(m->weights, slice_model_weights(std::move(full), m->config(), m->layout));
   CudaForwardOptions o;
@@ -119,7 +120,7 @@ class CudaForwardTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     Result<const CudaApi*> api = load_cuda_api_with_device();
     if (!api.is_ok()) GTEST_SKIP() << api.status().message();
-    if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
+    TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
   }
   std::string model_path() const { return stories_dir() + "/" + GetParam(); }
 
@@ -154,7 +155,7 @@ class CudaForwardTest : public ::testing::TestWithParam<std::string> {
 TEST_P(CudaForwardTest, GreedyIdsMatchReferenceAndLogitsMatchCpu) {
   auto gpu = load_gpu_model(model_path(), 16);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  auto cpu = LocalModel::load({.path = model_path(), .threads = 2});
+  auto cpu = LocalModel::load({.path = model_path(), .runtime = {.threads = 2}});
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   const int64_t vocab = (*gpu)->config().vocab;
   for (const RefCase& c : load_cases()) {
@@ -178,7 +179,7 @@ TEST_P(CudaForwardTest, GreedyIdsMatchReferenceAndLogitsMatchCpu) {
 TEST_P(CudaForwardTest, Fp16KvMatchesTheCpuFp16Kv) {
   auto fp32 = load_gpu_model(model_path(), 16);
   ASSERT_TRUE(fp32.is_ok()) << fp32.status().to_string();
-  auto cpu = LocalModel::load({.path = model_path(), .threads = 2, .kv_dtype = KvDtype::kF16});
+  auto cpu = LocalModel::load({.path = model_path(), .runtime = {.threads = 2, .kv_dtype = KvDtype::kF16}});
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   const int64_t vocab = (*fp32)->config().vocab;
   for (const int64_t split_keys : {int64_t{-1}, int64_t{16}})
@@ -352,7 +353,7 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchEagerSteps) {
   }
   EXPECT_EQ(models[0]->forward->graphs_captured(), 3);
   EXPECT_EQ(models[1]->forward->graphs_captured(), 0);
-  // 16 a layer + 8 a step: the count `tessera plan` uses (coordinator/planner.cpp).
+  // 16 a layer + 8 a step: the count `tessera plan` uses (plan/planner.cpp).
   EXPECT_EQ(eager_launches, 16 * models[0]->config().n_layers + 8);
   for (int m = 0; m < 2; ++m)
     for (auto& t : tables[m]) models[m]->allocator->release(t);
@@ -741,7 +742,7 @@ TEST(CudaForwardSynthetic, MatchesCpuInF16Int8Int4) {
     const std::string what = std::string(weight_quant_name(q)) + ", prompt of " + std::to_string(prompt_len);
     auto gpu = load_gpu_model(dir, 16, q);
     ASSERT_TRUE(gpu.is_ok()) << what << ": " << gpu.status().to_string();
-    auto cpu = LocalModel::load({.path = dir, .threads = 2, .quant = q});
+    auto cpu = LocalModel::load({.path = dir, .runtime = {.threads = 2, .quant = q}});
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
     const int64_t vocab = (*gpu)->config().vocab;
     auto run = run_gpu_and_cpu(**gpu, **cpu, prompt);
@@ -805,7 +806,7 @@ TEST(CudaForwardSynthetic, GgufBlocksMatchCpu) {
     ASSERT_TRUE(write_synthetic_gguf(spec, path).is_ok()) << f.name;
     auto gpu = load_gpu_model(path, 16);
     ASSERT_TRUE(gpu.is_ok()) << f.name << ": " << gpu.status().to_string();
-    auto cpu = LocalModel::load({.path = path, .threads = 2});
+    auto cpu = LocalModel::load({.path = path, .runtime = {.threads = 2}});
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
 
     // Device bytes: the block matrices' own bytes, well below an f16 copy.
@@ -860,7 +861,7 @@ TEST(CudaForwardSynthetic, LowBitQuantAtLoadMatchesCpu) {
   for (const WeightQuant q : {WeightQuant::kQ2_K, WeightQuant::kQ3_K, WeightQuant::kTQ1_0, WeightQuant::kTQ2_0}) {
     auto gpu = load_gpu_model(dir, 16, q);
     ASSERT_TRUE(gpu.is_ok()) << weight_quant_name(q) << ": " << gpu.status().to_string();
-    auto cpu = LocalModel::load({.path = dir, .threads = 2, .quant = q});
+    auto cpu = LocalModel::load({.path = dir, .runtime = {.threads = 2, .quant = q}});
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
     const ModelWeights& w = (*gpu)->weights.weights;
     int64_t f16_bytes = 0;

@@ -1,5 +1,5 @@
 // Sparse decode attention in the CUDA forward pass (CudaForwardOptions::sparse) on stories260K
-// (every layer global), against the CPU backend's (CpuBackend with CpuBackendOptions::sparse, i.e.
+// (every layer global), against the CPU backend's (CpuBackend with CpuBackendOptions::runtime.sparse, i.e.
 // ForwardPass::set_sparse_attention): the same decode steps (teacher-forced with the CPU's greedy
 // tokens) give the same logits within the forward passes' rounding, graphed and eager, fp32 and
 // fp16 KV; a selection that covers every block gives exactly the dense logits; the counters
@@ -55,8 +55,8 @@ DecodeRun cpu_decode(const std::string& path, const std::vector<int32_t>& prompt
   auto weights = slice_model_weights(std::move(full).value(), config, *layout);
   ThreadPool pool(ThreadPoolOptions{.num_threads = 2});
   CpuBackendOptions options;
-  options.sparse = sparse;
-  options.kv_dtype = kv_dtype;
+  options.runtime.sparse = sparse;
+  options.runtime.kv_dtype = kv_dtype;
   std::vector<std::unique_ptr<DeviceComm>> comms = make_in_process_comms(1);
   CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comms[0].get(), options);
   const auto n = static_cast<int64_t>(prompt.size());
@@ -149,7 +149,7 @@ class CudaSparseForward : public ::testing::TestWithParam<bool> {  // param: CUD
   void SetUp() override {
     Result<const CudaApi*> api = load_cuda_api_with_device();
     if (!api.is_ok()) GTEST_SKIP() << api.status().message();
-    if (!fs::exists(test::stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << test::stories_dir();
+    TESSERA_REQUIRE_TESTDATA(test::stories_dir() + "/reference.json");
   }
   std::string model() const { return test::stories_dir() + "/hf"; }
 };

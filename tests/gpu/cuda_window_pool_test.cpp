@@ -56,9 +56,9 @@ Rows run_plans(const std::string& dir, const std::vector<StepPlan>& plans, int64
   if (!weights.is_ok()) return out;
   auto comm = make_single_rank_comm();
   CudaBackendOptions o;
-  o.max_step_tokens = 64;
-  o.max_step_seqs = 4;
-  o.kv_dtype = kv;
+  o.runtime.max_step_tokens = 64;
+  o.runtime.max_step_seqs = 4;
+  o.runtime.kv_dtype = kv;
   auto backend = CudaBackend::create(c, *layout, std::move(weights).value(), *comm, o);
   EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
   if (!backend.is_ok()) return out;

@@ -11,6 +11,7 @@
 #include "common/env.h"
 #include "tests/default_model_file.h"
 #include "tests/integration/process_util.h"
+#include "tests/testdata.h"
 
 namespace tessera {
 namespace {
@@ -23,7 +24,7 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     stories_ = testdata_dir() + "/stories260K";
-    if (!fs::exists(stories_ + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_;
+    TESSERA_REQUIRE_TESTDATA(stories_ + "/reference.json");
     tmp_ = fs::temp_directory_path() / ("tessera_cli_test_" + std::to_string(::getpid()));
     fs::create_directories(tmp_);
   }

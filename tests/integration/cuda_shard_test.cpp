@@ -15,6 +15,7 @@
 
 #include "common/env.h"
 #include "tests/integration/process_util.h"
+#include "tests/testdata.h"
 
 namespace tessera {
 namespace {
@@ -29,7 +30,7 @@ class CudaShardFakeBackend : public ::testing::Test {
     if (!lib || !fs::exists(lib)) GTEST_SKIP() << "TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend";
     env_ = "TESSERA_CUDA_LIBRARY=" + quote(lib) + " ";
   }
-  // stories260K's reference.json into ref_; false (the test skips) without the test data.
+  // stories260K's reference.json into ref_; false without it (the test fails, naming the file).
   bool load_reference() {
     if (!fs::exists(stories_ + "/reference.json")) return false;
     std::ifstream in(stories_ + "/reference.json");
@@ -42,7 +43,7 @@ class CudaShardFakeBackend : public ::testing::Test {
 };
 
 TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
-  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  if (!load_reference()) GTEST_FAIL() << test::missing_testdata(stories_ + "/reference.json");
   const std::string& stories = stories_;
   const nlohmann::json& ref = ref_;
   for (const auto& c : ref["cases"]) {
@@ -64,7 +65,7 @@ TEST_F(CudaShardFakeBackend, StoriesReferenceIdsThroughACudaShard) {
 // An fp16 KV cache on CUDA shards: the coordinator plans fp16 blocks (the shards' hellos carry
 // it; a mismatch is refused), and the reference greedy ids come out at TP 1 and 2.
 TEST_F(CudaShardFakeBackend, Fp16KvCacheGivesTheReferenceIds) {
-  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  if (!load_reference()) GTEST_FAIL() << test::missing_testdata(stories_ + "/reference.json");
   const std::string& stories = stories_;
   const nlohmann::json& ref = ref_;
   const auto& c = ref["cases"].back();
@@ -85,7 +86,7 @@ TEST_F(CudaShardFakeBackend, Fp16KvCacheGivesTheReferenceIds) {
 // host) beside graphed plain decode steps; the reference greedy ids at TP 1 and 2, and seeded
 // sampling draws the same tokens with and without drafts.
 TEST_F(CudaShardFakeBackend, SpeculationKeepsTheTokens) {
-  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  if (!load_reference()) GTEST_FAIL() << test::missing_testdata(stories_ + "/reference.json");
   const std::string& stories = stories_;
   const nlohmann::json& ref = ref_;
   int kept = 0;
@@ -116,7 +117,7 @@ TEST_F(CudaShardFakeBackend, SpeculationKeepsTheTokens) {
 
 TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {
   const std::string model = testdata_dir() + "/stories260K/hf";
-  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  TESSERA_REQUIRE_TESTDATA(model);
   // Greedy (the argmax taken on the device) and seeded sampling (on the device too).
   for (const std::string sampling : {"--temperature 0", "--temperature 0.9 --top-k 40 --seed 7"}) {
     const std::string args = " generate --model " + quote(model) + " --prompt 'Once upon a time' --max-tokens 40 " +
@@ -133,7 +134,7 @@ TEST_F(CudaShardFakeBackend, GraphedAndEagerDecodeGiveTheSameTokens) {
 // row-parallel all-reduces, the vocabulary-parallel LM head, the greedy candidates merged
 // across ranks, and graphs that hold the collectives.
 TEST_F(CudaShardFakeBackend, TensorParallelCudaShards) {
-  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  if (!load_reference()) GTEST_FAIL() << test::missing_testdata(stories_ + "/reference.json");
   const std::string& stories = stories_;
   const nlohmann::json& ref = ref_;
   const auto& c = ref["cases"].back();
@@ -158,7 +159,7 @@ TEST_F(CudaShardFakeBackend, TensorParallelCudaShards) {
 // the unsharded logits), with penalties, top-k / top-p / min-p.
 TEST_F(CudaShardFakeBackend, DeviceAndHostSamplingDrawTheSameTokens) {
   const std::string model = testdata_dir() + "/stories260K/stories260K-f32.gguf";
-  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  TESSERA_REQUIRE_TESTDATA(model);
   const std::vector<std::string> samplings = {
       "--temperature 0.9 --top-k 40 --seed 7",
       "--temperature 1.1 --top-p 0.8 --min-p 0.02 --repetition-penalty 1.2 --seed 3",
@@ -194,7 +195,7 @@ std::string first_ids(const std::string& line, int n) {
 // attend densely, so which positions go sparse would follow its gate. `auto` stays dense on CUDA
 // and says so.
 TEST_F(CudaShardFakeBackend, SparseAttentionOnCudaShards) {
-  if (!load_reference()) GTEST_SKIP() << "no test data at " << stories_;
+  if (!load_reference()) GTEST_FAIL() << test::missing_testdata(stories_ + "/reference.json");
   const auto& c = ref_["cases"].back();
   const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
   const std::string covering = " generate --model " + quote(stories_ + "/hf") + " --prompt-ids " +
@@ -237,7 +238,7 @@ TEST_F(CudaShardFakeBackend, SparseAttentionOnCudaShards) {
 
 TEST_F(CudaShardFakeBackend, RefusalsNameTheProblem) {
   const std::string model = testdata_dir() + "/stories260K/hf";
-  if (!fs::exists(model)) GTEST_SKIP() << "no test data at " << model;
+  TESSERA_REQUIRE_TESTDATA(model);
   // TP 2 needs NCCL: with the fake's NCCL switched off every rank fails, none hangs.
   ProcessResult r = run(env_ + "TESSERA_FAKE_NCCL=0 " + bin("tessera") + " generate --model " + quote(model) +
                         " --prompt-ids 1,2,3 --max-tokens 4 --tp 2 --device cuda --heartbeat-timeout-ms 5000");

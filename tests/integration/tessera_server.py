@@ -13,9 +13,12 @@ import urllib.error
 import urllib.request
 
 import openai
+import pytest
 
 BIN = os.environ.get("TESSERA_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
-TESTDATA = os.environ.get("TESSERA_TESTDATA", os.path.join(os.path.dirname(__file__), "../../../shared/testdata"))
+# The reference test data (tests/data/README.md): $TESSERA_TESTDATA when set, else the copy the
+# build unpacks from tests/data/*.tar.xz beside its binaries (<build>/bin/../testdata).
+TESTDATA = os.environ.get("TESSERA_TESTDATA") or os.path.join(os.path.dirname(os.path.abspath(BIN)), "testdata")
 STORIES = os.path.join(TESTDATA, "stories260K")
 # The real default model (Gemma 3 270M, Q4_K_M): scripts/test.sh exports its path.
 DEFAULT_MODEL = os.environ.get("TESSERA_DEFAULT_MODEL") or os.path.join(
@@ -92,8 +95,20 @@ class Server:
                     pass
 
 
-def stories_available():
-    return os.path.exists(os.path.join(STORIES, "reference.json"))
+def missing_testdata(path):
+    """The failure message for a missing test-data file: names it and where the folder comes from."""
+    env = os.environ.get("TESSERA_TESTDATA")
+    origin = f"$TESSERA_TESTDATA={env}" if env else \
+        "the build unpacks it from tests/data/*.tar.xz: target tessera_testdata"
+    return f"missing test data: {path} ({origin})"
+
+
+def require_stories(*paths):
+    """Fails the calling test (or fixture) when stories260K's reference.json or one of `paths` is
+    missing, naming the file: the data is part of the repository, so its absence is a failure."""
+    for path in (os.path.join(STORIES, "reference.json"), *paths):
+        if not os.path.exists(path):
+            pytest.fail(missing_testdata(path), pytrace=False)
 
 
 def sse_events(base, body, started=None):

@@ -17,8 +17,8 @@ import urllib.error
 
 import pytest
 
-from tessera_server import (STORIES, Server, child_processes, health, proc_stat, shard_pids, sse_events,
-                            stories_available)
+from tessera_server import (STORIES, Server, child_processes, health, proc_stat, require_stories, shard_pids,
+                            sse_events)
 
 # What AddressSanitizer, LeakSanitizer and UndefinedBehaviorSanitizer print when they find something.
 SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: \w+Sanitizer")
@@ -36,8 +36,7 @@ class FaultServer(Server):
 
 
 def need_stories():
-    if not stories_available():
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(os.path.join(STORIES, "hf"))
 
 
 def wait_for(predicate, timeout, what):

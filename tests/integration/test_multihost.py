@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from tessera_server import BIN, STORIES, proc_stat, start_serving
+from tessera_server import BIN, STORIES, proc_stat, require_stories, start_serving
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_agent.sh")
 
@@ -52,8 +52,6 @@ def unavailable():
     for tool in ("ip", "unshare", "mpirun"):
         if shutil.which(tool) is None:
             return f"no '{tool}' on PATH"
-    if not os.path.exists(os.path.join(STORIES, "reference.json")):
-        return f"no test data at {STORIES}"
     return None
 
 
@@ -252,6 +250,7 @@ def hosts():
     reason = unavailable()
     if reason:
         skip(reason)
+    require_stories(os.path.join(STORIES, "hf"))
     h = TwoHosts()
     try:
         h.setup()
@@ -288,6 +287,7 @@ def tp1():
     """The same model at TP 1 (`tessera serve`, on this host's loopback)."""
     if unavailable():
         skip(unavailable())
+    require_stories(os.path.join(STORIES, "hf"))
     s = Server([os.path.join(BIN, "tessera"), "serve", "--model", os.path.join(STORIES, "hf"), "--model-name",
                 "test-model", "--tp", "1", "--device", "cpu", "--threads", "1", "--port", "0"])
     try:

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from tessera_server import BIN, DEFAULT_MODEL, HERE, STORIES, Server, stories_available
+from tessera_server import BIN, DEFAULT_MODEL, HERE, STORIES, Server, require_stories
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,7 @@ def synthetic_model():
 
 @pytest.fixture(scope="module")
 def stories_server():
-    if not stories_available():
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(os.path.join(STORIES, "hf"))
     s = Server(os.path.join(STORIES, "hf"),
                extra=["--chat-template", os.path.join(HERE, "data", "stories_chat_template.jinja")])
     yield s
@@ -46,8 +45,7 @@ def cuda_stories_server(request):
     """stories260K served by shards on the CUDA backend (TP 1 and 2); without a GPU, on the CPU
     stand-in of libtessera_cuda.so that CTest names in TESSERA_FAKE_CUDA_LIBRARY, whose NCCL runs
     through shared memory (the wiring, not the kernels)."""
-    if not stories_available():
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(os.path.join(STORIES, "hf"))
     lib = os.environ.get("TESSERA_FAKE_CUDA_LIBRARY")
     if not lib or not os.path.exists(lib):
         pytest.skip("TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend")
@@ -508,8 +506,7 @@ def test_fp16_and_int8_kv_caches_at_tp2_keep_the_reference_and_hold_more_blocks(
     """`--kv-dtype fp16` / `int8` reach both shards (TP 2): the same memory cap holds twice the KV
     blocks in fp16 and 32/12 times in int8 (stories260K's 8-dim heads: 8 bytes and a 4-byte scale
     per row against 32), and the reference prompt still gives its greedy continuation."""
-    if not stories_available():
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(os.path.join(STORIES, "hf"))
     case = reference()["cases"][-1]
     blocks = {}
     for kv in ("fp32", "fp16", "int8"):
@@ -557,8 +554,7 @@ def test_client_disconnect_while_queued_aborts():
     """A client that leaves while its request waits is noticed at once (EPOLLRDHUP), not at the next
     write: the request is aborted and leaves the queue. --max-wait-ms holds a lone request back for
     a companion for a minute, so the close always comes first."""
-    if not stories_available():
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(os.path.join(STORIES, "hf"))
     s = Server(os.path.join(STORIES, "hf"), extra=["--max-batch", "4", "--max-wait-ms", "60000"])
     try:
         host, port = s.base[len("http://"):].split(":")

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from tessera_server import BIN, STORIES, start_serving, stories_available
+from tessera_server import BIN, STORIES, require_stories, start_serving
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../.."))
 TESSERA = os.path.join(BIN, "tessera")
@@ -94,8 +94,7 @@ class Measured:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    if not stories_available() or not os.path.exists(MODEL):
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(MODEL)
     tmp = str(tmp_path_factory.mktemp("quality"))
     corpus = eval_corpus(tmp)
     report = os.path.join(tmp, "stories.eval.json")

@@ -7,7 +7,7 @@ block for an expected length mix and says why in /metrics; `tune --verify` runs 
 recommendation and the built-in profiles on the real engine.
 
 Run by CTest as `tune_cli` (tests/integration/CMakeLists.txt) through run_pytest.sh. The tests
-that serve a model skip without the test data (TESSERA_TESTDATA/stories260K).
+that serve a model read stories260K from the reference test data and fail without it.
 """
 import concurrent.futures
 import contextlib
@@ -24,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from tessera_server import BIN, STORIES, start_serving, stories_available
+from tessera_server import BIN, STORIES, require_stories, start_serving
 
 TESSERA = os.path.join(BIN, "tessera")
 MODEL = os.path.join(STORIES, "stories260K-f32.gguf")
@@ -63,8 +63,7 @@ def stop(proc):
 
 
 def need_stories():
-    if not stories_available() or not os.path.exists(MODEL):
-        pytest.skip(f"no test data at {STORIES}")
+    require_stories(MODEL)
 
 
 class Serving:

@@ -11,6 +11,7 @@
 
 #include "common/env.h"
 #include "tests/integration/process_util.h"
+#include "tests/testdata.h"
 
 namespace tessera {
 namespace {
@@ -50,7 +51,7 @@ fs::path TpTest::dir_;
 
 TEST_F(TpTest, StoriesReferenceAtTp1AndTp2) {
   const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  TESSERA_REQUIRE_TESTDATA(stories + "/reference.json");
   std::ifstream in(stories + "/reference.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
   for (const auto& c : ref["cases"]) {
@@ -71,7 +72,7 @@ TEST_F(TpTest, StoriesReferenceAtTp1AndTp2) {
 // or 2: each rank verifies the same rows of the same gathered logits and cuts its tables alike.
 TEST_F(TpTest, SpeculationKeepsTheStoriesReferenceAtTp1AndTp2) {
   const std::string stories = testdata_dir() + "/stories260K";
-  if (!fs::exists(stories + "/reference.json")) GTEST_SKIP() << "no test data at " << stories;
+  TESSERA_REQUIRE_TESTDATA(stories + "/reference.json");
   std::ifstream in(stories + "/reference.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
   // n-gram drafts, and the shards' self-draft through every layer (the verification reuses its

@@ -415,7 +415,9 @@ TEST(PagedKvInt8, RowsHoldTheirScaleAndReadBackWithinHalfAStep) {
             EXPECT_TRUE(std::isnan(g)) << "position " << p << " head " << h << ": a non-finite row reads back NaN";
           } else {
             EXPECT_LE(std::fabs(g - want[h * hd + i]), amax / 127.0f * 0.5001f) << p << " " << h << " " << i;
-            if (amax == 0) EXPECT_EQ(g, 0.0f);
+            if (amax == 0) {
+              EXPECT_EQ(g, 0.0f);
+            }
           }
         }
       }

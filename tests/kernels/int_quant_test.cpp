@@ -105,6 +105,20 @@ TEST(Int4Group, PackUnpackRoundTrip) {
   EXPECT_EQ(std::memcmp(back.levels, g.levels, 128), 0);
 }
 
+// The loaders write I4_G128 blocks with common/dtype.h's write_int4_group (model/ links no
+// kernels): the same bytes as the kernels' pack_int4_group.
+TEST(Int4Group, CommonWriterMatchesThePacker) {
+  Int4Group g;
+  g.scale_fp16 = f32_to_fp16(-0.75f);
+  g.zero = 3;
+  for (int i = 0; i < 128; ++i) g.levels[i] = static_cast<uint8_t>((i * 5 + 1) % 16);
+  uint8_t packed[68], written[68];
+  std::memset(written, 0xAB, sizeof(written));
+  pack_int4_group(g, packed);
+  write_int4_group(g, written);
+  EXPECT_EQ(std::memcmp(packed, written, sizeof(packed)), 0);
+}
+
 using Matrix = test::TestMatrix;
 using test::run_matmul;
 

@@ -63,7 +63,9 @@ TEST(MatmulPrecision, WhatEachWeightTypeComputesWith) {
   // fp32 fma; F32 weights never.
   EXPECT_STREQ(matmul_compute_for(QuantType::kF16), cpu::bf16_dot_pays() ? "bf16" : "fp32");
   EXPECT_STREQ(matmul_compute_for(QuantType::kBF16), cpu::bf16_dot_pays() ? "bf16" : "fp32");
-  if (!cpu::has_bf16_dot()) EXPECT_FALSE(cpu::bf16_dot_pays());
+  if (!cpu::has_bf16_dot()) {
+    EXPECT_FALSE(cpu::bf16_dot_pays());
+  }
   EXPECT_STREQ(matmul_compute_for(QuantType::kF32), "fp32");
   const Status bf16 = set_matmul_precision(MatmulPrecision::kBf16);
   if (cpu::has_bf16_dot()) {

@@ -628,7 +628,9 @@ TEST_P(AttentionTest, BatchEqualsOneCallPerSequence) {
       for (int64_t s = 0; s < n; ++s) {
         const size_t filled = static_cast<size_t>(seqs[s].n_tokens * per_token);
         ASSERT_EQ(std::memcmp(got[s].data(), want[s].data(), filled * 4), 0) << "sequence " << s;
-        if (seqs[s].n_tokens == 0) EXPECT_TRUE(std::isnan(got[s][0])) << "empty sequence written";
+        if (seqs[s].n_tokens == 0) {
+          EXPECT_TRUE(std::isnan(got[s][0])) << "empty sequence written";
+        }
       }
     }
   }

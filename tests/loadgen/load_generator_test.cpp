@@ -1,10 +1,10 @@
-// The serving load generator (bench/load_generator.h) and its HTTP client against a small fake
-// OpenAI-compatible server built on the coordinator's HttpServer: exact request counts,
+// The serving load generator (loadgen/load_generator.h) and its HTTP client against a small fake
+// OpenAI-compatible server built on the server's HttpServer: exact request counts,
 // streamed token counts, failures, percentiles and goodput on known latencies, trace and
 // distribution parsing; the client's framing, deadline and error paths against scripted raw
 // TCP servers. Nothing asserts on timing beyond lower bounds that sleeps or deadlines
 // guarantee (and one generous upper bound: a deadline must end a stalled request).
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,11 +19,10 @@
 #include <mutex>
 #include <thread>
 
-#include "bench/http_client.h"
-#include "bench/scale_bench.h"
-#include "bench/serve_bench.h"
+#include "loadgen/http_client.h"
+#include "loadgen/serve_bench.h"
 #include "common/logging.h"
-#include "coordinator/http_server.h"
+#include "server/http_server.h"
 
 namespace tessera {
 namespace {
@@ -746,27 +745,6 @@ TEST(ServeReport, TableHasOneRowPerLevel) {
   EXPECT_NE(t.find("64 clients"), std::string::npos);
   const std::string md = format_serve_table(levels, true);
   EXPECT_EQ(std::count(md.begin(), md.end(), '\n'), 5);  // header, separator, 3 rows
-}
-
-TEST(ScaleReport, ScalingArithmeticAndTpList) {
-  std::vector<ScalePoint> p(3);
-  p[0].tp = 1;
-  p[0].decode_tokens_per_s = 100;
-  p[1].tp = 2;
-  p[1].decode_tokens_per_s = 150;
-  p[2].tp = 4;
-  p[2].decode_tokens_per_s = 200;
-  compute_scaling(p);
-  EXPECT_DOUBLE_EQ(p[0].speedup, 1);
-  EXPECT_DOUBLE_EQ(p[1].speedup, 1.5);
-  EXPECT_DOUBLE_EQ(p[1].efficiency, 0.75);
-  EXPECT_DOUBLE_EQ(p[2].efficiency, 0.5);
-  const std::string t = format_scale_table(p, true);
-  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 5);
-  auto l = parse_tp_list("1,2,4");
-  ASSERT_TRUE(l.is_ok());
-  EXPECT_EQ(*l, (std::vector<int>{1, 2, 4}));
-  for (const char* bad : {"", "0", "1,,2", "1,1", "x", "2,"}) EXPECT_FALSE(parse_tp_list(bad).is_ok()) << bad;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "common/dtype.h"
 #include "common/env.h"
+#include "tests/testdata.h"
 
 namespace tessera::loader_test {
 
@@ -67,14 +68,11 @@ inline Bytes read_file(const std::string& path) {
 }
 
 inline std::string stories_dir() { return testdata_dir() + "/stories260K"; }
-inline bool have_stories() {
-  return std::filesystem::exists(stories_dir() + "/stories260K-f32.gguf") &&
-         std::filesystem::exists(stories_dir() + "/hf/model.safetensors");
-}
-#define TESSERA_REQUIRE_STORIES()                                                          \
-  do {                                                                                     \
-    if (!::tessera::loader_test::have_stories())                                               \
-      GTEST_SKIP() << "stories260K test data not found under " << ::tessera::testdata_dir(); \
+// Fails the test, naming the missing file, unless stories260K's GGUF and safetensors are there.
+#define TESSERA_REQUIRE_STORIES()                                                              \
+  do {                                                                                         \
+    TESSERA_REQUIRE_TESTDATA(::tessera::loader_test::stories_dir() + "/stories260K-f32.gguf");  \
+    TESSERA_REQUIRE_TESTDATA(::tessera::loader_test::stories_dir() + "/hf/model.safetensors"); \
   } while (0)
 
 template <typename T>

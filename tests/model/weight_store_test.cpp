@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/quant.h"
+#include "kernels/weight_codec.h"
 #include "model/gguf.h"
 #include "tests/model/loader_test_util.h"
 
@@ -493,8 +494,8 @@ std::unique_ptr<WeightStore> open_gguf(const TempDir& dir, const GgufBuilder& b)
 // exactly the quantized HF rows).
 void expect_same_model(const WeightStore& hf, const WeightStore& g, const Synth& s,
                        bool gguf_vectors_exact = true) {
-  auto wh = bind_model_weights(hf);
-  auto wg = bind_model_weights(g);
+  auto wh = bind_model_weights(hf, {.codec = &cpu_weight_codec()});
+  auto wg = bind_model_weights(g, {.codec = &cpu_weight_codec()});
   ASSERT_TRUE(wh.is_ok()) << wh.status().to_string();
   ASSERT_TRUE(wg.is_ok()) << wg.status().to_string();
   for (const auto& [name, t] : s.tensors) {
@@ -587,7 +588,14 @@ TEST(WeightStoreSynthetic, Q8_0MatricesAndVectorsInLlamaOrder) {
   auto wq = g->get("model.layers.1.self_attn.q_proj.weight");
   ASSERT_TRUE(wq.is_ok());
   EXPECT_EQ(wq->type, QuantType::kQ8_0);
-  auto w = bind_model_weights(*g);
+  // Widening a Q8_0 norm is arithmetic the loader's caller provides: without a codec, the load
+  // names what it lacks.
+  auto no_codec = bind_model_weights(*g);
+  ASSERT_FALSE(no_codec.is_ok());
+  EXPECT_EQ(no_codec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_codec.status().message().find("is stored as Q8_0"), std::string::npos) << no_codec.status().message();
+  EXPECT_NE(no_codec.status().message().find("needs a weight codec"), std::string::npos);
+  auto w = bind_model_weights(*g, {.codec = &cpu_weight_codec()});
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   EXPECT_EQ(w->layers[1].wk.type, QuantType::kQ8_0);
   std::vector<float> expect(64);

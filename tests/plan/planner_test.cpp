@@ -11,6 +11,7 @@
 
 #include "common/env.h"
 #include "tests/default_model_file.h"
+#include "tests/testdata.h"
 
 namespace tessera {
 namespace {
@@ -629,7 +630,7 @@ TEST(PlannerTest, PresetsAndCards) {
 
 TEST(PlannerTest, LoadsModelsFromFiles) {
   const std::string dir = testdata_dir() + "/stories260K";
-  if (!std::filesystem::exists(dir + "/stories260K-f32.gguf")) GTEST_SKIP() << "no test data in " << dir;
+  TESSERA_REQUIRE_TESTDATA(dir + "/stories260K-f32.gguf");
   auto gguf = load_plan_model(dir + "/stories260K-f32.gguf");
   ASSERT_TRUE(gguf.is_ok()) << gguf.status().to_string();
   EXPECT_TRUE(gguf->has_weights);

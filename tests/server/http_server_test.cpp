@@ -1,7 +1,7 @@
 // The coordinator's HTTP server over loopback with raw sockets: framing, keep-alive, limits,
 // respond-later, streaming (600 concurrent streams), disconnects, backpressure, stop, and
 // garbage input. Every wait is bounded by a deadline; nothing asserts on timing.
-#include "coordinator/http_server.h"
+#include "server/http_server.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -1,10 +1,10 @@
-#include "coordinator/openai_protocol.h"
+#include "server/openai_protocol.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/metrics.h"
-#include "coordinator/stop_checker.h"
+#include "engine/metrics.h"
+#include "engine/stop_checker.h"
 
 namespace tessera {
 namespace {

@@ -1,5 +1,5 @@
 // ShardGroup's start-up checks and liveness, with fake shards speaking the real protocol.
-#include "coordinator/shard_group.h"
+#include "server/shard_group.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

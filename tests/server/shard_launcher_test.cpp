@@ -1,6 +1,6 @@
 // The shard command lines build_shard_command makes: one tessera-shard, or mpirun with the
 // hosts, the launch agent and the extra mpirun arguments before the shard's argv.
-#include "coordinator/shard_launcher.h"
+#include "server/shard_launcher.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@ ShardLaunchSpec spec_for(int tp) {
   s.model_path = "/models/m";
   s.coordinator_endpoint = "tcp://head:7070";
   s.tp = tp;
-  s.device = "cpu";
+  s.runtime.device = "cpu";
   return s;
 }
 
@@ -38,15 +38,15 @@ TEST(BuildShardCommand, OneShardWithoutMpirunIgnoresMpirunOptions) {
 
 TEST(BuildShardCommand, SparseAttentionModeReachesTheShards) {
   ShardLaunchSpec s = spec_for(2);
-  EXPECT_GE(find_words(build_shard_command(s), {"--sparse-attention", "off"}), 0);  // the spec's default
-  s.sparse.measure = true;  // auto: the shard's default, with the budget
-  s.sparse.select.top_blocks = 48;
+  EXPECT_GE(find_words(build_shard_command(s), {"--sparse-attention", "off"}), 0);  // the struct's default
+  s.runtime.sparse.measure = true;  // auto: the shard's default, with the budget
+  s.runtime.sparse.select.top_blocks = 48;
   EXPECT_EQ(find_words(build_shard_command(s), {"--sparse-attention"}), -1);
   EXPECT_GE(find_words(build_shard_command(s), {"--sparse-top-blocks", "48"}), 0);
-  s.sparse.measure = false;
-  s.sparse.enabled = true;
-  s.sparse.threshold_tokens = 4096;
-  s.sparse.select.top_blocks = 32;
+  s.runtime.sparse.measure = false;
+  s.runtime.sparse.enabled = true;
+  s.runtime.sparse.threshold_tokens = 4096;
+  s.runtime.sparse.select.top_blocks = 32;
   const std::vector<std::string> argv = build_shard_command(s);
   EXPECT_GE(find_words(argv, {"--sparse-attention", "on", "--sparse-threshold", "4096", "--sparse-top-blocks", "32"}),
             0);

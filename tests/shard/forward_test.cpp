@@ -46,13 +46,13 @@ float max_logit_error(const GenerateOutput& out, const RefCase& c) {
 class StoriesForwardTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
+    TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
   }
   std::string model_path() const { return stories_dir() + "/" + GetParam(); }
 };
 
 TEST_P(StoriesForwardTest, GreedyIdsAndLogitsMatchReference) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 2});
+  auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 2}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
     auto out = greedy_case(**model, c);
@@ -66,7 +66,7 @@ TEST_P(StoriesForwardTest, GreedyIdsAndLogitsMatchReference) {
 // An fp16 KV cache (half the memory): the reference greedy ids still, and prompt logits within
 // the fp16 rounding of K and V; chunked prefill and decode read it the same way.
 TEST_P(StoriesForwardTest, Fp16KvCacheKeepsTheReferenceIds) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 2, .kv_dtype = KvDtype::kF16});
+  auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 2, .kv_dtype = KvDtype::kF16}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
     for (const int64_t chunk : {0, 5}) {
@@ -85,7 +85,7 @@ TEST_P(StoriesForwardTest, Fp16KvCacheKeepsTheReferenceIds) {
 // greedy ids the reference's, and the same logits and ids bit for bit however the prompt is
 // chunked (the rows are quantized one by one, and read the same way by prefill tiles and decode).
 TEST_P(StoriesForwardTest, Int8KvCacheStaysNearTheReference) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 2, .kv_dtype = KvDtype::kInt8});
+  auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 2, .kv_dtype = KvDtype::kInt8}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const RefCase& c : load_cases()) {
     std::vector<float> first_logits;
@@ -114,7 +114,7 @@ TEST_P(StoriesForwardTest, ChunkedPrefillAndBlockSizesAgree) {
   const RefCase c = load_cases().back();  // the longest prompts are last
   for (int64_t block_size : {16, 64}) {
     for (int64_t chunk : {0, 1, 7}) {
-      auto model = LocalModel::load({.path = model_path(), .threads = 1, .block_size = block_size});
+      auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 1}, .block_size = block_size});
       ASSERT_TRUE(model.is_ok()) << model.status().to_string();
       GenerateOptions go;
       go.max_tokens = 16;
@@ -190,7 +190,7 @@ DecodeRun decode_with(const std::string& path, const RefCase& c, const SparseAtt
     auto weights = slice_model_weights(std::move(full).value(), config, *layout);
     ThreadPool pool(ThreadPoolOptions{.num_threads = tp == 1 ? 2 : 1});
     CpuBackendOptions options;
-    options.sparse = sparse;
+    options.runtime.sparse = sparse;
     CpuBackend backend(config, *layout, std::move(weights).value(), &pool, comms[static_cast<size_t>(r)].get(), options);
     const int64_t block = 4;
     const auto n = static_cast<int64_t>(c.prompt.size());
@@ -273,10 +273,10 @@ TEST_P(StoriesForwardTest, SparseDecodeAtTp2SelectsWhatTp1Selects) {
 // reach the metrics (what /metrics shows); auto resolves at load to a measured threshold or off.
 TEST_P(StoriesForwardTest, SparseDecodesReachTheMetricsAndAutoResolves) {
   const RefCase c = load_cases().back();
-  LocalModelOptions o{.path = model_path(), .threads = 2, .block_size = 16};
-  o.sparse.enabled = true;
-  o.sparse.threshold_tokens = 40;
-  o.sparse.select = {.sink_blocks = 1, .recent_blocks = 1, .top_blocks = 1};
+  LocalModelOptions o{.path = model_path(), .runtime = {.threads = 2}, .block_size = 16};
+  o.runtime.sparse.enabled = true;
+  o.runtime.sparse.threshold_tokens = 40;
+  o.runtime.sparse.select = {.sink_blocks = 1, .recent_blocks = 1, .top_blocks = 1};
   auto loaded = LocalModel::load(o);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   GenerateOptions go;
@@ -293,9 +293,9 @@ TEST_P(StoriesForwardTest, SparseDecodesReachTheMetricsAndAutoResolves) {
   EXPECT_GT(m.value("tessera_sparse_attention_decodes_total"), 0.0);
   EXPECT_EQ((*loaded)->forward().sparse_attentions, static_cast<uint64_t>(m.value("tessera_sparse_attention_decodes_total")));
 
-  LocalModelOptions a{.path = model_path(), .threads = 2, .block_size = 16};
-  a.sparse.measure = true;
-  a.sparse.select.top_blocks = 2;
+  LocalModelOptions a{.path = model_path(), .runtime = {.threads = 2}, .block_size = 16};
+  a.runtime.sparse.measure = true;
+  a.runtime.sparse.select.top_blocks = 2;
   auto measured = LocalModel::load(a);
   ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
   const SparseAttentionConfig& in_effect = (*measured)->forward().sparse_attention();
@@ -310,7 +310,7 @@ TEST_P(StoriesForwardTest, SparseDecodesReachTheMetricsAndAutoResolves) {
 }
 
 TEST_P(StoriesForwardTest, BatchedSequencesMatchSingle) {
-  auto loaded = LocalModel::load({.path = model_path(), .threads = 2, .block_size = 16});
+  auto loaded = LocalModel::load({.path = model_path(), .runtime = {.threads = 2}, .block_size = 16});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   LocalModel& m = **loaded;
   const std::vector<RefCase> cases = load_cases();
@@ -332,7 +332,7 @@ TEST_P(StoriesForwardTest, BatchedSequencesMatchSingle) {
 }
 
 TEST_P(StoriesForwardTest, RejectsBadInputWithoutCrashing) {
-  auto loaded = LocalModel::load({.path = model_path(), .threads = 1});
+  auto loaded = LocalModel::load({.path = model_path(), .runtime = {.threads = 1}});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   GenerateOptions go;
   go.max_tokens = 2;
@@ -369,7 +369,7 @@ namespace {
 // The configure message carries the KV dtype the coordinator planned with; a shard that stores
 // another refuses it, naming both.
 TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
-  if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data";
+  TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
   auto store = WeightStore::open(stories_dir() + "/hf");
   ASSERT_TRUE(store.is_ok());
   const ModelConfig& c = (*store)->config();
@@ -382,7 +382,7 @@ TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
   auto comm = make_single_rank_comm();
   ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
   CpuBackendOptions o;
-  o.kv_dtype = KvDtype::kF16;
+  o.runtime.kv_dtype = KvDtype::kF16;
   CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), o);
   ShardExecutor executor(backend, c, ShardExecutorOptions{});
   Status s = executor.configure(16, 8, KvDtype::kF32);

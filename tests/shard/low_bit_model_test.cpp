@@ -77,15 +77,15 @@ TEST(LowBitGguf, ComputesWhatItsDequantizedF32ModelComputes) {
     ASSERT_TRUE(write_synthetic_gguf(low, low_path).is_ok());
     ASSERT_TRUE(write_synthetic_gguf(ref, ref_path).is_ok());
     {
-      auto m = LocalModel::load({.path = low_path, .threads = 2});
+      auto m = LocalModel::load({.path = low_path, .runtime = {.threads = 2}});
       ASSERT_TRUE(m.is_ok()) << m.status().to_string();
       const ModelWeights& w = (*m)->weights();
       EXPECT_EQ(w.embed.type, type);
       EXPECT_EQ(w.layers[1].w_down.type, type);
       EXPECT_EQ(w.layers[0].wq.type, type);
     }
-    const GenerateOutput got = run({.path = low_path, .threads = 2}, prompt);
-    const GenerateOutput want = run({.path = ref_path, .threads = 2}, prompt);
+    const GenerateOutput got = run({.path = low_path, .runtime = {.threads = 2}}, prompt);
+    const GenerateOutput want = run({.path = ref_path, .runtime = {.threads = 2}}, prompt);
     ASSERT_EQ(got.prompt_last_logits.size(), want.prompt_last_logits.size());
     ASSERT_FALSE(want.prompt_last_logits.empty());
     float max_abs = 0, max_diff = 0;
@@ -113,7 +113,7 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
   TempDir dir;
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.file("hf")).is_ok());
   const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 123};
-  const GenerateOutput ref = run({.path = dir.file("hf"), .threads = 2}, prompt);
+  const GenerateOutput ref = run({.path = dir.file("hf"), .runtime = {.threads = 2}}, prompt);
   struct Case {
     WeightQuant quant;
     QuantType type;
@@ -126,12 +126,12 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
     SCOPED_TRACE(name);
     ASSERT_EQ(parse_weight_quant(name).value(), c.quant);
     EXPECT_EQ(weight_quant_type(c.quant), c.type);
-    auto m = LocalModel::load({.path = dir.file("hf"), .threads = 2, .quant = c.quant});
+    auto m = LocalModel::load({.path = dir.file("hf"), .runtime = {.threads = 2, .quant = c.quant}});
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     EXPECT_EQ((*m)->weights().layers[0].wq.type, c.type);
     EXPECT_EQ((*m)->weights().layers[1].w_down.type, c.type);
     EXPECT_EQ((*m)->weights().embed.type, QuantType::kF32) << "the embedding stays as stored";
-    const GenerateOutput got = run({.path = dir.file("hf"), .threads = 2, .quant = c.quant}, prompt);
+    const GenerateOutput got = run({.path = dir.file("hf"), .runtime = {.threads = 2, .quant = c.quant}}, prompt);
     const double corr = correlation(ref.prompt_last_logits, got.prompt_last_logits);
     std::printf("  --quant %-5s: logits correlation with F32 %.4f\n", name.c_str(), corr);
     EXPECT_GT(corr, c.min_corr);
@@ -141,17 +141,17 @@ TEST(LowBitGguf, QuantAtLoadFromAFloatCheckpoint) {
   SyntheticModelSpec odd = small_spec();
   odd.ffn = 384;
   ASSERT_TRUE(write_synthetic_hf(odd, dir.file("odd")).is_ok());
-  auto fb = LocalModel::load({.path = dir.file("odd"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  auto fb = LocalModel::load({.path = dir.file("odd"), .runtime = {.threads = 2, .quant = WeightQuant::kQ2_K}});
   ASSERT_TRUE(fb.is_ok()) << fb.status().to_string();
   EXPECT_EQ(quant_traits((*fb)->weights().layers[0].w_down.type).r16_base, QuantType::kQ4_0);
   EXPECT_EQ(quant_traits((*fb)->weights().layers[0].w_up.type).r16_base, QuantType::kQ2_K);
   odd.ffn = 272;
   ASSERT_TRUE(write_synthetic_hf(odd, dir.file("odder")).is_ok());
-  auto kept = LocalModel::load({.path = dir.file("odder"), .threads = 2, .quant = WeightQuant::kQ2_K});
+  auto kept = LocalModel::load({.path = dir.file("odder"), .runtime = {.threads = 2, .quant = WeightQuant::kQ2_K}});
   ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();  // by default such a matrix stays as stored
   EXPECT_TRUE(quant_traits((*kept)->weights().layers[0].w_down.type).is_float);
   auto m = LocalModel::load(
-      {.path = dir.file("odder"), .threads = 2, .quant = WeightQuant::kQ2_K, .keep_unquantizable = false});
+      {.path = dir.file("odder"), .runtime = {.threads = 2, .quant = WeightQuant::kQ2_K}, .keep_unquantizable = false});
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("down_proj.weight"), std::string::npos) << m.status().to_string();
   EXPECT_NE(m.status().message().find("q2_k"), std::string::npos) << m.status().to_string();

@@ -15,6 +15,7 @@
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/quant.h"
+#include "kernels/weight_codec.h"
 #include "model/int4_checkpoint.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -85,7 +86,7 @@ TEST_P(PackedCheckpoint, LoadsAsTheRtnGridOfTheFloatModel) {
   ASSERT_TRUE(f16.is_ok());
   auto wp = bind_model_weights(**packed);
   ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
-  auto wr = bind_model_weights(**f16, WeightLoadOptions{.quant = c.rtn});
+  auto wr = bind_model_weights(**f16, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = c.rtn});
   ASSERT_TRUE(wr.is_ok()) << wr.status().to_string();
   for (int l = 0; l < 2; ++l) {
     for (const char* suffix : kLinears) {
@@ -125,9 +126,9 @@ TEST_P(PackedCheckpoint, LoadsAsTheRtnGridOfTheFloatModel) {
   }
 
   // Same quantized weights, same greedy tokens.
-  auto mp = LocalModel::load({.path = dir.sub("packed"), .threads = 2});
+  auto mp = LocalModel::load({.path = dir.sub("packed"), .runtime = {.threads = 2}});
   ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
-  auto mr = LocalModel::load({.path = dir.sub("f16"), .threads = 2, .quant = c.rtn});
+  auto mr = LocalModel::load({.path = dir.sub("f16"), .runtime = {.threads = 2, .quant = c.rtn}});
   ASSERT_TRUE(mr.is_ok()) << mr.status().to_string();
   GenerateOptions go;
   go.max_tokens = 12;
@@ -250,13 +251,14 @@ TEST(LoadTimeQuant, KeepsEmbeddingAndNormsAndQuantizesLinears) {
   ASSERT_TRUE(write_synthetic_hf(small_spec(), dir.sub("m")).is_ok());
   auto s = WeightStore::open(dir.sub("m"));
   ASSERT_TRUE(s.is_ok());
-  auto w8 = bind_model_weights(**s, WeightLoadOptions{.quant = WeightQuant::kInt8});
+  auto w8 = bind_model_weights(**s, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = WeightQuant::kInt8});
   ASSERT_TRUE(w8.is_ok());
   EXPECT_EQ(w8->embed.type, QuantType::kF16);
   EXPECT_EQ(w8->lm_head.type, QuantType::kF16);
   EXPECT_EQ(w8->layers[0].wq.type, QuantType::kI8_CH);
   EXPECT_EQ(w8->layers[1].w_down.type, QuantType::kI8_CH);
-  auto w4 = bind_model_weights(**s, WeightLoadOptions{.quant = WeightQuant::kInt4, .quantize_lm_head = true});
+  auto w4 = bind_model_weights(
+      **s, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = WeightQuant::kInt4, .quantize_lm_head = true});
   ASSERT_TRUE(w4.is_ok());
   EXPECT_EQ(w4->lm_head.type, QuantType::kI4_G128);
   EXPECT_EQ(w4->embed.type, QuantType::kF16);
@@ -287,7 +289,7 @@ TEST(LoadTimeQuant, LogitsStayCloseToTheFloatModel) {
   go.max_tokens = 1;
   go.sampling.temperature = 0.0f;
   auto logits = [&](WeightQuant q) {
-    auto m = LocalModel::load({.path = dir.sub("m"), .threads = 2, .quant = q});
+    auto m = LocalModel::load({.path = dir.sub("m"), .runtime = {.threads = 2, .quant = q}});
     EXPECT_TRUE(m.is_ok());
     auto out = generate(**m, prompt, go);
     EXPECT_TRUE(out.is_ok());
@@ -366,7 +368,7 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
     std::vector<int32_t> prompt;
     for (int32_t i = 0; i < 37; ++i) prompt.push_back(1 + (i * 29) % 500);
     std::optional<GenerateOutput> out[2];
-    ASSERT_NO_FATAL_FAILURE(generate_with_both_layouts({.path = path, .threads = 2}, prompt, out));
+    ASSERT_NO_FATAL_FAILURE(generate_with_both_layouts({.path = path, .runtime = {.threads = 2}}, prompt, out));
     EXPECT_EQ(out[1]->ids, out[0]->ids) << quant_name(type);
     EXPECT_EQ(out[1]->prompt_last_logits, out[0]->prompt_last_logits) << quant_name(type);
   }
@@ -377,7 +379,7 @@ TEST(CpuRepack, InterleavedGgufMatricesGiveTheFileLayoutsResults) {
     const std::vector<int32_t> prompt = {1, 17, 42, 300, 5, 77, 9, 11, 400, 3, 2, 8, 13, 21, 34, 55, 89, 144, 233};
     std::optional<GenerateOutput> out[2];
     ASSERT_NO_FATAL_FAILURE(generate_with_both_layouts(
-        {.path = dir.sub("hf"), .threads = 2, .quant = q, .quantize_lm_head = true}, prompt, out,
+        {.path = dir.sub("hf"), .runtime = {.threads = 2, .quant = q, .quant_lm_head = true}}, prompt, out,
         [](const LocalModel& m, bool repacked) {
           if (!repacked) return;
           EXPECT_TRUE(cpu::is_r16(m.weights().layers[0].wq.type)) << quant_name(m.weights().layers[0].wq.type);
@@ -404,7 +406,7 @@ TEST(CpuRepack, TiedEmbeddingIsReLaidOnceAndStillLooksUpRows) {
     for (int32_t i = 0; i < 21; ++i) prompt.push_back(1 + (i * 37) % 500);
     std::optional<GenerateOutput> out[2];
     ASSERT_NO_FATAL_FAILURE(
-        generate_with_both_layouts({.path = path, .threads = 2}, prompt, out, [](const LocalModel& m, bool repacked) {
+        generate_with_both_layouts({.path = path, .runtime = {.threads = 2}}, prompt, out, [](const LocalModel& m, bool repacked) {
           const ModelWeights& w = m.weights();
           EXPECT_EQ(w.lm_head.data, w.embed.data);
           EXPECT_EQ(cpu::is_r16(w.embed.type), repacked) << quant_name(w.embed.type);
@@ -435,14 +437,14 @@ TEST(TpSlice, QuantizedRowParallelSlicesFollowGroups) {
   ASSERT_TRUE(s.is_ok());
   const ModelConfig& c = (*s)->config();
   for (WeightQuant wq : {WeightQuant::kInt8, WeightQuant::kInt4}) {
-    auto full = bind_model_weights(**s, WeightLoadOptions{.quant = wq});
+    auto full = bind_model_weights(**s, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = wq});
     ASSERT_TRUE(full.is_ok());
     const std::vector<float> down = dequantize(full->layers[1].w_down);
     const std::vector<float> wo = dequantize(full->layers[0].wo);
     for (int rank = 0; rank < 2; ++rank) {
       auto layout = plan_shard_layout(c, TpConfig{rank, 2});
       ASSERT_TRUE(layout.is_ok());
-      auto again = bind_model_weights(**s, WeightLoadOptions{.quant = wq});
+      auto again = bind_model_weights(**s, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = wq});
       auto sw = slice_model_weights(std::move(*again), c, *layout);
       ASSERT_TRUE(sw.is_ok()) << sw.status().to_string();
       const TensorView& d = sw->weights.layers[1].w_down;
@@ -460,7 +462,7 @@ TEST(TpSlice, QuantizedRowParallelSlicesFollowGroups) {
     }
   }
   // TP 4: O's 256 input columns split in 64s, inside the groups of 128.
-  auto full = bind_model_weights(**s, WeightLoadOptions{.quant = WeightQuant::kInt4});
+  auto full = bind_model_weights(**s, WeightLoadOptions{.codec = &cpu_weight_codec(), .quant = WeightQuant::kInt4});
   auto layout = plan_shard_layout(c, TpConfig{1, 4});
   ASSERT_TRUE(layout.is_ok()) << layout.status().to_string();
   auto sw = slice_model_weights(std::move(*full), c, *layout);

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "tests/default_model_file.h"
 #include "local/local_model.h"
 #include "tests/shard/stories_reference.h"
@@ -47,13 +47,13 @@ SpeculationConfig self_draft(int32_t layers, int32_t depth = 4) {
 class SpeculationStoriesTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
+    TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
   }
   std::string model_path() const { return stories_dir() + "/" + GetParam(); }
 };
 
 TEST_P(SpeculationStoriesTest, GreedyIdsWithDraftsAreTheReferenceIds) {
-  auto model = LocalModel::load({.path = model_path(), .threads = 1});
+  auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 1}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   for (const int32_t depth : {1, 4, 8}) {
     for (const RefCase& c : load_cases()) {
@@ -82,7 +82,7 @@ TEST_P(SpeculationStoriesTest, SampledOutputsAreTheSameTokensWithAndWithoutDraft
   // Every row of a verified piece is drawn exactly as plain decoding draws it (same sampler
   // state, same seeded uniform for that output position), so each seed gives the same tokens:
   // the output distribution is unchanged, not just close. Penalties and truncation included.
-  auto model = LocalModel::load({.path = model_path(), .threads = 1});
+  auto model = LocalModel::load({.path = model_path(), .runtime = {.threads = 1}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   const std::vector<RefCase> cases = load_cases();
   int differing = 0, runs = 0;
@@ -135,8 +135,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, SpeculationStoriesTest,
 class SpeculationEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
-    auto model = LocalModel::load({.path = stories_dir() + "/hf", .threads = 1});
+    TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
+    auto model = LocalModel::load({.path = stories_dir() + "/hf", .runtime = {.threads = 1}});
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     model_ = std::move(model).value();
     auto tok = load_tokenizer_for_model(stories_dir() + "/hf");
@@ -300,7 +300,7 @@ std::pair<double, double> same_ids_with_drafts(LocalModel& model, const std::vec
 TEST(SpeculationGemmaTest, SameTokensOnTheDefaultModelWithManyDraftsKept) {
   const std::string path = testing::default_model_file();
   if (path.empty()) GTEST_SKIP() << "no default model file";
-  auto model = LocalModel::load({.path = path, .threads = 1});
+  auto model = LocalModel::load({.path = path, .runtime = {.threads = 1}});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   auto tok = load_tokenizer_for_model(path);
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
@@ -330,7 +330,7 @@ TEST(SpeculationGemmaTest, SelfDraftKeepsTheTokensOnTheDefaultModel) {
   if (path.empty()) GTEST_SKIP() << "no default model file";
   auto tok = load_tokenizer_for_model(path);
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
-  LocalModelOptions mo{.path = path, .threads = 1};
+  LocalModelOptions mo{.path = path, .runtime = {.threads = 1}};
   mo.draft = SelfDraftConfig{18, 16384, (*tok)->frequent_ids(16384)};
   auto model = LocalModel::load(mo);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
@@ -379,7 +379,7 @@ TEST_F(SpeculationEngineTest, DraftModeIsRefusedWithAClearError) {
 TEST_P(SpeculationStoriesTest, SelfDraftKeepsTheReferenceIds) {
   for (const int32_t layers : {5, 2}) {
     for (const int32_t vocab : {0, 64, 100000}) {
-      LocalModelOptions mo{.path = model_path(), .threads = 1};
+      LocalModelOptions mo{.path = model_path(), .runtime = {.threads = 1}};
       mo.draft = SelfDraftConfig{layers, vocab, {}};
       auto model = LocalModel::load(mo);
       ASSERT_TRUE(model.is_ok()) << model.status().to_string();
@@ -435,8 +435,8 @@ TEST_P(SpeculationStoriesTest, SelfDraftKeepsTheReferenceIds) {
 // kept a draft it should have rejected, or resampled wrongly after a rejection, would shift mass
 // toward the drafts. The seeds are fixed: the test is deterministic.
 TEST(SpeculationDistributionTest, SampledTokensFollowTheModelsDistribution) {
-  if (!fs::exists(stories_dir() + "/reference.json")) GTEST_SKIP() << "no test data at " << stories_dir();
-  LocalModelOptions mo{.path = stories_dir() + "/hf", .threads = 1};
+  TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
+  LocalModelOptions mo{.path = stories_dir() + "/hf", .runtime = {.threads = 1}};
   mo.draft = SelfDraftConfig{5, 100000, {}};
   auto model = LocalModel::load(mo);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();

@@ -1,6 +1,6 @@
-// The stories260K reference cases (../shared/testdata/stories260K/reference.json, written by an
-// independent implementation): prompt ids, greedy ids and the last position's logits. Shared by
-// the CPU and the CUDA forward-pass tests.
+// The stories260K reference cases (stories260K/reference.json in the reference test data,
+// tests/data/README.md; written by an independent implementation): prompt ids, greedy ids and the
+// last position's logits. Shared by the CPU and the CUDA forward-pass tests.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "tests/testdata.h"
 
 namespace tessera::test {
 

@@ -11,7 +11,7 @@
 #include <map>
 #include <vector>
 
-#include "comm/control_messages.h"
+#include "proto/control_messages.h"
 #include "shard/kv_cache.h"
 
 namespace tessera::test {

@@ -188,8 +188,8 @@ TEST_F(WindowPool, BackendReportsTheWindowAndRefusesAPoolWithoutOne) {
     auto comm = make_single_rank_comm();
     ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
     CpuBackendOptions o;
-    o.kv_dtype = KvDtype::kF16;
-    o.sparse.enabled = windowed;  // key summaries for its one global layer, billed per block
+    o.runtime.kv_dtype = KvDtype::kF16;
+    o.runtime.sparse.enabled = windowed;  // key summaries for its one global layer, billed per block
     CpuBackend backend(c, *layout, std::move(w).value(), &pool, comm.get(), o);
     auto m = backend.memory();
     ASSERT_TRUE(m.is_ok());

@@ -85,6 +85,23 @@ TEST(BuiltinChatTemplateTest, OnlyGemmaHasOne) {
   }
 }
 
+// The template a row of the architecture table names (model/architecture.h) is compiled in and
+// parses; a row that names none has none.
+TEST(BuiltinChatTemplateTest, EachArchitectureRowsTemplate) {
+  for (const ArchitectureTraits& row : kArchitectureTable) {
+    auto t = builtin_chat_template(row.arch);
+    if (row.builtin_chat_template.empty()) {
+      EXPECT_EQ(t.status().code(), StatusCode::kNotFound) << row.name;
+      EXPECT_NE(t.status().message().find(row.name), std::string::npos) << t.status().message();
+    } else {
+      EXPECT_TRUE(t.is_ok()) << row.name << ": " << t.status().to_string();
+      EXPECT_EQ(builtin_chat_template_source(row.arch), builtin_chat_template_source_by_name(row.builtin_chat_template));
+    }
+  }
+  EXPECT_FALSE(builtin_chat_template_source_by_name("").has_value());
+  EXPECT_FALSE(builtin_chat_template_source_by_name("no-such-template").has_value());
+}
+
 // The real file has no template of its own (so the server falls back to the built-in one), its
 // tokenizer reads the rendered turn markers as single tokens, and the prompt starts with exactly
 // one BOS (the server encodes rendered conversations without adding special tokens).

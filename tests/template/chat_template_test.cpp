@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "model/gguf.h"
 #include "template/jinja_interpreter.h"
+#include "tests/testdata.h"
 #include "tools/testmodel/gguf_writer.h"
 
 namespace tessera {
@@ -38,12 +39,16 @@ Json load_cases(const std::string& name) {
   return text.empty() ? Json::object() : Json::parse(text);
 }
 
-// The template source of a case, or nullopt when it lives in absent shared test data.
+// The template source of a case, or nullopt (a failure naming the file) when it lives in a
+// reference test-data file that is missing.
 std::optional<std::string> case_template(const Json& c, std::string* config_path) {
   if (c.contains("template")) return c["template"].get<std::string>();
   if (c.contains("template_file")) return read_file(kDataDir + "/" + c["template_file"].get<std::string>());
   const std::string path = testdata_dir() + "/" + c["template_testdata"].get<std::string>();
-  if (!std::filesystem::exists(path)) return std::nullopt;
+  if (!std::filesystem::exists(path)) {
+    ADD_FAILURE() << c["name"].get<std::string>() << ": " << test::missing_testdata(path);
+    return std::nullopt;
+  }
   if (config_path != nullptr) *config_path = path;
   static std::map<std::string, std::string> cache;  // tokenizer configs can be megabytes
   auto it = cache.find(path);
@@ -81,7 +86,6 @@ TEST(ChatTemplateTest, FamilyConversationsMatchReference) {
   const Json cases = load_cases("chat_cases.json");
   ASSERT_TRUE(cases.contains("cases"));
   int checked = 0;
-  int skipped = 0;
   std::map<std::string, ChatTemplate> parsed;  // by template reference; configs can be megabytes
   for (const Json& c : cases["cases"]) {
     const std::string ref = c.contains("template_file") ? c["template_file"].get<std::string>()
@@ -90,10 +94,7 @@ TEST(ChatTemplateTest, FamilyConversationsMatchReference) {
     if (it == parsed.end()) {
       std::string config_path;
       const auto source = case_template(c, &config_path);
-      if (!source) {
-        ++skipped;
-        continue;
-      }
+      if (!source) continue;
       // Templates from a tokenizer_config.json go through the loader, the others through parse().
       auto tmpl = config_path.empty() ? ChatTemplate::parse(*source) : ChatTemplate::from_tokenizer_config(config_path);
       ASSERT_TRUE(tmpl.is_ok()) << c["name"] << ": " << tmpl.status().to_string();
@@ -111,7 +112,6 @@ TEST(ChatTemplateTest, FamilyConversationsMatchReference) {
     check_outcome(c, out.status(), out.is_ok() ? &out.value() : nullptr);
     ++checked;
   }
-  if (checked == 0) GTEST_SKIP() << "shared test data absent (" << testdata_dir() << "); " << skipped << " cases skipped";
   EXPECT_GE(checked, 20);
 }
 
@@ -336,7 +336,7 @@ TEST_F(ChatTemplateFileTest, TokenizerConfigForms) {
 
 TEST_F(ChatTemplateFileTest, MistralTokenizerConfigHasNoTemplate) {
   const std::string path = testdata_dir() + "/tokenizers/mistral-spm/tokenizer_config.json";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared test data absent: " << path;
+  TESSERA_REQUIRE_TESTDATA(path);
   EXPECT_EQ(ChatTemplate::from_tokenizer_config(path).status().code(), StatusCode::kNotFound);
 }
 

@@ -20,6 +20,7 @@
 
 #include "common/env.h"
 #include "model/gguf.h"
+#include "tests/testdata.h"
 #include "tokenizer/unicode.h"
 #include "tools/testmodel/gguf_writer.h"
 
@@ -64,7 +65,10 @@ const Tokenizer* cached_tokenizer(const std::string& name) {
   auto it = cache.find(name);
   if (it != cache.end()) return it->second.get();
   const std::string path = tokenizer_dir(name) + "/tokenizer.json";
-  if (!fs::exists(path)) return nullptr;
+  if (!fs::exists(path)) {
+    ADD_FAILURE() << test::missing_testdata(path);
+    return nullptr;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Tokenizer::from_hf_file(path);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -101,7 +105,7 @@ class TokenizerVectors : public ::testing::TestWithParam<const char*> {};
 TEST_P(TokenizerVectors, MatchReference) {
   const std::string name = GetParam();
   const std::string vectors_path = tokenizer_dir(name) + "/vectors.jsonl";
-  if (!fs::exists(vectors_path)) GTEST_SKIP() << "no test data at " << vectors_path;
+  TESSERA_REQUIRE_TESTDATA(vectors_path);
   const Tokenizer* t = cached_tokenizer(name);
   ASSERT_NE(t, nullptr);
   const auto vectors = read_vectors(vectors_path);
@@ -113,7 +117,7 @@ TEST_P(TokenizerVectors, MatchReference) {
 TEST_P(TokenizerVectors, IncrementalDecoderMatchesDecode) {
   const std::string name = GetParam();
   const std::string vectors_path = tokenizer_dir(name) + "/vectors.jsonl";
-  if (!fs::exists(vectors_path)) GTEST_SKIP() << "no test data at " << vectors_path;
+  TESSERA_REQUIRE_TESTDATA(vectors_path);
   const Tokenizer* t = cached_tokenizer(name);
   ASSERT_NE(t, nullptr);
   std::vector<std::vector<int32_t>> sequences;
@@ -144,7 +148,7 @@ TEST_P(TokenizerVectors, IncrementalDecoderMatchesDecode) {
 TEST_P(TokenizerVectors, ConcurrentEncodeIsConsistent) {
   const std::string name = GetParam();
   const std::string vectors_path = tokenizer_dir(name) + "/vectors.jsonl";
-  if (!fs::exists(vectors_path)) GTEST_SKIP() << "no test data at " << vectors_path;
+  TESSERA_REQUIRE_TESTDATA(vectors_path);
   const Tokenizer* t = cached_tokenizer(name);
   ASSERT_NE(t, nullptr);
   const auto vectors = read_vectors(vectors_path);
@@ -180,7 +184,7 @@ TEST(Tokenizer, SpecialTokensAndLookups) {
       {"gemma3", 262145, 2, {106}, "<bos>", "<end_of_turn>"},
   };
   for (const Expect& e : cases) {
-    if (!fs::exists(tokenizer_dir(e.name))) continue;
+    TESSERA_REQUIRE_TESTDATA(tokenizer_dir(e.name));
     const Tokenizer* t = cached_tokenizer(e.name);
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(t->vocab_size(), e.vocab_size) << e.name;
@@ -197,14 +201,14 @@ TEST(Tokenizer, SpecialTokensAndLookups) {
     EXPECT_EQ(t->id_to_token(-5), "");
     EXPECT_EQ(t->id_to_token(t->vocab_size() + 10), "");
   }
-  if (const Tokenizer* t = fs::exists(tokenizer_dir("llama3")) ? cached_tokenizer("llama3") : nullptr) {
+  if (const Tokenizer* t = cached_tokenizer("llama3")) {
     const std::vector<int32_t> ids = {128000, 9906, 1917, 128001};
     EXPECT_EQ(t->decode(ids, false), "<|begin_of_text|>Hello world<|end_of_text|>");
     EXPECT_EQ(t->decode(ids, true), "Hello world");
     EXPECT_EQ(t->id_to_token(9906), "Hello");
     EXPECT_FALSE(t->is_special(9906));
   }
-  if (const Tokenizer* t = fs::exists(tokenizer_dir("qwen3")) ? cached_tokenizer("qwen3") : nullptr) {
+  if (const Tokenizer* t = cached_tokenizer("qwen3")) {
     // Non-special added tokens are matched in text but kept by skip_special.
     const auto ids = t->encode("<think>x</think>", false);
     ASSERT_GE(ids.size(), 3u);
@@ -229,7 +233,7 @@ TEST(Tokenizer, LongInputsRoundTrip) {
   std::string mixed;
   for (int i = 0; i < 2000; ++i) mixed += "ab\xC3\xA9 \xF0\x9F\x98\x80 \t";
   for (const char* name : kTokenizerNames) {
-    if (!fs::exists(tokenizer_dir(name))) continue;
+    TESSERA_REQUIRE_TESTDATA(tokenizer_dir(name));
     const Tokenizer* t = cached_tokenizer(name);
     ASSERT_NE(t, nullptr);
     for (const std::string* text : std::vector<const std::string*>{&prose, &no_spaces, &spaces, &mixed}) {
@@ -282,7 +286,7 @@ void check_stories(const Tokenizer& t, const std::string& what) {
 
 TEST(Tokenizer, Stories260KHf) {
   const std::string path = stories_dir() + "/hf/tokenizer.json";
-  if (!fs::exists(path)) GTEST_SKIP() << "no test data at " << path;
+  TESSERA_REQUIRE_TESTDATA(path);
   auto t = Tokenizer::from_hf_file(path);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   check_stories(**t, "stories260K tokenizer.json");
@@ -290,7 +294,7 @@ TEST(Tokenizer, Stories260KHf) {
 
 TEST(Tokenizer, Stories260KGguf) {
   const std::string path = stories_dir() + "/stories260K-f32.gguf";
-  if (!fs::exists(path)) GTEST_SKIP() << "no test data at " << path;
+  TESSERA_REQUIRE_TESTDATA(path);
   auto g = GgufFile::open(path);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   auto t = Tokenizer::from_gguf(**g);
@@ -303,7 +307,7 @@ TEST(Tokenizer, Stories260KGguf) {
 // in id order without its special tokens.
 TEST(Tokenizer, FrequentIds) {
   const std::string gguf_path = stories_dir() + "/stories260K-f32.gguf";
-  if (!fs::exists(gguf_path)) GTEST_SKIP() << "no test data at " << gguf_path;
+  TESSERA_REQUIRE_TESTDATA(gguf_path);
   auto g = GgufFile::open(gguf_path);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   auto t = Tokenizer::from_gguf(**g);
@@ -324,7 +328,7 @@ TEST(Tokenizer, FrequentIds) {
   EXPECT_EQ(std::set<int32_t>(ids.begin(), ids.end()).size(), ids.size());
   EXPECT_LE((*t)->frequent_ids(100000).size(), 512u);
   const std::string hf = testdata_dir() + "/tokenizers/llama3/tokenizer.json";
-  if (!fs::exists(hf)) return;
+  TESSERA_REQUIRE_TESTDATA(hf);
   auto l = Tokenizer::from_hf_file(hf);
   ASSERT_TRUE(l.is_ok()) << l.status().to_string();
   const std::vector<int32_t> first = (*l)->frequent_ids(300);
@@ -337,7 +341,7 @@ TEST(Tokenizer, FrequentIds) {
 }
 
 TEST(Tokenizer, LoadForModel) {
-  if (!fs::exists(stories_dir())) GTEST_SKIP() << "no test data at " << stories_dir();
+  TESSERA_REQUIRE_TESTDATA(stories_dir());
   for (const std::string& path : std::vector<std::string>{stories_dir() + "/hf", stories_dir() + "/hf/tokenizer.json",
                                  stories_dir() + "/stories260K-f32.gguf"}) {
     auto t = load_tokenizer_for_model(path);
@@ -423,7 +427,7 @@ TEST(Tokenizer, Gpt2GgufMatchesTokenizerJson) {
   const Case cases[] = {{"llama3", "llama-bpe", 128000, 128001}, {"qwen3", "qwen2", -1, 151645}};
   for (const auto& [name, pre, bos, eos] : cases) {
     const std::string dir = tokenizer_dir(name);
-    if (!fs::exists(dir + "/vectors.jsonl")) continue;
+    TESSERA_REQUIRE_TESTDATA(dir + "/vectors.jsonl");
     TempFile file(std::string(name) + ".gguf");
     Status s = write_gpt2_gguf(dir + "/tokenizer.json", pre, bos, eos, file.path());
     ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -623,7 +627,7 @@ TEST(Unicode, Utf8Repair) {
 }
 
 TEST(Tokenizer, InvalidUtf8InputIsRepaired) {
-  if (!fs::exists(tokenizer_dir("llama3"))) GTEST_SKIP() << "no llama3 tokenizer";
+  TESSERA_REQUIRE_TESTDATA(tokenizer_dir("llama3"));
   const Tokenizer* t = cached_tokenizer("llama3");
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->decode(t->encode("ok\xFF!", false)), "ok\xEF\xBF\xBD!");

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/scheduler_config.h"
+#include "engine/scheduler_config.h"
 #include "tune/block_size.h"
 
 namespace tessera {

@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/strings.h"
 #include "common/thread_pool.h"
 #include "kernels/quant.h"
 #include "model/int4_checkpoint.h"
@@ -235,32 +236,17 @@ QuantType gguf_type_of(const SyntheticModelSpec& spec, const TensorDef& def) {
     const bool more_bits = (def.role == "attn_v" || def.role == "ffn_down") && def.layer % 2 == 0;
     t = head || more_bits ? QuantType::kQ6_K : QuantType::kQ4_K;
   }
+  // A matrix whose columns fill no block of its format: the format's file_fallback (the
+  // table's column, llama.cpp's choice), else F16.
   const int64_t cols = def.info.shape.back();
-  if (cols % quant_traits(t).block_elems != 0) {
-    switch (t) {
-      case QuantType::kQ4_K: t = QuantType::kQ5_0; break;
-      case QuantType::kQ2_K:
-      case QuantType::kQ3_K: t = QuantType::kQ4_0; break;
-      case QuantType::kQ5_K:
-      case QuantType::kQ6_K: t = QuantType::kQ8_0; break;
-      default: break;
-    }
-  }
+  if (cols % quant_traits(t).block_elems != 0 && quant_traits(t).file_fallback != QuantType::kCount)
+    t = quant_traits(t).file_fallback;
   if (cols % quant_traits(t).block_elems != 0) t = QuantType::kF16;
   return t;
 }
 
-bool gguf_weight_type_ok(QuantType t) {
-  switch (t) {
-    case QuantType::kF32: case QuantType::kF16: case QuantType::kBF16: case QuantType::kQ8_0:
-    case QuantType::kQ4_0: case QuantType::kQ5_0: case QuantType::kQ4_K: case QuantType::kQ5_K:
-    case QuantType::kQ6_K: case QuantType::kQ2_K: case QuantType::kQ3_K: case QuantType::kTQ1_0:
-    case QuantType::kTQ2_0:
-      return true;
-    default:
-      return false;
-  }
-}
+// The formats a GGUF file of the writer holds throughout: those with a file_type.
+bool gguf_weight_type_ok(QuantType t) { return quant_traits(t).file_type >= 0; }
 
 // JSON numbers for float fields: the float's shortest decimal (1e-05, not 9.999999747378752e-06).
 double json_float(float f) { return std::stod(fmt::format("{}", f)); }
@@ -513,24 +499,20 @@ Result<QuantType> synthetic_gguf_tensor_type(const SyntheticModelSpec& spec, std
   return gguf_type_of(spec, *def);
 }
 
+std::vector<std::string> synthetic_weight_type_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < static_cast<int>(QuantType::kCount); ++i) {
+    const QuantTraits& tr = quant_traits(static_cast<QuantType>(i));
+    if (tr.file_type >= 0) names.push_back(ascii_lower(tr.name));
+  }
+  for (const char* n : {"q4_k_m", "awq", "gptq"}) names.emplace_back(n);
+  return names;
+}
+
 uint32_t synthetic_gguf_file_type(const SyntheticModelSpec& spec) {
   if (spec.gguf_mixed_q4_k_m) return 15;  // MOSTLY_Q4_K_M
-  switch (spec.weight_type) {
-    case QuantType::kF32: return 0;
-    case QuantType::kF16: return 1;
-    case QuantType::kQ4_0: return 2;
-    case QuantType::kQ8_0: return 7;
-    case QuantType::kQ5_0: return 8;
-    case QuantType::kQ4_K: return 14;  // MOSTLY_Q4_K_S: Q4_K throughout
-    case QuantType::kQ5_K: return 16;  // MOSTLY_Q5_K_S
-    case QuantType::kQ6_K: return 18;
-    case QuantType::kQ2_K: return 10;
-    case QuantType::kQ3_K: return 11;  // MOSTLY_Q3_K_S: Q3_K throughout
-    case QuantType::kBF16: return 32;
-    case QuantType::kTQ1_0: return 36;
-    case QuantType::kTQ2_0: return 37;
-    default: return 0;
-  }
+  const int file_type = quant_traits(spec.weight_type).file_type;  // the format's row (common/dtype.h)
+  return file_type >= 0 ? static_cast<uint32_t>(file_type) : 0;
 }
 
 // One linear layer in AWQ or GPTQ packing (see SyntheticModelSpec::hf_int4_packing).

@@ -53,10 +53,10 @@ struct SyntheticModelSpec {
   int64_t sliding_window_pattern = 6;
   bool tie_embeddings = false;
   uint64_t seed = 1234;
-  // HF: F32, F16 or BF16. GGUF: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K,
-  // TQ1_0, TQ2_0. A matrix whose rows are not a multiple of the type's block falls back as
-  // llama.cpp does: Q4_K -> Q5_0, Q5_K / Q6_K -> Q8_0, Q2_K / Q3_K -> Q4_0, 32-element types
-  // (and TQ1_0 / TQ2_0) -> F16.
+  // HF: F32, F16 or BF16. GGUF: every format with a file_type in common/dtype.h's table (the
+  // float ones and the GGUF block formats). A matrix whose rows are not a multiple of the type's
+  // block falls back as llama.cpp does, to the format's file_fallback (Q4_K -> Q5_0, Q5_K /
+  // Q6_K -> Q8_0, Q2_K / Q3_K -> Q4_0), else (32-element types, TQ1_0 / TQ2_0) to F16.
   QuantType weight_type = QuantType::kF32;
   // Tests: a GGUF block type here rounds every matrix through the type a GGUF file of
   // weight_type = grid_type would store it in (fallbacks included) before it is stored in
@@ -129,5 +129,10 @@ Result<QuantType> synthetic_gguf_tensor_type(const SyntheticModelSpec& spec, std
 
 // GGUF `general.file_type` (llama.cpp's LLAMA_FTYPE numbering) for the spec.
 uint32_t synthetic_gguf_file_type(const SyntheticModelSpec& spec);
+
+// The weight types tessera-make-model's --type takes, lower case, in the order of
+// common/dtype.h's table: the formats a GGUF file holds throughout (file_type >= 0; the float ones
+// also in HF directories), then the mixes and packings "q4_k_m", "awq" and "gptq".
+std::vector<std::string> synthetic_weight_type_names();
 
 }  // namespace tessera
