@@ -54,9 +54,15 @@ Result<Measured> measure_decode_steps(const MeasureArgs& a, int64_t context) {
   const int warmup = 2;
   TESSERA_ASSIGN_OR_RETURN(auto store, WeightStore::open(a.model));
   const ModelConfig& c = store->config();
-  if (context + warmup + out.steps + 1 > c.max_positions)
-    return Status::invalid_argument(fmt::format("--measure: context {} plus {} steps exceeds the model's {} positions",
-                                                context, warmup + out.steps, c.max_positions));
+  // A context at (or near) the model's length, the plan's default, is measured as far as the timed
+  // steps leave room: a few positions less (Measured::context says which).
+  if (context + warmup + out.steps + 1 > c.max_positions) {
+    if (context > c.max_positions || c.max_positions - warmup - out.steps - 1 < 1)
+      return Status::invalid_argument(fmt::format("--measure: context {} plus {} steps exceeds the model's {} positions",
+                                                  context, warmup + out.steps, c.max_positions));
+    context = c.max_positions - warmup - out.steps - 1;
+    out.context = context;
+  }
   const int hw = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   out.threads_per_rank = std::max(1, hw / a.tp);
   const int64_t tokens_per_seq = context + warmup + out.steps + 1;

@@ -3,7 +3,9 @@
 // own slice of the weights, KV cache and thread pool, exactly as `tessera generate` builds them.
 // The batch's KV cache is filled to the context with placeholder values (attention costs the same
 // whatever the keys hold), so no prefill is timed; then `steps` decode steps of `batch`
-// sequences, one token each, are timed after two warm-up steps.
+// sequences, one token each, are timed after two warm-up steps. A context that leaves no room for
+// those steps within the model's positions (the plan's default: the whole context) is measured
+// that many positions shorter; Measured::context is the one measured.
 #pragma once
 
 #include <cstdint>

@@ -40,5 +40,24 @@ TEST(MeasureStep, RunsEveryKvDtypeTheCpuStores) {
   }
 }
 
+// The plan's default context is the model's whole length: measured a few positions shorter, as
+// far as the timed steps leave room; a context past the model's length stays an error.
+TEST(MeasureStep, TheWholeContextIsMeasuredAsFarAsTheStepsLeaveRoom) {
+  loader_test::TempDir dir;
+  auto spec = synthetic_preset("tiny");
+  ASSERT_TRUE(spec.is_ok());
+  ASSERT_TRUE(write_synthetic_hf(*spec, dir.file("hf")).is_ok());
+  MeasureArgs a;
+  a.model = dir.file("hf");
+  a.threads = 1;
+  a.steps = 2;
+  auto m = measure_decode_steps(a, spec->max_positions);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->context, spec->max_positions - 2 - a.steps - 1);  // two warm-up steps, then the timed ones
+  auto past = measure_decode_steps(a, spec->max_positions + 1);
+  ASSERT_FALSE(past.is_ok());
+  EXPECT_NE(past.status().message().find("exceeds the model's"), std::string::npos) << past.status().to_string();
+}
+
 }  // namespace
 }  // namespace tessera::cli
