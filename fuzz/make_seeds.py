@@ -14,24 +14,22 @@ scratch folder.
   unpacked, one seed edited by hand, packed again; or only the control codec's seeds new,
   `build/bin/tessera_fuzz_control_seeds DIR/control_codec` first)
 
-The archives are deterministic, so one changes in git only when its seeds do: names sorted,
-every mtime 0, owner root with no user or group names, modes 0644 (files) and 0755 (folders),
-ustar headers, xz preset 9e with a CRC64 check (as tests/data/pack.py writes the test data).
+The archives are deterministic (tools/pack_archive.py, which also writes the test data's), so
+one changes in git only when its seeds do.
 """
 import argparse
-import io
 import json
-import lzma
 import os
 import shutil
 import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from pack_archive import write_archive  # noqa: E402
 SEP = b"\n\x00\n"  # splits an input in two documents (fuzz/fuzz_input.h)
 # The fuzz targets, as fuzz/CMakeLists.txt lists them: one archive each.
 TARGETS = ("gguf", "safetensors", "tokenizer_json", "chat_template", "control_codec", "http_request")
@@ -195,43 +193,14 @@ def http_seeds(root):
             f.write(data)
 
 
-def tar_bytes(root, target):
-    """An uncompressed tar of root/target/ (one folder of seeds, no subfolders): the folder, then
-    its files by name."""
-    folder = os.path.join(root, target)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in [""] + sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
-            info = tarfile.TarInfo(target + ("/" + name if name else ""))
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            if not name:
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-            elif os.path.isfile(path) and not os.path.islink(path):
-                info.mode = 0o644
-                info.size = os.path.getsize(path)
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                sys.exit(f"make_seeds: {path} is not a plain file")
-    return buf.getvalue()
-
-
 def pack(root, target):
     """Writes fuzz/corpus/<target>.tar.xz from root/<target>/."""
-    data = lzma.compress(tar_bytes(root, target), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64,
-                         preset=9 | lzma.PRESET_EXTREME)
     out = os.path.join(HERE, "corpus", target + ".tar.xz")
-    with open(out, "wb") as f:
-        f.write(data)
+    size_packed = write_archive(root, target, out)
     folder = os.path.join(root, target)
     files = os.listdir(folder)
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in files)
-    print(f"{target}: {len(files)} seeds, {size} bytes -> {os.path.relpath(out)} ({len(data)} bytes)")
+    print(f"{target}: {len(files)} seeds, {size} bytes -> {os.path.relpath(out)} ({size_packed} bytes)")
 
 
 def write_seeds(root, args):
