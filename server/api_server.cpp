@@ -487,60 +487,71 @@ struct ApiServer::Impl {
     json_ok(r, {{"prompt", tok->decode(ids)}});
   }
 
+  void health(const HttpRequest&, const std::shared_ptr<HttpResponder>& r) {
+    if (engine->draining()) {  // shutting down: send traffic elsewhere
+      r->respond(503, "application/json", dump({{"status", "draining"}, {"open_requests", engine->open_jobs()}}));
+      return;
+    }
+    if (engine->healthy()) return json_ok(r, {{"status", "ok"}});
+    // restarting: the shards failed and a new group is starting; failed: recovery gave up.
+    const RecoveryState rs = engine->recovery();
+    const char* status = rs == RecoveryState::kRestarting ? "restarting"
+                         : rs == RecoveryState::kFailed   ? "failed"
+                                                          : "unhealthy";
+    r->respond(503, "application/json", dump({{"status", status}, {"error", engine->failure()}}));
+  }
+
+  void models(const HttpRequest&, const std::shared_ptr<HttpResponder>& r) {
+    json_ok(r, {{"object", "list"},
+                {"data",
+                 {{{"id", o.model_name},
+                   {"object", "model"},
+                   {"created", unix_now()},
+                   {"owned_by", "tessera"},
+                   {"max_model_len", o.max_positions},
+                   {"chat_template", o.chat_template_source}}}}});
+  }
+
+  void prometheus(const HttpRequest&, const std::shared_ptr<HttpResponder>& r) {
+    r->respond(200, "text/plain; version=0.0.4", metrics->render() + (extra_metrics ? extra_metrics() : ""));
+  }
+
+  void tokenizer_info(const HttpRequest&, const std::shared_ptr<HttpResponder>& r) {
+    json_ok(r, {{"vocab_size", tok->vocab_size()},
+                {"bos_token", tok->bos_token()},
+                {"eos_token", tok->eos_token()},
+                {"bos_token_id", tok->bos_id()},
+                {"eos_token_ids", tok->eos_ids()},
+                {"has_chat_template", chat != nullptr},
+                {"chat_template", o.chat_template_source},
+                {"max_model_len", o.max_positions}});
+  }
+
+  // The routes: one row each (path, method, handler). A known path with another method is 405,
+  // an unknown path 404.
+  struct Route {
+    std::string_view path;
+    std::string_view method;
+    void (Impl::*handle)(const HttpRequest&, const std::shared_ptr<HttpResponder>&);
+  };
+  static constexpr Route kRoutes[] = {
+      {"/health", "GET", &Impl::health},
+      {"/v1/models", "GET", &Impl::models},
+      {"/metrics", "GET", &Impl::prometheus},
+      {"/tokenizer_info", "GET", &Impl::tokenizer_info},
+      {"/v1/completions", "POST", &Impl::completions},
+      {"/v1/chat/completions", "POST", &Impl::chat_completions},
+      {"/tokenize", "POST", &Impl::tokenize},
+      {"/detokenize", "POST", &Impl::detokenize},
+  };
+
   void route(const HttpRequest& req, std::shared_ptr<HttpResponder> r) {
-    const std::string& p = req.path;
-    const bool get = req.method == "GET", post = req.method == "POST";
-    if (p == "/health") {
-      if (!get) return error(r, 405, "use GET");
-      if (engine->draining()) {  // shutting down: send traffic elsewhere
-        r->respond(503, "application/json",
-                   dump({{"status", "draining"}, {"open_requests", engine->open_jobs()}}));
-        return;
-      }
-      if (engine->healthy()) return json_ok(r, {{"status", "ok"}});
-      // restarting: the shards failed and a new group is starting; failed: recovery gave up.
-      const RecoveryState rs = engine->recovery();
-      const char* status = rs == RecoveryState::kRestarting ? "restarting"
-                           : rs == RecoveryState::kFailed   ? "failed"
-                                                            : "unhealthy";
-      r->respond(503, "application/json", dump({{"status", status}, {"error", engine->failure()}}));
-      return;
+    for (const Route& route : kRoutes) {
+      if (route.path != req.path) continue;
+      if (route.method != req.method) return error(r, 405, fmt::format("use {}", route.method));
+      return (this->*route.handle)(req, r);
     }
-    if (p == "/v1/models") {
-      if (!get) return error(r, 405, "use GET");
-      return json_ok(r, {{"object", "list"},
-                         {"data",
-                          {{{"id", o.model_name},
-                            {"object", "model"},
-                            {"created", unix_now()},
-                            {"owned_by", "tessera"},
-                            {"max_model_len", o.max_positions},
-                            {"chat_template", o.chat_template_source}}}}});
-    }
-    if (p == "/metrics") {
-      if (!get) return error(r, 405, "use GET");
-      r->respond(200, "text/plain; version=0.0.4", metrics->render() + (extra_metrics ? extra_metrics() : ""));
-      return;
-    }
-    if (p == "/tokenizer_info") {
-      if (!get) return error(r, 405, "use GET");
-      return json_ok(r, {{"vocab_size", tok->vocab_size()},
-                         {"bos_token", tok->bos_token()},
-                         {"eos_token", tok->eos_token()},
-                         {"bos_token_id", tok->bos_id()},
-                         {"eos_token_ids", tok->eos_ids()},
-                         {"has_chat_template", chat != nullptr},
-                         {"chat_template", o.chat_template_source},
-                         {"max_model_len", o.max_positions}});
-    }
-    if (p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" || p == "/detokenize") {
-      if (!post) return error(r, 405, "use POST");
-      if (p == "/v1/completions") return completions(req, r);
-      if (p == "/v1/chat/completions") return chat_completions(req, r);
-      if (p == "/tokenize") return tokenize(req, r);
-      return detokenize(req, r);
-    }
-    error(r, 404, "no route for " + req.method + " " + p);
+    error(r, 404, "no route for " + req.method + " " + req.path);
   }
 };
 
