@@ -1,4 +1,4 @@
-// The decoder's layer graph, written once (ARCHITECTURE.md "One step", step 4): embedding, then per
+// The decoder's layer graph, written once (ARCHITECTURE.md "One step", step 3): embedding, then per
 // layer [norm -> QKV projection (+ bias, q/k norm) -> RoPE + KV write + paged attention -> O
 // projection -> all-reduce (-> post-norm) -> residual add + norm -> gate/up projection -> gated
 // activation -> down projection -> all-reduce (-> post-norm) -> residual add + next norm], the

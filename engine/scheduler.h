@@ -1,4 +1,4 @@
-// The continuous-batching scheduler (ARCHITECTURE.md "One step", step 3): decides, step by step, which sequences run,
+// The continuous-batching scheduler (ARCHITECTURE.md "One step", step 2): decides, step by step, which sequences run,
 // which tokens of each are computed, and which KV blocks they use, and emits the StepPlan the
 // shards execute (proto/control_messages.h, proto/README.md).
 //

@@ -1,4 +1,4 @@
-// The scheduler's knobs (ARCHITECTURE.md "One step", step 3) as ONE table. Each row is a fact every other place reads:
+// The scheduler's knobs (ARCHITECTURE.md "One step", step 2) as ONE table. Each row is a fact every other place reads:
 // the config struct's field and its default (the interactive profile), the offline profile's
 // value, the valid range, and the help text. From it come the fields of SchedulerConfig and
 // SpeculationConfig, the JSON keys of a scheduler-config file, the command-line flags of

@@ -1,4 +1,4 @@
-// The decoder forward pass on CPU (ARCHITECTURE.md "One step", step 4) for one shard: the CPU backend
+// The decoder forward pass on CPU (ARCHITECTURE.md "One step", step 3) for one shard: the CPU backend
 // of the decoder (decoder/decoder.h walks the layers; this class holds the activations, runs
 // the ops with the CPU kernels, writes the KV cache and computes the LM head).
 //

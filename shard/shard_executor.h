@@ -1,4 +1,4 @@
-// Executes StepPlans on one shard (ARCHITECTURE.md "One step", steps 2-4 on the shard's side): the
+// Executes StepPlans on one shard (ARCHITECTURE.md "One step", step 3 on the shard's side): the
 // per-sequence state a shard keeps between steps (tokens, block table, sampler), the plan's
 // bookkeeping (new sequences, finished ones, block copies), the forward pass on the backend and
 // the choice of each sampled token. Every rank of a TP group runs the same plan on the same
