@@ -14,8 +14,9 @@ TEST(HugePages, LargeBuffersAreAlignedAndUsable) {
   for (size_t n : {size_t{100}, kHugePageMinBytes - 1, kHugePageMinBytes, size_t{5} << 20, (size_t{6} << 20) + 12345}) {
     WeightBytes b(n);
     ASSERT_EQ(b.size(), n);
-    if (n >= kHugePageMinBytes && huge_pages_enabled())
+    if (n >= kHugePageMinBytes && huge_pages_enabled()) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kHugePageBytes, 0u) << n;
+    }
     EXPECT_EQ(b.front(), 0);
     EXPECT_EQ(b.back(), 0);
     std::iota(b.begin(), b.end(), uint8_t{0});

@@ -323,7 +323,9 @@ TEST(Tokenizer, FrequentIds) {
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_FALSE((*t)->is_special(ids[i]));
     EXPECT_EQ((*t)->id_to_token(ids[i]).rfind("<0x", 0), std::string::npos) << "a byte token: " << ids[i];
-    if (i > chars) EXPECT_GE((*scores)[static_cast<size_t>(ids[i - 1])], (*scores)[static_cast<size_t>(ids[i])]) << i;
+    if (i > chars) {
+      EXPECT_GE((*scores)[static_cast<size_t>(ids[i - 1])], (*scores)[static_cast<size_t>(ids[i])]) << i;
+    }
   }
   EXPECT_EQ(std::set<int32_t>(ids.begin(), ids.end()).size(), ids.size());
   EXPECT_LE((*t)->frequent_ids(100000).size(), 512u);
@@ -334,9 +336,11 @@ TEST(Tokenizer, FrequentIds) {
   const std::vector<int32_t> first = (*l)->frequent_ids(300);
   ASSERT_EQ(first.size(), 300u);
   // Byte-level BPE: its printable single characters (ids 0..93), then the rest in id order.
-  for (size_t i = 1; i < first.size(); ++i)
-    if ((*l)->id_to_token(first[i]).size() > 1 && (*l)->id_to_token(first[i - 1]).size() > 1)
+  for (size_t i = 1; i < first.size(); ++i) {
+    if ((*l)->id_to_token(first[i]).size() > 1 && (*l)->id_to_token(first[i - 1]).size() > 1) {
       EXPECT_LT(first[i - 1], first[i]) << "id order";
+    }
+  }
   EXPECT_TRUE(std::set<int32_t>(first.begin(), first.end()).count(0));
 }
 
