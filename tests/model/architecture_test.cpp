@@ -133,6 +133,14 @@ TEST(ArchitectureTable, EveryRowRoundTripsThroughItsGgufNames) {
   }
 }
 
+TEST(ArchitectureTable, LocalLayerRowsHaveHooks) {
+  for (const ArchitectureTraits& row : kArchitectureTable) {
+    if (row.sliding_window != SlidingWindowRule::kLocalLayers) continue;
+    EXPECT_NE(row.hf_config_hook, nullptr) << row.name << ": kLocalLayers needs hf_config_hook";
+    EXPECT_NE(row.gguf_config_hook, nullptr) << row.name << ": kLocalLayers needs gguf_config_hook";
+  }
+}
+
 TEST(ArchitectureTable, SlidingWindowRule) {
   TempDir dir;
   for (const ArchitectureTraits& row : kArchitectureTable) {
