@@ -57,6 +57,8 @@ struct Engine::SeqState {
   int32_t cls = 0;                      // traffic class for the speculation gate (its priority)
   int64_t next_prompt_logprob_pos = 1;  // prompt logprobs already passed on end here (recomputes repeat them)
   WallClock::time_point last_token;
+  std::unique_ptr<GrammarMatcher> matcher;  // structured outputs: where the output is in its grammar
+  std::vector<uint32_t> mask;               // the matcher's next mask (reused)
 };
 
 void declare_engine_metrics(MetricsRegistry& m) {
@@ -120,6 +122,9 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_histogram("tessera_class_queue_time_seconds", "Arrival to first scheduled step, by priority class",
                       latency_buckets_s());
   m.declare_histogram("tessera_step_seconds", "Wall time of one step", latency_buckets_s());
+  m.declare_histogram("tessera_grammar_mask_seconds",
+                      "Structured outputs: time to compute one sequence's token mask for a step",
+                      {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1});
   m.declare_histogram("tessera_prompt_length_tokens", "Prompt length", token_buckets());
   m.declare_histogram("tessera_output_length_tokens", "Output length", token_buckets());
 }
@@ -248,6 +253,11 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     r.reuse_cached_prefix = !job->job.want_prompt_logprobs;
     r.priority = std::min(job->job.priority, options_.scheduler.priority_classes - 1);
     s->spec = job->job.speculation.value_or(options_.scheduler.speculation.mode);
+    if (job->job.grammar) {
+      s->matcher = job->job.grammar->matcher();
+      s->mask.resize(static_cast<size_t>(job->job.grammar->mask_words()));
+      s->spec = SpecMode::kOff;  // drafts are not checked against the grammar yet
+    }
     s->cls = r.priority;
     if (s->spec != SpecMode::kOff) ++speculating_;
     r.arrival = job->arrival;
@@ -375,6 +385,11 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
       continue;
     }
     const Job& job = s.job->job;
+    if (s.matcher && !s.matcher->accept(t.token)) {
+      finish_seq(s, "error", fmt::format("the model produced token {}, which the request's {} does not allow here",
+                                         t.token, grammar_kind_name(job.grammar->spec().kind)));
+      continue;
+    }
     ++s.generated;
     metrics_.add("tessera_generation_tokens_total");
     if (s.generated == 1) {
@@ -395,7 +410,9 @@ void Engine::handle_tokens(const StepPlan& plan, const StepResult& result) {
     const bool can_stop = s.generated >= job.min_tokens;
     const bool eos = std::find(options_.eos_ids.begin(), options_.eos_ids.end(), t.token) != options_.eos_ids.end();
     std::optional<std::string> reason;
-    if (eos && !job.ignore_eos && can_stop) {
+    if (s.matcher && s.matcher->terminated()) {
+      reason = "stop";  // the grammar is complete and took its stop token (also with ignore_eos)
+    } else if (eos && !job.ignore_eos && can_stop) {
       reason = "stop";
     } else {
       if (s.decoder) ev.text = s.stop.push(s.decoder->push(t.token));
@@ -476,7 +493,7 @@ void Engine::propose_drafts() {
     const SeqState& s = *it->second;
     const Job& job = s.job->job;
     // Until min_tokens, EOS is banned at this step only: no drafts (their rows would need it too).
-    if (s.finished || s.spec == SpecMode::kOff || s.prompt_only || s.generated < job.min_tokens) continue;
+    if (s.finished || s.spec == SpecMode::kOff || s.prompt_only || s.generated < job.min_tokens || s.matcher) continue;
     const std::vector<int32_t>& tokens = scheduler_->tokens(id);
     int64_t most = job.max_tokens - s.generated - 1;
     if (options_.max_positions > 0)
@@ -508,6 +525,11 @@ void Engine::step() {
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
     // min_tokens: EOS cannot be sampled before the request has that many output tokens.
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
+    if (q.sample && s.matcher) {
+      const auto m0 = WallClock::now();
+      if (s.matcher->fill_mask(s.mask)) q.token_mask = s.mask;
+      metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
+    }
   }
   const auto t0 = WallClock::now();
   auto result = shards_->run_step(*plan);

@@ -28,6 +28,7 @@
 #include "engine/speculation.h"
 #include "engine/step_features.h"
 #include "engine/step_executor.h"
+#include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -66,6 +67,9 @@ struct Job {
   // Speculative decoding for this request (engine/speculation.h); none: the scheduler
   // config's mode. kDraft needs a draft proposer, which this engine does not have yet.
   std::optional<SpecMode> speculation;
+  // Structured outputs: every choice's tokens follow this grammar (compiled for the model's
+  // vocabulary; grammar/grammar.h). Its sequences take no drafts.
+  std::shared_ptr<const CompiledGrammar> grammar;
   std::function<void(const JobEvent&)> on_event;  // engine thread; called until each choice finishes
 };
 

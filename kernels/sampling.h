@@ -125,6 +125,11 @@ inline double sampling_exp(double x) {
   return underflow ? 0.0 : p * scale;
 }
 
+// Structured outputs: sets to -inf every logit whose bit in `mask` is clear (bit b of word w is
+// token 32w + b, set = allowed; proto/control_messages.h's ScheduledSequence::token_mask).
+// Ids past the mask are left out too. Words that allow all 32 tokens are skipped.
+void apply_token_mask(std::span<const uint32_t> mask, std::span<float> logits);
+
 // Log-probability of `token` under log-softmax(logits) and the n_top most likely tokens
 // (descending, ties by lower id): what prompt logprobs (`echo` with `logprobs`) report. Raw
 // logits, no penalties or temperature. id of the result is `token`.

@@ -18,7 +18,9 @@ if [ "${TESSERA_CCACHE:-1}" != "0" ] && command -v ccache > /dev/null; then
   export CCACHE_BASEDIR="$(pwd)" CCACHE_NOHASHDIR=true CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
   LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${LAUNCHER[@]}" "$@"
+# The grammar library's source (structured outputs), fetched once through pip.
+XGRAMMAR_DIR=$(bash scripts/fetch_xgrammar.sh)
+cmake -S . -B "$BUILD_DIR" -G Ninja -DTESSERA_XGRAMMAR_DIR="$XGRAMMAR_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${LAUNCHER[@]}" "$@"
 TARGET_ARGS=()
 [ -n "${BUILD_TARGETS:-}" ] && TARGET_ARGS=(--target $BUILD_TARGETS)
 if [ "${TESSERA_FAIL_ON_WARNINGS:-0}" != "1" ]; then

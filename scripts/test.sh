@@ -14,8 +14,8 @@ bash scripts/install_deps.sh
 
 echo "== Python environment for the API tests (.venv) and the default model =="
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check openai pytest
+if ! .venv/bin/python -c "import openai, pytest, jsonschema" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check openai pytest jsonschema
 fi
 # Tests that need the real default model (Gemma 3 270M) read its path from here; they skip
 # when it is unset and the file is absent.

@@ -4,7 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 #include "common/logging.h"
 #include "server/openai_protocol.h"
@@ -289,6 +293,101 @@ struct ApiServer::Impl {
   std::function<std::string()> extra_metrics;
   std::unique_ptr<HttpServer> http;
 
+  // Structured outputs. The loop thread never compiles or waits: a grammar not in the cache is
+  // compiled on the grammar threads (which wait up to --grammar-compile-timeout), which then
+  // submit the job or answer 400. The compiler (the vocabulary's token tables, ~1 s for 262k
+  // tokens) is made by the first request that needs one.
+  std::mutex grammar_mu;  // guards grammar_queue, grammar_stop, grammar_threads, making the compiler
+  std::condition_variable grammar_cv;
+  std::deque<std::function<void()>> grammar_queue;
+  std::vector<std::thread> grammar_threads;
+  bool grammar_stop = false;
+  std::unique_ptr<GrammarCompiler> grammar_compiler;
+  std::atomic<GrammarCompiler*> grammar_ready{nullptr};
+  Status grammar_error;
+  std::atomic<int64_t> grammar_hits_reported{0};
+  static constexpr int kGrammarThreads = 4;
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(grammar_mu);
+      grammar_stop = true;
+    }
+    grammar_cv.notify_all();
+    for (std::thread& t : grammar_threads) t.join();
+  }
+
+  void grammar_post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(grammar_mu);
+    if (grammar_threads.empty())
+      for (int i = 0; i < kGrammarThreads; ++i)
+        grammar_threads.emplace_back([this] {
+          for (;;) {
+            std::function<void()> t;
+            {
+              std::unique_lock<std::mutex> l(grammar_mu);
+              grammar_cv.wait(l, [this] { return grammar_stop || !grammar_queue.empty(); });
+              if (grammar_queue.empty()) return;  // stopping
+              t = std::move(grammar_queue.front());
+              grammar_queue.pop_front();
+            }
+            try {
+              t();
+            } catch (const std::exception& e) {
+              TESSERA_LOG_ERROR("structured output task threw: {}", e.what());
+            }
+          }
+        });
+    grammar_queue.push_back(std::move(task));
+    grammar_cv.notify_one();
+  }
+
+  // Grammar threads only: the compiler, made on first use.
+  Result<GrammarCompiler*> compiler() {
+    if (GrammarCompiler* c = grammar_ready.load()) return c;
+    std::lock_guard<std::mutex> lock(grammar_mu);  // the other grammar threads wait for it
+    if (!grammar_compiler && grammar_error.is_ok()) {
+      GrammarCompilerOptions go = o.grammar;
+      MetricsRegistry* m = metrics;
+      go.on_compiled = [m](double s) { m->observe("tessera_grammar_compile_seconds", s); };
+      const int64_t vocab = o.model_vocab > 0 ? o.model_vocab : tok->vocab_size();
+      auto c = GrammarCompiler::create(*tok, vocab, o.eos_ids.empty() ? tok->eos_ids() : o.eos_ids, go);
+      if (c.is_ok()) {
+        grammar_compiler = std::move(*c);
+        grammar_ready = grammar_compiler.get();
+      } else {
+        grammar_error = c.status();
+      }
+    }
+    if (!grammar_error.is_ok()) return grammar_error;
+    return grammar_compiler.get();
+  }
+
+  // Submits `job` with the request's grammar: at once when it is cached, else from a grammar
+  // thread once compiled; a grammar that cannot be compiled (or not in time) is a 400 naming the
+  // field it came from.
+  void submit_with_grammar(Job job, const GenerationParams& p, const std::shared_ptr<HttpResponder>& r) {
+    if (!p.grammar) return submit(std::move(job), r);
+    if (GrammarCompiler* c = grammar_ready.load()) {
+      if (auto g = c->cached(*p.grammar)) {
+        job.grammar = std::move(g);
+        return submit(std::move(job), r);
+      }
+    }
+    auto shared_job = std::make_shared<Job>(std::move(job));
+    grammar_post([this, shared_job, spec = *p.grammar, field = p.grammar_field, r] {
+      auto c = compiler();
+      if (!c.is_ok()) return error(r, 400, "structured outputs: " + c.status().message(), field);
+      auto g = (*c)->compile(spec);
+      if (!g.is_ok()) {
+        metrics->add("tessera_grammar_refused_total");
+        return error(r, 400, fmt::format("{}: {}", field, g.status().message()), field);
+      }
+      shared_job->grammar = std::move(*g);
+      submit(std::move(*shared_job), r);
+    });
+  }
+
   void error(const std::shared_ptr<HttpResponder>& r, int status, const std::string& message,
              const std::string& param = "") {
     HttpHeaders headers;
@@ -377,7 +476,7 @@ struct ApiServer::Impl {
     fill_job(job, c.params, logprobs, c.logprobs);
     job.want_prompt_logprobs = c.echo && logprobs;
     job.on_event = [builder](const JobEvent& ev) { builder->on_event(ev); };
-    submit(std::move(job), r);
+    submit_with_grammar(std::move(job), c.params, r);
   }
 
   void fill_job(Job& job, const GenerationParams& p, bool logprobs, int32_t top_n) {
@@ -420,7 +519,7 @@ struct ApiServer::Impl {
     for (int32_t k = 0; k < c.params.n; ++k) job.sequences.push_back({ids, k});
     fill_job(job, c.params, c.logprobs, c.top_logprobs);
     job.on_event = [builder](const JobEvent& ev) { builder->on_event(ev); };
-    submit(std::move(job), r);
+    submit_with_grammar(std::move(job), c.params, r);
   }
 
   // The "model" of a /tokenize or /detokenize body: absent or null is "", anything but a string a 400.
@@ -513,6 +612,11 @@ struct ApiServer::Impl {
   }
 
   void prometheus(const HttpRequest&, const std::shared_ptr<HttpResponder>& r) {
+    if (GrammarCompiler* c = grammar_ready.load()) {
+      const int64_t hits = c->stats().cache_hits;
+      const int64_t before = grammar_hits_reported.exchange(hits);
+      if (hits > before) metrics->add("tessera_grammar_cache_hits_total", static_cast<double>(hits - before));
+    }
     r->respond(200, "text/plain; version=0.0.4", metrics->render() + (extra_metrics ? extra_metrics() : ""));
   }
 
@@ -569,6 +673,13 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
   impl->chat = chat_template;
   impl->metrics = &metrics;
   impl->extra_metrics = std::move(extra_metrics);
+  metrics.declare_histogram("tessera_grammar_compile_seconds",
+                            "Structured outputs: time to compile a schema, regex or grammar (cache misses)",
+                            {1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0});
+  metrics.declare_counter("tessera_grammar_cache_hits_total",
+                          "Structured-output requests whose grammar was compiled already (or being compiled)");
+  metrics.declare_counter("tessera_grammar_refused_total",
+                          "Structured-output requests refused by the compiler (unsupported, invalid, over the time budget)");
   HttpServerOptions ho;
   ho.host = options.host;
   ho.port = options.port;

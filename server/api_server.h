@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "server/http_server.h"
 #include "engine/metrics.h"
+#include "grammar/grammar.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,6 +28,11 @@ struct ApiServerOptions {
   // Where the chat template came from ("model", "builtin:gemma3", "--chat-template PATH"; "" when
   // none), reported by /v1/models and /tokenizer_info.
   std::string chat_template_source;
+  // Structured outputs: the logits' width and the stop tokens the grammars are compiled for
+  // (the compiler is made on the first request that asks for one), and its limits.
+  int64_t model_vocab = 0;
+  std::vector<int32_t> eos_ids;
+  GrammarCompilerOptions grammar;
 };
 
 class ApiServer {

@@ -98,6 +98,90 @@ Status parse_logit_bias(const json& j, std::vector<std::pair<int32_t, float>>& o
   return Status::ok();
 }
 
+// A schema given as an object, or as a string holding one (vLLM accepts both).
+Result<std::string> schema_text(const json& v, const std::string& field) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) {
+    json parsed = json::parse(v.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean()))
+      return field_error(field, "must be a JSON schema (an object, or a string holding one)");
+    return parsed.dump();
+  }
+  return field_error(field, "must be a JSON schema (an object, or a string holding one)");
+}
+
+// The one structured-output constraint of a request, from whichever field gives it:
+// response_format (OpenAI), guided_json / guided_regex / guided_choice / guided_grammar, or
+// structured_outputs {json, regex, choice, grammar} (vLLM). Two of them is an error.
+Status parse_structured_output(const json& j, GenerationParams& p) {
+  auto set = [&](const std::string& field, GrammarKind kind, std::string source) -> Status {
+    if (p.grammar)
+      return field_error(field, fmt::format("a request takes one output constraint; '{}' was given too", p.grammar_field));
+    GrammarSpec spec;
+    spec.kind = kind;
+    spec.source = std::move(source);
+    p.grammar = std::move(spec);
+    p.grammar_field = field;
+    return Status::ok();
+  };
+  if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
+    if (!rf->is_object()) return field_error("response_format", "must be an object with a 'type'");
+    auto t = rf->find("type");
+    const std::string type = t != rf->end() && t->is_string() ? t->get<std::string>() : "";
+    if (type == "json_object") {
+      TESSERA_RETURN_IF_ERROR(set("response_format", GrammarKind::kJsonObject, ""));
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        return field_error("response_format", "type 'json_schema' needs a 'json_schema' object with a 'schema'");
+      auto schema = js->find("schema");
+      if (schema == js->end() || schema->is_null())
+        return field_error("response_format", "json_schema.schema is required");
+      TESSERA_ASSIGN_OR_RETURN(std::string text, schema_text(*schema, "response_format"));
+      TESSERA_RETURN_IF_ERROR(set("response_format", GrammarKind::kJsonSchema, std::move(text)));
+      bool strict = false;
+      TESSERA_RETURN_IF_ERROR(get_bool(*js, "strict", strict));
+      p.grammar->strict = strict;
+    } else if (type != "text") {
+      return field_error("response_format",
+                         fmt::format("type '{}' is not supported: use \"text\", \"json_object\" or \"json_schema\"", type));
+    }
+  }
+  auto guided = [&](const json& obj, const std::string& prefix, const char* json_key, const char* regex_key,
+                    const char* choice_key, const char* grammar_key) -> Status {
+    if (auto v = obj.find(json_key); v != obj.end() && !v->is_null()) {
+      TESSERA_ASSIGN_OR_RETURN(std::string text, schema_text(*v, prefix + json_key));
+      TESSERA_RETURN_IF_ERROR(set(prefix + json_key, GrammarKind::kJsonSchema, std::move(text)));
+      p.grammar->strict = true;  // vLLM's guided JSON: no properties beyond the schema's
+    }
+    if (auto v = obj.find(regex_key); v != obj.end() && !v->is_null()) {
+      if (!v->is_string() || v->get<std::string>().empty())
+        return field_error(prefix + regex_key, "must be a non-empty string (a regular expression)");
+      TESSERA_RETURN_IF_ERROR(set(prefix + regex_key, GrammarKind::kRegex, v->get<std::string>()));
+    }
+    if (auto v = obj.find(choice_key); v != obj.end() && !v->is_null()) {
+      if (!v->is_array() || v->empty())
+        return field_error(prefix + choice_key, "must be a non-empty list of strings");
+      for (const json& c : *v)
+        if (!c.is_string() || c.get<std::string>().empty())
+          return field_error(prefix + choice_key, fmt::format("must hold non-empty strings, not {}", c.dump()));
+      TESSERA_RETURN_IF_ERROR(set(prefix + choice_key, GrammarKind::kChoice, v->dump()));
+    }
+    if (auto v = obj.find(grammar_key); v != obj.end() && !v->is_null()) {
+      if (!v->is_string() || v->get<std::string>().empty())
+        return field_error(prefix + grammar_key, "must be a non-empty string (an EBNF grammar with a 'root' rule)");
+      TESSERA_RETURN_IF_ERROR(set(prefix + grammar_key, GrammarKind::kEbnf, v->get<std::string>()));
+    }
+    return Status::ok();
+  };
+  TESSERA_RETURN_IF_ERROR(guided(j, "", "guided_json", "guided_regex", "guided_choice", "guided_grammar"));
+  if (auto so = j.find("structured_outputs"); so != j.end() && !so->is_null()) {
+    if (!so->is_object()) return field_error("structured_outputs", "must be an object");
+    TESSERA_RETURN_IF_ERROR(guided(*so, "structured_outputs.", "json", "regex", "choice", "grammar"));
+  }
+  return Status::ok();
+}
+
 Status parse_common(const json& j, GenerationParams& p) {
   TESSERA_RETURN_IF_ERROR(get_string(j, "model", p.model));
   TESSERA_RETURN_IF_ERROR(get_int(j, "max_tokens", p.max_tokens, 0, int64_t{1} << 40));
@@ -147,16 +231,7 @@ Status parse_common(const json& j, GenerationParams& p) {
     return field_error("speculation", fmt::format("must be \"off\", \"auto\", \"ngram\" or \"draft\", got \"{}\"",
                                                   p.speculation));
   TESSERA_RETURN_IF_ERROR(parse_logit_bias(j, s.logit_bias));
-  if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
-    std::string type;
-    if (rf->is_object())
-      if (auto t = rf->find("type"); t != rf->end() && t->is_string()) type = t->get<std::string>();
-    if (type != "text")
-      return field_error("response_format",
-                         fmt::format("type '{}' is not supported: there is no constrained (JSON) decoding; only "
-                                     "{{\"type\": \"text\"}}",
-                                     type));
-  }
+  TESSERA_RETURN_IF_ERROR(parse_structured_output(j, p));
   return Status::ok();
 }
 

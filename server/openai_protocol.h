@@ -11,6 +11,7 @@
 
 #include "common/sampling_params.h"
 #include "common/status.h"
+#include "grammar/grammar.h"
 
 namespace tessera {
 
@@ -39,6 +40,10 @@ struct GenerationParams {
   bool include_usage = false;
   int32_t priority = 0;              // 0: interactive (default), larger: lower priority
   std::string speculation;           // "off" | "auto" | "ngram" | "draft"; empty: the server's setting
+  // Structured outputs (response_format json_object / json_schema, or vLLM's guided_* and
+  // structured_outputs fields); grammar_field names the field it came from, for errors.
+  std::optional<GrammarSpec> grammar;
+  std::string grammar_field;
 };
 
 struct CompletionRequest {

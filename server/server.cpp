@@ -364,6 +364,9 @@ int run_server(const ServerOptions& o) {
   ao.max_body_bytes = o.max_body_bytes;
   ao.max_positions = config.max_positions;
   ao.chat_template_source = served_chat->source;
+  ao.model_vocab = config.vocab;
+  ao.eos_ids = eo.eos_ids;
+  ao.grammar.compile_timeout = std::chrono::milliseconds(o.grammar_compile_timeout_ms);
   const SchedulerConfig sched = o.scheduler;
   auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
                               [sched, block = o.block_size, source = o.block_size_source, reason = o.block_size_reason] {

@@ -91,6 +91,11 @@ struct ServerCli {
                    "restart a failed shard group (with backoff) at most this many times in a row (0: never)")
         ->check(CLI::Range(0, 1000))
         ->capture_default_str();
+    app.add_option("--grammar-compile-timeout", o.grammar_compile_timeout_ms,
+                   "milliseconds a structured-output request's schema, regex or grammar may take to compile "
+                   "(beyond: 400; the compilation finishes in the background and is cached)")
+        ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+        ->capture_default_str();
     app.add_option("--shutdown-grace", o.shutdown_grace_s,
                    "seconds the requests in flight get to finish after SIGTERM / SIGINT (new ones get 503)")
         ->check(CLI::Range(0.0, 86400.0))

@@ -88,6 +88,15 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
                                                   s.start_pos, s.start_pos + s.num_tokens, n_tokens));
     }
     TESSERA_RETURN_IF_ERROR(validate_window_blocks(s, it->second));
+    if (!s.token_mask.empty()) {
+      const int64_t words = (config_.vocab + 31) / 32;
+      if (!s.sample || !s.draft_tokens.empty())
+        return Status::invalid_argument(
+            fmt::format("sequence {}: a token mask is for one sampled row (no drafts)", s.seq_id));
+      if (static_cast<int64_t>(s.token_mask.size()) != words)
+        return Status::invalid_argument(fmt::format("sequence {}: token mask of {} words, the vocabulary ({}) needs {}",
+                                                    s.seq_id, s.token_mask.size(), config_.vocab, words));
+    }
   }
   return Status::ok();
 }
@@ -248,7 +257,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
 // (take_greedy); one with shard drafts does not (the drafter computed its rows on the host).
 bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.banned_tokens.empty()) return false;
+    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.token_mask.empty()) return false;
     if (!q.draft_tokens.empty() && q.draft_tokens.front() == kShardDraftToken) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
@@ -266,7 +275,8 @@ bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
 bool ShardExecutor::device_sampling_rows(const StepPlan& plan) {
   sample_requests_.clear();
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.draft_tokens.empty()) return false;
+    // A token mask is applied on the host for now (the device sampler takes banned ids only).
+    if (q.prompt_logprobs || !q.draft_tokens.empty() || !q.token_mask.empty()) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
     if (it == sequences_.end()) return false;
@@ -381,14 +391,15 @@ void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> 
   if (st.window_block_table.size() > keep) st.window_block_table.resize(keep);
 }
 
-// One row's token drawn on the host: the row observer sees the logits, banned ids go to -inf,
-// then the sequence's sampler draws (and counts) the token.
+// One row's token drawn on the host: the row observer sees the logits, banned ids and the ids a
+// token mask leaves out go to -inf, then the sequence's sampler draws (and counts) the token.
 SampledToken ShardExecutor::sample_row(const ScheduledSequence& q, SequenceState& st, float* logits) {
   const int64_t vocab = config_.vocab;
   if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
   for (const int32_t id : q.banned_tokens) {
     if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
   }
+  if (!q.token_mask.empty()) apply_token_mask(q.token_mask, std::span<float>(logits, static_cast<size_t>(vocab)));
   return st.sampler->sample(logits, vocab, backend_.host_pool());
 }
 

@@ -571,4 +571,17 @@ SampledToken token_logprobs(const float* logits, int64_t vocab, int32_t token, i
   return t;
 }
 
+void apply_token_mask(std::span<const uint32_t> mask, std::span<float> logits) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t n = logits.size();
+  for (size_t w = 0; w < mask.size() && w * 32 < n; ++w) {
+    const uint32_t bits = mask[w];
+    if (bits == 0xffffffffu) continue;
+    const size_t end = std::min(n, w * 32 + 32);
+    for (size_t i = w * 32; i < end; ++i)
+      if (!((bits >> (i - w * 32)) & 1u)) logits[i] = kNegInf;
+  }
+  for (size_t i = mask.size() * 32; i < n; ++i) logits[i] = kNegInf;
+}
+
 }  // namespace tessera

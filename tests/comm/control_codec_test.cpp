@@ -21,6 +21,7 @@ StepPlan sample_plan() {
   p.scheduled.push_back({7, 0, 4, true, {0, 1}, false});
   p.scheduled.push_back({9, 17, 1, true, {}, true});
   p.scheduled.back().banned_tokens = {2, 31999};
+  p.scheduled.back().token_mask = {0xffffffffu, 0x5u, 0u};
   p.finished = {3, 4};
   p.block_copies = {{5, 6}};
   return p;
@@ -45,6 +46,8 @@ TEST(ControlCodecTest, StepPlanRoundTrips) {
   EXPECT_TRUE(p.scheduled[1].reset_blocks);
   EXPECT_TRUE(p.scheduled[0].banned_tokens.empty());
   EXPECT_EQ(p.scheduled[1].banned_tokens, (std::vector<int32_t>{2, 31999}));
+  EXPECT_TRUE(p.scheduled[0].token_mask.empty());
+  EXPECT_EQ(p.scheduled[1].token_mask, (std::vector<uint32_t>{0xffffffffu, 0x5u, 0u}));
   EXPECT_EQ(p.finished, (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(p.block_copies[0].dst, 6);
 }

@@ -295,7 +295,8 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
         (json.dumps({"prompt": "x", "logit_bias": [1, 2]}).encode(), 400, "logit_bias"),
         (json.dumps({"prompt": "x", "best_of": 3}).encode(), 400, "best_of"),
         (json.dumps({"prompt": "x", "suffix": "end"}).encode(), 400, "suffix"),
-        (json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), 400, "response_format"),
+        (json.dumps({"prompt": "x", "response_format": {"type": "xml"}}).encode(), 400, "response_format"),
+        (json.dumps({"prompt": "x", "response_format": {"type": "json_schema"}}).encode(), 400, "response_format"),
         (json.dumps({"prompt": "x", "response_format": "json"}).encode(), 400, "response_format"),
         (b"x" * (10 * 1024 * 1024), 413, None),
     ]
@@ -470,7 +471,8 @@ def test_fuzzed_requests_get_an_answer_and_never_a_500(stories_server):
               "logprobs", "top_logprobs", "echo", "stream_options", "logit_bias", "presence_penalty",
               "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens", "priority", "model", "best_of",
               "suffix", "response_format", "tools", "max_completion_tokens", "tool_choice", "tokens",
-              "add_special_tokens", "add_generation_prompt"]
+              "add_special_tokens", "add_generation_prompt", "guided_json", "guided_regex", "guided_choice",
+              "guided_grammar", "structured_outputs"]
     for _ in range(300):
         path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
         body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "Once"}

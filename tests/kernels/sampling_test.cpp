@@ -651,3 +651,40 @@ TEST(SamplingTopP, NucleusFromBucketsEqualsTheGeneralPath) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Structured outputs: a token mask leaves only the allowed ids, also past the last full word,
+// and a sampler then draws only among them whatever the temperature.
+TEST(TokenMask, DisallowedLogitsBecomeMinusInfinity) {
+  std::vector<float> logits(70, 1.0f);
+  logits[5] = 9.0f;  // the favourite, not allowed
+  std::vector<uint32_t> mask = {0xffffffffu, 0u, 0u};
+  mask[0] &= ~(1u << 5);
+  mask[2] = 1u << 3;  // token 67
+  apply_token_mask(mask, logits);
+  for (int i = 0; i < 70; ++i) {
+    const bool allowed = (i < 32 && i != 5) || i == 67;
+    EXPECT_EQ(std::isinf(logits[static_cast<size_t>(i)]), !allowed) << i;
+  }
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.seed = 7;
+  p.has_seed = true;
+  Sampler s(p);
+  std::vector<float> only(70, 0.0f);
+  std::vector<uint32_t> one = {0u, 0u, 1u << 3};
+  for (int k = 0; k < 20; ++k) {
+    std::vector<float> row = only;
+    apply_token_mask(one, row);
+    EXPECT_EQ(s.sample(row.data(), 70, nullptr).id, 67);
+  }
+  // A short mask leaves out every id past it.
+  std::vector<float> wide(40, 0.0f);
+  apply_token_mask(std::vector<uint32_t>{0xffffffffu}, wide);
+  EXPECT_TRUE(std::isinf(wide[32]) && std::isinf(wide[39]) && !std::isinf(wide[31]));
+}
+
+}  // namespace
+}  // namespace tessera

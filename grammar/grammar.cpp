@@ -1,0 +1,330 @@
+#include "grammar/grammar.h"
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <future>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xgrammar/xgrammar.h>
+
+#include "common/sha256.h"
+#include "grammar/schema_check.h"
+
+namespace tessera {
+
+const char* grammar_kind_name(GrammarKind kind) {
+  switch (kind) {
+    case GrammarKind::kJsonObject: return "json_object";
+    case GrammarKind::kJsonSchema: return "json_schema";
+    case GrammarKind::kRegex: return "regex";
+    case GrammarKind::kChoice: return "choice";
+    case GrammarKind::kEbnf: return "grammar";
+  }
+  return "?";
+}
+
+std::string GrammarSpec::key() const {
+  return fmt::format("{}/{}{}/{}", grammar_kind_name(kind), compact_json ? 'c' : 'w', strict ? 's' : 'l',
+                     sha256_hex(source));
+}
+
+namespace {
+
+// The regex that matches exactly `text`: every character that is not a letter, a digit or a
+// byte of a multi-byte UTF-8 character is escaped.
+std::string regex_literal(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || c >= 0x80 || c == ' ') {
+      out += ch;
+    } else if (c < 0x20) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += '\\';
+      out += ch;
+    }
+  }
+  return out;
+}
+
+class XgMatcher final : public GrammarMatcher {
+ public:
+  XgMatcher(const xgrammar::CompiledGrammar& g, int64_t vocab)
+      : matcher_(g), vocab_(vocab) {}
+  bool accept(int32_t token) override {
+    if (token < 0 || token >= vocab_) return false;
+    return matcher_.AcceptToken(token);
+  }
+  bool fill_mask(std::span<uint32_t> mask) override {
+    int64_t shape = static_cast<int64_t>(mask.size());
+    DLTensor t{};
+    t.data = mask.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = DLDataType{kDLInt, 32, 1};
+    t.shape = &shape;
+    t.strides = nullptr;
+    t.byte_offset = 0;
+    return matcher_.FillNextTokenBitmask(&t);
+  }
+  std::string forced_string() override { return matcher_.FindJumpForwardString(); }
+  void rollback(int n) override { matcher_.Rollback(n); }
+  bool terminated() const override { return matcher_.IsTerminated(); }
+  bool completed() const override { return matcher_.IsCompleted(); }
+
+ private:
+  xgrammar::GrammarMatcher matcher_;
+  int64_t vocab_;
+};
+
+class XgCompiledGrammar final : public CompiledGrammar {
+ public:
+  XgCompiledGrammar(GrammarSpec spec, xgrammar::CompiledGrammar compiled, int64_t vocab)
+      : spec_(std::move(spec)), compiled_(std::move(compiled)), vocab_(vocab) {}
+  const GrammarSpec& spec() const override { return spec_; }
+  size_t memory_bytes() const override { return compiled_.MemorySizeBytes(); }
+  std::unique_ptr<GrammarMatcher> matcher() const override { return std::make_unique<XgMatcher>(compiled_, vocab_); }
+  int64_t vocab() const override { return vocab_; }
+
+ private:
+  GrammarSpec spec_;
+  xgrammar::CompiledGrammar compiled_;
+  int64_t vocab_;
+};
+
+class XgCompiler final : public GrammarCompiler {
+ public:
+  XgCompiler(xgrammar::TokenizerInfo info, int64_t vocab, const GrammarCompilerOptions& options)
+      : compiler_(info, std::max(1, options.threads), /*cache_enabled=*/false), vocab_(vocab), options_(options) {
+    for (int32_t i = 0; i < std::max(1, options.threads); ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~XgCompiler() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  Result<std::shared_ptr<const CompiledGrammar>> compile(const GrammarSpec& spec) override {
+    if (spec.kind == GrammarKind::kJsonSchema) {
+      Status s = check_json_schema(spec.source);
+      if (!s.is_ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.refused;
+        return s;
+      }
+    }
+    const std::string key = spec.key();
+    std::shared_future<Outcome> future;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) {
+        ++stats_.cache_hits;
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        future = it->second.future;
+      } else {
+        auto task = std::make_shared<std::packaged_task<Outcome()>>([this, spec] { return build(spec); });
+        future = task->get_future().share();
+        lru_.push_front(key);
+        cache_.emplace(key, Entry{future, lru_.begin(), 0});
+        queue_.push_back([this, task, key] {
+          (*task)();
+          settle(key);
+        });
+        cv_.notify_one();
+      }
+    }
+    if (future.wait_for(options_.compile_timeout) != std::future_status::ready) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.refused;
+      return Status::deadline_exceeded(fmt::format(
+          "compiling the {} took longer than the {} ms budget (--grammar-compile-timeout); it goes on in the "
+          "background and a later request with the same {} will not wait for it",
+          grammar_kind_name(spec.kind), options_.compile_timeout.count(), grammar_kind_name(spec.kind)));
+    }
+    const Outcome& o = future.get();
+    if (!o.error.is_ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.refused;
+      return o.error;
+    }
+    return std::shared_ptr<const CompiledGrammar>(o.grammar);
+  }
+
+  std::shared_ptr<const CompiledGrammar> cached(const GrammarSpec& spec) override {
+    const std::string key = spec.key();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it == cache_.end() || it->second.future.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      return nullptr;
+    const Outcome& o = it->second.future.get();
+    if (!o.error.is_ok()) return nullptr;
+    ++stats_.cache_hits;
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return o.grammar;
+  }
+  int64_t vocab() const override { return vocab_; }
+  GrammarCompileStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  struct Outcome {
+    Status error;
+    std::shared_ptr<const XgCompiledGrammar> grammar;
+  };
+  struct Entry {
+    std::shared_future<Outcome> future;
+    std::list<std::string>::iterator lru;
+    size_t bytes = 0;
+  };
+
+  Outcome build(const GrammarSpec& spec) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Outcome o = build_timed(spec);
+    if (options_.on_compiled)
+      options_.on_compiled(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return o;
+  }
+
+  Outcome build_timed(const GrammarSpec& spec) {
+    const char* what = grammar_kind_name(spec.kind);
+    try {
+      std::optional<xgrammar::CompiledGrammar> g;
+      const std::optional<int> no_indent;
+      switch (spec.kind) {
+        case GrammarKind::kJsonObject:
+          g = compiler_.CompileJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
+                                          /*strict_mode=*/false);
+          break;
+        case GrammarKind::kJsonSchema:
+          g = compiler_.CompileJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
+          break;
+        case GrammarKind::kRegex:
+          g = compiler_.CompileRegex(spec.source);
+          break;
+        case GrammarKind::kChoice: {
+          nlohmann::json choices = nlohmann::json::parse(spec.source, nullptr, false);
+          if (!choices.is_array() || choices.empty())
+            return {Status::invalid_argument("the choices must be a non-empty list of strings"), nullptr};
+          std::string regex;
+          for (size_t i = 0; i < choices.size(); ++i) {
+            if (!choices[i].is_string())
+              return {Status::invalid_argument(fmt::format("choice [{}] is not a string: {}", i, choices[i].dump())),
+                      nullptr};
+            regex += (i ? "|" : "") + std::string("(") + regex_literal(choices[i].get<std::string>()) + ")";
+          }
+          g = compiler_.CompileRegex(regex);
+          break;
+        }
+        case GrammarKind::kEbnf:
+          g = compiler_.CompileGrammar(spec.source, "root");
+          break;
+      }
+      auto out = std::make_shared<XgCompiledGrammar>(spec, std::move(*g), vocab_);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.compiled;
+      return {Status::ok(), std::move(out)};
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      // xgrammar's messages may carry a source location and a trailing newline.
+      while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+      return {Status::invalid_argument(fmt::format("the {} cannot be compiled: {}", what, msg)), nullptr};
+    }
+  }
+
+  // A finished compilation: its size counts against the cache; errors are not kept (the same
+  // request gets the same error again, and a fixed one compiles).
+  void settle(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it == cache_.end()) return;
+    const Outcome& o = it->second.future.get();
+    if (!o.error.is_ok()) {
+      lru_.erase(it->second.lru);
+      cache_.erase(it);
+      return;
+    }
+    it->second.bytes = o.grammar->memory_bytes();
+    bytes_ += it->second.bytes;
+    while (bytes_ > static_cast<size_t>(std::max<int64_t>(0, options_.cache_bytes)) && lru_.size() > 1) {
+      auto victim = cache_.find(lru_.back());
+      if (victim != cache_.end()) {
+        if (victim->second.future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) break;
+        bytes_ -= victim->second.bytes;
+        cache_.erase(victim);
+      }
+      lru_.pop_back();
+    }
+  }
+
+  void work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+
+  xgrammar::GrammarCompiler compiler_;
+  int64_t vocab_;
+  GrammarCompilerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::unordered_map<std::string, Entry> cache_;
+  std::list<std::string> lru_;  // most recently used first
+  size_t bytes_ = 0;
+  GrammarCompileStats stats_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tokenizer, int64_t model_vocab,
+                                                                 std::vector<int32_t> stop_ids,
+                                                                 const GrammarCompilerOptions& options) {
+  if (model_vocab <= 0) return Status::invalid_argument(fmt::format("model vocabulary {}: must be positive", model_vocab));
+  // Tokens past the logits (a tokenizer's added tokens the model has no row for, Gemma 3's
+  // image token) can never be sampled: only the first model_vocab ids are the grammar's.
+  const auto n = static_cast<int32_t>(std::min<int64_t>(tokenizer.vocab_size(), model_vocab));
+  // Each token as the bytes it adds to text that already has some (special tokens: none, which
+  // the grammar engine never allows inside the output).
+  std::vector<std::string> vocab(static_cast<size_t>(n));
+
+  for (int32_t id = 0; id < n; ++id) {
+    if (tokenizer.is_special(id)) continue;
+    const int32_t one[1] = {id};
+    vocab[static_cast<size_t>(id)] = tokenizer.decode_raw(one, /*skip_special=*/false, /*continuation=*/true);
+  }
+  std::erase_if(stop_ids, [&](int32_t id) { return id < 0 || id >= model_vocab; });
+  if (stop_ids.empty()) return Status::invalid_argument("structured outputs need an end-of-sequence token");
+  try {
+    xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, static_cast<int>(model_vocab), stop_ids, false);
+    return std::unique_ptr<GrammarCompiler>(new XgCompiler(std::move(info), model_vocab, options));
+  } catch (const std::exception& e) {
+    return Status::internal(fmt::format("the grammar engine refused the vocabulary: {}", e.what()));
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,234 @@
+// Structured outputs' grammar layer over real vocabularies (Gemma 3's 262,144 tokens, stories260K's
+// 512): every token a walk takes is one the mask allowed, and the text the walk ends with parses
+// and matches; refusals name the keyword and its JSON path.
+#include "grammar/grammar.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <regex>
+#include <nlohmann/json.hpp>
+
+#include "grammar/schema_check.h"
+#include "tests/testdata.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera {
+namespace {
+
+struct Vocab {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<GrammarCompiler> compiler;
+};
+
+// Gemma 3's tokenizer has one token more than the model's 262,144 logits (the image token).
+Vocab load(const std::string& path, GrammarCompilerOptions options = {}, int64_t model_vocab = 262144) {
+  Vocab v;
+  auto t = Tokenizer::from_hf_file(path);
+  EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+  if (!t.is_ok()) return v;
+  v.tokenizer = std::move(*t);
+  std::vector<int32_t> stop = v.tokenizer->eos_ids();
+  auto c = GrammarCompiler::create(*v.tokenizer, model_vocab, stop, options);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  if (c.is_ok()) v.compiler = std::move(*c);
+  return v;
+}
+
+std::string gemma_path() { return testdata_dir() + "/tokenizers/gemma3/tokenizer.json"; }
+
+bool allowed(const std::vector<uint32_t>& mask, int32_t id) { return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u; }
+
+// A walk through the grammar: at each step the allowed token whose text is longest (ties: the
+// lowest id), or a stop token once the grammar is complete. Returns the text; fails when a step
+// offers nothing or the walk does not end within max_steps.
+std::string walk(const Vocab& v, const CompiledGrammar& g, int max_steps = 400) {
+  auto m = g.matcher();
+  std::vector<uint32_t> mask(static_cast<size_t>(v.compiler->mask_words()));
+  std::vector<int32_t> ids;
+  for (int step = 0; step < max_steps; ++step) {
+    m->fill_mask(mask);
+    int32_t pick = -1;
+    size_t best = 0;
+    const std::vector<int32_t> eos = v.tokenizer->eos_ids();
+    if (m->completed()) {
+      for (int32_t e : eos)
+        if (allowed(mask, e)) pick = e;
+    }
+    if (pick < 0) {
+      for (int32_t id = 0; id < v.compiler->vocab(); ++id) {
+        if (!allowed(mask, id) || v.tokenizer->is_special(id)) continue;
+        const int32_t one[1] = {id};
+        const size_t n = v.tokenizer->decode_raw(one, false, true).size();
+        if (n > best) best = n, pick = id;
+      }
+    }
+    EXPECT_GE(pick, 0) << "no token allowed after " << ids.size() << " tokens";
+    if (pick < 0) break;
+    EXPECT_TRUE(m->accept(pick)) << pick;
+    if (m->terminated()) return v.tokenizer->decode(ids);
+    ids.push_back(pick);
+  }
+  ADD_FAILURE() << "the walk did not end in " << max_steps << " steps: " << v.tokenizer->decode(ids);
+  return v.tokenizer->decode(ids);
+}
+
+TEST(Grammar, JsonSchemaWalkOnGemmaVocabularyValidates) {
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  Vocab v = load(gemma_path());
+  ASSERT_TRUE(v.compiler);
+  EXPECT_EQ(v.compiler->vocab(), 262144);
+  GrammarSpec spec;
+  spec.kind = GrammarKind::kJsonSchema;
+  spec.source = R"({"type": "object", "properties": {
+      "color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"},
+      "n": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"const": "x"}},
+    "required": ["color", "ok", "n", "tag"], "additionalProperties": false})";
+  auto g = v.compiler->compile(spec);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const std::string text = walk(v, **g);
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j.size(), 4u) << text;
+  EXPECT_TRUE(j["ok"].is_boolean()) << text;
+  EXPECT_EQ(j["tag"], "x") << text;
+  EXPECT_TRUE(j["n"].is_number_integer() && j["n"].get<int>() >= 0 && j["n"].get<int>() <= 99) << text;
+  const std::string color = j["color"].get<std::string>();
+  EXPECT_TRUE(color == "red" || color == "green" || color == "blue") << text;
+}
+
+TEST(Grammar, MaskAllowsOnlyWhatTheGrammarAccepts) {
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  Vocab v = load(gemma_path());
+  ASSERT_TRUE(v.compiler);
+  GrammarSpec spec;
+  spec.kind = GrammarKind::kRegex;
+  spec.source = "[0-9]{3}-[a-z]+";
+  auto g = v.compiler->compile(spec);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto m = (*g)->matcher();
+  std::vector<uint32_t> mask(static_cast<size_t>(v.compiler->mask_words()));
+  EXPECT_TRUE(m->fill_mask(mask));  // a real restriction
+  int64_t n_allowed = 0;
+  for (uint32_t w : mask) n_allowed += std::popcount(w);
+  EXPECT_GT(n_allowed, 0);
+  EXPECT_LT(n_allowed, 2000);
+  // Every allowed token's text is digits only (at most three of them), and a rejected token
+  // does not move the matcher.
+  for (int32_t id = 0; id < v.compiler->vocab(); ++id) {
+    if (!allowed(mask, id)) continue;
+    const int32_t one[1] = {id};
+    const std::string t = v.tokenizer->decode_raw(one, false, true);
+    EXPECT_TRUE(!t.empty() && t.size() <= 3 && t.find_first_not_of("0123456789") == std::string::npos) << id << " '" << t << "'";
+  }
+  const auto letter = v.tokenizer->encode("a", false);
+  ASSERT_EQ(letter.size(), 1u);
+  EXPECT_FALSE(m->accept(letter[0]));
+  const std::string text = walk(v, **g);
+  EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{3}-[a-z]+"))) << text;
+}
+
+TEST(Grammar, ChoiceAndEbnfAndJsonObject) {
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  Vocab v = load(gemma_path());
+  ASSERT_TRUE(v.compiler);
+  GrammarSpec choice{GrammarKind::kChoice, R"j(["yes (sure)", "no.", "a\\b"])j"};
+  auto g = v.compiler->compile(choice);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const std::string c = walk(v, **g);
+  EXPECT_TRUE(c == "yes (sure)" || c == "no." || c == "a\\b") << c;
+
+  GrammarSpec ebnf{GrammarKind::kEbnf, R"(root ::= "answer: " [0-9] [0-9]?)"};
+  g = v.compiler->compile(ebnf);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  EXPECT_TRUE(std::regex_match(walk(v, **g), std::regex("answer: [0-9][0-9]?")));
+
+  GrammarSpec object{GrammarKind::kJsonObject, ""};
+  g = v.compiler->compile(object);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto m = (*g)->matcher();
+  std::vector<uint32_t> mask(static_cast<size_t>(v.compiler->mask_words()));
+  m->fill_mask(mask);
+  for (int32_t id = 0; id < v.compiler->vocab(); ++id) {
+    if (!allowed(mask, id)) continue;
+    const int32_t one[1] = {id};
+    EXPECT_EQ(v.tokenizer->decode_raw(one, false, true).front(), '{') << id;
+  }
+}
+
+TEST(Grammar, RefusalsNameTheProblem) {
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  Vocab v = load(gemma_path());
+  ASSERT_TRUE(v.compiler);
+  auto refused = [&](GrammarKind kind, const std::string& source) {
+    auto g = v.compiler->compile(GrammarSpec{kind, source});
+    EXPECT_FALSE(g.is_ok()) << source;
+    return g.is_ok() ? std::string() : g.status().message();
+  };
+  EXPECT_EQ(refused(GrammarKind::kJsonSchema,
+                    R"({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true}}})"),
+            "$.properties.tags.uniqueItems: 'uniqueItems' is not supported (array items are generated independently)");
+  // A property named like a keyword is a name, not the keyword.
+  EXPECT_TRUE(v.compiler->compile(GrammarSpec{GrammarKind::kJsonSchema,
+                                              R"({"type": "object", "properties": {"not": {"type": "integer"}}})"})
+                  .is_ok());
+  EXPECT_NE(refused(GrammarKind::kJsonSchema, R"({"type": "string", "format": "credit-card"})").find(
+                "$.format: format 'credit-card' is not supported"),
+            std::string::npos);
+  EXPECT_NE(refused(GrammarKind::kJsonSchema, R"({"anyOf": [{"type": "number", "multipleOf": 0.5}]})")
+                .find("$.anyOf[0].multipleOf"),
+            std::string::npos);
+  EXPECT_NE(refused(GrammarKind::kJsonSchema, "{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(refused(GrammarKind::kRegex, "(unclosed").find("regex cannot be compiled"), std::string::npos);
+  EXPECT_NE(refused(GrammarKind::kEbnf, "root ::= ").find("grammar cannot be compiled"), std::string::npos);
+  EXPECT_NE(refused(GrammarKind::kChoice, "[]").find("non-empty list"), std::string::npos);
+  EXPECT_EQ(v.compiler->stats().refused, 7);
+}
+
+TEST(Grammar, CacheSharesOneCompilationAndTheBudgetRefusesLateOnes) {
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  GrammarCompilerOptions options;
+  options.compile_timeout = std::chrono::milliseconds(0);
+  Vocab v = load(gemma_path(), options);
+  ASSERT_TRUE(v.compiler);
+  GrammarSpec spec{GrammarKind::kJsonSchema, R"({"type": "object", "properties": {"a": {"type": "string"}}})"};
+  // No time at all: refused (the compilation itself goes on).
+  auto late = v.compiler->compile(spec);
+  ASSERT_FALSE(late.is_ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("--grammar-compile-timeout"), std::string::npos);
+
+  Vocab w = load(gemma_path());
+  ASSERT_TRUE(w.compiler);
+  auto a = w.compiler->compile(spec);
+  auto b = w.compiler->compile(spec);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(w.compiler->stats().compiled, 1);
+  EXPECT_EQ(w.compiler->stats().cache_hits, 1);
+  spec.strict = false;  // another key
+  auto c = w.compiler->compile(spec);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_NE(a->get(), c->get());
+}
+
+TEST(Grammar, SmallVocabularyWithModelPadding) {
+  const std::string path = testdata_dir() + "/stories260K/hf/tokenizer.json";
+  TESSERA_REQUIRE_TESTDATA(path);
+  auto t = Tokenizer::from_hf_file(path);
+  ASSERT_TRUE(t.is_ok());
+  // Logits wider than the vocabulary: the padding ids are never allowed.
+  auto c = GrammarCompiler::create(**t, 520, (*t)->eos_ids(), {});
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ((*c)->mask_words(), 17);
+  auto g = (*c)->compile(GrammarSpec{GrammarKind::kJsonSchema, R"({"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]})"});
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto m = (*g)->matcher();
+  std::vector<uint32_t> mask(17);
+  m->fill_mask(mask);
+  for (int32_t id = 512; id < 520; ++id) EXPECT_FALSE(allowed(mask, id)) << id;
+  EXPECT_FALSE(m->accept(515));
+}
+
+}  // namespace
+}  // namespace tessera

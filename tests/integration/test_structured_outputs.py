@@ -1,0 +1,155 @@
+"""Structured outputs through `tessera serve` with the official `openai` client: every output of
+a constrained request, greedy and sampled, streamed and not, parses and validates with PyPI's
+`jsonschema` (or matches its regex, choice or grammar); what the grammar engine cannot enforce
+is refused with a 400 that names it.
+
+Served model: stories260K (the reference test data). Its outputs are near-random text, which
+makes it a hard client for a grammar: every token it would pick on its own is likely wrong.
+"""
+import json
+import os
+import re
+
+import jsonschema
+import pydantic
+import pytest
+
+from tessera_server import HERE, STORIES, Server, require_stories, sse_events
+
+
+@pytest.fixture(scope="module")
+def server():
+    require_stories(os.path.join(STORIES, "hf"))
+    s = Server(os.path.join(STORIES, "hf"),
+               extra=["--chat-template", os.path.join(HERE, "data", "stories_chat_template.jinja")])
+    yield s
+    s.stop()
+
+
+# Schemas whose every instance is short (bounded strings, numbers, arrays), so that an output
+# always fits in max_tokens: what is tested is the grammar, not the model's taste.
+SCHEMAS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"color": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "minimum": -5, "maximum": 40},
+                    "tag": {"const": "v1"}},
+     "required": ["color", "n", "tag"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 6},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}},
+     "required": ["name", "tags"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"},
+                    "kind": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "null"}]}},
+     "required": ["id", "kind"], "additionalProperties": False},
+    {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                          "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["x", "y"], "additionalProperties": False}},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/point"}, "b": {"$ref": "#/$defs/point"}},
+     "required": ["a", "b"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"when": {"type": "string", "format": "date"}, "score": {"type": "number", "minimum": 0,
+                                                                             "maximum": 1}},
+     "required": ["when"], "additionalProperties": False},
+]
+
+
+def response_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_json_schema_outputs_validate(server, index, temperature):
+    schema = SCHEMAS[index]
+    r = server.client.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": "Once upon a time"}], max_tokens=120,
+        temperature=temperature, seed=index, response_format=response_format(schema))
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("index", [1, 2, 4])
+def test_streamed_json_schema_equals_the_whole_answer(server, index):
+    schema = SCHEMAS[index]
+    body = {"model": "test-model", "prompt": "Lily", "max_tokens": 120, "temperature": 0.7, "seed": 3,
+            "guided_json": schema}
+    whole = server.client.completions.create(**{k: v for k, v in body.items() if k != "guided_json"},
+                                             extra_body={"guided_json": schema})
+    events = sse_events(server.base, body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert streamed == whole.choices[0].text
+    jsonschema.validate(json.loads(streamed), schema)
+
+
+def test_json_object_and_n_choices(server):
+    r = server.client.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": "Tom had a"}], max_tokens=60, n=3,
+        temperature=1.0, seed=11, response_format={"type": "json_object"})
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.message.content), dict), c.message.content
+        else:  # an open-ended object may run to max_tokens; what there is still starts one
+            assert c.finish_reason == "length" and c.message.content.startswith("{"), c.message.content
+
+
+def test_regex_choice_and_grammar(server):
+    r = server.client.completions.create(model="test-model", prompt="The dog", max_tokens=20, temperature=1.0,
+                                         seed=5, extra_body={"guided_regex": "[a-z]{2,5}-[0-9]{3}"})
+    assert re.fullmatch("[a-z]{2,5}-[0-9]{3}", r.choices[0].text), r.choices[0].text
+    choices = ["happy", "sad", "a long (odd) answer."]
+    for seed in range(3):
+        r = server.client.completions.create(model="test-model", prompt="She was", max_tokens=20, temperature=1.0,
+                                             seed=seed, extra_body={"guided_choice": choices})
+        assert r.choices[0].text in choices
+        assert r.choices[0].finish_reason == "stop"
+    grammar = 'root ::= "yes" | "no" | ("maybe " [0-9])'
+    r = server.client.completions.create(model="test-model", prompt="Is it", max_tokens=10, temperature=0,
+                                         extra_body={"structured_outputs": {"grammar": grammar}})
+    assert re.fullmatch("yes|no|maybe [0-9]", r.choices[0].text), r.choices[0].text
+
+
+class Pet(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=5)
+    age: int = pydantic.Field(ge=0, le=20)
+    kind: str = pydantic.Field(pattern="^(cat|dog)$")
+
+
+def test_openai_parse_returns_the_model(server):
+    r = server.client.chat.completions.parse(model="test-model", messages=[{"role": "user", "content": "A pet"}],
+                                             max_tokens=80, temperature=0.5, seed=2, response_format=Pet)
+    pet = r.choices[0].message.parsed
+    assert isinstance(pet, Pet), r.choices[0].message.content
+    assert pet.kind in ("cat", "dog") and 0 <= pet.age <= 20
+
+
+def error_of(server, body):
+    status, text = server.post_raw("/v1/completions", json.dumps({"model": "test-model", "prompt": "x",
+                                                                   "max_tokens": 5, **body}).encode())
+    return status, json.loads(text)["error"]
+
+
+def test_refusals_name_the_keyword_and_path(server):
+    status, err = error_of(server, {"guided_json": {"type": "object", "properties": {
+        "tags": {"type": "array", "uniqueItems": True}}}})
+    assert status == 400
+    assert "$.properties.tags.uniqueItems" in err["message"] and "'uniqueItems' is not supported" in err["message"]
+    assert err["param"] == "guided_json"
+    status, err = error_of(server, {"guided_json": {"if": {"type": "string"}}})
+    assert status == 400 and "$.if: 'if' is not supported" in err["message"]
+    status, err = error_of(server, {"guided_regex": "(unclosed"})
+    assert status == 400 and "regex cannot be compiled" in err["message"]
+    status, err = error_of(server, {"guided_regex": "a+", "guided_choice": ["a"]})
+    assert status == 400 and "one output constraint" in err["message"]
+    status, err = error_of(server, {"response_format": {"type": "xml"}})
+    assert status == 400 and "'xml' is not supported" in err["message"]
+    # The server is fine afterwards, and counts what it refused and compiled.
+    r = server.client.completions.create(model="test-model", prompt="x", max_tokens=5,
+                                         extra_body={"guided_choice": ["ok"]})
+    assert r.choices[0].text == "ok"
+    assert server.metric("tessera_grammar_refused_total") >= 2
+    assert server.metric("tessera_grammar_compile_seconds_count") >= 1
+    assert server.metric("tessera_grammar_mask_seconds_count") >= 1
