@@ -27,6 +27,7 @@ const char* grammar_kind_name(GrammarKind kind) {
     case GrammarKind::kRegex: return "regex";
     case GrammarKind::kChoice: return "choice";
     case GrammarKind::kEbnf: return "grammar";
+    case GrammarKind::kStructuralTag: return "tool-call grammar";
   }
   return "?";
 }
@@ -232,6 +233,9 @@ class XgCompiler final : public GrammarCompiler {
         }
         case GrammarKind::kEbnf:
           g = compiler_.CompileGrammar(spec.source, "root");
+          break;
+        case GrammarKind::kStructuralTag:
+          g = compiler_.CompileStructuralTag(spec.source);
           break;
       }
       auto out = std::make_shared<XgCompiledGrammar>(spec, std::move(*g), vocab_);

@@ -27,6 +27,7 @@ enum class GrammarKind : int {
   kRegex,           // source: the pattern (guided_regex)
   kChoice,          // source: a JSON array of strings, the output is exactly one (guided_choice)
   kEbnf,            // source: the grammar, root rule "root" (guided_grammar)
+  kStructuralTag,   // source: xgrammar's structural tag JSON (tool calls: free text and tagged regions)
 };
 const char* grammar_kind_name(GrammarKind kind);
 

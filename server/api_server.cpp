@@ -54,6 +54,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     bool echo_first_sent = false;  // the echoed prompt's first token (logprob null) is in `logprobs`
     int64_t echo_offset = 0;       // text offset of the next echoed prompt token
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::unique_ptr<ToolCallParser> tools;  // tool calling: the model's text -> content and calls
+    std::vector<ToolCall> calls;
   };
 
   ResponseBuilder(std::shared_ptr<HttpResponder> responder, const Tokenizer& tok, bool chat, bool stream,
@@ -69,6 +71,11 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         id_(random_id(chat ? "chatcmpl" : "cmpl")),
         created_(unix_now()),
         choices_(n_choices) {}
+
+  // Tool calling: every choice's text is parsed for calls in `format`.
+  void parse_tool_calls(ToolFormat format) {
+    for (Choice& c : choices_) c.tools = std::make_unique<ToolCallParser>(format);
+  }
 
   // Echo: the prompt text (and, with logprobs, the prompt tokens) start the choice's output.
   void set_echo(size_t choice, const std::string& text, const std::vector<int32_t>& prompt) {
@@ -103,17 +110,32 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         off += static_cast<int64_t>(lps.back().token.size());
       }
     }
-    c.text += ev.text;
+    std::string text = ev.text;
+    std::vector<ToolCall> calls;
+    if (c.tools) {
+      ToolCallParser::Output out = c.tools->push(text);
+      if (ev.finish_reason) {
+        ToolCallParser::Output rest = c.tools->finish();
+        out.content += rest.content;
+        for (ToolCall& t : rest.calls) out.calls.push_back(std::move(t));
+      }
+      text = std::move(out.content);
+      calls = std::move(out.calls);
+    }
+    const auto first_call = static_cast<int32_t>(c.calls.size());
+    c.calls.insert(c.calls.end(), calls.begin(), calls.end());
+    c.text += text;
     c.logprobs.insert(c.logprobs.end(), lps.begin(), lps.end());
     c.offsets.insert(c.offsets.end(), offsets.begin(), offsets.end());
     if (ev.finish_reason) {
       c.finish = *ev.finish_reason == "abort" ? std::string("abort") : *ev.finish_reason;
+      if (c.finish == "stop" && !c.calls.empty()) c.finish = "tool_calls";
       c.prompt_tokens = ev.prompt_tokens;
       c.completion_tokens = ev.completion_tokens;
       ++finished_;
     }
     if (stream_) {
-      stream_event(ev, c, lps, offsets);
+      stream_event(ev, c, text, calls, first_call, lps, offsets);
     } else if (finished_ == choices_.size()) {
       respond_whole();
     }
@@ -185,8 +207,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     if (!stream_handle_) stream_handle_ = responder_->start_stream(200, "text/event-stream");
   }
 
-  void stream_event(const JobEvent& ev, Choice& c, const std::vector<TokenLogprob>& lps,
-                    const std::vector<int64_t>& offsets) {
+  void stream_event(const JobEvent& ev, Choice& c, const std::string& text, std::vector<ToolCall>& calls,
+                    int32_t first_call, const std::vector<TokenLogprob>& lps, const std::vector<int64_t>& offsets) {
     if (done_) return;
     open_stream();
     if (chat_) {
@@ -196,11 +218,18 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         c.role_sent = true;
         stream_handle_->write(sse_event(render_chat_chunk(id_, created_, model_, d, true)));
       }
-      d.content = ev.text;
+      d.content = text;
       d.has_logprobs = logprobs_ && !lps.empty();
       d.logprobs = lps;
       if (!d.content.empty() || d.has_logprobs)
         stream_handle_->write(sse_event(render_chat_chunk(id_, created_, model_, d, false)));
+      if (!calls.empty()) {  // each call whole, in one delta
+        ChatChoice t;
+        t.index = ev.choice;
+        t.tool_calls = std::move(calls);
+        t.first_tool_call_index = first_call;
+        stream_handle_->write(sse_event(render_chat_chunk(id_, created_, model_, t, false)));
+      }
       if (ev.finish_reason) {
         ChatChoice f;
         f.index = ev.choice;
@@ -212,7 +241,7 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
       d.index = ev.choice;
       // The echoed prompt goes out with the first chunk of the choice.
       if (!echo_text_.empty() && !echo_sent_(ev.choice)) d.text = echo_text_[static_cast<size_t>(ev.choice)];
-      d.text += ev.text;
+      d.text += text;
       d.has_logprobs = logprobs_;
       d.logprobs = lps;
       d.text_offsets = offsets;
@@ -244,6 +273,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         ChatChoice c;
         c.index = static_cast<int32_t>(i);
         c.content = choices_[i].text;
+        c.tool_calls = choices_[i].calls;
+        c.content_null = !c.tool_calls.empty() && c.content.empty();
         c.finish_reason = choices_[i].finish;
         c.has_logprobs = logprobs_;
         c.logprobs = choices_[i].logprobs;
@@ -499,11 +530,21 @@ struct ApiServer::Impl {
     if (!check_model(c.params.model, r) || !valid_logit_bias(c.params, r)) return;
     if (!chat) return error(r, 400, "this model has no chat template; use /v1/completions");
     std::vector<ChatMessage> messages;
-    for (const ChatMessageInput& m : c.messages) messages.push_back({m.role, m.content});
+    for (const ChatMessageInput& m : c.messages) messages.push_back({m.role, m.content, m.extra_json});
     ChatTemplateOptions opts;
     opts.add_generation_prompt = true;
     opts.bos_token = tok->bos_token();
     opts.eos_token = tok->eos_token();
+    // Tools: the template gets them (also with tool_choice "none"); a call's arguments follow the
+    // function's schema (the grammar), and the reply's calls are parsed in the family's format.
+    const ToolFormat tool_format = tool_format_for_template(chat->source());
+    if (!c.tools.empty()) opts.extra_context_json = "{\"tools\": " + c.tools_json + "}";
+    if (c.tool_choice.mode != ToolChoice::Mode::kNone) {
+      auto tag = tool_call_structural_tag(tool_format, c.tools, c.tool_choice, c.parallel_tool_calls);
+      if (!tag.is_ok()) return error(r, 400, tag.status().message(), "tool_choice");
+      c.params.grammar = GrammarSpec{GrammarKind::kStructuralTag, *tag};
+      c.params.grammar_field = "tools";
+    }
     auto text = chat->render(messages, opts);
     if (!text.is_ok()) return error(r, 400, "chat template: " + text.status().message(), "messages");
     std::vector<int32_t> ids = tok->encode(*text, /*add_special=*/false);
@@ -515,6 +556,7 @@ struct ApiServer::Impl {
                                                      c.logprobs, c.top_logprobs, o.model_name,
                                                      static_cast<size_t>(c.params.n));
     builder->n_per_prompt_ = static_cast<size_t>(c.params.n);
+    if (c.tool_choice.mode != ToolChoice::Mode::kNone) builder->parse_tool_calls(tool_format);
     Job job;
     for (int32_t k = 0; k < c.params.n; ++k) job.sequences.push_back({ids, k});
     fill_job(job, c.params, c.logprobs, c.top_logprobs);
@@ -551,7 +593,7 @@ struct ApiServer::Impl {
       if (!chat_req.is_ok()) return error(r, 400, chat_req.status().message());
       if (!chat) return error(r, 400, "this model has no chat template");
       std::vector<ChatMessage> messages;
-      for (const auto& m : chat_req->messages) messages.push_back({m.role, m.content});
+      for (const auto& m : chat_req->messages) messages.push_back({m.role, m.content, m.extra_json});
       ChatTemplateOptions opts;
       opts.add_generation_prompt = true;
       if (auto g = j.find("add_generation_prompt"); g != j.end() && !g->is_null()) {

@@ -301,6 +301,61 @@ Result<CompletionRequest> parse_completion_request(std::string_view body) {
   return r;
 }
 
+// tools, tool_choice, parallel_tool_calls.
+static Status parse_tools(const json& j, ChatRequest& r) {
+  TESSERA_RETURN_IF_ERROR(get_bool(j, "parallel_tool_calls", r.parallel_tool_calls));
+  auto t = j.find("tools");
+  const bool has_tools = t != j.end() && !t->is_null() && !(t->is_array() && t->empty());
+  if (has_tools) {
+    if (!t->is_array()) return field_error("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
+          !tool["function"].is_object())
+        return field_error(at, "must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+      const json& f = tool["function"];
+      if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+        return field_error(at + ".function.name", "is required (a non-empty string)");
+      ToolDef d;
+      d.name = f["name"].get<std::string>();
+      for (const ToolDef& other : r.tools)
+        if (other.name == d.name) return field_error(at + ".function.name", fmt::format("'{}' is given twice", d.name));
+      if (auto p = f.find("parameters"); p != f.end() && !p->is_null()) {
+        if (!p->is_object()) return field_error(at + ".function.parameters", "must be a JSON Schema object");
+        d.parameters_json = p->dump();
+      }
+      r.tools.push_back(std::move(d));
+    }
+    r.tools_json = t->dump();
+  }
+  auto c = j.find("tool_choice");
+  if (c == j.end() || c->is_null()) {
+    r.tool_choice.mode = has_tools ? ToolChoice::Mode::kAuto : ToolChoice::Mode::kNone;
+  } else if (c->is_string()) {
+    const std::string mode = c->get<std::string>();
+    if (mode == "none") r.tool_choice.mode = ToolChoice::Mode::kNone;
+    else if (mode == "auto") r.tool_choice.mode = ToolChoice::Mode::kAuto;
+    else if (mode == "required") r.tool_choice.mode = ToolChoice::Mode::kRequired;
+    else return field_error("tool_choice", fmt::format("'{}' is not none, auto, required or a function", mode));
+  } else if (c->is_object() && c->value("type", "") == "function" && c->contains("function") &&
+             (*c)["function"].is_object() && (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+    r.tool_choice.mode = ToolChoice::Mode::kNamed;
+    r.tool_choice.name = (*c)["function"]["name"].get<std::string>();
+  } else {
+    return field_error("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  if (!has_tools && r.tool_choice.mode != ToolChoice::Mode::kNone)
+    return field_error("tool_choice", "needs 'tools'");
+  if (r.tool_choice.mode == ToolChoice::Mode::kNamed &&
+      std::none_of(r.tools.begin(), r.tools.end(), [&](const ToolDef& d) { return d.name == r.tool_choice.name; }))
+    return field_error("tool_choice", fmt::format("function '{}' is not among the tools", r.tool_choice.name));
+  if (r.tool_choice.mode != ToolChoice::Mode::kNone && r.params.grammar)
+    return field_error("tool_choice", fmt::format("tool calls together with '{}' are not supported; give one of them "
+                                                  "(or tool_choice \"none\")", r.params.grammar_field));
+  return Status::ok();
+}
+
 Result<ChatRequest> parse_chat_request(std::string_view body) {
   TESSERA_ASSIGN_OR_RETURN(json j, parse_object(body));
   ChatRequest r;
@@ -321,6 +376,34 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
     // Only an assistant turn may come without text (OpenAI allows it beside tool calls).
     if (msg.role != "assistant" && (!m.contains("content") || m["content"].is_null()))
       return field_error(where + ".content", "is required for role '" + msg.role + "'");
+    json extra = json::object();
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (msg.role != "assistant" || !calls->is_array())
+        return field_error(where + ".tool_calls", "must be a list, on an assistant message");
+      json out = json::array();
+      for (size_t k = 0; k < calls->size(); ++k) {
+        const json& c = (*calls)[k];
+        const std::string at = fmt::format("{}.tool_calls[{}]", where, k);
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+          return field_error(at, "must be {\"id\": ..., \"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}");
+        const json& f = c["function"];
+        if (!f.contains("name") || !f["name"].is_string()) return field_error(at + ".function.name", "is required (a string)");
+        json call = c;
+        // Templates print the arguments as an object (| tojson): a JSON string is parsed.
+        if (auto a = f.find("arguments"); a != f.end() && a->is_string()) {
+          json parsed = json::parse(a->get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded()) call["function"]["arguments"] = parsed;
+        }
+        out.push_back(std::move(call));
+      }
+      extra["tool_calls"] = std::move(out);
+    }
+    for (const char* key : {"tool_call_id", "name"})
+      if (auto v = m.find(key); v != m.end() && !v->is_null()) {
+        if (!v->is_string()) return field_error(where + "." + key, "must be a string");
+        extra[key] = *v;
+      }
+    if (!extra.empty()) msg.extra_json = extra.dump();
     if (auto c = m.find("content"); c != m.end() && !c->is_null()) {
       if (c->is_string()) {
         msg.content = c->get<std::string>();
@@ -343,14 +426,10 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
   TESSERA_RETURN_IF_ERROR(get_bool(j, "logprobs", r.logprobs));
   TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", r.top_logprobs, 0, 20));
   if (r.top_logprobs > 0 && !r.logprobs) return field_error("top_logprobs", "needs 'logprobs': true");
+  TESSERA_RETURN_IF_ERROR(parse_tools(j, r));
   // Fields that would change the answer are refused, never ignored.
-  if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
-    const auto choice = j.find("tool_choice");
-    if (choice == j.end() || !choice->is_string() || choice->get<std::string>() != "none")
-      return field_error("tools", "function calling is not supported (give no tools, or tool_choice \"none\")");
-  }
   if (auto f = j.find("functions"); f != j.end() && !f->is_null() && !(f->is_array() && f->empty()))
-    return field_error("functions", "function calling is not supported");
+    return field_error("functions", "the legacy 'functions' field is not supported; use 'tools'");
   return r;
 }
 
@@ -437,12 +516,28 @@ std::string render_completion_chunk(const std::string& id, int64_t created, cons
                {"choices", json::array({choice})}});
 }
 
+// OpenAI's tool_calls list: whole calls in a message; in a chunk, each with its index among the
+// choice's calls (a call goes out whole, in one delta: the streamed calls equal the whole ones).
+static json tool_calls_json(const ChatChoice& c, bool chunk) {
+  json out = json::array();
+  for (size_t i = 0; i < c.tool_calls.size(); ++i) {
+    const ToolCall& t = c.tool_calls[i];
+    json call = {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}};
+    if (chunk) call["index"] = c.first_tool_call_index + static_cast<int32_t>(i);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 std::string render_chat(const std::string& id, int64_t created, const std::string& model,
                         const std::vector<ChatChoice>& choices, const Usage& usage) {
   json cs = json::array();
-  for (const ChatChoice& c : choices)
-    cs.push_back({{"index", c.index}, {"message", {{"role", "assistant"}, {"content", c.content}}},
-                  {"logprobs", chat_logprobs(c)}, {"finish_reason", finish(c.finish_reason)}});
+  for (const ChatChoice& c : choices) {
+    json message = {{"role", "assistant"}, {"content", c.content_null ? json(nullptr) : json(c.content)}};
+    if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c, false);
+    cs.push_back({{"index", c.index}, {"message", message}, {"logprobs", chat_logprobs(c)},
+                  {"finish_reason", finish(c.finish_reason)}});
+  }
   return dump({{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model}, {"choices", cs},
                {"usage", usage_json(usage)}});
 }
@@ -453,6 +548,10 @@ std::string render_chat_chunk(const std::string& id, int64_t created, const std:
   if (with_role) delta["role"] = "assistant";
   if (!d.content.empty() || (!d.finish_reason && !with_role)) delta["content"] = d.content;
   if (with_role && d.content.empty() && !d.finish_reason) delta["content"] = "";
+  if (!d.tool_calls.empty()) {
+    delta.erase("content");
+    delta["tool_calls"] = tool_calls_json(d, true);
+  }
   json choice = {{"index", d.index}, {"delta", delta}, {"logprobs", chat_logprobs(d)},
                  {"finish_reason", finish(d.finish_reason)}};
   return dump({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},

@@ -12,6 +12,7 @@
 #include "common/sampling_params.h"
 #include "common/status.h"
 #include "grammar/grammar.h"
+#include "server/tool_calls.h"
 
 namespace tessera {
 
@@ -25,6 +26,9 @@ struct PromptInput {
 struct ChatMessageInput {
   std::string role;
   std::string content;
+  // A JSON object of the message's other members the chat template sees: an assistant turn's
+  // tool_calls (arguments as objects), a tool result's tool_call_id and name. "" when none.
+  std::string extra_json;
 };
 
 // What completions and chat share.
@@ -58,6 +62,12 @@ struct ChatRequest {
   GenerationParams params;
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // Tool calling: the functions, as the chat template gets them (the request's JSON list), and
+  // their names and parameter schemas; tool_choice; parallel_tool_calls.
+  std::vector<ToolDef> tools;
+  std::string tools_json;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
 };
 
 // kInvalidArgument with a message naming the field: "'max_tokens' must be >= 0, got -1".
@@ -95,6 +105,9 @@ std::string render_completion_chunk(const std::string& id, int64_t created, cons
 struct ChatChoice {
   int32_t index = 0;
   std::string content;
+  bool content_null = false;          // a whole message with tool calls and no text: "content": null
+  std::vector<ToolCall> tool_calls;   // whole: every call; a chunk: the calls completed now
+  int32_t first_tool_call_index = 0;  // a chunk: the index of tool_calls[0] among the choice's calls
   std::optional<std::string> finish_reason;
   std::vector<TokenLogprob> logprobs;
   bool has_logprobs = false;

@@ -14,6 +14,7 @@ namespace tessera {
 
 struct ChatTemplate::Impl {
   jinja::Template tmpl;
+  std::string source;
 };
 
 ChatTemplate::ChatTemplate() = default;
@@ -53,9 +54,11 @@ Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
   auto parsed = jinja::Template::parse(source);
   if (!parsed.is_ok()) return parsed.status().with_context("chat template");
   ChatTemplate t;
-  t.impl_ = std::make_unique<Impl>(Impl{std::move(parsed).value()});
+  t.impl_ = std::make_unique<Impl>(Impl{std::move(parsed).value(), std::string(source)});
   return t;
 }
+
+const std::string& ChatTemplate::source() const { return impl_->source; }
 
 Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
@@ -89,6 +92,12 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
     jinja::ValueDict d;
     d.append_new(Value::string("role"), Value::string(m.role));
     d.append_new(Value::string("content"), Value::string(m.content));
+    if (!m.extra_json.empty()) {
+      auto extra = jinja::value_from_json(m.extra_json);
+      if (!extra.is_ok()) return extra.status().with_context("chat message");
+      if (!extra->is_dict()) return Status::invalid_argument("chat message: extra members are not a JSON object");
+      for (const auto& [k, v] : extra->as_dict().entries()) d.set(k, v);
+    }
     message_values.push_back(Value::dict(std::move(d)));
   }
   jinja::ValueDict vars;

@@ -18,6 +18,8 @@ class GgufFile;
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool"
   std::string content;
+  // A JSON object whose members the message's dict also gets (tool_calls, tool_call_id, name).
+  std::string extra_json;
 };
 
 struct ChatTemplateOptions {
@@ -56,6 +58,8 @@ class ChatTemplate {
   // Thread-safe: one parsed template may render on several threads at once.
   Result<std::string> render(const std::vector<ChatMessage>& messages,
                              const ChatTemplateOptions& options) const;
+  // The template's text.
+  const std::string& source() const;
 
  private:
   ChatTemplate();

@@ -307,10 +307,10 @@ def test_invalid_requests_get_4xx_and_server_keeps_serving(stories_server):
         assert err["message"]
         if needle:
             assert needle in err["message"] or needle == err.get("param"), err
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    tools = [{"type": "function", "function": {"parameters": {"type": "object"}}}]  # no name
     got, text = s.post_raw("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "hi"}],
                                                                  "tools": tools}).encode())
-    assert got == 400 and "tools" in json.loads(text)["error"]["message"], text
+    assert got == 400 and "tools[0].function.name" in json.loads(text)["error"]["message"], text
     ok = s.client.completions.create(model="test-model", prompt="x", max_tokens=2, best_of=1,
                                      extra_body={"response_format": {"type": "text"}})
     assert ok.choices[0].text is not None

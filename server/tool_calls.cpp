@@ -1,0 +1,223 @@
+#include "server/tool_calls.h"
+
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tessera {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+
+std::string call_id() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+}
+
+// The length of the longest suffix of `text` that is a proper prefix of `tag` (text that may be
+// the start of the tag, held back until the next delta decides).
+size_t partial_suffix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n)
+    if (tag.substr(0, n) == text.substr(text.size() - n)) return n;
+  return 0;
+}
+
+// The end (one past the closing brace) of the JSON object that starts at text[0] == '{', or
+// npos while it is not closed yet.
+size_t object_end(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{') ++depth;
+    else if (c == '}' && --depth == 0) return i + 1;
+  }
+  return std::string_view::npos;
+}
+
+// {"name": string, <args_key>: object} -> a call; nullopt when the text is not one.
+std::optional<ToolCall> call_from_json(std::string_view text, const char* args_key) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  auto name = j.find("name");
+  auto args = j.find(args_key);
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;
+  if (args != j.end() && !args->is_object()) return std::nullopt;
+  return ToolCall{call_id(), name->get<std::string>(), args == j.end() ? "{}" : args->dump()};
+}
+
+bool blank(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+}  // namespace
+
+const char* tool_format_name(ToolFormat f) { return f == ToolFormat::kLlama3Json ? "llama3_json" : "hermes"; }
+
+ToolFormat tool_format_for_template(std::string_view source) {
+  if (source.find("<|start_header_id|>") != std::string_view::npos &&
+      source.find("<tool_call>") == std::string_view::npos)
+    return ToolFormat::kLlama3Json;
+  return ToolFormat::kHermes;
+}
+
+Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vector<ToolDef>& tools,
+                                             const ToolChoice& choice, bool parallel) {
+  json tags = json::array();
+  for (const ToolDef& t : tools) {
+    if (choice.mode == ToolChoice::Mode::kNamed && t.name != choice.name) continue;
+    json params = json::parse(t.parameters_json, nullptr, false);
+    if (params.is_discarded()) params = json::object({{"type", "object"}});
+    const std::string name = json(t.name).dump();
+    json tag;
+    tag["type"] = "tag";
+    if (format == ToolFormat::kHermes) {
+      tag["begin"] = fmt::format("{}\n{{\"name\": {}, \"arguments\": ", kHermesOpen, name);
+      tag["end"] = fmt::format("}}\n{}", kHermesClose);
+    } else {
+      tag["begin"] = fmt::format("{{\"name\": {}, \"parameters\": ", name);
+      tag["end"] = "}";
+    }
+    // At most one blank between JSON tokens: a model cannot fill a call with whitespace.
+    tag["content"] = {{"type", "json_schema"}, {"json_schema", params}, {"max_whitespace_cnt", 1}};
+    tags.push_back(std::move(tag));
+  }
+  if (tags.empty())
+    return Status::invalid_argument(fmt::format("tool_choice names function '{}', which is not among the tools", choice.name));
+  const bool required = choice.mode != ToolChoice::Mode::kAuto;
+  const bool one = !parallel || choice.mode == ToolChoice::Mode::kNamed;
+  json format_json;
+  if (required) {
+    // Calls only: no text before, between or after them.
+    format_json = {{"type", "tags_with_separator"},
+                   {"tags", tags},
+                   {"separator", format == ToolFormat::kHermes ? "\n" : "; "},
+                   {"at_least_one", true},
+                   {"stop_after_first", one}};
+  } else {
+    // Free text; once the model opens a call, the call follows the function's schema.
+    format_json = {{"type", "triggered_tags"},
+                   {"triggers", json::array({format == ToolFormat::kHermes ? std::string(kHermesOpen)
+                                                                           : std::string("{\"name\": ")})},
+                   {"tags", tags},
+                   {"at_least_one", false},
+                   {"stop_after_first", one}};
+  }
+  return json({{"type", "structural_tag"}, {"format", format_json}}).dump();
+}
+
+void ToolCallParser::scan(Output& out, bool at_end) {
+  if (format_ == ToolFormat::kHermes) {
+    for (;;) {
+      // The blanks a model puts after a call (between calls, before its last words) are not content.
+      if (after_call_) {
+        size_t skip = 0;
+        while (skip < pending_.size() && blank(pending_[skip])) ++skip;
+        pending_.erase(0, skip);
+        if (pending_.empty()) return;
+        after_call_ = false;
+      }
+      const size_t open = pending_.find(kHermesOpen);
+      if (open == std::string::npos) {
+        const size_t keep = at_end ? 0 : partial_suffix(pending_, kHermesOpen);
+        out.content += pending_.substr(0, pending_.size() - keep);
+        pending_.erase(0, pending_.size() - keep);
+        return;
+      }
+      out.content += pending_.substr(0, open);
+      pending_.erase(0, open);
+      const size_t close = pending_.find(kHermesClose);
+      if (close == std::string::npos) {
+        if (at_end) {
+          out.content += pending_;
+          pending_.clear();
+        }
+        return;
+      }
+      const std::string_view body = std::string_view(pending_).substr(kHermesOpen.size(), close - kHermesOpen.size());
+      if (auto call = call_from_json(body, "arguments")) {
+        out.calls.push_back(std::move(*call));
+        after_call_ = true;
+      } else {
+        out.content += pending_.substr(0, close + kHermesClose.size());
+      }
+      pending_.erase(0, close + kHermesClose.size());
+    }
+  }
+  // kLlama3Json: the reply is calls when its first non-blank character opens an object.
+  if (!started_) {
+    size_t i = 0;
+    while (i < pending_.size() && blank(pending_[i])) ++i;
+    if (i == pending_.size()) {
+      if (at_end) {
+        out.content += pending_;
+        pending_.clear();
+      }
+      return;
+    }
+    started_ = true;
+    in_calls_ = pending_[i] == '{';
+    if (in_calls_) pending_.erase(0, i);
+  }
+  if (!in_calls_) {
+    out.content += pending_;
+    pending_.clear();
+    return;
+  }
+  for (;;) {
+    size_t i = 0;
+    while (i < pending_.size() && (blank(pending_[i]) || pending_[i] == ';')) ++i;
+    if (i == pending_.size()) {
+      if (at_end) pending_.clear();
+      return;
+    }
+    if (pending_[i] != '{') break;  // text after the calls
+    const size_t end = object_end(std::string_view(pending_).substr(i));
+    if (end == std::string_view::npos) {
+      if (!at_end) return;
+      break;
+    }
+    auto call = call_from_json(std::string_view(pending_).substr(i, end), "parameters");
+    if (!call) call = call_from_json(std::string_view(pending_).substr(i, end), "arguments");
+    if (!call) break;
+    out.calls.push_back(std::move(*call));
+    pending_.erase(0, i + end);
+  }
+  // What does not parse as calls is content, from here on.
+  in_calls_ = false;
+  out.content += pending_;
+  pending_.clear();
+}
+
+ToolCallParser::Output ToolCallParser::push(std::string_view text) {
+  Output out;
+  pending_ += text;
+  scan(out, false);
+  return out;
+}
+
+ToolCallParser::Output ToolCallParser::finish() {
+  Output out;
+  scan(out, true);
+  return out;
+}
+
+ToolCallParser::Output parse_tool_calls(ToolFormat format, std::string_view text) {
+  ToolCallParser p(format);
+  ToolCallParser::Output a = p.push(text);
+  ToolCallParser::Output b = p.finish();
+  a.content += b.content;
+  for (ToolCall& c : b.calls) a.calls.push_back(std::move(c));
+  return a;
+}
+
+}  // namespace tessera
