@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from pack_archive import write_archive  # noqa: E402
 SEP = b"\n\x00\n"  # splits an input in two documents (fuzz/fuzz_input.h)
 # The fuzz targets, as fuzz/CMakeLists.txt lists them: one archive each.
-TARGETS = ("gguf", "safetensors", "tokenizer_json", "chat_template", "control_codec", "http_request")
+TARGETS = ("gguf", "safetensors", "tokenizer_json", "chat_template", "control_codec", "http_request",
+           "structured_request")
 
 
 def out_dir(root, name):
@@ -193,6 +194,41 @@ def http_seeds(root):
             f.write(data)
 
 
+def structured_request_seeds(root):
+    """Request bodies with every kind of output constraint and of tool_choice (fuzz/
+    structured_request_fuzz.cpp): schemas with the keywords that compile and those refused."""
+    d = out_dir(root, "structured_request")
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                "unit": {"enum": ["c", "f"]}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+             {"type": "function", "function": {"name": "noop"}}]
+    bodies = {
+        "json_object": {"response_format": {"type": "json_object"}},
+        "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "strict": True,
+                                                                                   "schema": weather}}},
+        "schema_refs": {"guided_json": {"$defs": {"p": {"type": "integer", "minimum": 0, "maximum": 9}},
+                                        "type": "array", "items": {"$ref": "#/$defs/p"}, "maxItems": 3}},
+        "schema_anyof": {"guided_json": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "^[a-c]+$"},
+                                                   {"const": 5}]}},
+        "schema_formats": {"guided_json": {"type": "object", "properties": {
+            "d": {"type": "string", "format": "date"}, "u": {"type": "string", "format": "uuid"}}}},
+        "schema_refused": {"guided_json": {"type": "array", "uniqueItems": True}},
+        "schema_string": {"structured_outputs": {"json": "{\"type\": \"boolean\"}"}},
+        "regex": {"guided_regex": "[a-z]{2,4}-[0-9]+(\\.[0-9]+)?"},
+        "choice": {"guided_choice": ["yes", "no (really)", "a\\b"]},
+        "grammar": {"guided_grammar": 'root ::= "a" root | "b" [0-9]*'},
+        "two_constraints": {"guided_regex": "a", "guided_choice": ["a"]},
+        "tools_auto": {"tools": tools},
+        "tools_required": {"tools": tools, "tool_choice": "required", "parallel_tool_calls": False},
+        "tools_named_llama": {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "noop"}},
+                              "llama": True},
+        "tools_none": {"tools": tools, "tool_choice": "none"},
+    }
+    for name, body in bodies.items():
+        with open(os.path.join(d, name + ".json"), "w") as f:
+            json.dump(body, f, sort_keys=True)
+
+
 def pack(root, target):
     """Writes fuzz/corpus/<target>.tar.xz from root/<target>/."""
     out = os.path.join(HERE, "corpus", target + ".tar.xz")
@@ -215,6 +251,7 @@ def write_seeds(root, args):
         tokenizer_seeds(root, args.testdata, hf)
     chat_template_seeds(root, args.testdata)
     http_seeds(root)
+    structured_request_seeds(root)
     subprocess.run([os.path.join(args.bin_dir, "tessera_fuzz_control_seeds"), out_dir(root, "control_codec")],
                    check=True)
 

@@ -315,12 +315,20 @@ Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer
   // Each token as the bytes it adds to text that already has some (special tokens: none, which
   // the grammar engine never allows inside the output).
   std::vector<std::string> vocab(static_cast<size_t>(n));
-
   for (int32_t id = 0; id < n; ++id) {
     if (tokenizer.is_special(id)) continue;
     const int32_t one[1] = {id};
     vocab[static_cast<size_t>(id)] = tokenizer.decode_raw(one, /*skip_special=*/false, /*continuation=*/true);
   }
+  return create(std::move(vocab), model_vocab, std::move(stop_ids), options);
+}
+
+Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(std::vector<std::string> vocab, int64_t model_vocab,
+                                                                 std::vector<int32_t> stop_ids,
+                                                                 const GrammarCompilerOptions& options) {
+  if (model_vocab <= 0 || static_cast<int64_t>(vocab.size()) > model_vocab)
+    return Status::invalid_argument(
+        fmt::format("model vocabulary {}: must be positive and hold the {} tokens", model_vocab, vocab.size()));
   std::erase_if(stop_ids, [&](int32_t id) { return id < 0 || id >= model_vocab; });
   if (stop_ids.empty()) return Status::invalid_argument("structured outputs need an end-of-sequence token");
   try {

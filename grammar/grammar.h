@@ -106,6 +106,11 @@ class GrammarCompiler {
   static Result<std::unique_ptr<GrammarCompiler>> create(const Tokenizer& tokenizer, int64_t model_vocab,
                                                          std::vector<int32_t> stop_ids,
                                                          const GrammarCompilerOptions& options);
+  // The same over a vocabulary given as each token's bytes ("" for a special token that never
+  // appears in an output); ids from token_bytes.size() to model_vocab are never allowed.
+  static Result<std::unique_ptr<GrammarCompiler>> create(std::vector<std::string> token_bytes, int64_t model_vocab,
+                                                         std::vector<int32_t> stop_ids,
+                                                         const GrammarCompilerOptions& options);
   // InvalidArgument naming the problem (an unsupported keyword and its JSON path, a syntax
   // error) or DeadlineExceeded when compiling takes longer than the budget.
   virtual Result<std::shared_ptr<const CompiledGrammar>> compile(const GrammarSpec& spec) = 0;

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${TESSERA_FUZZ_SECONDS:-20}
 SEED=${TESSERA_FUZZ_SEED:-1}
-TARGETS=${TESSERA_FUZZ_TARGETS:-gguf safetensors tokenizer_json chat_template control_codec http_request}
+TARGETS=${TESSERA_FUZZ_TARGETS:-gguf safetensors tokenizer_json chat_template control_codec http_request structured_request}
 command -v clang++ > /dev/null || { echo "error: fuzzing needs clang++ (apt-get install clang)"; exit 1; }
 
 exes=()

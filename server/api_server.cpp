@@ -538,9 +538,10 @@ struct ApiServer::Impl {
     // Tools: the template gets them (also with tool_choice "none"); a call's arguments follow the
     // function's schema (the grammar), and the reply's calls are parsed in the family's format.
     const ToolFormat tool_format = tool_format_for_template(chat->source());
-    if (!c.tools.empty()) opts.extra_context_json = "{\"tools\": " + c.tools_json + "}";
-    if (c.tool_choice.mode != ToolChoice::Mode::kNone) {
-      auto tag = tool_call_structural_tag(tool_format, c.tools, c.tool_choice, c.parallel_tool_calls);
+    const ToolRequest& tr = c.tools_request;
+    if (!tr.tools.empty()) opts.extra_context_json = "{\"tools\": " + tr.tools_json + "}";
+    if (tr.tool_choice.mode != ToolChoice::Mode::kNone) {
+      auto tag = tool_call_structural_tag(tool_format, tr.tools, tr.tool_choice, tr.parallel_tool_calls);
       if (!tag.is_ok()) return error(r, 400, tag.status().message(), "tool_choice");
       c.params.grammar = GrammarSpec{GrammarKind::kStructuralTag, *tag};
       c.params.grammar_field = "tools";
@@ -556,7 +557,7 @@ struct ApiServer::Impl {
                                                      c.logprobs, c.top_logprobs, o.model_name,
                                                      static_cast<size_t>(c.params.n));
     builder->n_per_prompt_ = static_cast<size_t>(c.params.n);
-    if (c.tool_choice.mode != ToolChoice::Mode::kNone) builder->parse_tool_calls(tool_format);
+    if (c.tools_request.tool_choice.mode != ToolChoice::Mode::kNone) builder->parse_tool_calls(tool_format);
     Job job;
     for (int32_t k = 0; k < c.params.n; ++k) job.sequences.push_back({ids, k});
     fill_job(job, c.params, c.logprobs, c.top_logprobs);

@@ -12,6 +12,7 @@
 #include "common/sampling_params.h"
 #include "common/status.h"
 #include "grammar/grammar.h"
+#include "server/structured_request.h"
 #include "server/tool_calls.h"
 
 namespace tessera {
@@ -62,12 +63,7 @@ struct ChatRequest {
   GenerationParams params;
   bool logprobs = false;
   int32_t top_logprobs = 0;
-  // Tool calling: the functions, as the chat template gets them (the request's JSON list), and
-  // their names and parameter schemas; tool_choice; parallel_tool_calls.
-  std::vector<ToolDef> tools;
-  std::string tools_json;
-  ToolChoice tool_choice;
-  bool parallel_tool_calls = true;
+  ToolRequest tools_request;  // tools, tool_choice, parallel_tool_calls
 };
 
 // kInvalidArgument with a message naming the field: "'max_tokens' must be >= 0, got -1".

@@ -1,0 +1,36 @@
+// The structured-output part of a request (docs/structured_outputs.md): the one output
+// constraint (response_format, guided_*, structured_outputs) and the tools (tools, tool_choice,
+// parallel_tool_calls), parsed and checked with errors that name the field. Separate from
+// openai_protocol.h so that the fuzz target of the request-to-grammar path links only this, the
+// grammar module and the grammar library.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "grammar/grammar.h"
+#include "server/tool_calls.h"
+
+namespace tessera {
+
+// response_format (json_object, json_schema {schema, strict}; text is none), guided_json /
+// guided_regex / guided_choice / guided_grammar, structured_outputs {json, regex, choice, grammar}:
+// at most one. `grammar_field` names the field it came from.
+Status parse_structured_output(const nlohmann::json& request, std::optional<GrammarSpec>& grammar,
+                               std::string& grammar_field);
+
+struct ToolRequest {
+  std::vector<ToolDef> tools;
+  std::string tools_json;          // the request's list, as the chat template gets it
+  ToolChoice tool_choice;          // default: auto with tools, none without
+  bool parallel_tool_calls = true;
+};
+// tools, tool_choice, parallel_tool_calls of a chat request. `grammar_field`: the output
+// constraint the request also has ("" when none); calls together with one are refused.
+Status parse_tools(const nlohmann::json& request, ToolRequest& tools, const std::string& grammar_field);
+
+}  // namespace tessera
