@@ -122,6 +122,8 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_histogram("tessera_class_queue_time_seconds", "Arrival to first scheduled step, by priority class",
                       latency_buckets_s());
   m.declare_histogram("tessera_step_seconds", "Wall time of one step", latency_buckets_s());
+  m.declare_counter("tessera_grammar_jump_forward_tokens_total",
+                    "Structured outputs: tokens the grammar forced, taken as drafts masked to their one token");
   m.declare_histogram("tessera_grammar_mask_seconds",
                       "Structured outputs: time to compute one sequence's token mask for a step",
                       {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1});
@@ -154,6 +156,7 @@ Status Engine::restart(StepExecutor& executor, BlockPool& pool, WindowPool windo
   jobs_.clear();
   seqs_.clear();
   speculating_ = 0;
+  constrained_ = 0;
   stopping_ = false;
   shards_ = &executor;
   pool_ = &pool;
@@ -256,7 +259,8 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     if (job->job.grammar) {
       s->matcher = job->job.grammar->matcher();
       s->mask.resize(static_cast<size_t>(job->job.grammar->mask_words()));
-      s->spec = SpecMode::kOff;  // drafts are not checked against the grammar yet
+      s->spec = SpecMode::kOff;  // its drafts are the grammar's forced tokens (jump_forward)
+      ++constrained_;
     }
     s->cls = r.priority;
     if (s->spec != SpecMode::kOff) ++speculating_;
@@ -281,6 +285,7 @@ void Engine::finish_seq(SeqState& s, const std::string& reason, const std::strin
   if (s.finished) return;
   s.finished = true;
   if (s.spec != SpecMode::kOff) --speculating_;
+  if (s.matcher) --constrained_;
   spec_.forget(s.seq_id);
   JobEvent ev;
   ev.choice = s.choice;
@@ -483,6 +488,33 @@ void Engine::update_gauges() {
   }
 }
 
+// Jump-forward: where a constrained sequence's grammar allows exactly one continuation (a JSON
+// key, the punctuation around it), that text's tokens become the sequence's drafts for the next
+// step, each row masked to its one token, so they are taken at the cost of one step. Only the
+// prefix of the spelling the grammar accepts is used.
+void Engine::jump_forward() {
+  for (uint64_t id : scheduler_->decoders()) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    SeqState& s = *it->second;
+    const Job& job = s.job->job;
+    if (!s.matcher || s.finished || s.generated < job.min_tokens) continue;
+    const std::string forced = s.matcher->forced_string();
+    if (forced.empty()) continue;
+    std::vector<int32_t> tokens = job.grammar->spell(forced);
+    int64_t most = job.max_tokens - s.generated - 1;
+    if (options_.max_positions > 0)
+      most = std::min<int64_t>(most, options_.max_positions - (s.prompt_len + s.generated) - 1);
+    if (most <= 0) continue;
+    if (static_cast<int64_t>(tokens.size()) > most) tokens.resize(static_cast<size_t>(most));
+    size_t ok = 0;
+    while (ok < tokens.size() && s.matcher->accept(tokens[ok])) ++ok;
+    if (ok > 0) s.matcher->rollback(static_cast<int>(ok));
+    tokens.resize(ok);
+    if (!tokens.empty()) scheduler_->set_draft(id, std::move(tokens));
+  }
+}
+
 // Drafts for the sequences that decode in the next step, as the gate decides.
 void Engine::propose_drafts() {
   const std::vector<uint64_t> decoders = scheduler_->decoders();
@@ -508,6 +540,7 @@ void Engine::propose_drafts() {
 void Engine::step() {
   const auto t_schedule = WallClock::now();
   if (speculating_ > 0) propose_drafts();
+  if (constrained_ > 0) jump_forward();
   std::optional<StepPlan> plan = scheduler_->schedule();
   if (!plan) return;
   const auto now = WallClock::now();
@@ -527,7 +560,26 @@ void Engine::step() {
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
     if (q.sample && s.matcher) {
       const auto m0 = WallClock::now();
-      if (s.matcher->fill_mask(s.mask)) q.token_mask = s.mask;
+      if (!q.draft_tokens.empty()) {
+        // Jump-forward: row i < k allows only forced token i; row k is the grammar's mask after them.
+        const size_t words = s.mask.size();
+        const size_t k = q.draft_tokens.size();
+        q.token_mask.assign((k + 1) * words, 0u);
+        size_t accepted = 0;
+        for (size_t i = 0; i < k; ++i) {
+          const auto id = static_cast<size_t>(q.draft_tokens[i]);
+          q.token_mask[i * words + id / 32] = 1u << (id % 32);
+          accepted += s.matcher->accept(q.draft_tokens[i]) ? 1 : 0;
+        }
+        if (accepted == k) {
+          if (!s.matcher->fill_mask(s.mask)) std::fill(s.mask.begin(), s.mask.end(), 0xffffffffu);
+          std::copy(s.mask.begin(), s.mask.end(), q.token_mask.begin() + static_cast<std::ptrdiff_t>(k * words));
+        }
+        if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
+        metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(k));
+      } else if (s.matcher->fill_mask(s.mask)) {
+        q.token_mask = s.mask;
+      }
       metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
     }
   }

@@ -151,6 +151,7 @@ class Engine {
   void fail_all(const std::string& error);
   void update_gauges();
   void propose_drafts();
+  void jump_forward();
 
   void mark_unhealthy(const std::string& error);
 
@@ -164,6 +165,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   SpeculationController spec_;
   int64_t speculating_ = 0;  // live sequences whose mode is not off
+  int64_t constrained_ = 0;  // live sequences with a grammar
   struct SpecReported {
     int64_t proposed = 0, accepted = 0, switches = 0;
   };

@@ -87,10 +87,43 @@ class XgMatcher final : public GrammarMatcher {
   int64_t vocab_;
 };
 
+// Token bytes -> id, for spelling forced text (CompiledGrammar::spell).
+struct TokenTable {
+  explicit TokenTable(const std::vector<std::string>& vocab) {
+    ids.reserve(vocab.size());
+    for (size_t id = 0; id < vocab.size(); ++id) {
+      if (vocab[id].empty()) continue;
+      ids.emplace(vocab[id], static_cast<int32_t>(id));  // the first id of a duplicate wins
+      longest = std::max(longest, vocab[id].size());
+    }
+  }
+  std::vector<int32_t> spell(std::string_view text) const {
+    std::vector<int32_t> out;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t n = std::min(longest, text.size() - pos);
+      for (; n > 0; --n) {
+        auto it = ids.find(std::string(text.substr(pos, n)));
+        if (it != ids.end()) {
+          out.push_back(it->second);
+          break;
+        }
+      }
+      if (n == 0) break;
+      pos += n;
+    }
+    return out;
+  }
+  std::unordered_map<std::string, int32_t> ids;
+  size_t longest = 0;
+};
+
 class XgCompiledGrammar final : public CompiledGrammar {
  public:
-  XgCompiledGrammar(GrammarSpec spec, xgrammar::CompiledGrammar compiled, int64_t vocab)
-      : spec_(std::move(spec)), compiled_(std::move(compiled)), vocab_(vocab) {}
+  XgCompiledGrammar(GrammarSpec spec, xgrammar::CompiledGrammar compiled, int64_t vocab,
+                    std::shared_ptr<const TokenTable> table)
+      : spec_(std::move(spec)), compiled_(std::move(compiled)), vocab_(vocab), table_(std::move(table)) {}
+  std::vector<int32_t> spell(std::string_view text) const override { return table_->spell(text); }
   const GrammarSpec& spec() const override { return spec_; }
   size_t memory_bytes() const override { return compiled_.MemorySizeBytes(); }
   std::unique_ptr<GrammarMatcher> matcher() const override { return std::make_unique<XgMatcher>(compiled_, vocab_); }
@@ -100,12 +133,17 @@ class XgCompiledGrammar final : public CompiledGrammar {
   GrammarSpec spec_;
   xgrammar::CompiledGrammar compiled_;
   int64_t vocab_;
+  std::shared_ptr<const TokenTable> table_;
 };
 
 class XgCompiler final : public GrammarCompiler {
  public:
-  XgCompiler(xgrammar::TokenizerInfo info, int64_t vocab, const GrammarCompilerOptions& options)
-      : compiler_(info, std::max(1, options.threads), /*cache_enabled=*/false), vocab_(vocab), options_(options) {
+  XgCompiler(xgrammar::TokenizerInfo info, int64_t vocab, std::shared_ptr<const TokenTable> table,
+             const GrammarCompilerOptions& options)
+      : compiler_(info, std::max(1, options.threads), /*cache_enabled=*/false),
+        vocab_(vocab),
+        table_(std::move(table)),
+        options_(options) {
     for (int32_t i = 0; i < std::max(1, options.threads); ++i) workers_.emplace_back([this] { work(); });
   }
   ~XgCompiler() override {
@@ -238,7 +276,7 @@ class XgCompiler final : public GrammarCompiler {
           g = compiler_.CompileStructuralTag(spec.source);
           break;
       }
-      auto out = std::make_shared<XgCompiledGrammar>(spec, std::move(*g), vocab_);
+      auto out = std::make_shared<XgCompiledGrammar>(spec, std::move(*g), vocab_, table_);
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.compiled;
       return {Status::ok(), std::move(out)};
@@ -291,6 +329,7 @@ class XgCompiler final : public GrammarCompiler {
 
   xgrammar::GrammarCompiler compiler_;
   int64_t vocab_;
+  std::shared_ptr<const TokenTable> table_;
   GrammarCompilerOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -333,7 +372,8 @@ Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(std::vector<std
   if (stop_ids.empty()) return Status::invalid_argument("structured outputs need an end-of-sequence token");
   try {
     xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, static_cast<int>(model_vocab), stop_ids, false);
-    return std::unique_ptr<GrammarCompiler>(new XgCompiler(std::move(info), model_vocab, options));
+    auto table = std::make_shared<const TokenTable>(vocab);
+    return std::unique_ptr<GrammarCompiler>(new XgCompiler(std::move(info), model_vocab, std::move(table), options));
   } catch (const std::exception& e) {
     return Status::internal(fmt::format("the grammar engine refused the vocabulary: {}", e.what()));
   }

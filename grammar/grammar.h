@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -59,6 +60,10 @@ class CompiledGrammar {
   // The vocabulary it was compiled for (the logits' width) and its masks' length in words.
   virtual int64_t vocab() const = 0;
   int64_t mask_words() const { return (vocab() + 31) / 32; }
+  // Tokens that spell `text` exactly (longest token first at each position), for jump-forward:
+  // independent of how a tokenizer would cut the text alone (e.g. with a leading space). Stops
+  // short where no token continues the text.
+  virtual std::vector<int32_t> spell(std::string_view text) const = 0;
 };
 
 // One sequence's place in a compiled grammar. Not thread-safe: one owner at a time.

@@ -68,9 +68,10 @@ struct ScheduledSequence {
   bool reset_blocks = false;
   bool prompt_logprobs = false;
   std::vector<int32_t> banned_tokens;  // given probability 0 when this step samples
-  // Structured outputs: the tokens the grammar allows at the sampled row, a bitmask over the
-  // model's vocabulary ((vocab + 31) / 32 words; word w bit b is token 32w + b; set = allowed).
-  // Empty: no constraint. Not with draft_tokens.
+  // Structured outputs: the tokens the grammar allows at each sampled row, a bitmask over the
+  // model's vocabulary per row ((vocab + 31) / 32 words; word w bit b is token 32w + b; set =
+  // allowed), rows one after another: 1 row, or k + 1 with k proposed draft_tokens (jump-forward:
+  // each forced token's row allows only it). Empty: no constraint.
   std::vector<uint32_t> token_mask;
   // With a window pool (ConfigureMsg::num_window_blocks > 0): the window table's entries for the
   // same table slots as append_blocks (same length; reset_blocks clears both tables). -1 marks a

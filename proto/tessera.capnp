@@ -84,7 +84,7 @@ struct ScheduledSequence {
   appendWindowBlocks @8 :List(Int32);  # the window table's entries for the same blocks (-1: released)
   draftTokens @9 :List(Int32);   # speculation: proposed tokens after the last known one, verified this step
                                  # (-1 throughout: the shard's self-draft proposes them)
-  tokenMask @10 :List(UInt32);   # structured outputs: allowed tokens at the sampled row, bit per token (empty: all)
+  tokenMask @10 :List(UInt32);   # structured outputs: allowed tokens per sampled row (1, or k + 1 with drafts), a bit per token (empty: all)
 }
 
 struct BlockCopy {

@@ -89,13 +89,16 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
     }
     TESSERA_RETURN_IF_ERROR(validate_window_blocks(s, it->second));
     if (!s.token_mask.empty()) {
+      // One mask per sampled row: the one row, or a speculative piece's k + 1 (proposed drafts only).
       const int64_t words = (config_.vocab + 31) / 32;
-      if (!s.sample || !s.draft_tokens.empty())
+      const auto rows = static_cast<int64_t>(s.draft_tokens.size()) + 1;
+      if (!s.sample || (!s.draft_tokens.empty() && s.draft_tokens.front() == kShardDraftToken))
         return Status::invalid_argument(
-            fmt::format("sequence {}: a token mask is for one sampled row (no drafts)", s.seq_id));
-      if (static_cast<int64_t>(s.token_mask.size()) != words)
-        return Status::invalid_argument(fmt::format("sequence {}: token mask of {} words, the vocabulary ({}) needs {}",
-                                                    s.seq_id, s.token_mask.size(), config_.vocab, words));
+            fmt::format("sequence {}: token masks are for sampled rows (and proposed drafts, not shard drafts)", s.seq_id));
+      if (static_cast<int64_t>(s.token_mask.size()) != words * rows)
+        return Status::invalid_argument(
+            fmt::format("sequence {}: token masks of {} words, its {} sampled row(s) over the vocabulary ({}) need {}",
+                        s.seq_id, s.token_mask.size(), rows, config_.vocab, words * rows));
     }
   }
   return Status::ok();
@@ -355,10 +358,10 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
       float* rows = target_row_[i] >= 0 ? &target_logits_[static_cast<size_t>(target_row_[i] * vocab)]
                                         : &logits_[static_cast<size_t>(row * vocab)];
       if (target_row_[i] < 0) row += q.num_tokens;  // the drafter's rows are not in logits_
-      verify(q, drafts_[i], st, r, [&](int64_t j) { return sample_row(q, st, rows + j * vocab); });
+      verify(q, drafts_[i], st, r, [&](int64_t j) { return sample_row(q, st, rows + j * vocab, j); });
       continue;
     }
-    SampledToken tok = sample_row(q, st, &logits_[static_cast<size_t>(row * vocab)]);
+    SampledToken tok = sample_row(q, st, &logits_[static_cast<size_t>(row * vocab)], 0);
     ++row;
     // Recompute after preemption re-samples only when the plan covers every known token.
     if (q.start_pos + q.num_tokens == static_cast<int64_t>(st.tokens.size())) st.tokens.push_back(tok.id);
@@ -393,13 +396,17 @@ void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> 
 
 // One row's token drawn on the host: the row observer sees the logits, banned ids and the ids a
 // token mask leaves out go to -inf, then the sequence's sampler draws (and counts) the token.
-SampledToken ShardExecutor::sample_row(const ScheduledSequence& q, SequenceState& st, float* logits) {
+SampledToken ShardExecutor::sample_row(const ScheduledSequence& q, SequenceState& st, float* logits, int64_t row) {
   const int64_t vocab = config_.vocab;
   if (observer_) observer_(q.seq_id, std::span<const float>(logits, static_cast<size_t>(vocab)));
   for (const int32_t id : q.banned_tokens) {
     if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
   }
-  if (!q.token_mask.empty()) apply_token_mask(q.token_mask, std::span<float>(logits, static_cast<size_t>(vocab)));
+  if (!q.token_mask.empty()) {
+    const auto words = static_cast<size_t>((vocab + 31) / 32);
+    apply_token_mask(std::span<const uint32_t>(q.token_mask).subspan(static_cast<size_t>(row) * words, words),
+                     std::span<float>(logits, static_cast<size_t>(vocab)));
+  }
   return st.sampler->sample(logits, vocab, backend_.host_pool());
 }
 

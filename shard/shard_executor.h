@@ -80,7 +80,8 @@ class ShardExecutor {
   Status shard_drafts(const StepPlan& plan);
   void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, StepResult& r,
               const std::function<SampledToken(int64_t)>& draw);
-  SampledToken sample_row(const ScheduledSequence& q, SequenceState& st, float* logits);
+  // `row`: the piece's sampled row (0, or 0 .. k of a speculative piece): which token mask applies.
+  SampledToken sample_row(const ScheduledSequence& q, SequenceState& st, float* logits, int64_t row);
   void drop_drafts(const StepPlan& plan);
   bool plain_greedy(const StepPlan& plan) const;
   bool device_sampling_rows(const StepPlan& plan);

@@ -233,6 +233,15 @@ TEST(Grammar, SmallVocabularyWithModelPadding) {
   m->fill_mask(mask);
   for (int32_t id = 512; id < 520; ++id) EXPECT_FALSE(allowed(mask, id)) << id;
   EXPECT_FALSE(m->accept(515));
+  // Jump-forward: the forced start is spelled token by token exactly (no SentencePiece dummy
+  // space), and the matcher takes every one of those tokens.
+  const std::string forced = m->forced_string();
+  EXPECT_EQ(forced, "{\"b\": ");
+  const std::vector<int32_t> spelled = (*g)->spell(forced);
+  ASSERT_FALSE(spelled.empty());
+  EXPECT_EQ((*t)->decode_raw(spelled, false, true), forced);
+  for (int32_t id : spelled) EXPECT_TRUE(m->accept(id)) << id;
+  EXPECT_TRUE((*g)->spell("\x01\x02").size() <= 2);
 }
 
 }  // namespace

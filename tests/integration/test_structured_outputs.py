@@ -153,3 +153,21 @@ def test_refusals_name_the_keyword_and_path(server):
     assert server.metric("tessera_grammar_refused_total") >= 2
     assert server.metric("tessera_grammar_compile_seconds_count") >= 1
     assert server.metric("tessera_grammar_mask_seconds_count") >= 1
+
+
+def test_jump_forward_takes_forced_text_in_fewer_steps(server):
+    """Fixed keys and punctuation are forced by the grammar: they are taken as drafts masked to
+    their one token, so the request needs fewer steps than it has tokens."""
+    schema = {"type": "object", "properties": {
+        "a_rather_long_property_name": {"enum": ["first_value", "second_value"]},
+        "another_long_property_name": {"type": "boolean"}},
+        "required": ["a_rather_long_property_name", "another_long_property_name"], "additionalProperties": False}
+    forced_before = server.metric("tessera_grammar_jump_forward_tokens_total")
+    steps_before = server.metric("tessera_steps_total")
+    r = server.client.completions.create(model="test-model", prompt="Lily", max_tokens=100, temperature=0,
+                                         extra_body={"guided_json": schema})
+    steps = server.metric("tessera_steps_total") - steps_before
+    jsonschema.validate(json.loads(r.choices[0].text), schema)
+    assert server.metric("tessera_grammar_jump_forward_tokens_total") - forced_before >= 20
+    # One step for the prompt, then fewer decode steps than the output's tokens.
+    assert steps < r.usage.completion_tokens / 2, (steps, r.usage.completion_tokens)
