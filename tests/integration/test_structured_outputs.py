@@ -171,3 +171,23 @@ def test_jump_forward_takes_forced_text_in_fewer_steps(server):
     assert server.metric("tessera_grammar_jump_forward_tokens_total") - forced_before >= 20
     # One step for the prompt, then fewer decode steps than the output's tokens.
     assert steps < r.usage.completion_tokens / 2, (steps, r.usage.completion_tokens)
+
+
+def test_cuda_shards_apply_the_masks():
+    """Shards on the CUDA backend (TP 1 and 2; without a GPU, the fake backend CTest names in
+    TESSERA_FAKE_CUDA_LIBRARY): masked rows are sampled on the host from the device's logits,
+    jump-forward drafts included, and every output validates."""
+    lib = os.environ.get("TESSERA_FAKE_CUDA_LIBRARY")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("TESSERA_FAKE_CUDA_LIBRARY does not name the fake CUDA backend")
+    require_stories(os.path.join(STORIES, "hf"))
+    for tp in (1, 2):
+        s = Server(os.path.join(STORIES, "hf"), tp=tp, extra=["--device", "cuda"],
+                   env=dict(os.environ, TESSERA_CUDA_LIBRARY=lib))
+        try:
+            for temperature in (0.0, 1.0):
+                r = s.client.completions.create(model="test-model", prompt="Lily", max_tokens=120, seed=1,
+                                                temperature=temperature, extra_body={"guided_json": SCHEMAS[1]})
+                jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[1])
+        finally:
+            s.stop()
