@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Structured outputs' cost in serving (results/structured-outputs.md): output tokens/s of
+constrained requests against plain ones on the same server, at 1 and 16 concurrent requests,
+alternating the kinds round by round; a mix of 8 constrained + 8 plain against 16 plain; and a
+fixed-key schema (jump-forward). Every constrained output is checked against its schema.
+
+  .venv/bin/python bench/structured_outputs_bench.py [--model models/gemma-3-270m-q4_k_m.gguf]
+
+Prints a Markdown table with the CPU; raw runs go to bench/work/structured_outputs/.
+"""
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import jsonschema
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from tessera_server import Server  # noqa: E402
+
+
+def schema_of(n):
+    """n required properties of mixed kinds, bounded so that an instance ends."""
+    kinds = [{"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 0, "maximum": 100000},
+             {"type": "boolean"}, {"enum": ["alpha", "beta", "gamma"]}, {"type": "number", "minimum": 0, "maximum": 1}]
+    props = {f"field_{i}": kinds[i % len(kinds)] for i in range(n)}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+# The fixed-key schema: long keys and enum values, so most of the output is forced.
+FIXED = {"type": "object", "properties": {
+    f"the_{w}_property_of_this_record": {"enum": ["value_one_for_it", "value_two_for_it"]}
+    for w in ("first", "second", "third", "fourth", "fifth", "sixth")},
+    "required": [f"the_{w}_property_of_this_record" for w in ("first", "second", "third", "fourth", "fifth", "sixth")],
+    "additionalProperties": False}
+
+PROMPT = "Write the record of a customer order as JSON."
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = {}
+            for line in f:
+                if ":" in line:
+                    k, v = line.split(":", 1)
+                    info.setdefault(k.strip(), v.strip())
+        return f"{info.get('model name')} (family {info.get('cpu family')} model {info.get('model')}), " \
+               f"{os.cpu_count()} cores"
+    except OSError:
+        return platform.processor()
+
+
+def one(server, kind, max_tokens):
+    body = {"model": "test-model", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+            "temperature": 0.7, "seed": 1}
+    schema = None
+    if kind == "plain":
+        body["ignore_eos"] = True  # a plain request generates max_tokens tokens
+    elif kind == "schema20":
+        schema = schema_of(20)
+    elif kind == "fixed":
+        schema = FIXED
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}}
+    r = server.client.chat.completions.create(**{k: v for k, v in body.items() if k in ("model", "messages",
+                                                                                          "max_tokens", "temperature",
+                                                                                          "seed", "response_format")},
+                                              extra_body={"ignore_eos": True} if kind == "plain" else None)
+    text = r.choices[0].message.content
+    if schema is not None and r.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(text), schema)
+    return r.usage.completion_tokens, r.choices[0].finish_reason
+
+
+def run(server, kinds, max_tokens):
+    """Runs one request of each kind in `kinds` at once; returns (tokens by kind, wall seconds)."""
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
+        results = list(pool.map(lambda k: one(server, k, max_tokens), kinds))
+    wall = time.perf_counter() - t0
+    tokens = {}
+    for k, (n, _) in zip(kinds, results):
+        tokens[k] = tokens.get(k, 0) + n
+    return tokens, wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    args = ap.parse_args()
+    work = os.path.join(ROOT, "bench", "work", "structured_outputs")
+    os.makedirs(work, exist_ok=True)
+    server = Server(args.model)
+    scenarios = [
+        ("1 request", ["plain"], ["schema20"]),
+        ("16 requests", ["plain"] * 16, ["schema20"] * 16),
+        ("16 requests, fixed keys", ["plain"] * 16, ["fixed"] * 16),
+        ("1 request, fixed keys", ["plain"], ["fixed"]),
+        ("8 + 8 mix vs 16 plain", ["plain"] * 16, ["schema20"] * 8 + ["plain"] * 8),
+    ]
+    rows = []
+    raw = []
+    try:
+        run(server, ["schema20", "fixed", "plain"], 32)  # compile the grammars, warm up
+        for name, a, b in scenarios:
+            rates = {"A": [], "B": []}
+            for rnd in range(args.rounds):
+                order = (("A", a), ("B", b)) if rnd % 2 == 0 else (("B", b), ("A", a))
+                for label, kinds in order:
+                    tokens, wall = run(server, kinds, args.max_tokens)
+                    rates[label].append(sum(tokens.values()) / wall)
+                    raw.append({"scenario": name, "side": label, "round": rnd, "kinds": kinds, "tokens": tokens,
+                                "wall_s": wall})
+            med = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+            rows.append((name, med["A"], med["B"], med["B"] / med["A"]))
+        _, metrics = server.get("/metrics")
+    finally:
+        server.stop()
+    with open(os.path.join(work, "runs.json"), "w") as f:
+        json.dump(raw, f, indent=1)
+    mask = {l.split()[0]: float(l.split()[-1]) for l in metrics.splitlines()
+            if l.startswith("tessera_grammar_mask_seconds_") or l.startswith("tessera_grammar_jump_forward")}
+    print(f"CPU: {cpu_name()}")
+    print(f"date: {datetime.date.today()}; model: {os.path.basename(args.model)}; max_tokens {args.max_tokens}; "
+          f"{args.rounds} rounds alternating; medians of output tokens/s (all requests' completion tokens / wall)")
+    print()
+    print("| scenario | plain tok/s (A) | constrained tok/s (B) | B / A |")
+    print("| --- | --- | --- | --- |")
+    for name, a, b, r in rows:
+        print(f"| {name} | {a:.1f} | {b:.1f} | {r:.3f} |")
+    n = mask.get("tessera_grammar_mask_seconds_count", 0)
+    if n:
+        print(f"\nmask time over the run: {n:.0f} masks, mean {1e6 * mask['tessera_grammar_mask_seconds_sum'] / n:.0f} us; "
+              f"jump-forward tokens {mask.get('tessera_grammar_jump_forward_tokens_total', 0):.0f}")
+
+
+if __name__ == "__main__":
+    main()
