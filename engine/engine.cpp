@@ -488,6 +488,45 @@ void Engine::update_gauges() {
   }
 }
 
+// The token masks of the step's constrained pieces (masked_), on the engine thread before the
+// step goes out (not yet overlapped with the forward pass; spreading them over threads measured
+// no gain on two cores: bench/results/structured-outputs.md). Jump-forward pieces get k + 1 rows:
+// row i < k allows only forced token i, row k is the grammar's mask after them.
+void Engine::fill_masks() {
+  if (masked_.empty()) return;
+  mask_seconds_.assign(masked_.size(), 0.0);
+  for (size_t i = 0; i < masked_.size(); ++i) {
+    ScheduledSequence& q = *masked_[i].first;
+    SeqState& s = *masked_[i].second;
+    const auto m0 = WallClock::now();
+    if (!q.draft_tokens.empty()) {
+      const size_t words = s.mask.size();
+      const size_t k = q.draft_tokens.size();
+      q.token_mask.assign((k + 1) * words, 0u);
+      size_t accepted = 0;
+      for (size_t j = 0; j < k; ++j) {
+        const auto id = static_cast<size_t>(q.draft_tokens[j]);
+        q.token_mask[j * words + id / 32] = 1u << (id % 32);
+        accepted += s.matcher->accept(q.draft_tokens[j]) ? 1 : 0;
+      }
+      // (Drafts are what jump_forward found the matcher accepts; were one refused, the last row
+      // would allow everything and the token check in handle_tokens would end the sequence.)
+      if (accepted != k || !s.matcher->fill_mask(s.mask)) std::fill(s.mask.begin(), s.mask.end(), 0xffffffffu);
+      std::copy(s.mask.begin(), s.mask.end(), q.token_mask.begin() + static_cast<std::ptrdiff_t>(k * words));
+      if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
+    } else if (s.matcher->fill_mask(s.mask)) {
+      q.token_mask = s.mask;
+    }
+    mask_seconds_[i] = seconds_between(m0, WallClock::now());
+  }
+  for (size_t i = 0; i < masked_.size(); ++i) {
+    metrics_.observe("tessera_grammar_mask_seconds", mask_seconds_[i]);
+    const auto k = masked_[i].first->draft_tokens.size();
+    if (k > 0) metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(k));
+  }
+  masked_.clear();
+}
+
 // Jump-forward: where a constrained sequence's grammar allows exactly one continuation (a JSON
 // key, the punctuation around it), that text's tokens become the sequence's drafts for the next
 // step, each row masked to its one token, so they are taken at the cost of one step. Only the
@@ -558,31 +597,9 @@ void Engine::step() {
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
     // min_tokens: EOS cannot be sampled before the request has that many output tokens.
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
-    if (q.sample && s.matcher) {
-      const auto m0 = WallClock::now();
-      if (!q.draft_tokens.empty()) {
-        // Jump-forward: row i < k allows only forced token i; row k is the grammar's mask after them.
-        const size_t words = s.mask.size();
-        const size_t k = q.draft_tokens.size();
-        q.token_mask.assign((k + 1) * words, 0u);
-        size_t accepted = 0;
-        for (size_t i = 0; i < k; ++i) {
-          const auto id = static_cast<size_t>(q.draft_tokens[i]);
-          q.token_mask[i * words + id / 32] = 1u << (id % 32);
-          accepted += s.matcher->accept(q.draft_tokens[i]) ? 1 : 0;
-        }
-        if (accepted == k) {
-          if (!s.matcher->fill_mask(s.mask)) std::fill(s.mask.begin(), s.mask.end(), 0xffffffffu);
-          std::copy(s.mask.begin(), s.mask.end(), q.token_mask.begin() + static_cast<std::ptrdiff_t>(k * words));
-        }
-        if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
-        metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(k));
-      } else if (s.matcher->fill_mask(s.mask)) {
-        q.token_mask = s.mask;
-      }
-      metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
-    }
+    if (q.sample && s.matcher) masked_.push_back({&q, &s});
   }
+  fill_masks();
   const auto t0 = WallClock::now();
   auto result = shards_->run_step(*plan);
   const double step_seconds = seconds_between(t0, WallClock::now());
