@@ -66,10 +66,11 @@ TEST(BuiltinChatTemplateTest, GemmaTurns) {
   }
 }
 
+// (A tool result is a turn of its own since tools came: GemmaToolsAndToolResults.)
 TEST(BuiltinChatTemplateTest, GemmaRefusesOtherRoles) {
   const ChatTemplate t = gemma();
   for (const std::vector<ChatMessage>& messages :
-       {std::vector<ChatMessage>{{"user", "a"}, {"tool", "b"}}, std::vector<ChatMessage>{{"user", "a"}, {"system", "b"}}}) {
+       {std::vector<ChatMessage>{{"user", "a"}, {"critic", "b"}}, std::vector<ChatMessage>{{"user", "a"}, {"system", "b"}}}) {
     auto out = t.render(messages, gemma_options());
     ASSERT_FALSE(out.is_ok());
     EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
@@ -131,6 +132,39 @@ TEST(BuiltinChatTemplateTest, RealGemmaPromptTokenizesWithOneBos) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), *end), 1);
   const std::vector<int32_t> stops = (*tok)->eos_ids();
   EXPECT_NE(std::find(stops.begin(), stops.end(), *end), stops.end()) << "the tokenizer's stop set lacks <end_of_turn>";
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Tools on the built-in Gemma 3 template (Tessera's convention): the functions join the system
+// text, a call is written <tool_call>{...}</tool_call>, a tool result is a user turn. The
+// expected text is what Python's jinja2 3.1 renders from the same template file.
+TEST(BuiltinChatTemplateTest, GemmaToolsAndToolResults) {
+  auto t = builtin_chat_template(Architecture::kGemma3);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  ChatTemplateOptions o;
+  o.bos_token = "<bos>";
+  o.extra_context_json =
+      R"({"tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}]})";
+  std::vector<ChatMessage> messages = {
+      {"system", "Be brief.", ""},
+      {"user", "Time?", ""},
+      {"assistant", "",
+       R"({"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "utc"}}}]})"},
+      {"tool", "12:00", R"({"tool_call_id": "c1"})"}};
+  auto text = t->render(messages, o);
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_EQ(*text,
+            "<bos><start_of_turn>user\nBe brief.\n\nYou can call these functions. To call one, reply with "
+            "<tool_call>{\"name\": <function name>, \"arguments\": <arguments object>}</tool_call> (one per call) and "
+            "nothing else.\n\n{\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"parameters\": {\"type\": "
+            "\"object\", \"properties\": {\"zone\": {\"type\": \"string\"}}}}}\n\nTime?<end_of_turn>\n<start_of_turn>model\n"
+            "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}</tool_call><end_of_turn>\n"
+            "<start_of_turn>user\n<tool_response>\n12:00\n</tool_response><end_of_turn>\n<start_of_turn>model\n");
 }
 
 }  // namespace
