@@ -26,9 +26,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from tessera_server import Server  # noqa: E402
 
 
-def schema_of(n):
-    """n required properties of mixed kinds, bounded so that an instance ends."""
-    kinds = [{"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 0, "maximum": 100000},
+def schema_of(n, bounded_strings=True):
+    """n required properties of mixed kinds, bounded so that an instance ends (strings by
+    maxLength unless bounded_strings is false: xgrammar's masks inside a maxLength string cost
+    milliseconds on a 262k vocabulary, inside a plain string tens of microseconds)."""
+    string = {"type": "string", "maxLength": 12} if bounded_strings else {"type": "string"}
+    kinds = [string, {"type": "integer", "minimum": 0, "maximum": 100000},
              {"type": "boolean"}, {"enum": ["alpha", "beta", "gamma"]}, {"type": "number", "minimum": 0, "maximum": 1}]
     props = {f"field_{i}": kinds[i % len(kinds)] for i in range(n)}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
@@ -59,24 +62,20 @@ def cpu_name():
 
 
 def one(server, kind, max_tokens):
-    body = {"model": "test-model", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0.7, "seed": 1}
-    schema = None
-    if kind == "plain":
-        body["ignore_eos"] = True  # a plain request generates max_tokens tokens
-    elif kind == "schema20":
-        schema = schema_of(20)
-    elif kind == "fixed":
-        schema = FIXED
-    if schema is not None:
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}}
-    r = server.client.chat.completions.create(**{k: v for k, v in body.items() if k in ("model", "messages",
-                                                                                          "max_tokens", "temperature",
-                                                                                          "seed", "response_format")},
-                                              extra_body={"ignore_eos": True} if kind == "plain" else None)
-    text = r.choices[0].message.content
+    """One chat request of `kind` (plain, schema20, schema20u, fixed); returns (completion tokens,
+    finish reason). A constrained output that completed is validated against its schema."""
+    schema = {"schema20": lambda: schema_of(20), "schema20u": lambda: schema_of(20, bounded_strings=False),
+              "fixed": lambda: FIXED}.get(kind, lambda: None)()
+    kwargs = dict(model="test-model", messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens,
+                  temperature=0.7, seed=1)
+    if schema is None:
+        kwargs["extra_body"] = {"ignore_eos": True}  # a plain request generates max_tokens tokens
+    else:
+        kwargs["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "r", "schema": schema, "strict": True}}
+    r = server.client.chat.completions.create(**kwargs)
     if schema is not None and r.choices[0].finish_reason == "stop":
-        jsonschema.validate(json.loads(text), schema)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     return r.usage.completion_tokens, r.choices[0].finish_reason
 
 
@@ -97,6 +96,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--scenarios", default="all", help="all, or names separated by commas (schema20u: unbounded strings)")
     args = ap.parse_args()
     work = os.path.join(ROOT, "bench", "work", "structured_outputs")
     os.makedirs(work, exist_ok=True)
@@ -107,11 +107,17 @@ def main():
         ("16 requests, fixed keys", ["plain"] * 16, ["fixed"] * 16),
         ("1 request, fixed keys", ["plain"], ["fixed"]),
         ("8 + 8 mix vs 16 plain", ["plain"] * 16, ["schema20"] * 8 + ["plain"] * 8),
+        ("1 request, schema20u", ["plain"], ["schema20u"]),
+        ("16 requests, schema20u", ["plain"] * 16, ["schema20u"] * 16),
+        ("8 + 8 mix (schema20u) vs 16 plain", ["plain"] * 16, ["schema20u"] * 8 + ["plain"] * 8),
     ]
+    if args.scenarios != "all":
+        wanted = [w.strip() for w in args.scenarios.split(",")]
+        scenarios = [sc for sc in scenarios if any(w in sc[0] for w in wanted)]
     rows = []
     raw = []
     try:
-        run(server, ["schema20", "fixed", "plain"], 32)  # compile the grammars, warm up
+        run(server, ["schema20", "schema20u", "fixed", "plain"], 32)  # compile the grammars, warm up
         for name, a, b in scenarios:
             rates = {"A": [], "B": []}
             for rnd in range(args.rounds):
