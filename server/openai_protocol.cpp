@@ -14,19 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 
-Status field_error(std::string_view field, std::string_view what) {
-  return Status::invalid_argument(fmt::format("'{}' {}", field, what));
-}
-
-// Typed optional getters: absent or null -> unchanged; wrong type -> error naming the field.
-Status get_bool(const json& j, const char* key, bool& out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return Status::ok();
-  if (!it->is_boolean()) return field_error(key, "must be a boolean");
-  out = it->get<bool>();
-  return Status::ok();
-}
-
 template <typename Int>
 Status get_int(const json& j, const char* key, Int& out, int64_t lo, int64_t hi) {
   auto it = j.find(key);

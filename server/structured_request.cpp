@@ -5,11 +5,9 @@
 #include <fmt/format.h>
 
 namespace tessera {
-namespace {
 
 using json = nlohmann::json;
 
-// The same wording as the rest of the request's errors (server/openai_protocol.cpp).
 Status field_error(std::string_view field, std::string_view what) {
   return Status::invalid_argument(fmt::format("'{}' {}", field, what));
 }
@@ -21,6 +19,8 @@ Status get_bool(const json& j, const char* key, bool& out) {
   out = it->get<bool>();
   return Status::ok();
 }
+
+namespace {
 
 // A schema given as an object, or as a string holding one (vLLM accepts both).
 Result<std::string> schema_text(const json& v, const std::string& field) {

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,12 @@
 #include "server/tool_calls.h"
 
 namespace tessera {
+
+// A request field's error, the wording of every request error: "'max_tokens' must be >= 0".
+Status field_error(std::string_view field, std::string_view what);
+// An optional boolean member: absent or null leaves `out` as it is; another type is an error
+// naming the field.
+Status get_bool(const nlohmann::json& j, const char* key, bool& out);
 
 // response_format (json_object, json_schema {schema, strict}; text is none), guided_json /
 // guided_regex / guided_choice / guided_grammar, structured_outputs {json, regex, choice, grammar}:
