@@ -488,16 +488,14 @@ void Engine::update_gauges() {
   }
 }
 
-// The token masks of the step's constrained pieces (masked_), on the engine thread before the
+// The token masks of the step's constrained pieces, on the engine thread before the
 // step goes out (not yet overlapped with the forward pass; spreading them over threads measured
 // no gain on two cores: bench/results/structured-outputs.md). Jump-forward pieces get k + 1 rows:
 // row i < k allows only forced token i, row k is the grammar's mask after them.
-void Engine::fill_masks() {
-  if (masked_.empty()) return;
-  mask_seconds_.assign(masked_.size(), 0.0);
-  for (size_t i = 0; i < masked_.size(); ++i) {
-    ScheduledSequence& q = *masked_[i].first;
-    SeqState& s = *masked_[i].second;
+void Engine::fill_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked) {
+  for (const auto& [piece, seq] : masked) {
+    ScheduledSequence& q = *piece;
+    SeqState& s = *seq;
     const auto m0 = WallClock::now();
     if (!q.draft_tokens.empty()) {
       const size_t words = s.mask.size();
@@ -517,14 +515,10 @@ void Engine::fill_masks() {
     } else if (s.matcher->fill_mask(s.mask)) {
       q.token_mask = s.mask;
     }
-    mask_seconds_[i] = seconds_between(m0, WallClock::now());
+    metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
+    if (!q.draft_tokens.empty())
+      metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(q.draft_tokens.size()));
   }
-  for (size_t i = 0; i < masked_.size(); ++i) {
-    metrics_.observe("tessera_grammar_mask_seconds", mask_seconds_[i]);
-    const auto k = masked_[i].first->draft_tokens.size();
-    if (k > 0) metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(k));
-  }
-  masked_.clear();
 }
 
 // Jump-forward: where a constrained sequence's grammar allows exactly one continuation (a JSON
@@ -583,6 +577,7 @@ void Engine::step() {
   std::optional<StepPlan> plan = scheduler_->schedule();
   if (!plan) return;
   const auto now = WallClock::now();
+  std::vector<std::pair<ScheduledSequence*, SeqState*>> masked;  // the step's constrained pieces
   for (ScheduledSequence& q : plan->scheduled) {
     auto it = seqs_.find(q.seq_id);
     if (it == seqs_.end()) continue;
@@ -597,9 +592,9 @@ void Engine::step() {
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
     // min_tokens: EOS cannot be sampled before the request has that many output tokens.
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
-    if (q.sample && s.matcher) masked_.push_back({&q, &s});
+    if (q.sample && s.matcher) masked.push_back({&q, &s});
   }
-  fill_masks();
+  fill_masks(masked);
   const auto t0 = WallClock::now();
   auto result = shards_->run_step(*plan);
   const double step_seconds = seconds_between(t0, WallClock::now());

@@ -152,7 +152,7 @@ class Engine {
   void update_gauges();
   void propose_drafts();
   void jump_forward();
-  void fill_masks();
+  void fill_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked);
 
   void mark_unhealthy(const std::string& error);
 
@@ -167,8 +167,6 @@ class Engine {
   SpeculationController spec_;
   int64_t speculating_ = 0;  // live sequences whose mode is not off
   int64_t constrained_ = 0;  // live sequences with a grammar
-  std::vector<std::pair<ScheduledSequence*, SeqState*>> masked_;  // this step's constrained pieces
-  std::vector<double> mask_seconds_;
   struct SpecReported {
     int64_t proposed = 0, accepted = 0, switches = 0;
   };

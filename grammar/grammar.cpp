@@ -156,14 +156,6 @@ class XgCompiler final : public GrammarCompiler {
   }
 
   Result<std::shared_ptr<const CompiledGrammar>> compile(const GrammarSpec& spec) override {
-    if (spec.kind == GrammarKind::kJsonSchema) {
-      Status s = check_json_schema(spec.source);
-      if (!s.is_ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.refused;
-        return s;
-      }
-    }
     const std::string key = spec.key();
     std::shared_future<Outcome> future;
     {
@@ -241,6 +233,10 @@ class XgCompiler final : public GrammarCompiler {
 
   Outcome build_timed(const GrammarSpec& spec) {
     const char* what = grammar_kind_name(spec.kind);
+    // What xgrammar would not enforce is refused first (once per spec: refusals are not cached,
+    // compiled grammars are, so a cache hit skips this).
+    if (spec.kind == GrammarKind::kJsonSchema)
+      if (Status s = check_json_schema(spec.source); !s.is_ok()) return {s, nullptr};
     try {
       std::optional<xgrammar::CompiledGrammar> g;
       const std::optional<int> no_indent;
