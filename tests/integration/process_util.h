@@ -73,4 +73,18 @@ inline bool wait_until(const std::function<bool()>& cond, std::chrono::milliseco
   return cond();
 }
 
+// The whole number that follows the first `before` in `text` when `after` comes right behind it
+// (e.g. "drafts proposed, 12 kept": before "drafts proposed, ", after " kept"); -1 when there is
+// none. (No std::regex in the tests: under the sanitizers its libstdc++ headers warn at -O2,
+// and a warning fails that build.)
+inline long long number_between(const std::string& text, const std::string& before, const std::string& after) {
+  const size_t at = text.find(before);
+  if (at == std::string::npos) return -1;
+  size_t end = at + before.size();
+  const size_t start = end;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == start || text.compare(end, after.size(), after) != 0) return -1;
+  return std::stoll(text.substr(start, end - start));
+}
+
 }  // namespace tessera::testing

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include "common/env.h"
 #include "tests/integration/process_util.h"
@@ -89,8 +88,7 @@ TEST_F(TpTest, SpeculationKeepsTheStoriesReferenceAtTp1AndTp2) {
                                     " --temperature 0 --ignore-eos --print-ids --speculation " + mode + " --tp " + tp);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_EQ(last_line(r.output), join_ids(greedy)) << mode << " TP " << tp << " " << c["name"];
-        std::smatch m;
-        if (std::regex_search(r.output, m, std::regex("drafts proposed, ([0-9]+) kept"))) kept += std::stoi(m[1]);
+        if (const long long n = number_between(r.output, "drafts proposed, ", " kept"); n >= 0) kept += n;
       }
     }
     EXPECT_GT(kept, 0) << mode << ": drafts must have been kept";
@@ -150,10 +148,10 @@ TEST_F(TpTest, KilledShardFailsTheRequestQuicklyAndLeavesNothing) {
       bin("tessera") + " generate --model " + quote(model) +
           " --prompt-ids 1 --max-tokens 900 --temperature 0 --ignore-eos --tp 2 --shard-arg=" + marker,
       [&](const std::string& line) {
-        static const std::regex ready(R"(shard rank 1 ready: .*\(pid (\d+)\))");
-        std::smatch m;
-        if (shard_pid < 0 && std::regex_search(line, m, ready)) {
-          shard_pid = std::stoi(m[1]);
+        const size_t ready = line.find("shard rank 1 ready: ");
+        const long long pid = ready == std::string::npos ? -1 : number_between(line.substr(ready), "(pid ", ")");
+        if (shard_pid < 0 && pid > 0) {
+          shard_pid = static_cast<int>(pid);
           std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-generation
           t_kill = std::chrono::steady_clock::now();
           ::kill(shard_pid, SIGKILL);
