@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,71 @@ double percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
+std::string read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::string out;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// Trace mode: the instance's tokens one by one through the schema's matcher, each mask timed
+// (best of 3: the state's own cost, not the machine's noise); prints the total and the slowest
+// states with the text before them.
+int trace(tessera::GrammarCompiler& compiler, const tessera::Tokenizer& tok, const std::string& schema,
+          const std::string& instance, int slowest) {
+  const auto tc = Clock::now();
+  auto g = compiler.compile({tessera::GrammarKind::kJsonSchema, schema});
+  if (!g.is_ok()) {
+    std::fprintf(stderr, "%s\n", g.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("compiled in %.1f ms\n", us_since(tc) / 1000);
+  const std::vector<int32_t> ids = tok.encode(instance, false);
+  std::vector<uint32_t> mask(static_cast<size_t>((*g)->mask_words()));
+  struct State {
+    double us;
+    size_t pos;
+    int64_t allowed;
+  };
+  std::vector<State> states;
+  double total = 0;
+  auto m = (*g)->matcher();
+  for (size_t i = 0; i <= ids.size(); ++i) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto tm = Clock::now();
+      m->fill_mask(mask);
+      best = std::min(best, us_since(tm));
+    }
+    int64_t allowed = 0;
+    for (uint32_t w : mask) allowed += __builtin_popcount(w);
+    states.push_back({best, i, allowed});
+    total += best;
+    if (i == ids.size()) break;
+    if (!m->accept(ids[i])) {
+      std::fprintf(stderr, "token %zu (%d, '%s') is refused by the schema after: %s\n", i, ids[i],
+                   tok.id_to_token(ids[i]).c_str(), tok.decode(std::span(ids.data(), i)).c_str());
+      return 1;
+    }
+  }
+  std::printf("%zu tokens, %zu masks: total %.0f us, mean %.1f us\n", ids.size(), states.size(), total,
+              total / static_cast<double>(states.size()));
+  std::sort(states.begin(), states.end(), [](const State& a, const State& b) { return a.us > b.us; });
+  std::printf("| mask us | allowed tokens | text before the state (last 60 bytes) |\n| --- | --- | --- |\n");
+  for (size_t i = 0; i < states.size() && i < static_cast<size_t>(slowest); ++i) {
+    std::string before = tok.decode(std::span(ids.data(), states[i].pos));
+    if (before.size() > 60) before = "..." + before.substr(before.size() - 60);
+    std::printf("| %.1f | %lld | `%s` |\n", states[i].us, static_cast<long long>(states[i].allowed), before.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,11 +128,19 @@ int main(int argc, char** argv) {
   std::vector<int> sizes = {20, 50};
   int walks = 5;
   int compiles = 5;
+  std::string schema_file;
+  std::string instance_file;
+  int slowest = 12;
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_option("--model-vocab", model_vocab, "the logits' width (default: the tokenizer's vocabulary)");
   app.add_option("--properties", sizes, "schema sizes (properties)")->capture_default_str();
   app.add_option("--walks", walks, "outputs walked per size")->capture_default_str();
   app.add_option("--compiles", compiles, "new schemas compiled per size")->capture_default_str();
+  app.add_option("--schema", schema_file,
+                 "trace mode: a JSON Schema file; the masks along --instance (its tokenization) are timed and the "
+                 "slowest states printed");
+  app.add_option("--instance", instance_file, "trace mode: a JSON text that matches --schema");
+  app.add_option("--slowest", slowest, "trace mode: how many of the slowest states to print")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto tok = tessera::Tokenizer::from_hf_file(tokenizer_path);
@@ -88,6 +163,7 @@ int main(int argc, char** argv) {
               tokenizer_path.c_str(), setup_ms);
   std::printf("| properties | compile ms (new schema) p50 / max | mask us p50 | mask us p99 | mask us max | tokens "
               "timed | masks that restrict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+  if (!schema_file.empty()) return trace(**compiler, **tok, read_file(schema_file), read_file(instance_file), slowest);
   std::mt19937_64 rng(1234);
   for (int n : sizes) {
     std::vector<double> compile_ms;

@@ -138,6 +138,7 @@ struct Writer {
         fill_list(sched[i].initDraftTokens(static_cast<unsigned>(s.draft_tokens.size())), s.draft_tokens);
       if (!s.token_mask.empty())
         fill_list(sched[i].initTokenMask(static_cast<unsigned>(s.token_mask.size())), s.token_mask);
+      sched[i].setForcedDrafts(s.forced_drafts);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
     auto copies = b.initBlockCopies(static_cast<unsigned>(p.block_copies.size()));
@@ -250,6 +251,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.append_window_blocks = read_list<int32_t>(s.getAppendWindowBlocks());
         q.draft_tokens = read_list<int32_t>(s.getDraftTokens());
         q.token_mask = read_list<uint32_t>(s.getTokenMask());
+        q.forced_drafts = s.getForcedDrafts();
         p.scheduled.push_back(std::move(q));
       }
       p.finished = read_list<uint64_t>(r.getFinished());

@@ -490,27 +490,20 @@ void Engine::update_gauges() {
 
 // The token masks of the step's constrained pieces, on the engine thread before the
 // step goes out (not yet overlapped with the forward pass; spreading them over threads measured
-// no gain on two cores: bench/results/structured-outputs.md). Jump-forward pieces get k + 1 rows:
-// row i < k allows only forced token i, row k is the grammar's mask after them.
+// no gain on two cores: bench/results/structured-outputs.md). Jump-forward pieces carry their
+// forced tokens as forced drafts (no logits for their rows) and one mask: the grammar's after them.
 void Engine::fill_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked) {
   for (const auto& [piece, seq] : masked) {
     ScheduledSequence& q = *piece;
     SeqState& s = *seq;
     const auto m0 = WallClock::now();
     if (!q.draft_tokens.empty()) {
-      const size_t words = s.mask.size();
-      const size_t k = q.draft_tokens.size();
-      q.token_mask.assign((k + 1) * words, 0u);
+      q.forced_drafts = true;
       size_t accepted = 0;
-      for (size_t j = 0; j < k; ++j) {
-        const auto id = static_cast<size_t>(q.draft_tokens[j]);
-        q.token_mask[j * words + id / 32] = 1u << (id % 32);
-        accepted += s.matcher->accept(q.draft_tokens[j]) ? 1 : 0;
-      }
-      // (Drafts are what jump_forward found the matcher accepts; were one refused, the last row
-      // would allow everything and the token check in handle_tokens would end the sequence.)
-      if (accepted != k || !s.matcher->fill_mask(s.mask)) std::fill(s.mask.begin(), s.mask.end(), 0xffffffffu);
-      std::copy(s.mask.begin(), s.mask.end(), q.token_mask.begin() + static_cast<std::ptrdiff_t>(k * words));
+      while (accepted < q.draft_tokens.size() && s.matcher->accept(q.draft_tokens[accepted])) ++accepted;
+      // (Drafts are what jump_forward found the matcher accepts; were one refused, the row after
+      // them would allow everything and the token check in handle_tokens would end the sequence.)
+      if (accepted == q.draft_tokens.size() && s.matcher->fill_mask(s.mask)) q.token_mask = s.mask;
       if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
     } else if (s.matcher->fill_mask(s.mask)) {
       q.token_mask = s.mask;
@@ -532,10 +525,11 @@ void Engine::jump_forward() {
     SeqState& s = *it->second;
     const Job& job = s.job->job;
     if (!s.matcher || s.finished || s.generated < job.min_tokens) continue;
+    if (options_.scheduler.jump_forward_tokens <= 0) return;
     const std::string forced = s.matcher->forced_string();
     if (forced.empty()) continue;
     std::vector<int32_t> tokens = job.grammar->spell(forced);
-    int64_t most = job.max_tokens - s.generated - 1;
+    int64_t most = std::min<int64_t>(job.max_tokens - s.generated - 1, options_.scheduler.jump_forward_tokens);
     if (options_.max_positions > 0)
       most = std::min<int64_t>(most, options_.max_positions - (s.prompt_len + s.generated) - 1);
     if (most <= 0) continue;

@@ -70,7 +70,10 @@ constexpr KnobBound kUnbounded{};
   X(priority_classes, priority_classes, int32_t, at_least(1), at_most(16), 2, 2,                                     \
     "Number of request priority classes (0 is served first).")                                                      \
   X(aging_ms, aging_ms, double, above(0), kUnbounded, 5000.0, 30000.0,                                               \
-    "Milliseconds in the system after which a request's class improves by one.")
+    "Milliseconds in the system after which a request's class improves by one.")                                    \
+  X(jump_forward_tokens, jump_forward_tokens, int32_t, at_least(0), kUnbounded, 64, 64,                              \
+    "Structured outputs: most tokens a step takes without sampling where the grammar allows one continuation "       \
+    "(jump-forward; 0: off).")
 
 // The speculation knobs: the same columns, `member` a field of SpeculationConfig
 // (engine/speculation.h says what each does).

@@ -70,8 +70,8 @@ struct ScheduledSequence {
   std::vector<int32_t> banned_tokens;  // given probability 0 when this step samples
   // Structured outputs: the tokens the grammar allows at each sampled row, a bitmask over the
   // model's vocabulary per row ((vocab + 31) / 32 words; word w bit b is token 32w + b; set =
-  // allowed), rows one after another: 1 row, or k + 1 with k proposed draft_tokens (jump-forward:
-  // each forced token's row allows only it). Empty: no constraint.
+  // allowed), rows one after another: 1 row, or k + 1 with k proposed draft_tokens (1 row with
+  // forced_drafts: the row after them). Empty: no constraint.
   std::vector<uint32_t> token_mask;
   // With a window pool (ConfigureMsg::num_window_blocks > 0): the window table's entries for the
   // same table slots as append_blocks (same length; reset_blocks clears both tables). -1 marks a
@@ -86,6 +86,10 @@ struct ScheduledSequence {
   // as the coordinator's block pool does. Drafts that are all kShardDraftToken are proposed by
   // the shard's drafter (ConfigureMsg::draft_layers) in the same step, before the verification.
   std::vector<int32_t> draft_tokens;
+  // The draft_tokens are certain (structured outputs' jump-forward: the grammar allows nothing
+  // else): the shard takes them without computing their rows' logits or verifying them, reports
+  // them with logprob 0 (probability 1 under the grammar), and samples only the row after them.
+  bool forced_drafts = false;
 };
 
 struct BlockCopy {

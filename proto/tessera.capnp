@@ -85,6 +85,7 @@ struct ScheduledSequence {
   draftTokens @9 :List(Int32);   # speculation: proposed tokens after the last known one, verified this step
                                  # (-1 throughout: the shard's self-draft proposes them)
   tokenMask @10 :List(UInt32);   # structured outputs: allowed tokens per sampled row (1, or k + 1 with drafts), a bit per token (empty: all)
+  forcedDrafts @11 :Bool;        # the drafts are certain (jump-forward): taken without logits, only the row after them sampled
 }
 
 struct BlockCopy {

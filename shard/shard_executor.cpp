@@ -88,10 +88,15 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
                                                   s.start_pos, s.start_pos + s.num_tokens, n_tokens));
     }
     TESSERA_RETURN_IF_ERROR(validate_window_blocks(s, it->second));
+    if (s.forced_drafts && (s.draft_tokens.empty() || s.draft_tokens.front() == kShardDraftToken))
+      return Status::invalid_argument(
+          fmt::format("sequence {}: forced_drafts without proposed draft tokens ({} drafts{})", s.seq_id,
+                      s.draft_tokens.size(), s.draft_tokens.empty() ? "" : ", the shard's own"));
     if (!s.token_mask.empty()) {
-      // One mask per sampled row: the one row, or a speculative piece's k + 1 (proposed drafts only).
+      // One mask per sampled row: the one row, or a speculative piece's k + 1 (proposed drafts
+      // only); forced drafts are not sampled: the one row after them.
       const int64_t words = (config_.vocab + 31) / 32;
-      const auto rows = static_cast<int64_t>(s.draft_tokens.size()) + 1;
+      const auto rows = s.forced_drafts ? 1 : static_cast<int64_t>(s.draft_tokens.size()) + 1;
       if (!s.sample || (!s.draft_tokens.empty() && s.draft_tokens.front() == kShardDraftToken))
         return Status::invalid_argument(
             fmt::format("sequence {}: token masks are for sampled rows (and proposed drafts, not shard drafts)", s.seq_id));
@@ -211,7 +216,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
       in.block_table = st.block_table;
       in.window_block_table = st.window_block_table;  // empty without a window pool
       in.want_logits = q.sample;
-      in.all_logits = q.prompt_logprobs || !q.draft_tokens.empty();
+      in.all_logits = q.prompt_logprobs || (!q.draft_tokens.empty() && !q.forced_drafts);
       batch_.push_back(in);
     }
     // Steps whose every sampled row is plain greedy take the argmax on the device when the
@@ -260,7 +265,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
 // (take_greedy); one with shard drafts does not (the drafter computed its rows on the host).
 bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.token_mask.empty()) return false;
+    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.token_mask.empty() || q.forced_drafts) return false;
     if (!q.draft_tokens.empty() && q.draft_tokens.front() == kShardDraftToken) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
@@ -353,6 +358,11 @@ void ShardExecutor::sample(const StepPlan& plan, StepResult& r) {
     } else if (!q.sample) {
       continue;
     }
+    if (q.forced_drafts) {
+      take_forced(q, st, &logits_[static_cast<size_t>(row * vocab)], r);
+      ++row;
+      continue;
+    }
     if (!q.draft_tokens.empty()) {
       const auto i = static_cast<size_t>(&q - plan.scheduled.data());
       float* rows = target_row_[i] >= 0 ? &target_logits_[static_cast<size_t>(target_row_[i] * vocab)]
@@ -392,6 +402,23 @@ void ShardExecutor::verify(const ScheduledSequence& q, std::span<const int32_t> 
   const auto keep = static_cast<size_t>((q.start_pos + drawn + block_size_ - 1) / block_size_);
   if (st.block_table.size() > keep) st.block_table.resize(keep);
   if (st.window_block_table.size() > keep) st.window_block_table.resize(keep);
+}
+
+// Forced drafts (jump-forward): st.tokens already ends with them (execute appended them as a
+// speculative piece's drafts), so only the sampler counts them; they are reported with logprob 0
+// (the grammar left no other choice), then the row after them is sampled as a plain decode's.
+void ShardExecutor::take_forced(const ScheduledSequence& q, SequenceState& st, float* logits, StepResult& r) {
+  const int32_t n_logprobs = st.sampler->params().n_logprobs;
+  for (const int32_t id : q.draft_tokens) {
+    st.sampler->accept(id);
+    if (options_.rank != 0) continue;
+    std::vector<std::pair<int32_t, float>> top;
+    if (n_logprobs > 0) top.push_back({id, 0.0f});
+    r.tokens.push_back({q.seq_id, id, 0.0f, std::move(top)});
+  }
+  SampledToken tok = sample_row(q, st, logits, 0);
+  st.tokens.push_back(tok.id);
+  if (options_.rank == 0) r.tokens.push_back({q.seq_id, tok.id, tok.logprob, std::move(tok.top_logprobs)});
 }
 
 // One row's token drawn on the host: the row observer sees the logits, banned ids and the ids a

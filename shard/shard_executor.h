@@ -78,6 +78,7 @@ class ShardExecutor {
   Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
   Status validate_draft(const ScheduledSequence& s, int64_t n_tokens) const;
   Status shard_drafts(const StepPlan& plan);
+  void take_forced(const ScheduledSequence& q, SequenceState& st, float* logits, StepResult& r);
   void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, StepResult& r,
               const std::function<SampledToken(int64_t)>& draw);
   // `row`: the piece's sampled row (0, or 0 .. k of a speculative piece): which token mask applies.

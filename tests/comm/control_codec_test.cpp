@@ -22,6 +22,8 @@ StepPlan sample_plan() {
   p.scheduled.push_back({9, 17, 1, true, {}, true});
   p.scheduled.back().banned_tokens = {2, 31999};
   p.scheduled.back().token_mask = {0xffffffffu, 0x5u, 0u};
+  p.scheduled.back().draft_tokens = {11, 12};
+  p.scheduled.back().forced_drafts = true;
   p.finished = {3, 4};
   p.block_copies = {{5, 6}};
   return p;
@@ -48,6 +50,9 @@ TEST(ControlCodecTest, StepPlanRoundTrips) {
   EXPECT_EQ(p.scheduled[1].banned_tokens, (std::vector<int32_t>{2, 31999}));
   EXPECT_TRUE(p.scheduled[0].token_mask.empty());
   EXPECT_EQ(p.scheduled[1].token_mask, (std::vector<uint32_t>{0xffffffffu, 0x5u, 0u}));
+  EXPECT_FALSE(p.scheduled[0].forced_drafts);
+  EXPECT_TRUE(p.scheduled[1].forced_drafts);
+  EXPECT_EQ(p.scheduled[1].draft_tokens, (std::vector<int32_t>{11, 12}));
   EXPECT_EQ(p.finished, (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(p.block_copies[0].dst, 6);
 }

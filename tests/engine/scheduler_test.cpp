@@ -1605,7 +1605,8 @@ TEST(SchedulerConfigTest, LogLineAndPrometheusGauges) {
   SchedulerConfig c = *scheduler_profile("interactive");
   EXPECT_EQ(format_scheduler_config(c),
             "scheduler: profile=interactive max_batch=32 max_step_tokens=2048 max_wait_ms=2 max_burst_wait_ms=50 "
-            "prefill_chunk=512 mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 speculation=auto spec_depth=4 "
+            "prefill_chunk=512 mixed_prefill_tokens=0 priority_classes=2 aging_ms=5000 jump_forward_tokens=64 "
+            "speculation=auto spec_depth=4 "
             "spec_ngram_max=3 spec_ngram_min=1 spec_probe_interval=64 spec_probe_steps=4 spec_hysteresis=0.03 "
             "spec_draft_layers=0 spec_draft_vocab=16384");
   const std::string prom = scheduler_config_prometheus(c);

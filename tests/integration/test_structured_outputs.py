@@ -156,8 +156,8 @@ def test_refusals_name_the_keyword_and_path(server):
 
 
 def test_jump_forward_takes_forced_text_in_fewer_steps(server):
-    """Fixed keys and punctuation are forced by the grammar: they are taken as drafts masked to
-    their one token, so the request needs fewer steps than it has tokens."""
+    """Fixed keys and punctuation are forced by the grammar: they are taken as forced drafts (no
+    logits for their rows), so the request needs fewer steps than it has tokens."""
     schema = {"type": "object", "properties": {
         "a_rather_long_property_name": {"enum": ["first_value", "second_value"]},
         "another_long_property_name": {"type": "boolean"}},
@@ -171,6 +171,25 @@ def test_jump_forward_takes_forced_text_in_fewer_steps(server):
     assert server.metric("tessera_grammar_jump_forward_tokens_total") - forced_before >= 20
     # One step for the prompt, then fewer decode steps than the output's tokens.
     assert steps < r.usage.completion_tokens / 2, (steps, r.usage.completion_tokens)
+
+
+def test_jump_forward_off_still_constrains():
+    """`--jump-forward-tokens 0` turns jump-forward off: every token is sampled under its mask
+    (one step per token), none is taken as a forced draft, and every output validates. (The
+    outputs may differ from jump-forward's: forced text is spelled with the longest tokens, which
+    is not always how the model would have cut it.)"""
+    plain = Server(os.path.join(STORIES, "hf"), extra=["--jump-forward-tokens", "0"])
+    try:
+        for schema in SCHEMAS[:3]:
+            for temperature in (0.0, 1.0):
+                steps_before = plain.metric("tessera_steps_total")
+                r = plain.client.completions.create(model="test-model", prompt="Lily", max_tokens=120, seed=3,
+                                                    temperature=temperature, extra_body={"guided_json": schema})
+                jsonschema.validate(json.loads(r.choices[0].text), schema)
+                assert plain.metric("tessera_steps_total") - steps_before >= r.usage.completion_tokens
+        assert plain.metric("tessera_grammar_jump_forward_tokens_total") == 0
+    finally:
+        plain.stop()
 
 
 def test_cuda_shards_apply_the_masks():

@@ -13,6 +13,7 @@
 #include "comm/device_comm.h"
 #include "common/env.h"
 #include "tests/shard/stories_reference.h"
+#include "tests/shard/test_block_allocator.h"
 #include "local/local_model.h"
 #include "shard/cpu_backend.h"
 
@@ -391,6 +392,106 @@ TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
       << s.message();
   EXPECT_FALSE(executor.configured());
   EXPECT_TRUE(executor.configure(16, 8, KvDtype::kF16).is_ok());
+}
+
+// Structured outputs' jump-forward: forced drafts are taken without their rows' logits, and the
+// row after them is what decoding them one step at a time (each masked to its one token) gives:
+// the same token and logprob. A plan that marks drafts forced without giving any is refused.
+TEST(ShardExecutorTest, ForcedDraftsEqualTokensForcedOneStepAtATime) {
+  TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
+  auto store = WeightStore::open(stories_dir() + "/hf");
+  ASSERT_TRUE(store.is_ok());
+  const ModelConfig& c = (*store)->config();
+  auto full = bind_model_weights(**store);
+  ASSERT_TRUE(full.is_ok());
+  auto layout = plan_shard_layout(c, TpConfig{});
+  ASSERT_TRUE(layout.is_ok());
+  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
+  ASSERT_TRUE(weights.is_ok());
+  auto comm = make_single_rank_comm();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
+  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), CpuBackendOptions{});
+  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  constexpr int32_t kBlock = 16;
+  ASSERT_TRUE(executor.configure(kBlock, 32, KvDtype::kF32).is_ok());
+  test::TestBlockAllocator blocks(32);
+  const std::vector<int32_t> prompt = load_cases().front().prompt;
+  const std::vector<int32_t> forced = {50, 300, 7, 120, 33};
+  const auto words = static_cast<size_t>((c.vocab + 31) / 32);
+  auto only = [&](int32_t id) {
+    std::vector<uint32_t> m(words, 0u);
+    m[static_cast<size_t>(id) / 32] = 1u << (id % 32);
+    return m;
+  };
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.return_logprob = true;
+  uint64_t step = 0;
+  // Prefill; returns the first sampled token.
+  auto start = [&](uint64_t id, std::vector<int32_t>& table) {
+    StepPlan p;
+    p.step_id = ++step;
+    p.new_sequences.push_back({id, prompt, sp});
+    const std::vector<int32_t> before = table;
+    EXPECT_TRUE(blocks.ensure(table, static_cast<int64_t>(prompt.size()) + 1, kBlock));
+    ScheduledSequence q{id, 0, static_cast<int32_t>(prompt.size()), true};
+    q.append_blocks.assign(table.begin() + static_cast<std::ptrdiff_t>(before.size()), table.end());
+    p.scheduled.push_back(q);
+    StepResult r = executor.execute(p);
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    return r.tokens;
+  };
+  // Sequence 1: each forced token in a step of its own, masked to it; then a free row.
+  std::vector<int32_t> table1;
+  ASSERT_EQ(start(1, table1).size(), 1u);
+  int64_t pos = static_cast<int64_t>(prompt.size());
+  std::vector<StepToken> one_by_one;
+  for (size_t i = 0; i <= forced.size(); ++i) {
+    StepPlan p;
+    p.step_id = ++step;
+    const size_t had = table1.size();
+    ASSERT_TRUE(blocks.ensure(table1, pos + 2, kBlock));
+    ScheduledSequence q{1, pos, 1, true};
+    q.append_blocks.assign(table1.begin() + static_cast<std::ptrdiff_t>(had), table1.end());
+    if (i < forced.size()) q.token_mask = only(forced[i]);
+    p.scheduled.push_back(q);
+    StepResult r = executor.execute(p);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    ASSERT_EQ(r.tokens.size(), 1u);
+    one_by_one.push_back(r.tokens[0]);
+    ++pos;
+  }
+  // Sequence 2: the same forced tokens as one step's forced drafts.
+  std::vector<int32_t> table2;
+  ASSERT_EQ(start(2, table2).size(), 1u);
+  const auto p0 = static_cast<int64_t>(prompt.size());
+  StepPlan p;
+  p.step_id = ++step;
+  ASSERT_TRUE(blocks.ensure(table2, p0 + static_cast<int64_t>(forced.size()) + 2, kBlock));
+  ScheduledSequence q{2, p0, static_cast<int32_t>(forced.size()) + 1, true};
+  q.append_blocks.assign(table2.begin() + 1, table2.end());
+  q.draft_tokens = forced;
+  q.forced_drafts = true;
+  p.scheduled.push_back(q);
+  StepResult r = executor.execute(p);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_EQ(r.tokens.size(), forced.size() + 1);
+  for (size_t i = 0; i < forced.size(); ++i) {
+    EXPECT_EQ(r.tokens[i].token, forced[i]);
+    EXPECT_EQ(one_by_one[i].token, forced[i]);
+    EXPECT_EQ(r.tokens[i].logprob, 0.0f);
+  }
+  EXPECT_EQ(r.tokens.back().token, one_by_one.back().token);
+  EXPECT_NEAR(r.tokens.back().logprob, one_by_one.back().logprob, 1e-4);
+  EXPECT_LT(one_by_one.back().logprob, 0.0f) << "the free row is a real draw";
+
+  StepPlan bad;
+  bad.step_id = ++step;
+  ScheduledSequence b{2, p0 + static_cast<int64_t>(forced.size()) + 1, 1, true};
+  b.forced_drafts = true;
+  bad.scheduled.push_back(b);
+  r = executor.execute(bad);
+  EXPECT_NE(r.error.find("forced_drafts without proposed draft tokens"), std::string::npos) << r.error;
 }
 
 }  // namespace
