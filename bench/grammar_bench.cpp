@@ -70,10 +70,10 @@ std::string read_file(const std::string& path) {
 // Trace mode: the instance's tokens one by one through the schema's matcher, each mask timed
 // (best of 3: the state's own cost, not the machine's noise); prints the total and the slowest
 // states with the text before them.
-int trace(tessera::GrammarCompiler& compiler, const tessera::Tokenizer& tok, const std::string& schema,
+int trace(tessera::GrammarCompiler& compiler, const tessera::Tokenizer& tok, const tessera::GrammarSpec& spec,
           const std::string& instance, int slowest) {
   const auto tc = Clock::now();
-  auto g = compiler.compile({tessera::GrammarKind::kJsonSchema, schema});
+  auto g = compiler.compile(spec);
   if (!g.is_ok()) {
     std::fprintf(stderr, "%s\n", g.status().to_string().c_str());
     return 1;
@@ -102,8 +102,10 @@ int trace(tessera::GrammarCompiler& compiler, const tessera::Tokenizer& tok, con
     total += best;
     if (i == ids.size()) break;
     if (!m->accept(ids[i])) {
-      std::fprintf(stderr, "token %zu (%d, '%s') is refused by the schema after: %s\n", i, ids[i],
-                   tok.id_to_token(ids[i]).c_str(), tok.decode(std::span(ids.data(), i)).c_str());
+      const bool in_mask = (mask[static_cast<size_t>(ids[i]) / 32] >> (ids[i] % 32)) & 1u;
+      std::fprintf(stderr, "token %zu (%d, '%s') is refused by the grammar (its mask %s it) after: %s\n", i, ids[i],
+                   tok.id_to_token(ids[i]).c_str(), in_mask ? "allowed" : "left out",
+                   tok.decode(std::span(ids.data(), i)).c_str());
       return 1;
     }
   }
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
   std::string schema_file;
   std::string instance_file;
   int slowest = 12;
+  bool ebnf = false;
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_option("--model-vocab", model_vocab, "the logits' width (default: the tokenizer's vocabulary)");
   app.add_option("--properties", sizes, "schema sizes (properties)")->capture_default_str();
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
                  "trace mode: a JSON Schema file; the masks along --instance (its tokenization) are timed and the "
                  "slowest states printed");
   app.add_option("--instance", instance_file, "trace mode: a JSON text that matches --schema");
+  app.add_flag("--ebnf", ebnf, "trace mode: --schema is an EBNF grammar (root rule \"root\"), not a JSON Schema");
   app.add_option("--slowest", slowest, "trace mode: how many of the slowest states to print")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -161,9 +165,10 @@ int main(int argc, char** argv) {
   std::printf("cpu: %s\n", tessera::cpu::describe_cpu().c_str());
   std::printf("vocabulary: %lld tokens (%s); token tables built in %.0f ms\n\n", static_cast<long long>(model_vocab),
               tokenizer_path.c_str(), setup_ms);
+  if (!schema_file.empty()) return trace(**compiler, **tok, {ebnf ? tessera::GrammarKind::kEbnf : tessera::GrammarKind::kJsonSchema, read_file(schema_file)},
+                 read_file(instance_file), slowest);
   std::printf("| properties | compile ms (new schema) p50 / max | mask us p50 | mask us p99 | mask us max | tokens "
               "timed | masks that restrict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-  if (!schema_file.empty()) return trace(**compiler, **tok, read_file(schema_file), read_file(instance_file), slowest);
   std::mt19937_64 rng(1234);
   for (int n : sizes) {
     std::vector<double> compile_ms;

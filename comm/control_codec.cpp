@@ -139,6 +139,7 @@ struct Writer {
       if (!s.token_mask.empty())
         fill_list(sched[i].initTokenMask(static_cast<unsigned>(s.token_mask.size())), s.token_mask);
       sched[i].setForcedDrafts(s.forced_drafts);
+      sched[i].setMaskFollows(s.mask_follows);
     }
     fill_list(b.initFinished(static_cast<unsigned>(p.finished.size())), p.finished);
     auto copies = b.initBlockCopies(static_cast<unsigned>(p.block_copies.size()));
@@ -199,6 +200,16 @@ struct Writer {
   void operator()(const ShutdownMsg& s) { env.setShutdown(s.reason); }
   void operator()(const AbortMsg& a) { fill_list(env.initAbort(static_cast<unsigned>(a.seq_ids.size())), a.seq_ids); }
   void operator()(const RefusedMsg& r) { env.setRefused(r.reason); }
+  void operator()(const StepMasks& m) {
+    auto b = env.initMasks();
+    b.setStepId(m.step_id);
+    auto masks = b.initMasks(static_cast<unsigned>(m.masks.size()));
+    for (unsigned i = 0; i < m.masks.size(); ++i) {
+      masks[i].setSeqId(m.masks[i].seq_id);
+      if (!m.masks[i].token_mask.empty())
+        fill_list(masks[i].initTokenMask(static_cast<unsigned>(m.masks[i].token_mask.size())), m.masks[i].token_mask);
+    }
+  }
 };
 
 ControlMessage read_envelope(proto::Envelope::Reader env) {
@@ -252,6 +263,7 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
         q.draft_tokens = read_list<int32_t>(s.getDraftTokens());
         q.token_mask = read_list<uint32_t>(s.getTokenMask());
         q.forced_drafts = s.getForcedDrafts();
+        q.mask_follows = s.getMaskFollows();
         p.scheduled.push_back(std::move(q));
       }
       p.finished = read_list<uint64_t>(r.getFinished());
@@ -290,6 +302,13 @@ ControlMessage read_envelope(proto::Envelope::Reader env) {
     case proto::Envelope::SHUTDOWN: return ShutdownMsg{env.getShutdown()};
     case proto::Envelope::ABORT: return AbortMsg{read_list<uint64_t>(env.getAbort())};
     case proto::Envelope::REFUSED: return RefusedMsg{env.getRefused()};
+    case proto::Envelope::MASKS: {
+      auto r = env.getMasks();
+      StepMasks m;
+      m.step_id = r.getStepId();
+      for (auto s : r.getMasks()) m.masks.push_back({s.getSeqId(), read_list<uint32_t>(s.getTokenMask())});
+      return m;
+    }
   }
   throw std::runtime_error("unknown message kind " + std::to_string(static_cast<int>(env.which())));
 }

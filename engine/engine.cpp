@@ -488,30 +488,34 @@ void Engine::update_gauges() {
   }
 }
 
-// The token masks of the step's constrained pieces, on the engine thread before the
-// step goes out (not yet overlapped with the forward pass; spreading them over threads measured
-// no gain on two cores: bench/results/structured-outputs.md). Jump-forward pieces carry their
-// forced tokens as forced drafts (no logits for their rows) and one mask: the grammar's after them.
-void Engine::fill_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked) {
+// The token masks of the step's constrained pieces (marked mask_follows), computed on the engine
+// thread after the plan went out, while the ranks run the forward pass (StepExecutor::run_step
+// sends them after the plan; spreading them over threads measured no gain on two cores:
+// bench/results/structured-outputs.md). Jump-forward pieces carry their forced tokens as forced
+// drafts (no logits for their rows) and one mask: the grammar's after them.
+std::vector<SequenceMask> Engine::compute_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked) {
+  std::vector<SequenceMask> out;
+  out.reserve(masked.size());
   for (const auto& [piece, seq] : masked) {
-    ScheduledSequence& q = *piece;
+    const ScheduledSequence& q = *piece;
     SeqState& s = *seq;
     const auto m0 = WallClock::now();
+    SequenceMask& m = out.emplace_back(SequenceMask{q.seq_id, {}});
     if (!q.draft_tokens.empty()) {
-      q.forced_drafts = true;
       size_t accepted = 0;
       while (accepted < q.draft_tokens.size() && s.matcher->accept(q.draft_tokens[accepted])) ++accepted;
       // (Drafts are what jump_forward found the matcher accepts; were one refused, the row after
       // them would allow everything and the token check in handle_tokens would end the sequence.)
-      if (accepted == q.draft_tokens.size() && s.matcher->fill_mask(s.mask)) q.token_mask = s.mask;
+      if (accepted == q.draft_tokens.size() && s.matcher->fill_mask(s.mask)) m.token_mask = s.mask;
       if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
     } else if (s.matcher->fill_mask(s.mask)) {
-      q.token_mask = s.mask;
+      m.token_mask = s.mask;
     }
     metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
     if (!q.draft_tokens.empty())
       metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(q.draft_tokens.size()));
   }
+  return out;
 }
 
 // Jump-forward: where a constrained sequence's grammar allows exactly one continuation (a JSON
@@ -586,11 +590,15 @@ void Engine::step() {
     if (s.job->job.want_prompt_logprobs && s.generated == 0 && q.start_pos < s.prompt_len) q.prompt_logprobs = true;
     // min_tokens: EOS cannot be sampled before the request has that many output tokens.
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
-    if (q.sample && s.matcher) masked.push_back({&q, &s});
+    if (q.sample && s.matcher) {
+      q.mask_follows = true;
+      q.forced_drafts = !q.draft_tokens.empty();  // a constrained sequence's drafts are jump-forward's
+      masked.push_back({&q, &s});
+    }
   }
-  fill_masks(masked);
   const auto t0 = WallClock::now();
-  auto result = shards_->run_step(*plan);
+  auto result = masked.empty() ? shards_->run_step(*plan)
+                               : shards_->run_step(*plan, [&] { return compute_masks(masked); });
   const double step_seconds = seconds_between(t0, WallClock::now());
   metrics_.observe("tessera_step_seconds", step_seconds);
   metrics_.add("tessera_steps_total");

@@ -152,7 +152,7 @@ class Engine {
   void update_gauges();
   void propose_drafts();
   void jump_forward();
-  void fill_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked);
+  std::vector<SequenceMask> compute_masks(const std::vector<std::pair<ScheduledSequence*, SeqState*>>& masked);
 
   void mark_unhealthy(const std::string& error);
 

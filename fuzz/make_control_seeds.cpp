@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   write("shutdown", ShutdownMsg{"the server is shutting down"});
   write("abort", AbortMsg{{5, 6, 7}});
   write("refused", RefusedMsg{"model fingerprint differs"});
+  write("step_masks", StepMasks{12, {{7, {0xffffffffu, 0x0000ff00u}}, {9, {}}}});
   std::printf("wrote the control message seeds to %s\n", dir.c_str());
   return 0;
 }

@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <xgrammar/xgrammar.h>
 
+#include "common/logging.h"
 #include "common/sha256.h"
+#include "grammar/bounded_strings.h"
 #include "grammar/schema_check.h"
 
 namespace tessera {
@@ -245,9 +247,20 @@ class XgCompiler final : public GrammarCompiler {
           g = compiler_.CompileJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
                                           /*strict_mode=*/false);
           break;
-        case GrammarKind::kJsonSchema:
-          g = compiler_.CompileJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
+        case GrammarKind::kJsonSchema: {
+          // Length-bounded strings as chains of rules (grammar/bounded_strings.h): cheap masks.
+          xgrammar::Grammar grammar =
+              xgrammar::Grammar::FromJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
+          if (std::optional<std::string> unrolled = unroll_bounded_strings(grammar.ToString())) {
+            try {
+              grammar = xgrammar::Grammar::FromEBNF(*unrolled, "root");
+            } catch (const std::exception& e) {  // the converter's own grammar then (slower masks)
+              TESSERA_LOG_WARN("bounded strings kept as repetitions: the rewritten grammar does not parse: {}", e.what());
+            }
+          }
+          g = compiler_.CompileGrammar(grammar);
           break;
+        }
         case GrammarKind::kRegex:
           g = compiler_.CompileRegex(spec.source);
           break;

@@ -13,7 +13,9 @@ class InProcessShard : public StepExecutor {
 
   // A step the shard refuses is an Internal error carrying its message (as ShardGroup reports a
   // rank's step error); the shard stays healthy.
-  Result<StepResult> run_step(StepPlan plan) override;
+  Result<StepResult> run_step(StepPlan plan) override { return run_step(std::move(plan), LateMasks{}); }
+  // `late` runs when the shard is about to sample (after the forward pass, on this thread).
+  Result<StepResult> run_step(StepPlan plan, const LateMasks& late) override;
   uint64_t steps_run() const override { return next_step_; }
   Status keep_alive() override { return Status::ok(); }
   bool healthy() const override { return true; }

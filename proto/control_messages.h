@@ -12,7 +12,7 @@
 
 namespace tessera {
 
-inline constexpr uint32_t kProtocolVersion = 1;  // fields added since (kvDtype) default to what older peers meant
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: StepMasks (a shard of version 1 would ignore maskFollows)
 
 struct ShardHello {
   int32_t rank = 0;
@@ -90,6 +90,10 @@ struct ScheduledSequence {
   // else): the shard takes them without computing their rows' logits or verifying them, reports
   // them with logprob 0 (probability 1 under the grammar), and samples only the row after them.
   bool forced_drafts = false;
+  // Structured outputs: token_mask is empty here and comes in the StepMasks message that follows
+  // this plan; the shard starts the forward pass and waits for it only before sampling (the
+  // coordinator computes the masks while the ranks compute the logits).
+  bool mask_follows = false;
 };
 
 struct BlockCopy {
@@ -104,6 +108,17 @@ struct StepPlan {
   std::vector<uint64_t> finished;
   std::vector<BlockCopy> block_copies;
   std::vector<BlockCopy> window_block_copies;  // copy-on-write in the window pool, before the step
+};
+
+// The token masks of a plan's pieces marked mask_follows, sent right after the plan to every rank.
+struct SequenceMask {
+  uint64_t seq_id = 0;
+  std::vector<uint32_t> token_mask;  // as ScheduledSequence::token_mask (empty: no constraint)
+};
+
+struct StepMasks {
+  uint64_t step_id = 0;
+  std::vector<SequenceMask> masks;  // one per piece marked mask_follows, in the plan's order
 };
 
 struct StepToken {
@@ -155,6 +170,6 @@ struct RefusedMsg {
 };
 
 using ControlMessage = std::variant<ShardHello, ConfigureMsg, StepPlan, StepResult, Heartbeat, ShutdownMsg,
-                                    AbortMsg, RefusedMsg>;
+                                    AbortMsg, RefusedMsg, StepMasks>;
 
 }  // namespace tessera

@@ -86,6 +86,17 @@ struct ScheduledSequence {
                                  # (-1 throughout: the shard's self-draft proposes them)
   tokenMask @10 :List(UInt32);   # structured outputs: allowed tokens per sampled row (1, or k + 1 with drafts), a bit per token (empty: all)
   forcedDrafts @11 :Bool;        # the drafts are certain (jump-forward): taken without logits, only the row after them sampled
+  maskFollows @12 :Bool;         # tokenMask comes in the StepMasks message after this plan (computed during the forward pass)
+}
+
+struct SequenceMask {
+  seqId @0 :UInt64;
+  tokenMask @1 :List(UInt32);    # empty: no constraint
+}
+
+struct StepMasks {
+  stepId @0 :UInt64;
+  masks @1 :List(SequenceMask);  # one per piece marked maskFollows, in the plan's order
 }
 
 struct BlockCopy {
@@ -153,5 +164,6 @@ struct Envelope {
     shutdown @6 :Text;              # reason
     abort @7 :List(UInt64);         # sequences to drop now
     refused @8 :Text;               # a peer refused our message (version mismatch, malformed)
+    masks @9 :StepMasks;            # the token masks of the plan just sent (its maskFollows pieces)
   }
 }

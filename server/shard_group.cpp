@@ -244,12 +244,19 @@ Status ShardGroup::handle(const ReceivedMessage& m, uint64_t wait_step, std::vec
   return Status::ok();
 }
 
-Result<StepResult> ShardGroup::run_step(StepPlan plan) {
+Result<StepResult> ShardGroup::run_step(StepPlan plan, const LateMasks& late) {
   if (!healthy_) return Status::unavailable("shards are unhealthy: " + failure_);
   plan.step_id = ++next_step_;
   for (int r = 0; r < o_.world_size; ++r) {
     Status s = server_->send(shard_identity(r), plan);
     if (!s.is_ok()) return fail(s.with_context(fmt::format("shard rank {}", r)));
+  }
+  if (late) {
+    const StepMasks masks{plan.step_id, late()};
+    for (int r = 0; r < o_.world_size; ++r) {
+      Status s = server_->send(shard_identity(r), masks);
+      if (!s.is_ok()) return fail(s.with_context(fmt::format("shard rank {}: the step's token masks", r)));
+    }
   }
   last_sent_ = Clock::now();
   std::vector<StepResult> results(static_cast<size_t>(o_.world_size));

@@ -92,7 +92,10 @@ class ShardGroup : public StepExecutor {
   // Numbers the plan (step ids are consecutive from 1), sends it to every rank and waits for
   // every rank's result. Returns rank 0's result (the sampled tokens); the first rank error
   // becomes the returned Status.
-  Result<StepResult> run_step(StepPlan plan) override;
+  Result<StepResult> run_step(StepPlan plan) override { return run_step(std::move(plan), LateMasks{}); }
+  // With `late`: the plan goes out, then `late` computes the masks while the ranks run the
+  // forward pass, and they follow as a StepMasks message to every rank.
+  Result<StepResult> run_step(StepPlan plan, const LateMasks& late) override;
   uint64_t steps_run() const override { return next_step_; }
   // Call while idle: sends heartbeats when due and checks the shards' liveness.
   Status keep_alive() override;

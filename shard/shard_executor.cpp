@@ -14,6 +14,12 @@ uint64_t micros_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
 }
 
+// The rows a piece's token mask covers: 1, or k + 1 with k proposed drafts that are verified
+// (forced drafts are not sampled).
+int64_t mask_rows(const ScheduledSequence& s) {
+  return s.forced_drafts ? 1 : static_cast<int64_t>(s.draft_tokens.size()) + 1;
+}
+
 }  // namespace
 
 ShardExecutor::ShardExecutor(ShardBackend& backend, const ModelConfig& config, const ShardExecutorOptions& options)
@@ -92,11 +98,15 @@ Status ShardExecutor::prepare(const StepPlan& plan) {
       return Status::invalid_argument(
           fmt::format("sequence {}: forced_drafts without proposed draft tokens ({} drafts{})", s.seq_id,
                       s.draft_tokens.size(), s.draft_tokens.empty() ? "" : ", the shard's own"));
+    if (s.mask_follows && (!s.sample || !s.token_mask.empty()))
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: mask_follows on a piece that {}", s.seq_id,
+          s.sample ? "carries its token mask already" : "does not sample"));
     if (!s.token_mask.empty()) {
       // One mask per sampled row: the one row, or a speculative piece's k + 1 (proposed drafts
       // only); forced drafts are not sampled: the one row after them.
       const int64_t words = (config_.vocab + 31) / 32;
-      const auto rows = s.forced_drafts ? 1 : static_cast<int64_t>(s.draft_tokens.size()) + 1;
+      const int64_t rows = mask_rows(s);
       if (!s.sample || (!s.draft_tokens.empty() && s.draft_tokens.front() == kShardDraftToken))
         return Status::invalid_argument(
             fmt::format("sequence {}: token masks are for sampled rows (and proposed drafts, not shard drafts)", s.seq_id));
@@ -174,7 +184,47 @@ Status ShardExecutor::validate_window_blocks(const ScheduledSequence& s, const S
   return Status::ok();
 }
 
-StepResult ShardExecutor::execute(const StepPlan& plan) {
+// The masks that follow the plan (StepMasks): one per mask_follows piece, in order, each empty or
+// as long as the piece's rows need. Masks of an earlier step (left when that step failed before
+// its sampling) are the source's to skip.
+Status ShardExecutor::receive_late_masks(const StepPlan& plan, const MaskSource& source) {
+  late_masks_.clear();
+  size_t wanted = 0;
+  for (const ScheduledSequence& q : plan.scheduled) wanted += q.mask_follows ? 1 : 0;
+  if (wanted == 0) return Status::ok();
+  if (!source)
+    return Status::invalid_argument(
+        fmt::format("{} pieces wait for token masks (mask_follows) but this shard has no way to receive them", wanted));
+  TESSERA_ASSIGN_OR_RETURN(StepMasks m, source());
+  if (m.step_id != plan.step_id)
+    return Status::invalid_argument(fmt::format("token masks for step {} arrived during step {}", m.step_id, plan.step_id));
+  if (m.masks.size() != wanted)
+    return Status::invalid_argument(
+        fmt::format("{} token masks arrived for the {} pieces marked mask_follows", m.masks.size(), wanted));
+  const int64_t words = (config_.vocab + 31) / 32;
+  size_t next = 0;
+  for (const ScheduledSequence& q : plan.scheduled) {
+    if (!q.mask_follows) continue;
+    SequenceMask& sm = m.masks[next++];
+    if (sm.seq_id != q.seq_id)
+      return Status::invalid_argument(
+          fmt::format("token mask {} is for sequence {}, the plan's piece is sequence {}", next - 1, sm.seq_id, q.seq_id));
+    if (!sm.token_mask.empty() && static_cast<int64_t>(sm.token_mask.size()) != words * mask_rows(q))
+      return Status::invalid_argument(fmt::format(
+          "sequence {}: a token mask of {} words, its {} sampled row(s) over the vocabulary ({}) need {}", q.seq_id,
+          sm.token_mask.size(), mask_rows(q), config_.vocab, words * mask_rows(q)));
+    late_masks_[q.seq_id] = std::move(sm.token_mask);
+  }
+  return Status::ok();
+}
+
+std::span<const uint32_t> ShardExecutor::mask_of(const ScheduledSequence& q) const {
+  if (!q.mask_follows) return q.token_mask;
+  auto it = late_masks_.find(q.seq_id);
+  return it == late_masks_.end() ? std::span<const uint32_t>() : std::span<const uint32_t>(it->second);
+}
+
+StepResult ShardExecutor::execute(const StepPlan& plan, const MaskSource& late_masks) {
   const auto t0 = Clock::now();
   StepResult r;
   r.step_id = plan.step_id;
@@ -242,6 +292,7 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
     r.sparse_threshold_tokens = sparse_after.threshold_tokens;
     r.sparse_decodes = sparse_after.sparse - sparse_before.sparse;
     r.dense_global_decodes = sparse_after.dense - sparse_before.dense;
+    if (s.is_ok()) s = receive_late_masks(plan, late_masks);
     if (!s.is_ok()) drop_drafts(plan);
     if (s.is_ok()) {
       if (greedy)
@@ -265,7 +316,8 @@ StepResult ShardExecutor::execute(const StepPlan& plan) {
 // (take_greedy); one with shard drafts does not (the drafter computed its rows on the host).
 bool ShardExecutor::plain_greedy(const StepPlan& plan) const {
   for (const ScheduledSequence& q : plan.scheduled) {
-    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.token_mask.empty() || q.forced_drafts) return false;
+    if (q.prompt_logprobs || !q.banned_tokens.empty() || !q.token_mask.empty() || q.forced_drafts || q.mask_follows)
+      return false;
     if (!q.draft_tokens.empty() && q.draft_tokens.front() == kShardDraftToken) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
@@ -284,7 +336,7 @@ bool ShardExecutor::device_sampling_rows(const StepPlan& plan) {
   sample_requests_.clear();
   for (const ScheduledSequence& q : plan.scheduled) {
     // A token mask is applied on the host for now (the device sampler takes banned ids only).
-    if (q.prompt_logprobs || !q.draft_tokens.empty() || !q.token_mask.empty()) return false;
+    if (q.prompt_logprobs || !q.draft_tokens.empty() || !q.token_mask.empty() || q.mask_follows) return false;
     if (!q.sample) continue;
     auto it = sequences_.find(q.seq_id);
     if (it == sequences_.end()) return false;
@@ -429,10 +481,10 @@ SampledToken ShardExecutor::sample_row(const ScheduledSequence& q, SequenceState
   for (const int32_t id : q.banned_tokens) {
     if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
   }
-  if (!q.token_mask.empty()) {
+  const std::span<const uint32_t> mask = mask_of(q);
+  if (!mask.empty()) {
     const auto words = static_cast<size_t>((vocab + 31) / 32);
-    apply_token_mask(std::span<const uint32_t>(q.token_mask).subspan(static_cast<size_t>(row) * words, words),
-                     std::span<float>(logits, static_cast<size_t>(vocab)));
+    apply_token_mask(mask.subspan(static_cast<size_t>(row) * words, words), std::span<float>(logits, static_cast<size_t>(vocab)));
   }
   return st.sampler->sample(logits, vocab, backend_.host_pool());
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -54,7 +55,11 @@ class ShardExecutor {
   // Runs one plan (step ids consecutive from 1). Any error is in StepResult::error (naming the
   // rank and the step) and leaves the computation undone: every rank checks the same plan the
   // same way before any collective, so all reject it together.
-  StepResult execute(const StepPlan& plan);
+  // Pieces marked mask_follows get their token masks from `late_masks` once the forward pass is
+  // done, right before sampling (the coordinator computes them meanwhile): the step's StepMasks,
+  // checked against the plan. Without it such a plan is refused.
+  using MaskSource = std::function<Result<StepMasks>()>;
+  StepResult execute(const StepPlan& plan, const MaskSource& late_masks = {});
   // Forgets a sequence (aborted by the coordinator).
   void drop(uint64_t seq_id);
   uint64_t last_step() const { return last_step_.load(); }
@@ -78,6 +83,9 @@ class ShardExecutor {
   Status validate_window_blocks(const ScheduledSequence& s, const SequenceState& st) const;
   Status validate_draft(const ScheduledSequence& s, int64_t n_tokens) const;
   Status shard_drafts(const StepPlan& plan);
+  Status receive_late_masks(const StepPlan& plan, const MaskSource& source);
+  // The token mask in effect for a piece (its own, or the one that followed the plan).
+  std::span<const uint32_t> mask_of(const ScheduledSequence& q) const;
   void take_forced(const ScheduledSequence& q, SequenceState& st, float* logits, StepResult& r);
   void verify(const ScheduledSequence& q, std::span<const int32_t> drafts, SequenceState& st, StepResult& r,
               const std::function<SampledToken(int64_t)>& draw);
@@ -114,6 +122,7 @@ class ShardExecutor {
   // per scheduled piece its first row in target_logits_, or -1 (its rows are in logits_).
   std::vector<int64_t> target_row_;
   std::vector<float> target_logits_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> late_masks_;  // this step's, by sequence
 };
 
 }  // namespace tessera

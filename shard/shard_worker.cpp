@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -224,10 +225,49 @@ class ShardWorker {
     return true;
   }
 
+  // A step's token masks (StepMasks), which the coordinator sends after the plan while this rank
+  // runs the forward pass. Heartbeats are skipped, masks of an earlier step (one that failed
+  // before its sampling) dropped; any other message waits in pending_ for the loop.
+  Result<StepMasks> wait_masks(uint64_t step_id) {
+    Clock::time_point last_heard = Clock::now();
+    bool warned = false;
+    for (;;) {
+      auto got = client_->receive(std::chrono::milliseconds(100));
+      if (!got.is_ok()) return got.status();
+      if (!got->has_value()) {
+        if (coordinator_lost(Clock::now() - last_heard, warned))
+          return Status::deadline_exceeded(fmt::format("the token masks of step {} never arrived", step_id));
+        continue;
+      }
+      last_heard = Clock::now();
+      ReceivedMessage& rm = **got;
+      if (!rm.message.is_ok()) {
+        TESSERA_LOG_ERROR("refusing a message from the coordinator: {}", rm.message.status().to_string());
+        (void)send(RefusedMsg{rm.message.status().message()});
+        continue;
+      }
+      if (auto* m = std::get_if<StepMasks>(&*rm.message)) {
+        if (m->step_id < step_id) continue;
+        return std::move(*m);
+      }
+      if (std::holds_alternative<Heartbeat>(*rm.message)) continue;
+      pending_.push_back(std::move(*rm.message));
+      if (std::holds_alternative<ShutdownMsg>(pending_.back()))
+        return Status::aborted(fmt::format("the coordinator shut down while step {} waited for its token masks", step_id));
+    }
+  }
+
   int loop() {
     Clock::time_point last_heard = Clock::now();
     bool warned = false;
     for (;;) {
+      if (!pending_.empty()) {
+        ControlMessage msg = std::move(pending_.front());
+        pending_.pop_front();
+        const int rc = handle(msg);
+        if (rc >= 0) return rc;
+        continue;
+      }
       auto got = client_->receive(std::chrono::milliseconds(100));
       if (!got.is_ok()) {
         TESSERA_LOG_ERROR("{}", got.status().to_string());
@@ -245,34 +285,41 @@ class ShardWorker {
         (void)send(RefusedMsg{rm.message.status().message()});
         continue;
       }
-      ControlMessage& msg = *rm.message;
-      if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
-        Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype, cfg->num_window_blocks,
-                                        SelfDraftConfig{cfg->draft_layers, cfg->draft_vocab, cfg->draft_ids});
-        if (!s.is_ok()) {
-          TESSERA_LOG_ERROR("{}", s.to_string());
-          (void)send(RefusedMsg{s.message()});
-          return 2;
-        }
-      } else if (auto* plan = std::get_if<StepPlan>(&msg)) {
-        if (o_.debug_step_delay.count() > 0) std::this_thread::sleep_for(o_.debug_step_delay);
-        StepResult r = executor_->execute(*plan);
-        TESSERA_RETURN_IF_ERROR_EXIT(send(r));
-        if (comm_.failed()) {  // the ranks are out of step: this group cannot compute again
-          TESSERA_LOG_ERROR("a collective failed ({}): exiting", r.error);
-          return 3;
-        }
-      } else if (auto* abort = std::get_if<AbortMsg>(&msg)) {
-        for (uint64_t id : abort->seq_ids) executor_->drop(id);
-      } else if (auto* sd = std::get_if<ShutdownMsg>(&msg)) {
-        TESSERA_LOG_DEBUG("shutdown: {}", sd->reason);
-        return 0;
-      } else if (auto* refused = std::get_if<RefusedMsg>(&msg)) {
-        TESSERA_LOG_ERROR("the coordinator refused this shard: {}", refused->reason);
+      const int rc = handle(*rm.message);
+      if (rc >= 0) return rc;
+    }
+  }
+
+  // One message from the coordinator; an exit code to stop the loop with, or -1 to go on.
+  int handle(ControlMessage& msg) {
+    if (auto* cfg = std::get_if<ConfigureMsg>(&msg)) {
+      Status s = executor_->configure(cfg->block_size, cfg->num_blocks, cfg->kv_dtype, cfg->num_window_blocks,
+                                      SelfDraftConfig{cfg->draft_layers, cfg->draft_vocab, cfg->draft_ids});
+      if (!s.is_ok()) {
+        TESSERA_LOG_ERROR("{}", s.to_string());
+        (void)send(RefusedMsg{s.message()});
         return 2;
       }
-      // Heartbeats only refresh last_heard.
+    } else if (auto* plan = std::get_if<StepPlan>(&msg)) {
+      if (o_.debug_step_delay.count() > 0) std::this_thread::sleep_for(o_.debug_step_delay);
+      StepResult r = executor_->execute(*plan, [&] { return wait_masks(plan->step_id); });
+      TESSERA_RETURN_IF_ERROR_EXIT(send(r));
+      if (comm_.failed()) {  // the ranks are out of step: this group cannot compute again
+        TESSERA_LOG_ERROR("a collective failed ({}): exiting", r.error);
+        return 3;
+      }
+    } else if (auto* abort = std::get_if<AbortMsg>(&msg)) {
+      for (uint64_t id : abort->seq_ids) executor_->drop(id);
+    } else if (auto* sd = std::get_if<ShutdownMsg>(&msg)) {
+      TESSERA_LOG_DEBUG("shutdown: {}", sd->reason);
+      return 0;
+    } else if (auto* refused = std::get_if<RefusedMsg>(&msg)) {
+      TESSERA_LOG_ERROR("the coordinator refused this shard: {}", refused->reason);
+      return 2;
     }
+    // Heartbeats only refresh last_heard; the masks of a step that failed before its sampling
+    // are dropped.
+    return -1;
   }
 
   const ShardOptions& o_;
@@ -284,6 +331,7 @@ class ShardWorker {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ShardBackend> backend_;
   std::unique_ptr<ShardExecutor> executor_;
+  std::deque<ControlMessage> pending_;  // messages that arrived while a step waited for its masks
 };
 
 }  // namespace

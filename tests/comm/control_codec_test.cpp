@@ -24,6 +24,7 @@ StepPlan sample_plan() {
   p.scheduled.back().token_mask = {0xffffffffu, 0x5u, 0u};
   p.scheduled.back().draft_tokens = {11, 12};
   p.scheduled.back().forced_drafts = true;
+  p.scheduled.front().mask_follows = true;
   p.finished = {3, 4};
   p.block_copies = {{5, 6}};
   return p;
@@ -52,9 +53,25 @@ TEST(ControlCodecTest, StepPlanRoundTrips) {
   EXPECT_EQ(p.scheduled[1].token_mask, (std::vector<uint32_t>{0xffffffffu, 0x5u, 0u}));
   EXPECT_FALSE(p.scheduled[0].forced_drafts);
   EXPECT_TRUE(p.scheduled[1].forced_drafts);
+  EXPECT_TRUE(p.scheduled[0].mask_follows);
+  EXPECT_FALSE(p.scheduled[1].mask_follows);
   EXPECT_EQ(p.scheduled[1].draft_tokens, (std::vector<int32_t>{11, 12}));
   EXPECT_EQ(p.finished, (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(p.block_copies[0].dst, 6);
+}
+
+TEST(ControlCodecTest, StepMasksRoundTrip) {
+  const StepMasks m{77, {{7, {0xffffffffu, 0x80000001u}}, {9, {}}}};
+  const std::string bytes = encode_message(m);
+  auto d = decode_message(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  const auto& got = std::get<StepMasks>(*d);
+  EXPECT_EQ(got.step_id, 77u);
+  ASSERT_EQ(got.masks.size(), 2u);
+  EXPECT_EQ(got.masks[0].seq_id, 7u);
+  EXPECT_EQ(got.masks[0].token_mask, (std::vector<uint32_t>{0xffffffffu, 0x80000001u}));
+  EXPECT_EQ(got.masks[1].seq_id, 9u);
+  EXPECT_TRUE(got.masks[1].token_mask.empty());
 }
 
 TEST(ControlCodecTest, OtherMessagesRoundTrip) {

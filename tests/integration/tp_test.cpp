@@ -171,7 +171,7 @@ TEST_F(TpTest, VersionMismatchedShardIsRefused) {
   const ProcessResult r = run(bin("tessera") + " generate --model " + quote(model) +
                               " --prompt-ids 1 --max-tokens 4 --tp 1 --shard-arg=--protocol-version=7");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("protocol version 7, expected 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("protocol version 7, expected 2"), std::string::npos) << r.output;
 }
 
 TEST_F(TpTest, ShardsExitWhenTheCoordinatorDies) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <thread>
 
@@ -492,6 +493,103 @@ TEST(ShardExecutorTest, ForcedDraftsEqualTokensForcedOneStepAtATime) {
   bad.scheduled.push_back(b);
   r = executor.execute(bad);
   EXPECT_NE(r.error.find("forced_drafts without proposed draft tokens"), std::string::npos) << r.error;
+}
+
+// Masks that follow the plan (mask_follows, StepMasks): the executor runs the forward pass, then
+// asks for them and samples under them, as with masks inside the plan; a late mask that does not
+// match the plan (another step, another sequence, a wrong length, none at all) fails the step,
+// naming the mismatch.
+TEST(ShardExecutorTest, MasksThatFollowThePlanConstrainAsMasksInIt) {
+  TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
+  auto store = WeightStore::open(stories_dir() + "/hf");
+  ASSERT_TRUE(store.is_ok());
+  const ModelConfig& c = (*store)->config();
+  auto full = bind_model_weights(**store);
+  ASSERT_TRUE(full.is_ok());
+  auto layout = plan_shard_layout(c, TpConfig{});
+  ASSERT_TRUE(layout.is_ok());
+  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
+  ASSERT_TRUE(weights.is_ok());
+  auto comm = make_single_rank_comm();
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
+  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), CpuBackendOptions{});
+  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  ASSERT_TRUE(executor.configure(16, 8, KvDtype::kF32).is_ok());
+  const std::vector<int32_t> prompt = load_cases().front().prompt;
+  const auto words = static_cast<size_t>((c.vocab + 31) / 32);
+  // Allows only ids 40..47 (not the unconstrained argmax, checked below).
+  std::vector<uint32_t> mask(words, 0u);
+  mask[1] = 0xff00u;
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.seed = 5;
+  sp.has_seed = true;
+  uint64_t step = 0;
+  std::vector<int32_t> got;
+  for (uint64_t id : {1, 2, 3}) {
+    StepPlan p;
+    p.step_id = ++step;
+    p.new_sequences.push_back({id, prompt, sp});
+    ScheduledSequence q{id, 0, static_cast<int32_t>(prompt.size()), true};
+    for (int b = 0; b < 2; ++b) q.append_blocks.push_back(static_cast<int32_t>(2 * (id - 1) + b));
+    if (id == 1) q.token_mask = mask;  // in the plan
+    if (id == 2) q.mask_follows = true;  // after it
+    p.scheduled.push_back(q);
+    bool asked = false;
+    StepResult r = executor.execute(p, [&]() -> Result<StepMasks> {
+      asked = true;
+      return StepMasks{p.step_id, {{id, mask}}};
+    });
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    EXPECT_EQ(asked, id == 2);
+    ASSERT_EQ(r.tokens.size(), 1u);
+    got.push_back(r.tokens[0].token);
+  }
+  EXPECT_GE(got[0], 40);
+  EXPECT_LT(got[0], 48);
+  EXPECT_EQ(got[1], got[0]) << "the same seeded draw under the same mask";
+  EXPECT_NE(got[2], got[0]) << "unconstrained, the draw is another token";
+
+  struct Case {
+    const char* name;
+    std::function<Result<StepMasks>(uint64_t step)> source;
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      {"another step", [&](uint64_t s) -> Result<StepMasks> { return StepMasks{s + 1, {{4, mask}}}; },
+       "arrived during step"},
+      {"another sequence", [&](uint64_t s) -> Result<StepMasks> { return StepMasks{s, {{9, mask}}}; },
+       "is for sequence 9"},
+      {"too short", [&](uint64_t s) -> Result<StepMasks> { return StepMasks{s, {{4, {1u}}}}; },
+       "a token mask of 1 words"},
+      {"none", [&](uint64_t s) -> Result<StepMasks> { return StepMasks{s, {}}; }, "0 token masks arrived"},
+      {"lost", [&](uint64_t) -> Result<StepMasks> { return Status::deadline_exceeded("never arrived"); },
+       "never arrived"},
+      {"no source", nullptr, "no way to receive them"},
+  };
+  for (const Case& k : cases) {
+    StepPlan p;
+    p.step_id = ++step;
+    p.new_sequences.push_back({4, prompt, sp});
+    ScheduledSequence q{4, 0, static_cast<int32_t>(prompt.size()), true};
+    q.append_blocks = {6, 7};
+    q.mask_follows = true;
+    p.scheduled.push_back(q);
+    ShardExecutor::MaskSource source;
+    if (k.source) source = [&] { return k.source(p.step_id); };
+    StepResult r = executor.execute(p, source);
+    EXPECT_NE(r.error.find(k.error), std::string::npos) << k.name << ": " << r.error;
+    executor.drop(4);
+  }
+  StepPlan p;
+  p.step_id = ++step;
+  p.new_sequences.push_back({5, prompt, sp});
+  ScheduledSequence q{5, 0, static_cast<int32_t>(prompt.size()), false};
+  q.append_blocks = {6, 7};
+  q.mask_follows = true;
+  p.scheduled.push_back(q);
+  StepResult r = executor.execute(p);
+  EXPECT_NE(r.error.find("mask_follows on a piece that does not sample"), std::string::npos) << r.error;
 }
 
 }  // namespace
