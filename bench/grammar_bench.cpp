@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   std::string schema_file;
   std::string instance_file;
   int slowest = 12;
-  bool ebnf = false;
+  std::string kind = "json_schema";
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_option("--model-vocab", model_vocab, "the logits' width (default: the tokenizer's vocabulary)");
   app.add_option("--properties", sizes, "schema sizes (properties)")->capture_default_str();
@@ -143,7 +143,10 @@ int main(int argc, char** argv) {
                  "trace mode: a JSON Schema file; the masks along --instance (its tokenization) are timed and the "
                  "slowest states printed");
   app.add_option("--instance", instance_file, "trace mode: a JSON text that matches --schema");
-  app.add_flag("--ebnf", ebnf, "trace mode: --schema is an EBNF grammar (root rule \"root\"), not a JSON Schema");
+  app.add_option("--kind", kind,
+                 "trace mode: what --schema holds: json_schema, ebnf (root rule \"root\"), regex or structural_tag")
+      ->check(CLI::IsMember({"json_schema", "ebnf", "regex", "structural_tag"}))
+      ->capture_default_str();
   app.add_option("--slowest", slowest, "trace mode: how many of the slowest states to print")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -165,7 +168,11 @@ int main(int argc, char** argv) {
   std::printf("cpu: %s\n", tessera::cpu::describe_cpu().c_str());
   std::printf("vocabulary: %lld tokens (%s); token tables built in %.0f ms\n\n", static_cast<long long>(model_vocab),
               tokenizer_path.c_str(), setup_ms);
-  if (!schema_file.empty()) return trace(**compiler, **tok, {ebnf ? tessera::GrammarKind::kEbnf : tessera::GrammarKind::kJsonSchema, read_file(schema_file)},
+  if (!schema_file.empty()) return trace(**compiler, **tok, {kind == "ebnf"             ? tessera::GrammarKind::kEbnf
+                  : kind == "regex"          ? tessera::GrammarKind::kRegex
+                  : kind == "structural_tag" ? tessera::GrammarKind::kStructuralTag
+                                             : tessera::GrammarKind::kJsonSchema,
+                  read_file(schema_file)},
                  read_file(instance_file), slowest);
   std::printf("| properties | compile ms (new schema) p50 / max | mask us p50 | mask us p99 | mask us max | tokens "
               "timed | masks that restrict |\n| --- | --- | --- | --- | --- | --- | --- |\n");

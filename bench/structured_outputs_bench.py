@@ -5,6 +5,13 @@ alternating the kinds round by round; a mix of 8 constrained + 8 plain against 1
 fixed-key schema (jump-forward). Every constrained output is checked against its schema.
 
   .venv/bin/python bench/structured_outputs_bench.py [--model models/gemma-3-270m-q4_k_m.gguf]
+      [--window 15] [--server-args "--jump-forward-tokens 0"]
+
+Steady state (--window > 0, the default): each client sends its requests back to back; after a
+warm-up the server's generated-token counter is read at the start and the end of the window, so
+the rate is taken while every client is busy (constrained outputs end at different lengths; a
+single wave would count the tail where fewer run). --window 0: one wave of requests, tokens of
+all requests / wall time.
 
 Prints a Markdown table with the CPU; raw runs go to bench/work/structured_outputs/.
 """
@@ -15,7 +22,9 @@ import json
 import os
 import platform
 import subprocess
+import shlex
 import sys
+import threading
 import time
 
 import jsonschema
@@ -91,16 +100,55 @@ def run(server, kinds, max_tokens):
     return tokens, wall
 
 
+def generated_tokens(server):
+    return server.metric("tessera_generation_tokens_total")
+
+
+def run_steady(server, kinds, max_tokens, window_s, warmup_s=3.0):
+    """Each kind in `kinds` is one client sending requests back to back; returns (tokens by kind
+    finished during the run, generated tokens/s over the window after the warm-up)."""
+    stop = threading.Event()
+    tokens = {}
+    lock = threading.Lock()
+    errors = []
+
+    def client(kind):
+        while not stop.is_set():
+            try:
+                n, _ = one(server, kind, max_tokens)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+                return
+            with lock:
+                tokens[kind] = tokens.get(kind, 0) + n
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in kinds]
+    for t in threads:
+        t.start()
+    time.sleep(warmup_s)
+    c0, t0 = generated_tokens(server), time.perf_counter()
+    time.sleep(window_s)
+    c1, t1 = generated_tokens(server), time.perf_counter()
+    stop.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
+    return tokens, (c1 - c0) / (t1 - t0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--scenarios", default="all", help="all, or names separated by commas (schema20u: unbounded strings)")
+    ap.add_argument("--window", type=float, default=15.0, help="seconds of steady state per measurement (0: one wave)")
+    ap.add_argument("--server-args", default="", help="extra `tessera serve` flags, e.g. \"--jump-forward-tokens 0\"")
     args = ap.parse_args()
     work = os.path.join(ROOT, "bench", "work", "structured_outputs")
     os.makedirs(work, exist_ok=True)
-    server = Server(args.model)
+    server = Server(args.model, extra=shlex.split(args.server_args))
     scenarios = [
         ("1 request", ["plain"], ["schema20"]),
         ("16 requests", ["plain"] * 16, ["schema20"] * 16),
@@ -123,12 +171,19 @@ def main():
             for rnd in range(args.rounds):
                 order = (("A", a), ("B", b)) if rnd % 2 == 0 else (("B", b), ("A", a))
                 for label, kinds in order:
-                    tokens, wall = run(server, kinds, args.max_tokens)
-                    rates[label].append(sum(tokens.values()) / wall)
-                    raw.append({"scenario": name, "side": label, "round": rnd, "kinds": kinds, "tokens": tokens,
-                                "wall_s": wall})
+                    if args.window > 0:
+                        tokens, rate = run_steady(server, kinds, args.max_tokens, args.window)
+                        raw.append({"scenario": name, "side": label, "round": rnd, "kinds": kinds, "tokens": tokens,
+                                    "window_s": args.window, "tok_s": rate})
+                    else:
+                        tokens, wall = run(server, kinds, args.max_tokens)
+                        rate = sum(tokens.values()) / wall
+                        raw.append({"scenario": name, "side": label, "round": rnd, "kinds": kinds, "tokens": tokens,
+                                    "wall_s": wall})
+                    rates[label].append(rate)
             med = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
-            rows.append((name, med["A"], med["B"], med["B"] / med["A"]))
+            ratios = sorted(b_ / a_ for a_, b_ in zip(rates["A"], rates["B"]))
+            rows.append((name, med["A"], med["B"], ratios[len(ratios) // 2], ratios[0], ratios[-1]))
         _, metrics = server.get("/metrics")
     finally:
         server.stop()
@@ -137,13 +192,16 @@ def main():
     mask = {l.split()[0]: float(l.split()[-1]) for l in metrics.splitlines()
             if l.startswith("tessera_grammar_mask_seconds_") or l.startswith("tessera_grammar_jump_forward")}
     print(f"CPU: {cpu_name()}")
+    how = (f"steady state, {args.window:.0f} s windows (generated tokens / window)" if args.window > 0
+           else "one wave (all requests' completion tokens / wall)")
     print(f"date: {datetime.date.today()}; model: {os.path.basename(args.model)}; max_tokens {args.max_tokens}; "
-          f"{args.rounds} rounds alternating; medians of output tokens/s (all requests' completion tokens / wall)")
+          f"{args.rounds} rounds alternating; medians of output tokens/s, {how}; server args: "
+          f"{args.server_args or 'none'}")
     print()
-    print("| scenario | plain tok/s (A) | constrained tok/s (B) | B / A |")
+    print("| scenario | plain tok/s (A) | constrained tok/s (B) | B / A, median of paired rounds (range) |")
     print("| --- | --- | --- | --- |")
-    for name, a, b, r in rows:
-        print(f"| {name} | {a:.1f} | {b:.1f} | {r:.3f} |")
+    for name, a, b, r, lo, hi in rows:
+        print(f"| {name} | {a:.1f} | {b:.1f} | {r:.3f} ({lo:.3f}-{hi:.3f}) |")
     n = mask.get("tessera_grammar_mask_seconds_count", 0)
     if n:
         print(f"\nmask time over the run: {n:.0f} masks, mean {1e6 * mask['tessera_grammar_mask_seconds_sum'] / n:.0f} us; "

@@ -1,5 +1,9 @@
 #include "grammar/grammar.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -10,6 +14,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -35,11 +40,13 @@ const char* grammar_kind_name(GrammarKind kind) {
 }
 
 std::string GrammarSpec::key() const {
-  return fmt::format("{}/{}{}/{}", grammar_kind_name(kind), compact_json ? 'c' : 'w', strict ? 's' : 'l',
-                     sha256_hex(source));
+  return fmt::format("{}/{}{}{}/{}", grammar_kind_name(kind), compact_json ? 'c' : 'w', strict ? 's' : 'l',
+                     static_cast<int>(reasoning), sha256_hex(source));
 }
 
 namespace {
+
+constexpr int kCompileNice = 10;  // the compile threads' nice value (Linux: per thread)
 
 // The regex that matches exactly `text`: every character that is not a letter, a digit or a
 // byte of a multi-byte UTF-8 character is escaped.
@@ -142,7 +149,8 @@ class XgCompiler final : public GrammarCompiler {
  public:
   XgCompiler(xgrammar::TokenizerInfo info, int64_t vocab, std::shared_ptr<const TokenTable> table,
              const GrammarCompilerOptions& options)
-      : compiler_(info, std::max(1, options.threads), /*cache_enabled=*/false),
+      : info_(info),
+        compiler_(info, std::max(1, options.threads), /*cache_enabled=*/false),
         vocab_(vocab),
         table_(std::move(table)),
         options_(options) {
@@ -233,6 +241,66 @@ class XgCompiler final : public GrammarCompiler {
     return o;
   }
 
+  // The reasoning part of a reasoning model's output: free text up to "</think>" (opened by the
+  // output or by the prompt), then at most 4 whitespace characters.
+  xgrammar::Grammar reasoning_grammar(ReasoningPrefix prefix) const {
+    nlohmann::json tag = {{"type", "tag"},
+                          {"begin", prefix == ReasoningPrefix::kThink ? "<think>" : ""},
+                          {"content", {{"type", "any_text"}}},
+                          {"end", "</think>"}};
+    nlohmann::json ws = {{"type", "regex"}, {"pattern", "\\s{0,4}"}};
+    nlohmann::json st = {{"type", "structural_tag"}, {"format", {{"type", "sequence"}, {"elements", {tag, ws}}}}};
+    auto g = xgrammar::Grammar::FromStructuralTag(st.dump(), info_);
+    if (auto* grammar = std::get_if<xgrammar::Grammar>(&g)) return *grammar;
+    throw std::runtime_error("the reasoning prefix's structural tag does not compile");
+  }
+
+  // The spec as an xgrammar grammar (not yet compiled against the vocabulary).
+  Result<xgrammar::Grammar> grammar_of(const GrammarSpec& spec) {
+    const std::optional<int> no_indent;
+    switch (spec.kind) {
+      case GrammarKind::kJsonObject:
+        return xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
+                                                 /*strict_mode=*/false);
+      case GrammarKind::kJsonSchema: {
+        // Length-bounded strings as chains of rules (grammar/bounded_strings.h): cheap masks.
+        xgrammar::Grammar grammar =
+            xgrammar::Grammar::FromJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
+        if (std::optional<std::string> unrolled = unroll_bounded_strings(grammar.ToString())) {
+          try {
+            grammar = xgrammar::Grammar::FromEBNF(*unrolled, "root");
+          } catch (const std::exception& e) {  // the converter's own grammar then (slower masks)
+            TESSERA_LOG_WARN("bounded strings kept as repetitions: the rewritten grammar does not parse: {}", e.what());
+          }
+        }
+        return grammar;
+      }
+      case GrammarKind::kRegex:
+        return xgrammar::Grammar::FromRegex(spec.source);
+      case GrammarKind::kChoice: {
+        nlohmann::json choices = nlohmann::json::parse(spec.source, nullptr, false);
+        if (!choices.is_array() || choices.empty())
+          return Status::invalid_argument("the choices must be a non-empty list of strings");
+        std::string regex;
+        for (size_t i = 0; i < choices.size(); ++i) {
+          if (!choices[i].is_string())
+            return Status::invalid_argument(fmt::format("choice [{}] is not a string: {}", i, choices[i].dump()));
+          regex += (i ? "|" : "") + std::string("(") + regex_literal(choices[i].get<std::string>()) + ")";
+        }
+        return xgrammar::Grammar::FromRegex(regex);
+      }
+      case GrammarKind::kEbnf:
+        return xgrammar::Grammar::FromEBNF(spec.source, "root");
+      case GrammarKind::kStructuralTag: {
+        auto g = xgrammar::Grammar::FromStructuralTag(spec.source, info_);
+        if (auto* grammar = std::get_if<xgrammar::Grammar>(&g)) return std::move(*grammar);
+        return Status::invalid_argument(
+            std::visit([](const auto& e) { return std::string(e.what()); }, std::get<xgrammar::StructuralTagError>(g)));
+      }
+    }
+    return Status::invalid_argument("unknown grammar kind");
+  }
+
   Outcome build_timed(const GrammarSpec& spec) {
     const char* what = grammar_kind_name(spec.kind);
     // What xgrammar would not enforce is refused first (once per spec: refusals are not cached,
@@ -240,51 +308,16 @@ class XgCompiler final : public GrammarCompiler {
     if (spec.kind == GrammarKind::kJsonSchema)
       if (Status s = check_json_schema(spec.source); !s.is_ok()) return {s, nullptr};
     try {
-      std::optional<xgrammar::CompiledGrammar> g;
-      const std::optional<int> no_indent;
-      switch (spec.kind) {
-        case GrammarKind::kJsonObject:
-          g = compiler_.CompileJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
-                                          /*strict_mode=*/false);
-          break;
-        case GrammarKind::kJsonSchema: {
-          // Length-bounded strings as chains of rules (grammar/bounded_strings.h): cheap masks.
-          xgrammar::Grammar grammar =
-              xgrammar::Grammar::FromJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
-          if (std::optional<std::string> unrolled = unroll_bounded_strings(grammar.ToString())) {
-            try {
-              grammar = xgrammar::Grammar::FromEBNF(*unrolled, "root");
-            } catch (const std::exception& e) {  // the converter's own grammar then (slower masks)
-              TESSERA_LOG_WARN("bounded strings kept as repetitions: the rewritten grammar does not parse: {}", e.what());
-            }
-          }
-          g = compiler_.CompileGrammar(grammar);
-          break;
-        }
-        case GrammarKind::kRegex:
-          g = compiler_.CompileRegex(spec.source);
-          break;
-        case GrammarKind::kChoice: {
-          nlohmann::json choices = nlohmann::json::parse(spec.source, nullptr, false);
-          if (!choices.is_array() || choices.empty())
-            return {Status::invalid_argument("the choices must be a non-empty list of strings"), nullptr};
-          std::string regex;
-          for (size_t i = 0; i < choices.size(); ++i) {
-            if (!choices[i].is_string())
-              return {Status::invalid_argument(fmt::format("choice [{}] is not a string: {}", i, choices[i].dump())),
-                      nullptr};
-            regex += (i ? "|" : "") + std::string("(") + regex_literal(choices[i].get<std::string>()) + ")";
-          }
-          g = compiler_.CompileRegex(regex);
-          break;
-        }
-        case GrammarKind::kEbnf:
-          g = compiler_.CompileGrammar(spec.source, "root");
-          break;
-        case GrammarKind::kStructuralTag:
-          g = compiler_.CompileStructuralTag(spec.source);
-          break;
-      }
+      Result<xgrammar::Grammar> built = grammar_of(spec);
+      if (!built.is_ok())
+        return {Status::invalid_argument(fmt::format("the {} cannot be compiled: {}", what, built.status().message())),
+                nullptr};
+      xgrammar::Grammar grammar = std::move(built).value();
+      if (spec.reasoning == ReasoningPrefix::kInside)
+        grammar = xgrammar::Grammar::Concat({reasoning_grammar(spec.reasoning), grammar});
+      else if (spec.reasoning == ReasoningPrefix::kThink)  // reasoning first, or the answer at once
+        grammar = xgrammar::Grammar::Union({xgrammar::Grammar::Concat({reasoning_grammar(spec.reasoning), grammar}), grammar});
+      std::optional<xgrammar::CompiledGrammar> g = compiler_.CompileGrammar(grammar);
       auto out = std::make_shared<XgCompiledGrammar>(spec, std::move(*g), vocab_, table_);
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.compiled;
@@ -323,6 +356,10 @@ class XgCompiler final : public GrammarCompiler {
   }
 
   void work() {
+    // Compilations yield the CPU to serving: this thread (and the threads xgrammar starts from it
+    // for one compilation, which inherit it) runs at a lower priority than the engine and the
+    // shards, so a long compilation slows the streams in flight as little as the cores allow.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kCompileNice);
     for (;;) {
       std::function<void()> job;
       {
@@ -336,6 +373,7 @@ class XgCompiler final : public GrammarCompiler {
     }
   }
 
+  xgrammar::TokenizerInfo info_;
   xgrammar::GrammarCompiler compiler_;
   int64_t vocab_;
   std::shared_ptr<const TokenTable> table_;

@@ -32,6 +32,14 @@ enum class GrammarKind : int {
 };
 const char* grammar_kind_name(GrammarKind kind);
 
+// Reasoning models (Qwen3, DeepSeek-R1 style) think in `<think>` ... `</think>` before they
+// answer: the grammar then lets that part be free text and constrains what follows it.
+enum class ReasoningPrefix : int {
+  kNone = 0,  // the output is the constrained text from its first token
+  kThink,     // the output may open "<think>", reason and close "</think>" before the constrained text
+  kInside,    // the prompt opened "<think>" already: free text up to "</think>", then the constrained text
+};
+
 // What a request asks its output to match.
 struct GrammarSpec {
   GrammarKind kind = GrammarKind::kJsonObject;
@@ -42,6 +50,8 @@ struct GrammarSpec {
   // A schema's objects take no properties beyond those it lists, unless it says otherwise
   // (OpenAI's strict mode; false: additionalProperties defaults to true as JSON Schema says).
   bool strict = true;
+  // Free reasoning before the constrained text (up to 4 whitespace characters after "</think>").
+  ReasoningPrefix reasoning = ReasoningPrefix::kNone;
   // The cache key: kind, options and source.
   std::string key() const;
 };

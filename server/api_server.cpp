@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "server/openai_protocol.h"
+#include "server/reasoning.h"
 
 namespace tessera {
 namespace {
@@ -56,6 +57,8 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     int64_t prompt_tokens = 0, completion_tokens = 0;
     std::unique_ptr<ToolCallParser> tools;  // tool calling: the model's text -> content and calls
     std::vector<ToolCall> calls;
+    std::unique_ptr<ReasoningSplitter> reasoning;  // reasoning models: <think> ... </think> apart
+    std::string reasoning_text;
   };
 
   ResponseBuilder(std::shared_ptr<HttpResponder> responder, const Tokenizer& tok, bool chat, bool stream,
@@ -75,6 +78,11 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
   // Tool calling: every choice's text is parsed for calls in `format`.
   void parse_tool_calls(ToolFormat format) {
     for (Choice& c : choices_) c.tools = std::make_unique<ToolCallParser>(format);
+  }
+
+  // Reasoning: every choice's <think> part goes to reasoning_content (`inside`: the prompt opened it).
+  void parse_reasoning(bool inside) {
+    for (Choice& c : choices_) c.reasoning = std::make_unique<ReasoningSplitter>(inside);
   }
 
   // Echo: the prompt text (and, with logprobs, the prompt tokens) start the choice's output.
@@ -111,6 +119,18 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
       }
     }
     std::string text = ev.text;
+    std::string reasoning;
+    if (c.reasoning) {
+      ReasoningSplitter::Output split = c.reasoning->push(text);
+      if (ev.finish_reason) {
+        ReasoningSplitter::Output rest = c.reasoning->finish();
+        split.reasoning += rest.reasoning;
+        split.content += rest.content;
+      }
+      reasoning = std::move(split.reasoning);
+      text = std::move(split.content);
+      c.reasoning_text += reasoning;
+    }
     std::vector<ToolCall> calls;
     if (c.tools) {
       ToolCallParser::Output out = c.tools->push(text);
@@ -135,7 +155,7 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
       ++finished_;
     }
     if (stream_) {
-      stream_event(ev, c, text, calls, first_call, lps, offsets);
+      stream_event(ev, c, text, reasoning, calls, first_call, lps, offsets);
     } else if (finished_ == choices_.size()) {
       respond_whole();
     }
@@ -207,8 +227,9 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
     if (!stream_handle_) stream_handle_ = responder_->start_stream(200, "text/event-stream");
   }
 
-  void stream_event(const JobEvent& ev, Choice& c, const std::string& text, std::vector<ToolCall>& calls,
-                    int32_t first_call, const std::vector<TokenLogprob>& lps, const std::vector<int64_t>& offsets) {
+  void stream_event(const JobEvent& ev, Choice& c, const std::string& text, const std::string& reasoning,
+                    std::vector<ToolCall>& calls, int32_t first_call, const std::vector<TokenLogprob>& lps,
+                    const std::vector<int64_t>& offsets) {
     if (done_) return;
     open_stream();
     if (chat_) {
@@ -219,9 +240,10 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         stream_handle_->write(sse_event(render_chat_chunk(id_, created_, model_, d, true)));
       }
       d.content = text;
+      d.reasoning_content = reasoning;
       d.has_logprobs = logprobs_ && !lps.empty();
       d.logprobs = lps;
-      if (!d.content.empty() || d.has_logprobs)
+      if (!d.content.empty() || !d.reasoning_content.empty() || d.has_logprobs)
         stream_handle_->write(sse_event(render_chat_chunk(id_, created_, model_, d, false)));
       if (!calls.empty()) {  // each call whole, in one delta
         ChatChoice t;
@@ -273,6 +295,7 @@ class ResponseBuilder : public std::enable_shared_from_this<ResponseBuilder> {
         ChatChoice c;
         c.index = static_cast<int32_t>(i);
         c.content = choices_[i].text;
+        c.reasoning_content = choices_[i].reasoning_text;
         c.tool_calls = choices_[i].calls;
         c.content_null = !c.tool_calls.empty() && c.content.empty();
         c.finish_reason = choices_[i].finish;
@@ -539,7 +562,9 @@ struct ApiServer::Impl {
     // function's schema (the grammar), and the reply's calls are parsed in the family's format.
     const ToolFormat tool_format = tool_format_for_template(chat->source());
     const ToolRequest& tr = c.tools_request;
-    if (!tr.tools.empty()) opts.extra_context_json = "{\"tools\": " + tr.tools_json + "}";
+    json context = c.template_kwargs_json.empty() ? json::object() : json::parse(c.template_kwargs_json);
+    if (!tr.tools.empty()) context["tools"] = json::parse(tr.tools_json);
+    if (!context.empty()) opts.extra_context_json = context.dump();
     if (tr.tool_choice.mode != ToolChoice::Mode::kNone) {
       auto tag = tool_call_structural_tag(tool_format, tr.tools, tr.tool_choice, tr.parallel_tool_calls);
       if (!tag.is_ok()) return error(r, 400, tag.status().message(), "tool_choice");
@@ -548,6 +573,15 @@ struct ApiServer::Impl {
     }
     auto text = chat->render(messages, opts);
     if (!text.is_ok()) return error(r, 400, "chat template: " + text.status().message(), "messages");
+    // Reasoning: the prompt may have opened the reasoning already (or closed it: thinking off). A
+    // JSON answer or a tool call is constrained after the reasoning, not instead of it; a regex,
+    // choice or grammar the client wrote is the whole output (it may spell the <think> part).
+    const bool reasoning_inside = o.reasoning && prompt_opens_reasoning(*text);
+    const bool reasoning_closed = o.reasoning && prompt_closes_reasoning(*text);
+    if (o.reasoning && c.params.grammar && !reasoning_closed &&
+        (c.params.grammar->kind == GrammarKind::kJsonSchema || c.params.grammar->kind == GrammarKind::kJsonObject ||
+         c.params.grammar->kind == GrammarKind::kStructuralTag))
+      c.params.grammar->reasoning = reasoning_inside ? ReasoningPrefix::kInside : ReasoningPrefix::kThink;
     std::vector<int32_t> ids = tok->encode(*text, /*add_special=*/false);
     if (ids.empty()) return error(r, 400, "the conversation is empty after tokenization", "messages");
     const bool max_given = c.params.max_tokens >= 0;
@@ -558,6 +592,7 @@ struct ApiServer::Impl {
                                                      static_cast<size_t>(c.params.n));
     builder->n_per_prompt_ = static_cast<size_t>(c.params.n);
     if (c.tools_request.tool_choice.mode != ToolChoice::Mode::kNone) builder->parse_tool_calls(tool_format);
+    if (o.reasoning && !reasoning_closed) builder->parse_reasoning(reasoning_inside);
     Job job;
     for (int32_t k = 0; k < c.params.n; ++k) job.sequences.push_back({ids, k});
     fill_job(job, c.params, c.logprobs, c.top_logprobs);

@@ -33,6 +33,9 @@ struct ApiServerOptions {
   int64_t model_vocab = 0;
   std::vector<int32_t> eos_ids;
   GrammarCompilerOptions grammar;
+  // Chat replies: the <think> ... </think> part goes to reasoning_content, and a grammar (schema,
+  // tools) constrains what follows it (server/reasoning.h).
+  bool reasoning = false;
 };
 
 class ApiServer {

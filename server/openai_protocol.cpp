@@ -276,6 +276,12 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
   TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", r.top_logprobs, 0, 20));
   if (r.top_logprobs > 0 && !r.logprobs) return field_error("top_logprobs", "needs 'logprobs': true");
   TESSERA_RETURN_IF_ERROR(parse_tools(j, r.tools_request, r.params.grammar_field));
+  if (auto k = j.find("chat_template_kwargs"); k != j.end() && !k->is_null()) {
+    if (!k->is_object()) return field_error("chat_template_kwargs", "must be an object of template variables");
+    if (k->contains("messages") || k->contains("tools") || k->contains("add_generation_prompt"))
+      return field_error("chat_template_kwargs", "must not set messages, tools or add_generation_prompt");
+    r.template_kwargs_json = k->dump();
+  }
   // Fields that would change the answer are refused, never ignored.
   if (auto f = j.find("functions"); f != j.end() && !f->is_null() && !(f->is_array() && f->empty()))
     return field_error("functions", "the legacy 'functions' field is not supported; use 'tools'");
@@ -383,6 +389,7 @@ std::string render_chat(const std::string& id, int64_t created, const std::strin
   json cs = json::array();
   for (const ChatChoice& c : choices) {
     json message = {{"role", "assistant"}, {"content", c.content_null ? json(nullptr) : json(c.content)}};
+    if (!c.reasoning_content.empty()) message["reasoning_content"] = c.reasoning_content;
     if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c, false);
     cs.push_back({{"index", c.index}, {"message", message}, {"logprobs", chat_logprobs(c)},
                   {"finish_reason", finish(c.finish_reason)}});
@@ -400,6 +407,10 @@ std::string render_chat_chunk(const std::string& id, int64_t created, const std:
   if (!d.tool_calls.empty()) {
     delta.erase("content");
     delta["tool_calls"] = tool_calls_json(d, true);
+  }
+  if (!d.reasoning_content.empty()) {
+    if (d.content.empty()) delta.erase("content");
+    delta["reasoning_content"] = d.reasoning_content;
   }
   json choice = {{"index", d.index}, {"delta", delta}, {"logprobs", chat_logprobs(d)},
                  {"finish_reason", finish(d.finish_reason)}};

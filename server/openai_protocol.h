@@ -64,6 +64,9 @@ struct ChatRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   ToolRequest tools_request;  // tools, tool_choice, parallel_tool_calls
+  // chat_template_kwargs (vLLM's field): more variables for the chat template, a JSON object
+  // ("" when absent), e.g. {"enable_thinking": false} for Qwen3.
+  std::string template_kwargs_json;
 };
 
 // kInvalidArgument with a message naming the field: "'max_tokens' must be >= 0, got -1".
@@ -101,6 +104,7 @@ std::string render_completion_chunk(const std::string& id, int64_t created, cons
 struct ChatChoice {
   int32_t index = 0;
   std::string content;
+  std::string reasoning_content;      // a reasoning model's thinking (--reasoning-parser)
   bool content_null = false;          // a whole message with tool calls and no text: "content": null
   std::vector<ToolCall> tool_calls;   // whole: every call; a chunk: the calls completed now
   int32_t first_tool_call_index = 0;  // a chunk: the index of tool_calls[0] among the choice's calls

@@ -16,6 +16,7 @@
 #include "common/mapped_file.h"
 #include "common/process.h"
 #include "server/api_server.h"
+#include "server/reasoning.h"
 #include "engine/block_pool.h"
 #include "engine/engine.h"
 #include "engine/metrics.h"
@@ -367,6 +368,7 @@ int run_server(const ServerOptions& o) {
   ao.model_vocab = config.vocab;
   ao.eos_ids = eo.eos_ids;
   ao.grammar.compile_timeout = std::chrono::milliseconds(o.grammar_compile_timeout_ms);
+  ao.reasoning = o.reasoning_parser == "think" || (o.reasoning_parser == "auto" && chat && template_has_reasoning(chat->source()));
   const SchedulerConfig sched = o.scheduler;
   auto api = ApiServer::start(ao, engine, **tokenizer, chat.get(), metrics,
                               [sched, block = o.block_size, source = o.block_size_source, reason = o.block_size_reason] {

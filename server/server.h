@@ -59,6 +59,8 @@ struct ServerOptions {
   double shutdown_grace_s = 30.0;
   // Structured outputs: a schema, regex or grammar that takes longer to compile is refused (400).
   int64_t grammar_compile_timeout_ms = 5000;
+  // Reasoning models: "auto" (when the chat template writes <think>), "think" or "none".
+  std::string reasoning_parser = "auto";
   // A failed shard group (a shard killed, crashed or silent past the timeouts) is torn down and
   // restarted with backoff, at most this many times in a row (0: never; the server then stays
   // up, unhealthy). Only shards the server starts itself are restarted.

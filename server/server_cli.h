@@ -96,6 +96,11 @@ struct ServerCli {
                    "(beyond: 400; the compilation finishes in the background and is cached)")
         ->check(CLI::Range(int64_t{1}, int64_t{600000}))
         ->capture_default_str();
+    app.add_option("--reasoning-parser", o.reasoning_parser,
+                   "chat replies' <think> ... </think> part as reasoning_content, a schema or tool call constrained "
+                   "after it: auto (when the chat template writes <think>), think, none")
+        ->check(CLI::IsMember({"auto", "think", "none"}))
+        ->capture_default_str();
     app.add_option("--shutdown-grace", o.shutdown_grace_s,
                    "seconds the requests in flight get to finish after SIGTERM / SIGINT (new ones get 503)")
         ->check(CLI::Range(0.0, 86400.0))

@@ -244,5 +244,40 @@ TEST(Grammar, SmallVocabularyWithModelPadding) {
   EXPECT_TRUE((*g)->spell("\x01\x02").size() <= 2);
 }
 
+// Reasoning models: free text inside <think> ... </think> (opened by the output, if it wants, or
+// by the prompt), then the constrained text; the text after "</think>" is held to the schema.
+TEST(Grammar, ReasoningPrefixLeavesThinkingFreeAndConstrainsTheAnswer) {
+  const std::vector<std::string> tokens = {"", "<think>", "</think>", "hm, ", "{\"a\": ", "1", "}", "\n", "x", "<", "/"};
+  enum : int32_t { kEos, kOpen, kClose, kHm, kKey, kOne, kEnd, kNl, kX, kLt, kSlash };
+  auto c = GrammarCompiler::create(tokens, static_cast<int64_t>(tokens.size()), {kEos}, {});
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
+  const auto run = [&](ReasoningPrefix prefix, const std::vector<int32_t>& ids) {
+    GrammarSpec spec{GrammarKind::kJsonSchema, schema};
+    spec.reasoning = prefix;
+    auto g = (*c)->compile(spec);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    if (!g.is_ok()) return -2;
+    auto m = (*g)->matcher();
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!m->accept(ids[i])) return static_cast<int>(i);  // the first refused token
+    return m->terminated() ? -1 : static_cast<int>(ids.size());
+  };
+  // Opened by the output: reasoning with any text ("<" and "/" too), then the JSON, then EOS.
+  EXPECT_EQ(run(ReasoningPrefix::kThink, {kOpen, kHm, kLt, kSlash, kX, kClose, kNl, kKey, kOne, kEnd, kEos}), -1);
+  EXPECT_EQ(run(ReasoningPrefix::kThink, {kKey, kOne, kEnd, kEos}), -1) << "or no reasoning at all";
+  EXPECT_EQ(run(ReasoningPrefix::kThink, {kX}), 0);
+  EXPECT_EQ(run(ReasoningPrefix::kThink, {kOpen, kHm, kClose, kX}), 3) << "the answer is held to the schema";
+  // Opened by the prompt: the output starts inside the reasoning.
+  EXPECT_EQ(run(ReasoningPrefix::kInside, {kHm, kX, kClose, kKey, kOne, kEnd, kEos}), -1);
+  EXPECT_EQ(run(ReasoningPrefix::kInside, {kHm, kEos}), 1) << "no end before the answer";
+  // Without a prefix the same schema takes the JSON at once.
+  EXPECT_EQ(run(ReasoningPrefix::kNone, {kKey, kOne, kEnd, kEos}), -1);
+  EXPECT_EQ(run(ReasoningPrefix::kNone, {kOpen}), 0);
+  GrammarSpec a{GrammarKind::kJsonSchema, schema}, b = a;
+  b.reasoning = ReasoningPrefix::kThink;
+  EXPECT_NE(a.key(), b.key());
+}
+
 }  // namespace
 }  // namespace tessera
