@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--scenarios", default="all", help="all, or names separated by commas (schema20u: unbounded strings)")
+    ap.add_argument("--scenarios", default="all", help="all, or scenario names separated by ';' (schema20u: unbounded strings)")
     ap.add_argument("--window", type=float, default=15.0, help="seconds of steady state per measurement (0: one wave)")
     ap.add_argument("--server-args", default="", help="extra `tessera serve` flags, e.g. \"--jump-forward-tokens 0\"")
     args = ap.parse_args()
@@ -160,8 +160,10 @@ def main():
         ("8 + 8 mix (schema20u) vs 16 plain", ["plain"] * 16, ["schema20u"] * 8 + ["plain"] * 8),
     ]
     if args.scenarios != "all":
-        wanted = [w.strip() for w in args.scenarios.split(",")]
-        scenarios = [sc for sc in scenarios if any(w in sc[0] for w in wanted)]
+        wanted = [w.strip() for w in args.scenarios.split(";")]
+        scenarios = [sc for sc in scenarios if sc[0] in wanted]
+        if len(scenarios) != len(wanted):
+            sys.exit(f"--scenarios: names separated by ';', each one of the table's rows; got {wanted}")
     rows = []
     raw = []
     try:

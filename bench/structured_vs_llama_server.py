@@ -18,6 +18,8 @@ llama-server is built outside the project from the llama.cpp tree in PyPI's llam
 
 Load: "1": --single requests one after another; "N": one wave of N concurrent requests (each
 engine gets the same requests). tokens/s = completion tokens of all requests / wall time.
+Outputs: valid (complete, validates), cut (max_tokens reached first) or invalid (complete, fails
+the schema: an engine whose grammar does not enforce a keyword, e.g. a number's maximum).
 """
 import argparse
 import concurrent.futures
@@ -80,10 +82,13 @@ def one(client, model, schema, max_tokens, seed):
         model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0.7,
         seed=seed, response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema,
                                                                           "strict": True}})
-    finish = r.choices[0].finish_reason
-    if finish == "stop":
+    if r.choices[0].finish_reason != "stop":
+        return r.usage.completion_tokens, "cut"  # max_tokens reached (an unbounded string ran on)
+    try:
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
-    return r.usage.completion_tokens, finish
+        return r.usage.completion_tokens, "valid"
+    except (ValueError, jsonschema.ValidationError):
+        return r.usage.completion_tokens, "invalid"
 
 
 def wave(client, model, schema, n, max_tokens, seed0):
@@ -91,14 +96,14 @@ def wave(client, model, schema, n, max_tokens, seed0):
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         out = list(pool.map(lambda i: one(client, model, schema, max_tokens, seed0 + i), range(n)))
     wall = time.perf_counter() - t0
-    return sum(t for t, _ in out) / wall, sum(f == "stop" for _, f in out), n
+    return sum(t for t, _ in out) / wall, [v for _, v in out]
 
 
 def sequential(client, model, schema, n, max_tokens, seed0):
     t0 = time.perf_counter()
     out = [one(client, model, schema, max_tokens, seed0 + i) for i in range(n)]
     wall = time.perf_counter() - t0
-    return sum(t for t, _ in out) / wall, sum(f == "stop" for _, f in out), n
+    return sum(t for t, _ in out) / wall, [v for _, v in out]
 
 
 def main():
@@ -118,7 +123,7 @@ def main():
     clients = {"tessera": (engines["tessera"].client, "test-model"),
                "llama-server": (engines["llama-server"].client, "m")}
     results = {(e, load): [] for e in engines for load in ("1", "N")}
-    stops = {(e, load): [0, 0] for e in engines for load in ("1", "N")}
+    outcomes = {(e, load): [] for e in engines for load in ("1", "N")}
     try:
         for e, (c, m) in clients.items():  # warm-up: grammar compiled, caches touched
             one(c, m, schema, 32, 1)
@@ -128,12 +133,11 @@ def main():
                 for e in order:
                     c, m = clients[e]
                     if load == "1":
-                        rate, ok, n = sequential(c, m, schema, args.single, args.max_tokens, 100 * rnd)
+                        rate, got = sequential(c, m, schema, args.single, args.max_tokens, 100 * rnd)
                     else:
-                        rate, ok, n = wave(c, m, schema, args.concurrency, args.max_tokens, 100 * rnd)
+                        rate, got = wave(c, m, schema, args.concurrency, args.max_tokens, 100 * rnd)
                     results[(e, load)].append(rate)
-                    stops[(e, load)][0] += ok
-                    stops[(e, load)][1] += n
+                    outcomes[(e, load)] += got
                     print(f"round {rnd + 1} load {load} {e}: {rate:.1f} tok/s", file=sys.stderr, flush=True)
     finally:
         for s in engines.values():
@@ -144,14 +148,15 @@ def main():
           f"{args.max_tokens}; {args.threads} threads each; llama-server -np {args.concurrency}; {args.rounds} rounds, "
           f"engines alternating; medians")
     print()
-    print("| load | Tessera tok/s | llama-server tok/s | Tessera / llama-server (median of rounds, range) | outputs complete (Tessera, llama-server) |")
+    print("| load | Tessera tok/s | llama-server tok/s | Tessera / llama-server (median of rounds, range) | outputs valid / cut / invalid: Tessera; llama-server |")
     print("| --- | --- | --- | --- | --- |")
     for load, label in (("1", f"1 request ({args.single} in turn)"), ("N", f"{args.concurrency} concurrent")):
         t, l = results[("tessera", load)], results[("llama-server", load)]
         ratios = sorted(a / b for a, b in zip(t, l))
-        st, sl = stops[("tessera", load)], stops[("llama-server", load)]
+        count = {e: "/".join(str(outcomes[(e, load)].count(k)) for k in ("valid", "cut", "invalid")) for e in engines}
         print(f"| {label} | {statistics.median(t):.1f} | {statistics.median(l):.1f} | "
-              f"{ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) | {st[0]}/{st[1]}, {sl[0]}/{sl[1]} |")
+              f"{ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) | {count['tessera']}; "
+              f"{count['llama-server']} |")
 
 
 if __name__ == "__main__":

@@ -523,13 +523,13 @@ std::vector<SequenceMask> Engine::compute_masks(const std::vector<std::pair<Sche
 // step, each row masked to its one token, so they are taken at the cost of one step. Only the
 // prefix of the spelling the grammar accepts is used.
 void Engine::jump_forward() {
+  if (options_.scheduler.jump_forward_tokens <= 0) return;
   for (uint64_t id : scheduler_->decoders()) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;
     SeqState& s = *it->second;
     const Job& job = s.job->job;
     if (!s.matcher || s.finished || s.generated < job.min_tokens) continue;
-    if (options_.scheduler.jump_forward_tokens <= 0) return;
     const std::string forced = s.matcher->forced_string();
     if (forced.empty()) continue;
     std::vector<int32_t> tokens = job.grammar->spell(forced);

@@ -176,6 +176,15 @@ class XgCompiler final : public GrammarCompiler {
         lru_.splice(lru_.begin(), lru_, it->second.lru);
         future = it->second.future;
       } else {
+        // A schema whose bounded strings could never compile in the budget is refused at once
+        // (not cached: the same request is refused the same way), without a compile thread.
+        if (spec.kind == GrammarKind::kJsonSchema) {
+          if (Status s = check_compile_cost(spec.source, vocab_, static_cast<double>(options_.compile_timeout.count()));
+              !s.is_ok()) {
+            ++stats_.refused;
+            return s;
+          }
+        }
         auto task = std::make_shared<std::packaged_task<Outcome()>>([this, spec] { return build(spec); });
         future = task->get_future().share();
         lru_.push_front(key);

@@ -1,6 +1,9 @@
 #include "grammar/schema_check.h"
 
+#include <algorithm>
 #include <array>
+#include <set>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -107,7 +110,63 @@ Status check(const json& s, const std::string& path, int depth) {
   return Status::ok();
 }
 
+// Every object in the schema document with a string length bound: (path, minLength, maxLength;
+// -1 where absent).
+struct LengthBound {
+  std::string path;
+  int64_t lo = -1;
+  int64_t hi = -1;
+};
+
+void collect_bounds(const json& s, const std::string& path, int depth, std::vector<LengthBound>& out) {
+  if (depth > 64) return;
+  if (s.is_object()) {
+    LengthBound b{path};
+    if (auto it = s.find("minLength"); it != s.end() && it->is_number_integer()) b.lo = it->get<int64_t>();
+    if (auto it = s.find("maxLength"); it != s.end() && it->is_number_integer()) b.hi = it->get<int64_t>();
+    if (b.lo > 0 || b.hi >= 0) out.push_back(b);
+    for (const auto& [key, sub] : s.items()) collect_bounds(sub, path + "." + key, depth + 1, out);
+  } else if (s.is_array()) {
+    for (size_t i = 0; i < s.size(); ++i) collect_bounds(s[i], fmt::format("{}[{}]", path, i), depth + 1, out);
+  }
+}
+
 }  // namespace
+
+Status check_compile_cost(std::string_view schema, int64_t vocab, double budget_ms) {
+  json j = json::parse(schema, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::ok();
+  std::vector<LengthBound> bounds;
+  collect_bounds(j, "$", 0, bounds);
+  const double scale = static_cast<double>(std::max<int64_t>(vocab, 1)) / static_cast<double>(kCostVocabulary);
+  // Short bounds share one chain of states (as many as the longest such bound, plus the states
+  // that still need characters); each distinct long bound is expanded on its own.
+  int64_t chain = 0, need = 0;
+  std::set<std::pair<int64_t, int64_t>> long_bounds;
+  const LengthBound* largest = nullptr;
+  for (const LengthBound& b : bounds) {
+    const int64_t states = std::max(b.hi, b.lo);
+    if (b.hi >= 0 && b.hi <= 31) {
+      chain = std::max(chain, b.hi);
+      need = std::max(need, b.lo);
+    } else {
+      long_bounds.insert({b.lo, b.hi});
+    }
+    if (largest == nullptr || states > std::max(largest->hi, largest->lo)) largest = &b;
+  }
+  double ms = static_cast<double>(chain + need) * kChainStateMs * scale;
+  for (const auto& [lo, hi] : long_bounds) ms += static_cast<double>(std::max(lo, hi)) * kRepeatStateMs * scale;
+  if (ms <= budget_ms || largest == nullptr) return Status::ok();
+  const bool by_max = largest->hi >= largest->lo;
+  return Status::invalid_argument(fmt::format(
+      "{}.{}: a string bounded to {} characters is expected to take about {:.1f} s to compile on this {}-token "
+      "vocabulary (a grammar state per character; this schema's bounded strings: about {:.1f} s), past the {:.0f} ms "
+      "budget (--grammar-compile-timeout); a shorter bound or a pattern compiles faster",
+      largest->path, by_max ? "maxLength" : "minLength", by_max ? largest->hi : largest->lo,
+      static_cast<double>(by_max ? largest->hi : largest->lo) * (by_max && largest->hi <= 31 ? kChainStateMs : kRepeatStateMs) *
+          scale / 1000.0,
+      vocab, ms / 1000.0, budget_ms));
+}
 
 std::span<const UnsupportedKeyword> unsupported_schema_keywords() { return kUnsupported; }
 

@@ -121,17 +121,18 @@ double compute_weights(const float* logits, int64_t n, double max, double temper
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-// The maximum and its first index when every value is finite (then returns true); false as soon
-// as one is NaN or infinite (the caller's scalar pass handles those).
+// The maximum and its first index when no value is NaN or +inf (then returns true; -inf, the
+// logit of a banned or masked token, is an ordinary value here); false as soon as one is (the
+// caller's scalar pass handles those).
 #ifdef TESSERA_SAMPLING_AVX512
-// The maximum of v[0, 16 * (n / 16)); false when one of them is NaN or infinite.
+// The maximum of v[0, 16 * (n / 16)); false when one of them is NaN or +inf.
 TESSERA_SAMPLING_AVX512 bool finite_max_avx512(const float* v, int64_t n, float* mx) {
   __m512 vm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   __mmask16 bad = 0;
   for (int64_t i = 0; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(v + i);
-    bad |= static_cast<__mmask16>(_mm512_cmp_ps_mask(_mm512_abs_ps(x), inf, _CMP_NLT_UQ));  // inf or NaN
+    bad |= static_cast<__mmask16>(_mm512_cmp_ps_mask(x, inf, _CMP_NLT_UQ));  // +inf or NaN
     vm = _mm512_max_ps(vm, x);
   }
   *mx = _mm512_reduce_max_ps(vm);
@@ -162,7 +163,7 @@ bool finite_argmax(const float* v, int64_t n, float* max_out, int64_t* arg_out) 
   }
 #endif
   for (; i < n; ++i) {
-    if (!std::isfinite(v[i])) return false;
+    if (std::isnan(v[i]) || v[i] == std::numeric_limits<float>::infinity()) return false;
     mx = std::max(mx, v[i]);
   }
   int64_t arg = 0;  // the first maximum
@@ -432,8 +433,8 @@ SampledToken Sampler::sample(float* logits, int64_t vocab, ThreadPool* pool) {
   TESSERA_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(), "vocab {}", vocab);
   apply_penalties(logits, vocab);
 
-  // Sanitise non-finite values and find the argmax (first maximum: lowest id): a vector pass
-  // when every logit is finite (the common case), else the scalar pass below.
+  // Sanitise NaN and +inf and find the argmax (first maximum: lowest id): a vector pass when
+  // there are none (the common case, token masks' -inf included), else the scalar pass below.
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float max_logit = kNegInf;
   int64_t argmax = 0;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "grammar/schema_check.h"
@@ -215,6 +216,41 @@ TEST(Grammar, CacheSharesOneCompilationAndTheBudgetRefusesLateOnes) {
   auto c = w.compiler->compile(spec);
   ASSERT_TRUE(c.is_ok());
   EXPECT_NE(a->get(), c->get());
+}
+
+// A schema whose bounded strings could never compile within the budget is refused before any
+// compile thread takes it, naming the bound and its path; the estimate scales with the vocabulary.
+TEST(Grammar, BoundedStringsPastTheBudgetAreRefusedUpFront) {
+  const std::string essay = R"({"type": "object", "properties": {"title": {"type": "string", "maxLength": 12},
+      "essay": {"type": "string", "minLength": 10, "maxLength": 1000}}})";
+  Status s = check_compile_cost(essay, 262144, 5000);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("$.properties.essay.maxLength: a string bounded to 1000 characters"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("--grammar-compile-timeout"), std::string::npos);
+  EXPECT_TRUE(check_compile_cost(essay, 512, 5000).is_ok()) << "a small vocabulary compiles it quickly";
+  EXPECT_TRUE(check_compile_cost(essay, 262144, 60000).is_ok()) << "a larger budget";
+  EXPECT_TRUE(check_compile_cost(R"({"type": "string", "maxLength": 31})", 262144, 5000).is_ok());
+  EXPECT_TRUE(check_compile_cost("not json", 262144, 5000).is_ok()) << "the compilation reports that";
+  // Many distinct long bounds add up; identical ones are expanded once.
+  std::string many = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 8; ++i) many += fmt::format(R"({}"p{}": {{"type": "string", "maxLength": {}}})", i ? ", " : "", i, 40 + i);
+  many += "}}";
+  EXPECT_FALSE(check_compile_cost(many, 262144, 5000).is_ok());
+  std::string same = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 8; ++i) same += fmt::format(R"({}"p{}": {{"type": "string", "maxLength": 40}})", i ? ", " : "", i);
+  same += "}}";
+  EXPECT_TRUE(check_compile_cost(same, 262144, 5000).is_ok());
+
+  TESSERA_REQUIRE_TESTDATA(gemma_path());
+  Vocab v = load(gemma_path());
+  ASSERT_TRUE(v.compiler);
+  auto r = v.compiler->compile({GrammarKind::kJsonSchema, essay});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("$.properties.essay.maxLength"), std::string::npos) << r.status().message();
+  EXPECT_EQ(v.compiler->stats().refused, 1);
+  EXPECT_EQ(v.compiler->stats().compiled, 0);
 }
 
 TEST(Grammar, SmallVocabularyWithModelPadding) {
