@@ -368,25 +368,49 @@ INSTANTIATE_TEST_SUITE_P(Formats, StoriesForwardTest,
 namespace tessera {
 namespace {
 
+// stories260K's HF weights on one CPU shard (one thread) with an executor over it; nullptr (and
+// a failure) when it cannot be loaded.
+struct StoriesShard {
+  std::unique_ptr<WeightStore> store;
+  std::unique_ptr<DeviceComm> comm;
+  ThreadPool pool{ThreadPoolOptions{.num_threads = 1}};
+  std::unique_ptr<CpuBackend> backend;
+  ShardExecutor executor;
+
+  static std::unique_ptr<StoriesShard> open(const CpuBackendOptions& options = {}) {
+    auto store = WeightStore::open(stories_dir() + "/hf");
+    EXPECT_TRUE(store.is_ok()) << store.status().to_string();
+    if (!store.is_ok()) return nullptr;
+    const ModelConfig& c = (*store)->config();
+    auto full = bind_model_weights(**store);
+    auto layout = plan_shard_layout(c, TpConfig{});
+    EXPECT_TRUE(full.is_ok() && layout.is_ok());
+    if (!full.is_ok() || !layout.is_ok()) return nullptr;
+    auto weights = slice_model_weights(std::move(full).value(), c, *layout);
+    EXPECT_TRUE(weights.is_ok());
+    if (!weights.is_ok()) return nullptr;
+    return std::unique_ptr<StoriesShard>(new StoriesShard(std::move(store).value(), make_single_rank_comm(), *layout,
+                                                          std::move(weights).value(), options));
+  }
+
+ private:
+  StoriesShard(std::unique_ptr<WeightStore> s, std::unique_ptr<DeviceComm> cm, const ShardLayout& layout,
+               ShardWeights weights, const CpuBackendOptions& options)
+      : store(std::move(s)),
+        comm(std::move(cm)),
+        backend(std::make_unique<CpuBackend>(store->config(), layout, std::move(weights), &pool, comm.get(), options)),
+        executor(*backend, store->config(), ShardExecutorOptions{}) {}
+};
+
 // The configure message carries the KV dtype the coordinator planned with; a shard that stores
 // another refuses it, naming both.
 TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
   TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
-  auto store = WeightStore::open(stories_dir() + "/hf");
-  ASSERT_TRUE(store.is_ok());
-  const ModelConfig& c = (*store)->config();
-  auto full = bind_model_weights(**store);
-  ASSERT_TRUE(full.is_ok());
-  auto layout = plan_shard_layout(c, TpConfig{});
-  ASSERT_TRUE(layout.is_ok());
-  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
-  ASSERT_TRUE(weights.is_ok());
-  auto comm = make_single_rank_comm();
-  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
   CpuBackendOptions o;
   o.runtime.kv_dtype = KvDtype::kF16;
-  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), o);
-  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  auto shard = StoriesShard::open(o);
+  ASSERT_TRUE(shard);
+  ShardExecutor& executor = shard->executor;
   Status s = executor.configure(16, 8, KvDtype::kF32);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("the coordinator planned a fp32 KV cache, this shard stores fp16"), std::string::npos)
@@ -400,19 +424,10 @@ TEST(ShardExecutorTest, ConfigureRefusesAnotherKvDtype) {
 // the same token and logprob. A plan that marks drafts forced without giving any is refused.
 TEST(ShardExecutorTest, ForcedDraftsEqualTokensForcedOneStepAtATime) {
   TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
-  auto store = WeightStore::open(stories_dir() + "/hf");
-  ASSERT_TRUE(store.is_ok());
-  const ModelConfig& c = (*store)->config();
-  auto full = bind_model_weights(**store);
-  ASSERT_TRUE(full.is_ok());
-  auto layout = plan_shard_layout(c, TpConfig{});
-  ASSERT_TRUE(layout.is_ok());
-  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
-  ASSERT_TRUE(weights.is_ok());
-  auto comm = make_single_rank_comm();
-  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
-  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), CpuBackendOptions{});
-  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  auto shard = StoriesShard::open();
+  ASSERT_TRUE(shard);
+  ShardExecutor& executor = shard->executor;
+  const ModelConfig& c = shard->store->config();
   constexpr int32_t kBlock = 16;
   ASSERT_TRUE(executor.configure(kBlock, 32, KvDtype::kF32).is_ok());
   test::TestBlockAllocator blocks(32);
@@ -501,19 +516,10 @@ TEST(ShardExecutorTest, ForcedDraftsEqualTokensForcedOneStepAtATime) {
 // naming the mismatch.
 TEST(ShardExecutorTest, MasksThatFollowThePlanConstrainAsMasksInIt) {
   TESSERA_REQUIRE_TESTDATA(stories_dir() + "/reference.json");
-  auto store = WeightStore::open(stories_dir() + "/hf");
-  ASSERT_TRUE(store.is_ok());
-  const ModelConfig& c = (*store)->config();
-  auto full = bind_model_weights(**store);
-  ASSERT_TRUE(full.is_ok());
-  auto layout = plan_shard_layout(c, TpConfig{});
-  ASSERT_TRUE(layout.is_ok());
-  auto weights = slice_model_weights(std::move(full).value(), c, *layout);
-  ASSERT_TRUE(weights.is_ok());
-  auto comm = make_single_rank_comm();
-  ThreadPool pool(ThreadPoolOptions{.num_threads = 1});
-  CpuBackend backend(c, *layout, std::move(weights).value(), &pool, comm.get(), CpuBackendOptions{});
-  ShardExecutor executor(backend, c, ShardExecutorOptions{});
+  auto shard = StoriesShard::open();
+  ASSERT_TRUE(shard);
+  ShardExecutor& executor = shard->executor;
+  const ModelConfig& c = shard->store->config();
   ASSERT_TRUE(executor.configure(16, 8, KvDtype::kF32).is_ok());
   const std::vector<int32_t> prompt = load_cases().front().prompt;
   const auto words = static_cast<size_t>((c.vocab + 31) / 32);
