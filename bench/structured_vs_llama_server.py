@@ -26,12 +26,10 @@ import concurrent.futures
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 import jsonschema
 import openai
@@ -40,14 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from build_ab import free_port, wait_healthy  # noqa: E402
 from structured_outputs_bench import PROMPT, cpu_name, schema_of  # noqa: E402
 from tessera_server import Server  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServer:
@@ -57,18 +50,7 @@ class LlamaServer:
             [binary, "-m", model, "--port", str(self.port), "--host", "127.0.0.1", "-np", str(slots),
              "-c", str(slots * ctx_per_slot), "-t", str(threads), "-tb", str(threads), "--jinja", "--no-webui"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("llama-server did not become healthy")
+        wait_healthy(self.port, self.proc)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
                                     timeout=600)
 
