@@ -22,8 +22,11 @@ namespace tessera {
 inline constexpr int kMaxUnrolledStringLength = 31;
 
 // `ebnf`: xgrammar's printed grammar (Grammar::ToString). Returns it with every bounded string
-// rule of the shape above (max n <= kMaxUnrolledStringLength) rewritten as a chain, or nullopt
-// when there is none.
+// rule of the shape above (max n <= kMaxUnrolledStringLength) rewritten as a chain, and the
+// characters of every bounded string (any n) made valid JSON: xgrammar 0.2.8 gives them the
+// class [^"\\\r\n], which lets raw control characters through; here they are [^\0-\x1f"\\], the
+// characters a JSON string holds unescaped (escapes would make the masks slow, see the .cpp).
+// nullopt when there is no bounded string.
 std::optional<std::string> unroll_bounded_strings(const std::string& ebnf);
 
 }  // namespace tessera

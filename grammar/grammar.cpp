@@ -23,6 +23,8 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "grammar/bounded_strings.h"
+#include "grammar/digit_runs.h"
+#include "grammar/pattern_regexes.h"
 #include "grammar/schema_check.h"
 
 namespace tessera {
@@ -50,6 +52,32 @@ constexpr int kCompileNice = 10;  // the compile threads' nice value (Linux: per
 
 // The regex that matches exactly `text`: every character that is not a letter, a digit or a
 // byte of a multi-byte UTF-8 character is escaped.
+// An IPv4 address as PyPI's jsonschema (Python's ipaddress) and RFC 2673's dotted quad take it:
+// no leading zeros. xgrammar's own `ipv4` format lets "026" through.
+constexpr const char* kStrictIpv4 =
+    "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$";
+
+// Formats xgrammar writes wider than JSON Schema validators take them, replaced by patterns:
+// `format: ipv4` (on a string schema without a pattern) becomes kStrictIpv4. Values (const, enum,
+// default, examples) are left alone. Whether anything changed.
+bool narrow_formats(nlohmann::ordered_json& schema, int depth = 0) {
+  if (depth > 64) return false;
+  bool changed = false;
+  if (schema.is_object()) {
+    if (auto f = schema.find("format"); f != schema.end() && *f == "ipv4" && !schema.contains("pattern")) {
+      schema.erase("format");
+      schema["pattern"] = kStrictIpv4;
+      changed = true;
+    }
+    for (auto& [key, value] : schema.items())
+      if (key != "const" && key != "enum" && key != "default" && key != "examples")
+        changed |= narrow_formats(value, depth + 1);
+  } else if (schema.is_array()) {
+    for (auto& value : schema) changed |= narrow_formats(value, depth + 1);
+  }
+  return changed;
+}
+
 std::string regex_literal(const std::string& text) {
   std::string out;
   for (const char ch : text) {
@@ -272,14 +300,42 @@ class XgCompiler final : public GrammarCompiler {
         return xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
                                                  /*strict_mode=*/false);
       case GrammarKind::kJsonSchema: {
-        // Length-bounded strings as chains of rules (grammar/bounded_strings.h): cheap masks.
+        std::string source = spec.source;
+        if (nlohmann::ordered_json schema = nlohmann::ordered_json::parse(source, nullptr, false);
+            !schema.is_discarded() && narrow_formats(schema))
+          source = schema.dump();
         xgrammar::Grammar grammar =
-            xgrammar::Grammar::FromJSONSchema(spec.source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
-        if (std::optional<std::string> unrolled = unroll_bounded_strings(grammar.ToString())) {
+            xgrammar::Grammar::FromJSONSchema(source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
+        // The converter's grammar, rewritten where it is wrong or slow: patterns through the
+        // regex expansion (grammar/pattern_regexes.h: its automaton accepts strings the pattern
+        // does not match), runs of digits bounded (grammar/digit_runs.h: every number ends),
+        // length-bounded strings with JSON's characters and as chains of rules
+        // (grammar/bounded_strings.h: valid JSON, cheap masks).
+        std::string text = grammar.ToString();
+        bool rewritten = false;
+        if (std::optional<std::string> expanded = expand_pattern_regexes(text, [](const std::string& pattern) {
+              try {
+                return std::optional<std::string>(xgrammar::Grammar::FromRegex(pattern).ToString());
+              } catch (const std::exception&) {
+                return std::optional<std::string>();
+              }
+            })) {
+          text = std::move(*expanded);
+          rewritten = true;
+        }
+        if (std::optional<std::string> capped = cap_digit_runs(text)) {
+          text = std::move(*capped);
+          rewritten = true;
+        }
+        if (std::optional<std::string> unrolled = unroll_bounded_strings(text)) {
+          text = std::move(*unrolled);
+          rewritten = true;
+        }
+        if (rewritten) {
           try {
-            grammar = xgrammar::Grammar::FromEBNF(*unrolled, "root");
-          } catch (const std::exception& e) {  // the converter's own grammar then (slower masks)
-            TESSERA_LOG_WARN("bounded strings kept as repetitions: the rewritten grammar does not parse: {}", e.what());
+            grammar = xgrammar::Grammar::FromEBNF(text, "root");
+          } catch (const std::exception& e) {
+            return Status::internal(fmt::format("the rewritten grammar of the schema does not parse: {}", e.what()));
           }
         }
         return grammar;

@@ -86,6 +86,7 @@ Status check(const json& s, const std::string& path, int depth) {
   if (auto it = s.find("allOf"); it != s.end() && it->is_array() && it->size() > 1)
     return refuse(path, "allOf", "only a single-entry allOf is generated");
   const bool length = s.contains("minLength") || s.contains("maxLength");
+  const char* length_key = s.contains("minLength") ? "minLength" : "maxLength";  // the one to name
   if (auto it = s.find("format"); it != s.end() && it->is_string()) {
     const std::string f = it->get<std::string>();
     bool known = false;
@@ -93,9 +94,9 @@ Status check(const json& s, const std::string& path, int depth) {
     if (!known)
       return Status::invalid_argument(fmt::format("{}.format: format '{}' is not supported (supported: {})", path, f,
                                                   fmt::join(kFormats, ", ")));
-    if (length) return refuse(path, "minLength", "not together with a format");
+    if (length) return refuse(path, length_key, "not together with a format");
   }
-  if (length && s.contains("pattern")) return refuse(path, "minLength", "not together with a pattern");
+  if (length && s.contains("pattern")) return refuse(path, length_key, "not together with a pattern");
   for (const char* key : {"properties", "patternProperties", "$defs", "definitions"})
     TESSERA_RETURN_IF_ERROR(check_map(s, key, path, depth));
   for (const char* key : {"anyOf", "oneOf", "allOf", "prefixItems"}) TESSERA_RETURN_IF_ERROR(check_list(s, key, path, depth));

@@ -17,6 +17,7 @@ using Runner = std::function<int()>;
 
 Runner add_generate_command(CLI::App& app);
 Runner add_tokenize_command(CLI::App& app);
+Runner add_grammar_command(CLI::App& app);  // compile a constraint, check texts against it
 Runner add_topo_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);

@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
       tessera::cli::add_launch_command);
   add("topo", "Print the machine map (hwloc) and the binding each rank would get", tessera::cli::add_topo_command);
   add("tokenize", "Print the token ids of text read on stdin as JSON", tessera::cli::add_tokenize_command);
+  add("grammar", "Compile a structured-output constraint as a request would, and check texts against it",
+      tessera::cli::add_grammar_command);
   add("plan", "Cost accounts of a deployment: memory bill and predicted step time (--measure: beside measured)",
       tessera::cli::add_plan_command);
   add("eval", "Quality per precision and workload class (code, math, prose) against a reference: KL, perplexity, canaries",

@@ -44,6 +44,14 @@ TEST(BoundedStrings, RewritesTheConvertersBoundedStringsIntoSharedStates) {
   // Past kMaxUnrolledStringLength the converter's repetition stays.
   EXPECT_NE(out->find("root_prop_2_characters{0, 40}"), std::string::npos);
   EXPECT_NE(out->find("root ::= ((\"{\" root_prop_0"), std::string::npos);
+  // Every bounded string's characters become what JSON holds unescaped: no raw control characters.
+  EXPECT_NE(out->find("root_prop_2_characters ::= (([^\\0-\\x1f\\\"\\\\]))\n"), std::string::npos) << *out;
+  // Only a minimum (maxLength absent): not unrolled, its characters still rewritten.
+  const std::optional<std::string> min_only = unroll_bounded_strings(
+      "root ::= ((\"\\\"\" chars{1, -1} \"\\\"\"))\nchars ::= (([^\\\"\\\\\\r\\n]))\n");
+  ASSERT_TRUE(min_only.has_value());
+  EXPECT_NE(min_only->find("chars{1, -1}"), std::string::npos) << *min_only;
+  EXPECT_NE(min_only->find("chars ::= (([^\\0-\\x1f"), std::string::npos) << *min_only;
   EXPECT_FALSE(unroll_bounded_strings("root ::= ((\"a\"))\n").has_value());
   EXPECT_FALSE(unroll_bounded_strings("root ::= ((\"\\\"\" nothing{0, 3} \"\\\"\"))\n").has_value())
       << "a repetition of an undefined rule is left alone";
@@ -99,6 +107,40 @@ TEST(BoundedStrings, CompiledGrammarTakesExactlyTheAllowedLengths) {
   EXPECT_FALSE(m->accept(kA4));
   EXPECT_TRUE(m->accept(kAQuote));
   EXPECT_TRUE(m->completed());
+}
+
+// xgrammar's own class for these characters let a raw tab or U+0000 through: an output could be
+// invalid JSON. Escapes are not taken either (they would make every mask slow).
+TEST(BoundedStrings, CharactersAreWhatJsonHoldsUnescaped) {
+  std::vector<std::string> tokens = {"", "\"", "a", "\t", "\\t", std::string(1, '\0'), "\\", "\x7f", "\xc3\xa9"};
+  auto compiler = GrammarCompiler::create(tokens, static_cast<int64_t>(tokens.size()), {0}, {});
+  ASSERT_TRUE(compiler.is_ok()) << compiler.status().to_string();
+  constexpr int32_t kQuote = 1, kA = 2, kRawTab = 3, kEscTab = 4, kNul = 5, kBackslash = 6, kDel = 7, kE = 8;
+  for (const char* schema : {R"({"type": "string", "maxLength": 3})", R"({"type": "string", "maxLength": 40})",
+                             R"({"type": "string", "minLength": 1})"}) {
+    SCOPED_TRACE(schema);
+    auto g = (*compiler)->compile({GrammarKind::kJsonSchema, schema});
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    std::vector<uint32_t> mask(static_cast<size_t>((*compiler)->mask_words()));
+    auto m = (*g)->matcher();
+    ASSERT_TRUE(m->accept(kQuote));
+    m->fill_mask(mask);
+    EXPECT_FALSE(allowed(mask, kRawTab));
+    EXPECT_FALSE(allowed(mask, kNul));
+    EXPECT_FALSE(allowed(mask, kEscTab));
+    EXPECT_FALSE(allowed(mask, kBackslash));
+    EXPECT_TRUE(allowed(mask, kDel));
+    EXPECT_FALSE(m->accept(kRawTab));
+    EXPECT_TRUE(m->accept(kA));
+    EXPECT_TRUE(m->accept(kE));
+    EXPECT_TRUE(m->accept(kDel));
+    if (std::string_view(schema).find("maxLength\": 3") != std::string_view::npos) {
+      m->fill_mask(mask);  // three characters: only the closing quote
+      EXPECT_FALSE(allowed(mask, kA));
+    }
+    EXPECT_TRUE(m->accept(kQuote));
+    EXPECT_TRUE(m->completed());
+  }
 }
 
 }  // namespace
