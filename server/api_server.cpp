@@ -706,6 +706,8 @@ struct ApiServer::Impl {
                 {"eos_token_ids", tok->eos_ids()},
                 {"has_chat_template", chat != nullptr},
                 {"chat_template", o.chat_template_source},
+                {"tool_call_format", chat != nullptr ? json(tool_format_name(tool_format_for_template(chat->source())))
+                                                     : json(nullptr)},
                 {"max_model_len", o.max_positions}});
   }
 

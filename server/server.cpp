@@ -24,6 +24,7 @@
 #include "server/shard_launcher.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "server/tool_calls.h"
 #include "template/builtin_chat_template.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -300,7 +301,9 @@ int run_server(const ServerOptions& o) {
   auto served_chat = served_chat_template(o, config);
   if (!served_chat.is_ok()) return fail(served_chat.status().to_string());
   std::unique_ptr<ChatTemplate> chat = std::move(served_chat->chat);
-  if (chat) TESSERA_LOG_INFO("chat template: {}", served_chat->source);
+  if (chat)
+    TESSERA_LOG_INFO("chat template: {} (tool calls in the {} format)", served_chat->source,
+                     tool_format_name(tool_format_for_template(chat->source())));
   Status sched_ok = validate_scheduler_config(o.scheduler);
   if (!sched_ok.is_ok()) return fail(sched_ok.to_string());
 

@@ -1,5 +1,6 @@
 #include "server/tool_calls.h"
 
+#include <cctype>
 #include <random>
 
 #include <fmt/format.h>
@@ -12,6 +13,10 @@ using json = nlohmann::json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
 
 std::string call_id() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -26,8 +31,8 @@ size_t partial_suffix(std::string_view text, std::string_view tag) {
   return 0;
 }
 
-// The end (one past the closing brace) of the JSON object that starts at text[0] == '{', or
-// npos while it is not closed yet.
+// The end (one past the closing bracket) of the JSON object or array that starts at text[0]
+// ('{' or '['), or npos while it is not closed yet.
 size_t object_end(std::string_view text) {
   int depth = 0;
   bool in_string = false, escaped = false;
@@ -40,8 +45,8 @@ size_t object_end(std::string_view text) {
       continue;
     }
     if (c == '"') in_string = true;
-    else if (c == '{') ++depth;
-    else if (c == '}' && --depth == 0) return i + 1;
+    else if (c == '{' || c == '[') ++depth;
+    else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
   }
   return std::string_view::npos;
 }
@@ -59,11 +64,45 @@ std::optional<ToolCall> call_from_json(std::string_view text, const char* args_k
 
 bool blank(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
+size_t skip_blanks(std::string_view text, size_t i = 0) {
+  while (i < text.size() && blank(text[i])) ++i;
+  return i;
+}
+
+// A function name as the newer Mistral format writes it before [ARGS].
+bool function_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (const char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+  return true;
+}
+
+// [{"name": ..., "arguments": {...}}, ...] -> the calls; nullopt unless every element is one.
+std::optional<std::vector<ToolCall>> calls_from_array(std::string_view text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_array() || j.empty()) return std::nullopt;
+  std::vector<ToolCall> calls;
+  for (const json& e : j) {
+    std::optional<ToolCall> c = call_from_json(e.dump(), "arguments");
+    if (!c) return std::nullopt;
+    calls.push_back(std::move(*c));
+  }
+  return calls;
+}
+
 }  // namespace
 
-const char* tool_format_name(ToolFormat f) { return f == ToolFormat::kLlama3Json ? "llama3_json" : "hermes"; }
+const char* tool_format_name(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::kLlama3Json: return "llama3_json";
+    case ToolFormat::kMistral: return "mistral";
+    case ToolFormat::kHermes: break;
+  }
+  return "hermes";
+}
 
 ToolFormat tool_format_for_template(std::string_view source) {
+  if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::kMistral;
   if (source.find("<|start_header_id|>") != std::string_view::npos &&
       source.find("<tool_call>") == std::string_view::npos)
     return ToolFormat::kLlama3Json;
@@ -83,6 +122,9 @@ Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vecto
     if (format == ToolFormat::kHermes) {
       tag["begin"] = fmt::format("{}\n{{\"name\": {}, \"arguments\": ", kHermesOpen, name);
       tag["end"] = fmt::format("}}\n{}", kHermesClose);
+    } else if (format == ToolFormat::kMistral) {
+      tag["begin"] = fmt::format("{}[{{\"name\": {}, \"arguments\": ", kMistralCalls, name);
+      tag["end"] = "}]";
     } else {
       tag["begin"] = fmt::format("{{\"name\": {}, \"parameters\": ", name);
       tag["end"] = "}";
@@ -100,14 +142,15 @@ Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vecto
     // Calls only: no text before, between or after them.
     format_json = {{"type", "tags_with_separator"},
                    {"tags", tags},
-                   {"separator", format == ToolFormat::kHermes ? "\n" : "; "},
+                   {"separator", format == ToolFormat::kHermes ? "\n" : format == ToolFormat::kMistral ? "" : "; "},
                    {"at_least_one", true},
                    {"stop_after_first", one}};
   } else {
     // Free text; once the model opens a call, the call follows the function's schema.
     format_json = {{"type", "triggered_tags"},
-                   {"triggers", json::array({format == ToolFormat::kHermes ? std::string(kHermesOpen)
-                                                                           : std::string("{\"name\": ")})},
+                   {"triggers", json::array({format == ToolFormat::kHermes    ? std::string(kHermesOpen)
+                                             : format == ToolFormat::kMistral ? std::string(kMistralCalls)
+                                                                              : std::string("{\"name\": ")})},
                    {"tags", tags},
                    {"at_least_one", false},
                    {"stop_after_first", one}};
@@ -116,57 +159,73 @@ Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vecto
 }
 
 void ToolCallParser::scan(Output& out, bool at_end) {
-  if (format_ == ToolFormat::kHermes) {
-    for (;;) {
-      // The blanks a model puts after a call (between calls, before its last words) are not content.
-      if (after_call_) {
-        size_t skip = 0;
-        while (skip < pending_.size() && blank(pending_[skip])) ++skip;
-        pending_.erase(0, skip);
-        if (pending_.empty()) return;
-        after_call_ = false;
-      }
-      const size_t open = pending_.find(kHermesOpen);
-      if (open == std::string::npos) {
-        const size_t keep = at_end ? 0 : partial_suffix(pending_, kHermesOpen);
-        out.content += pending_.substr(0, pending_.size() - keep);
-        pending_.erase(0, pending_.size() - keep);
-        return;
-      }
-      out.content += pending_.substr(0, open);
-      pending_.erase(0, open);
-      const size_t close = pending_.find(kHermesClose);
-      if (close == std::string::npos) {
-        if (at_end) {
-          out.content += pending_;
-          pending_.clear();
-        }
-        return;
-      }
-      const std::string_view body = std::string_view(pending_).substr(kHermesOpen.size(), close - kHermesOpen.size());
-      if (auto call = call_from_json(body, "arguments")) {
-        out.calls.push_back(std::move(*call));
-        after_call_ = true;
-      } else {
-        out.content += pending_.substr(0, close + kHermesClose.size());
-      }
-      pending_.erase(0, close + kHermesClose.size());
-    }
+  switch (format_) {
+    case ToolFormat::kHermes: return scan_hermes(out, at_end);
+    case ToolFormat::kLlama3Json: return scan_llama3(out, at_end);
+    case ToolFormat::kMistral: return scan_mistral(out, at_end);
   }
-  // kLlama3Json: the reply is calls when its first non-blank character opens an object.
-  if (!started_) {
-    size_t i = 0;
-    while (i < pending_.size() && blank(pending_[i])) ++i;
-    if (i == pending_.size()) {
+}
+
+bool ToolCallParser::skip_blanks_after_call() {
+  if (!after_call_) return true;
+  pending_.erase(0, skip_blanks(pending_));
+  if (pending_.empty()) return false;
+  after_call_ = false;
+  return true;
+}
+
+void ToolCallParser::scan_hermes(Output& out, bool at_end) {
+  for (;;) {
+    // The blanks a model puts after a call (between calls, before its last words) are not content.
+    if (!skip_blanks_after_call()) return;
+    const size_t open = pending_.find(kHermesOpen);
+    if (open == std::string::npos) {
+      const size_t keep = at_end ? 0 : partial_suffix(pending_, kHermesOpen);
+      out.content += pending_.substr(0, pending_.size() - keep);
+      pending_.erase(0, pending_.size() - keep);
+      return;
+    }
+    out.content += pending_.substr(0, open);
+    pending_.erase(0, open);
+    const size_t close = pending_.find(kHermesClose);
+    if (close == std::string::npos) {
       if (at_end) {
         out.content += pending_;
         pending_.clear();
       }
       return;
     }
+    const std::string_view body = std::string_view(pending_).substr(kHermesOpen.size(), close - kHermesOpen.size());
+    if (auto call = call_from_json(body, "arguments")) {
+      out.calls.push_back(std::move(*call));
+      after_call_ = true;
+    } else {
+      out.content += pending_.substr(0, close + kHermesClose.size());
+    }
+    pending_.erase(0, close + kHermesClose.size());
+  }
+}
+
+void ToolCallParser::scan_llama3(Output& out, bool at_end) {
+  // The reply is calls when its first non-blank character opens an object, after an optional
+  // <|python_tag|> (Llama 3.1's mark for a call; built-in tools' Python after it stays content).
+  if (!started_) {
+    const size_t i = skip_blanks(pending_);
+    const std::string_view rest = std::string_view(pending_).substr(i);
+    if (!at_end && rest.size() < kPythonTag.size() && kPythonTag.starts_with(rest)) return;  // maybe the tag
+    size_t body = i;
+    if (rest.starts_with(kPythonTag)) {
+      body = skip_blanks(pending_, i + kPythonTag.size());
+      if (body == pending_.size() && !at_end) return;
+    }
+    if (body == pending_.size()) {
+      out.content += pending_;
+      pending_.clear();
+      return;
+    }
     started_ = true;
-    in_calls_ = pending_[i] == '{';
-    if (in_calls_) pending_.erase(0, i);
+    in_calls_ = pending_[body] == '{';
+    if (in_calls_) pending_.erase(0, i);  // the tag stays until its call parses (else it is content)
   }
   if (!in_calls_) {
     out.content += pending_;
@@ -175,11 +234,16 @@ void ToolCallParser::scan(Output& out, bool at_end) {
   }
   for (;;) {
     size_t i = 0;
-    while (i < pending_.size() && (blank(pending_[i]) || pending_[i] == ';')) ++i;
+    for (bool more = true; more;) {
+      more = false;
+      while (i < pending_.size() && (blank(pending_[i]) || pending_[i] == ';')) ++i;
+      if (pending_.compare(i, kPythonTag.size(), kPythonTag) == 0) i += kPythonTag.size(), more = true;
+    }
     if (i == pending_.size()) {
       if (at_end) pending_.clear();
       return;
     }
+    if (!at_end && kPythonTag.starts_with(std::string_view(pending_).substr(i))) return;  // maybe the tag
     if (pending_[i] != '{') break;  // text after the calls
     const size_t end = object_end(std::string_view(pending_).substr(i));
     if (end == std::string_view::npos) {
@@ -196,6 +260,81 @@ void ToolCallParser::scan(Output& out, bool at_end) {
   in_calls_ = false;
   out.content += pending_;
   pending_.clear();
+}
+
+void ToolCallParser::scan_mistral(Output& out, bool at_end) {
+  for (;;) {
+    if (!skip_blanks_after_call()) return;
+    const size_t open = pending_.find(kMistralCalls);
+    if (open == std::string::npos) {
+      const size_t keep = at_end ? 0 : partial_suffix(pending_, kMistralCalls);
+      out.content += pending_.substr(0, pending_.size() - keep);
+      pending_.erase(0, pending_.size() - keep);
+      return;
+    }
+    out.content += pending_.substr(0, open);
+    pending_.erase(0, open);
+    const auto wait_or_content = [&] {  // the block is not complete yet
+      if (at_end) {
+        out.content += pending_;
+        pending_.clear();
+      }
+    };
+    const size_t body = skip_blanks(pending_, kMistralCalls.size());
+    if (body == pending_.size()) return wait_or_content();
+    const std::string_view rest = std::string_view(pending_).substr(body);
+    if (rest[0] == '[') {  // [TOOL_CALLS][{...}, ...]
+      const size_t end = object_end(rest);
+      if (end == std::string_view::npos) return wait_or_content();
+      if (auto calls = calls_from_array(rest.substr(0, end))) {
+        for (ToolCall& c : *calls) out.calls.push_back(std::move(c));
+        after_call_ = true;
+      } else {
+        out.content += pending_.substr(0, body + end);
+      }
+      pending_.erase(0, body + end);
+      continue;
+    }
+    // [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, the [CALL_ID] part optional.
+    const size_t args = rest.find(kMistralArgs);
+    if (args == std::string_view::npos) {
+      if (at_end) return wait_or_content();
+      // Still the name (and call id): wait while it can be one.
+      std::string_view name = rest.substr(0, rest.size() - partial_suffix(rest, kMistralArgs));
+      if (const size_t id_mark = name.find(kMistralCallId); id_mark != std::string_view::npos)
+        name = name.substr(0, id_mark);
+      else
+        name = name.substr(0, name.size() - partial_suffix(name, kMistralCallId));
+      if (name.empty() || function_name(name)) return;
+      // Not a call: the marker is content; what follows it is scanned again.
+      out.content += pending_.substr(0, kMistralCalls.size());
+      pending_.erase(0, kMistralCalls.size());
+      continue;
+    }
+    std::string_view name = rest.substr(0, args);
+    if (const size_t id_mark = name.find(kMistralCallId); id_mark != std::string_view::npos) name = name.substr(0, id_mark);
+    const std::string_view object = rest.substr(args + kMistralArgs.size());
+    const size_t start = skip_blanks(object);
+    if (start == object.size()) return wait_or_content();
+    size_t consumed = body + args + kMistralArgs.size();
+    std::optional<ToolCall> call;
+    if (object[start] == '{') {
+      const size_t end = object_end(object.substr(start));
+      if (end == std::string_view::npos) return wait_or_content();
+      consumed += start + end;
+      json a = json::parse(object.substr(start, end), nullptr, false);
+      if (function_name(name) && !a.is_discarded() && a.is_object()) call = ToolCall{call_id(), std::string(name), a.dump()};
+    } else {
+      consumed += start;
+    }
+    if (call) {
+      out.calls.push_back(std::move(*call));
+      after_call_ = true;
+    } else {
+      out.content += pending_.substr(0, consumed);
+    }
+    pending_.erase(0, consumed);
+  }
 }
 
 ToolCallParser::Output ToolCallParser::push(std::string_view text) {

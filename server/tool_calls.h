@@ -7,7 +7,12 @@
 //   * kHermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen 2.5 / 3, Hermes;
 //     and the convention of Tessera's built-in Gemma 3 template, which has no tool tokens);
 //   * kLlama3Json: {"name": ..., "parameters": {...}} as the whole reply (Llama 3.1 / 3.2 / 3.3;
-//     calls separated by "; ").
+//     calls separated by "; "), after an optional <|python_tag|>;
+//   * kMistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral 7B v0.3, Mixtral,
+//     Mistral Nemo / Small), or [TOOL_CALLS]name[ARGS]{...} (the newer tokenizers; an optional
+//     [CALL_ID]id before [ARGS]); the grammar writes the first.
+// The tokenizers keep these markers as text (tokenizer/tokenizer.h kToolCallMarkers), so the
+// grammar can allow the model's own marker token and the parser sees it.
 // A call whose text does not parse as one stays in the content: it never vanishes.
 #pragma once
 
@@ -20,10 +25,10 @@
 
 namespace tessera {
 
-enum class ToolFormat : int { kHermes = 0, kLlama3Json };
+enum class ToolFormat : int { kHermes = 0, kLlama3Json, kMistral };
 const char* tool_format_name(ToolFormat f);
-// The format a chat template's model writes calls in: kLlama3Json for a template with Llama 3's
-// header tokens, else kHermes.
+// The format a chat template's model writes calls in: kMistral for a template with [TOOL_CALLS],
+// kLlama3Json for one with Llama 3's header tokens (and no <tool_call>), else kHermes.
 ToolFormat tool_format_for_template(std::string_view template_source);
 
 struct ToolDef {
@@ -65,9 +70,14 @@ class ToolCallParser {
 
  private:
   void scan(Output& out, bool at_end);
+  void scan_hermes(Output& out, bool at_end);
+  void scan_llama3(Output& out, bool at_end);
+  void scan_mistral(Output& out, bool at_end);
+  // Drops the blanks after a call; false when nothing else is pending yet.
+  bool skip_blanks_after_call();
   ToolFormat format_;
   std::string pending_;
-  bool after_call_ = false; // kHermes: a call just ended (its trailing blanks are dropped)
+  bool after_call_ = false; // kHermes, kMistral: a call just ended (its trailing blanks are dropped)
   bool started_ = false;  // kLlama3Json: the reply's first non-blank character was seen
   bool in_calls_ = false; // kLlama3Json: the reply is calls
 };

@@ -12,6 +12,10 @@
 
 namespace tessera {
 
+bool is_tool_call_marker(std::string_view token) {
+  return std::find(std::begin(kToolCallMarkers), std::end(kToolCallMarkers), token) != std::end(kToolCallMarkers);
+}
+
 std::vector<int32_t> Tokenizer::frequent_ids(int64_t n) const {
   std::vector<int32_t> out;
   for (int32_t id = 0; id < vocab_size() && static_cast<int64_t>(out.size()) < n; ++id)

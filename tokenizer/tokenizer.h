@@ -19,6 +19,15 @@ namespace tessera {
 
 class GgufFile;
 
+// Added tokens that mark a tool call in a model's output (server/tool_calls.h). A tokenizer may
+// call them special (Mistral's [TOOL_CALLS], Llama 3.1's <|python_tag|>); Tessera keeps them as
+// text: decoding shows them (the tool-call parser reads them, and without tools the reply shows
+// what the model wrote) and the grammar engine may allow them (a constrained call can use the
+// model's own marker token).
+inline constexpr std::string_view kToolCallMarkers[] = {"<tool_call>",  "</tool_call>", "<|python_tag|>",
+                                                        "[TOOL_CALLS]", "[ARGS]",       "[CALL_ID]"};
+bool is_tool_call_marker(std::string_view token);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

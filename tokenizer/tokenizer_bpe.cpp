@@ -102,7 +102,7 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
     if (t.id < 0) continue;
     added_by_content_.emplace(t.content, t.id);
     added_by_id_.emplace(t.id, i);
-    if (t.special) special_[static_cast<size_t>(t.id)] = 1;
+    if (t.special && !is_tool_call_marker(t.content)) special_[static_cast<size_t>(t.id)] = 1;
   }
   build_trie(false, raw_trie_);
   build_trie(true, normalized_trie_);

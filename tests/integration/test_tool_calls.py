@@ -1,7 +1,10 @@
-"""Tool calling through `tessera serve` with the official `openai` client, on stories260K and a
-Hermes-style template (tests/integration/data/stories_tools_template.jinja): every tool_choice,
-streamed and not; a required call's arguments validate against the function's schema; the
-streamed deltas reassemble to exactly the non-streamed calls; tool results render.
+"""Tool calling through `tessera serve` with the official `openai` client, on stories260K and one
+template per family's call format (tests/integration/data/): Hermes / Qwen `<tool_call>`
+(stories_tools_template.jinja), Llama 3 JSON (stories_llama3_tools_template.jinja) and Mistral
+`[TOOL_CALLS]` (stories_mistral_tools_template.jinja); the server picks the format from the
+template. Every tool_choice, streamed and not; a required call's arguments validate against the
+function's schema; the streamed deltas reassemble to exactly the non-streamed calls; tool results
+render.
 """
 import json
 import os
@@ -22,11 +25,17 @@ SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 
 
-@pytest.fixture(scope="module")
-def server():
+TEMPLATES = {"hermes": "stories_tools_template.jinja", "llama3_json": "stories_llama3_tools_template.jinja",
+             "mistral": "stories_mistral_tools_template.jinja"}
+
+
+@pytest.fixture(scope="module", params=list(TEMPLATES))
+def server(request):
     require_stories(os.path.join(STORIES, "hf"))
     s = Server(os.path.join(STORIES, "hf"),
-               extra=["--chat-template", os.path.join(HERE, "data", "stories_tools_template.jinja")])
+               extra=["--chat-template", os.path.join(HERE, "data", TEMPLATES[request.param])])
+    status, info = s.get("/tokenizer_info")
+    assert status == 200 and json.loads(info)["tool_call_format"] == request.param, info
     yield s
     s.stop()
 

@@ -85,8 +85,59 @@ TEST(ToolCalls, Llama3JsonCalls) {
   EXPECT_EQ(parse_tool_calls(ToolFormat::kLlama3Json, "{\"not\": \"a call\"} then text").content, "{\"not\": \"a call\"} then text");
 }
 
+TEST(ToolCalls, Llama3PythonTag) {
+  const std::string text = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+  auto out = parse_tool_calls(ToolFormat::kLlama3Json, text);
+  EXPECT_EQ(out.content, "");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  expect_split_invariant(ToolFormat::kLlama3Json, text);
+  expect_split_invariant(ToolFormat::kLlama3Json, " <|python_tag|> " + text.substr(14) + "; <|python_tag|>{\"name\": \"f\"}");
+  EXPECT_EQ(parse_tool_calls(ToolFormat::kLlama3Json, " <|python_tag|> " + text.substr(14) + "; {\"name\": \"f\"}").calls.size(), 2u);
+  // Built-in tools' Python after the tag is not a JSON call: content, tag and all.
+  const std::string python = "<|python_tag|>brave_search.call(query=\"x\")";
+  EXPECT_EQ(parse_tool_calls(ToolFormat::kLlama3Json, python).content, python);
+  expect_split_invariant(ToolFormat::kLlama3Json, python);
+  // A call that does not parse keeps its tag in the content.
+  const std::string broken = "<|python_tag|>{\"nam\": 1}";
+  EXPECT_EQ(parse_tool_calls(ToolFormat::kLlama3Json, broken).content, broken);
+  expect_split_invariant(ToolFormat::kLlama3Json, broken);
+  expect_split_invariant(ToolFormat::kLlama3Json, "<|python_ta");
+  EXPECT_EQ(parse_tool_calls(ToolFormat::kLlama3Json, "<|python_ta").content, "<|python_ta");
+}
+
+TEST(ToolCalls, MistralCalls) {
+  // Mistral 7B v0.3 / Nemo: one array per [TOOL_CALLS].
+  const std::string text = "Checking. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                           "{\"name\": \"get_time\", \"arguments\": {}}]";
+  auto out = parse_tool_calls(ToolFormat::kMistral, text);
+  EXPECT_EQ(out.content, "Checking. ");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(out.calls[0].arguments), json({{"city", "Paris"}}));
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  expect_split_invariant(ToolFormat::kMistral, text);
+  // The newer tokenizers: name[ARGS]{...}, an optional [CALL_ID].
+  const std::string v11 = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"]{\"}[TOOL_CALLS]get_time[CALL_ID]a1b2[ARGS]{}";
+  out = parse_tool_calls(ToolFormat::kMistral, v11);
+  EXPECT_EQ(out.content, "");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(json::parse(out.calls[0].arguments), json({{"city", "]{"}}));
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  expect_split_invariant(ToolFormat::kMistral, v11);
+  // What does not parse stays content.
+  for (const std::string bad : {"a [TOOL_CALLS] [{\"name\": 3}] b", "[TOOL_CALLS]not a name[ARGS]{}",
+                                "[TOOL_CALLS]f[ARGS]nope", "x [TOOL_CALLS][{\"name\": \"f\"", "[TOOL_CA",
+                                "[TOOL_CALLS]f[ARGS]{\"a\": 1", "[TOOL_CALLS]"}) {
+    EXPECT_EQ(parse_tool_calls(ToolFormat::kMistral, bad).content, bad);
+    EXPECT_TRUE(parse_tool_calls(ToolFormat::kMistral, bad).calls.empty()) << bad;
+    expect_split_invariant(ToolFormat::kMistral, bad);
+  }
+}
+
 TEST(ToolCalls, FormatFromTheTemplate) {
   EXPECT_EQ(tool_format_for_template("{{ '<|im_start|>' }}<tool_call>"), ToolFormat::kHermes);
+  EXPECT_EQ(tool_format_for_template("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS] [TOOL_CALLS]"), ToolFormat::kMistral);
   EXPECT_EQ(tool_format_for_template("<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::kLlama3Json);
   EXPECT_EQ(tool_format_for_template("<start_of_turn>user"), ToolFormat::kHermes);
 }
@@ -101,7 +152,7 @@ TEST(ToolCalls, RequiredCallGrammarGivesAValidCall) {
   const std::vector<ToolDef> tools = {
       {"get_weather", R"({"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"], "additionalProperties": false})"},
       {"get_time", R"({"type": "object", "properties": {}, "additionalProperties": false})"}};
-  for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
+  for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral}) {
     for (ToolChoice choice : {ToolChoice{ToolChoice::Mode::kRequired, ""}, ToolChoice{ToolChoice::Mode::kNamed, "get_weather"}}) {
       auto tag = tool_call_structural_tag(f, tools, choice, false);
       ASSERT_TRUE(tag.is_ok()) << tag.status().to_string();

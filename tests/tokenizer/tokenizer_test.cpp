@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
@@ -591,6 +593,25 @@ TEST(Tokenizer, TinySpmPipeline) {
   EXPECT_EQ(dec.push(11), "\xC3\xA9");
   EXPECT_EQ(dec.push(10), "");
   EXPECT_EQ(dec.flush(), "\xEF\xBF\xBD");
+}
+
+// A tool-call marker a tokenizer calls special (Mistral's [TOOL_CALLS]) stays text: decoding with
+// skip_special shows it, so the tool-call parser sees it.
+TEST(Tokenizer, ToolCallMarkersAreText) {
+  std::string json = kTinySpm;
+  const std::string x = R"({"id": 9, "content": "[X]")";
+  json.replace(json.find(x), 0, R"({"id": 12, "content": "[TOOL_CALLS]", "special": true, "normalized": false}, )");
+  auto r = Tokenizer::from_hf_json(json, "", "tiny.json");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Tokenizer& t = **r;
+  EXPECT_FALSE(t.is_special(12));
+  EXPECT_TRUE(t.is_special(1));
+  EXPECT_TRUE(is_tool_call_marker("<|python_tag|>"));
+  EXPECT_FALSE(is_tool_call_marker("<s>"));
+  const std::vector<int32_t> ids = t.encode("ab[TOOL_CALLS]ab", false);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 12), ids.end());
+  EXPECT_NE(t.decode(ids, /*skip_special=*/true).find("[TOOL_CALLS]"), std::string::npos);
+  EXPECT_EQ(t.decode(std::vector<int32_t>{1, 8}, true), "ab");
 }
 
 TEST(Tokenizer, ConfigOverridesBosEos) {
