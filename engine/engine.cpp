@@ -58,6 +58,7 @@ struct Engine::SeqState {
   int64_t next_prompt_logprob_pos = 1;  // prompt logprobs already passed on end here (recomputes repeat them)
   WallClock::time_point last_token;
   std::unique_ptr<GrammarMatcher> matcher;  // structured outputs: where the output is in its grammar
+  bool forced_drafts = false;               // its drafts for the next step are jump-forward's
   std::vector<uint32_t> mask;               // the matcher's next mask (reused)
 };
 
@@ -124,6 +125,8 @@ void declare_engine_metrics(MetricsRegistry& m) {
   m.declare_histogram("tessera_step_seconds", "Wall time of one step", latency_buckets_s());
   m.declare_counter("tessera_grammar_jump_forward_tokens_total",
                     "Structured outputs: tokens the grammar forced, taken as drafts masked to their one token");
+  m.declare_counter("tessera_grammar_drafts_refused_total",
+                    "Structured outputs: n-gram draft tokens dropped because the grammar refuses them");
   m.declare_histogram("tessera_grammar_mask_seconds",
                       "Structured outputs: time to compute one sequence's token mask for a step",
                       {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1});
@@ -259,7 +262,6 @@ void Engine::admit(std::shared_ptr<JobState> job) {
     if (job->job.grammar) {
       s->matcher = job->job.grammar->matcher();
       s->mask.resize(static_cast<size_t>(job->job.grammar->mask_words()));
-      s->spec = SpecMode::kOff;  // its drafts are the grammar's forced tokens (jump_forward)
       ++constrained_;
     }
     s->cls = r.priority;
@@ -501,18 +503,37 @@ std::vector<SequenceMask> Engine::compute_masks(const std::vector<std::pair<Sche
     SeqState& s = *seq;
     const auto m0 = WallClock::now();
     SequenceMask& m = out.emplace_back(SequenceMask{q.seq_id, {}});
-    if (!q.draft_tokens.empty()) {
+    if (q.forced_drafts) {
       size_t accepted = 0;
       while (accepted < q.draft_tokens.size() && s.matcher->accept(q.draft_tokens[accepted])) ++accepted;
       // (Drafts are what jump_forward found the matcher accepts; were one refused, the row after
       // them would allow everything and the token check in handle_tokens would end the sequence.)
       if (accepted == q.draft_tokens.size() && s.matcher->fill_mask(s.mask)) m.token_mask = s.mask;
       if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
+    } else if (!q.draft_tokens.empty()) {
+      // Verified drafts: k + 1 rows, row i the mask after drafts 0 .. i - 1 (all accepted:
+      // propose_drafts kept only what the grammar takes). A row without restriction allows all.
+      const size_t words = s.mask.size(), k = q.draft_tokens.size();
+      m.token_mask.assign((k + 1) * words, ~0u);
+      size_t accepted = 0;
+      bool restricted = false;
+      for (size_t i = 0; i <= k; ++i) {
+        const std::span<uint32_t> row(m.token_mask.data() + i * words, words);
+        if (s.matcher->fill_mask(row)) restricted = true;
+        else std::fill(row.begin(), row.end(), ~0u);
+        if (i == k || !s.matcher->accept(q.draft_tokens[i])) break;
+        ++accepted;
+        if (s.matcher->terminated()) break;  // a stop token: the rows after it are never used
+      }
+      // A draft the grammar refused (it cannot: they were checked) leaves its later rows allowing
+      // everything; the token check in handle_tokens would end the sequence.
+      if (accepted > 0) s.matcher->rollback(static_cast<int>(accepted));
+      if (!restricted) m.token_mask.clear();
     } else if (s.matcher->fill_mask(s.mask)) {
       m.token_mask = s.mask;
     }
     metrics_.observe("tessera_grammar_mask_seconds", seconds_between(m0, WallClock::now()));
-    if (!q.draft_tokens.empty())
+    if (q.forced_drafts)
       metrics_.add("tessera_grammar_jump_forward_tokens_total", static_cast<double>(q.draft_tokens.size()));
   }
   return out;
@@ -542,7 +563,9 @@ void Engine::jump_forward() {
     while (ok < tokens.size() && s.matcher->accept(tokens[ok])) ++ok;
     if (ok > 0) s.matcher->rollback(static_cast<int>(ok));
     tokens.resize(ok);
-    if (!tokens.empty()) scheduler_->set_draft(id, std::move(tokens));
+    if (tokens.empty()) continue;
+    scheduler_->set_draft(id, std::move(tokens));  // in place of any n-gram drafts
+    s.forced_drafts = true;
   }
 }
 
@@ -556,16 +579,30 @@ void Engine::propose_drafts() {
     const SeqState& s = *it->second;
     const Job& job = s.job->job;
     // Until min_tokens, EOS is banned at this step only: no drafts (their rows would need it too).
-    if (s.finished || s.spec == SpecMode::kOff || s.prompt_only || s.generated < job.min_tokens || s.matcher) continue;
+    if (s.finished || s.spec == SpecMode::kOff || s.prompt_only || s.generated < job.min_tokens) continue;
     const std::vector<int32_t>& tokens = scheduler_->tokens(id);
     int64_t most = job.max_tokens - s.generated - 1;
     if (options_.max_positions > 0)
       most = std::min<int64_t>(most, options_.max_positions - static_cast<int64_t>(tokens.size()) - 1);
     if (most <= 0) continue;
-    spec_candidates_.push_back({id, s.cls, s.spec, tokens, most});
+    // A constrained sequence's drafts are checked against its grammar here, so they come from the
+    // n-gram lookup (the shards' self-draft proposes inside the step, past any check).
+    spec_candidates_.push_back({id, s.cls, s.matcher ? SpecMode::kNgram : s.spec, tokens, most});
   }
   spec_.plan(spec_candidates_, static_cast<int64_t>(decoders.size()), spec_drafts_);
-  for (auto& [id, draft] : spec_drafts_) scheduler_->set_draft(id, std::move(draft));
+  for (auto& [id, draft] : spec_drafts_) {
+    SeqState& s = *seqs_.at(id);
+    if (s.matcher) {
+      // Only the prefix the grammar accepts: a draft it refuses could never be sampled.
+      size_t ok = 0;
+      while (ok < draft.size() && !s.matcher->terminated() && s.matcher->accept(draft[ok])) ++ok;
+      if (ok > 0) s.matcher->rollback(static_cast<int>(ok));
+      metrics_.add("tessera_grammar_drafts_refused_total", static_cast<double>(draft.size() - ok));
+      draft.resize(ok);
+      if (draft.empty()) continue;
+    }
+    scheduler_->set_draft(id, std::move(draft));
+  }
 }
 
 void Engine::step() {
@@ -592,9 +629,12 @@ void Engine::step() {
     if (q.sample && !s.job->job.ignore_eos && s.generated < s.job->job.min_tokens) q.banned_tokens = options_.eos_ids;
     if (q.sample && s.matcher) {
       q.mask_follows = true;
-      q.forced_drafts = !q.draft_tokens.empty();  // a constrained sequence's drafts are jump-forward's
+      // Jump-forward's drafts are taken without verification; n-gram drafts (the grammar accepted
+      // them) are verified, each row under its own mask.
+      q.forced_drafts = s.forced_drafts && !q.draft_tokens.empty();
       masked.push_back({&q, &s});
     }
+    s.forced_drafts = false;
   }
   const auto t0 = WallClock::now();
   auto result = masked.empty() ? shards_->run_step(*plan)

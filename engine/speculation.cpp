@@ -314,7 +314,8 @@ void SpeculationController::on_step(const StepPlan& plan, const StepResult& resu
       ++drafting;
       self_drafts += k;
     }
-    if (s == seqs_.end()) continue;
+    // Forced drafts (structured outputs' jump-forward) are certain, not proposals: nothing to learn.
+    if (s == seqs_.end() || q.forced_drafts) continue;
     drafts += k;
     auto d = drawn.find(q.seq_id);
     const int64_t m = d == drawn.end() ? 0 : d->second;

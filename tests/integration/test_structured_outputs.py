@@ -175,10 +175,10 @@ def test_jump_forward_takes_forced_text_in_fewer_steps(server):
 
 def test_jump_forward_off_still_constrains():
     """`--jump-forward-tokens 0` turns jump-forward off: every token is sampled under its mask
-    (one step per token), none is taken as a forced draft, and every output validates. (The
+    (one step per token, with speculation off too), none is taken as a forced draft, and every output validates. (The
     outputs may differ from jump-forward's: forced text is spelled with the longest tokens, which
     is not always how the model would have cut it.)"""
-    plain = Server(os.path.join(STORIES, "hf"), extra=["--jump-forward-tokens", "0"])
+    plain = Server(os.path.join(STORIES, "hf"), extra=["--jump-forward-tokens", "0", "--speculation", "off"])
     try:
         for schema in SCHEMAS[:3]:
             for temperature in (0.0, 1.0):
@@ -190,6 +190,37 @@ def test_jump_forward_off_still_constrains():
         assert plain.metric("tessera_grammar_jump_forward_tokens_total") == 0
     finally:
         plain.stop()
+
+
+def test_ngram_drafts_are_checked_and_verified_under_masks():
+    """With the n-gram lookup always on (and jump-forward off, so that it is the only source of
+    drafts), constrained sequences take drafts: cut to what the grammar accepts, verified row by
+    row under each row's mask. The outputs are exactly those of decoding without drafts, greedy
+    and seeded-sampled, and they validate."""
+    extra = ["--jump-forward-tokens", "0"]
+    plain = Server(os.path.join(STORIES, "hf"), extra=extra + ["--speculation", "off"])
+    spec = Server(os.path.join(STORIES, "hf"), extra=extra + ["--speculation", "ngram", "--spec-depth", "4"])
+    try:
+        # A prompt the output repeats, so that the n-gram lookup finds continuations.
+        prompt = '{"name": "Lily", "tags": ["a", "b"]}\n{"name": "Lily", "tags": ["a", "b"]}\n'
+        for schema in SCHEMAS[:3]:
+            for temperature in (0.0, 1.0):
+                outs = []
+                for s in (plain, spec):
+                    r = s.client.completions.create(model="test-model", prompt=prompt, max_tokens=120, seed=5,
+                                                    temperature=temperature, extra_body={"guided_json": schema})
+                    jsonschema.validate(json.loads(r.choices[0].text), schema)
+                    outs.append(r.choices[0].text)
+                assert outs[0] == outs[1], (schema, temperature, outs)
+        def ngram_drafts(server):
+            _, text = server.get("/metrics")
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("tessera_spec_proposed_tokens_total{") and 'proposer="ngram"' in line)
+        assert ngram_drafts(spec) > 0, "no n-gram drafts were verified for the constrained sequences"
+        assert ngram_drafts(plain) == 0
+    finally:
+        plain.stop()
+        spec.stop()
 
 
 def test_cuda_shards_apply_the_masks():
