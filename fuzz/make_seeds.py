@@ -223,6 +223,15 @@ def structured_request_seeds(root):
         "tools_named_llama": {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "noop"}},
                               "llama": True},
         "tools_none": {"tools": tools, "tool_choice": "none"},
+        "tools_mistral": {"tools": tools, "tool_choice": "required", "mistral": True},
+        "tools_and_json": {"tools": tools, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "w", "schema": weather}}},
+        "tools_and_regex": {"tools": tools, "guided_regex": "a+"},
+        "tools_refused_keyword": {"tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "array", "uniqueItems": True}}}]},
+        "schema_pattern_digits": {"guided_json": {"type": "object", "properties": {
+            "v": {"type": "string", "pattern": "^v[0-9]{1,2}(x[0-9]{1,2})?$"}, "n": {"type": "integer"},
+            "ip": {"type": "string", "format": "ipv4"}, "s": {"type": "string", "minLength": 2}}}},
     }
     for name, body in bodies.items():
         with open(os.path.join(d, name + ".json"), "w") as f:

@@ -75,14 +75,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   ToolRequest tools;
-  s = parse_tools(j, tools, grammar ? field : "");
+  s = parse_tools(j, tools, grammar, field);
   if (!s.is_ok()) {
     expect_named(s);
     return 0;
   }
   if (tools.tool_choice.mode != ToolChoice::Mode::kNone) {
-    const ToolFormat format = j.contains("llama") ? ToolFormat::kLlama3Json : ToolFormat::kHermes;
-    auto tag = tool_call_structural_tag(format, tools.tools, tools.tool_choice, tools.parallel_tool_calls);
+    const ToolFormat format = j.contains("llama")     ? ToolFormat::kLlama3Json
+                              : j.contains("mistral") ? ToolFormat::kMistral
+                                                      : ToolFormat::kHermes;
+    std::optional<std::string> content_schema;
+    if (grammar) content_schema = grammar->kind == GrammarKind::kJsonSchema ? grammar->source : R"({"type": "object"})";
+    auto tag = tool_call_structural_tag(format, tools.tools, tools.tool_choice, tools.parallel_tool_calls,
+                                        content_schema);
     if (!tag.is_ok()) {
       expect_named(tag.status());
       return 0;

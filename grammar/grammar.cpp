@@ -292,6 +292,46 @@ class XgCompiler final : public GrammarCompiler {
     throw std::runtime_error("the reasoning prefix's structural tag does not compile");
   }
 
+  // `source` (JSON: a schema, or a structural tag holding schemas) with narrow_formats applied.
+  static std::string with_narrow_formats(const std::string& source) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(source, nullptr, false);
+    return !j.is_discarded() && narrow_formats(j) ? j.dump() : source;
+  }
+
+  // xgrammar's JSON Schema grammar, rewritten where it is wrong or slow: patterns through the
+  // regex expansion (grammar/pattern_regexes.h: its automaton accepts strings the pattern does
+  // not match), runs of digits bounded (grammar/digit_runs.h: every number ends), length-bounded
+  // strings with JSON's characters and as chains of rules (grammar/bounded_strings.h: valid
+  // JSON, cheap masks).
+  static Result<xgrammar::Grammar> rewritten(xgrammar::Grammar grammar) {
+    std::string text = grammar.ToString();
+    bool changed = false;
+    if (std::optional<std::string> expanded = expand_pattern_regexes(text, [](const std::string& pattern) {
+          try {
+            return std::optional<std::string>(xgrammar::Grammar::FromRegex(pattern).ToString());
+          } catch (const std::exception&) {
+            return std::optional<std::string>();
+          }
+        })) {
+      text = std::move(*expanded);
+      changed = true;
+    }
+    if (std::optional<std::string> capped = cap_digit_runs(text)) {
+      text = std::move(*capped);
+      changed = true;
+    }
+    if (std::optional<std::string> unrolled = unroll_bounded_strings(text)) {
+      text = std::move(*unrolled);
+      changed = true;
+    }
+    if (!changed) return grammar;
+    try {
+      return xgrammar::Grammar::FromEBNF(text, "root");
+    } catch (const std::exception& e) {
+      return Status::internal(fmt::format("the rewritten grammar does not parse: {}", e.what()));
+    }
+  }
+
   // The spec as an xgrammar grammar (not yet compiled against the vocabulary).
   Result<xgrammar::Grammar> grammar_of(const GrammarSpec& spec) {
     const std::optional<int> no_indent;
@@ -299,47 +339,9 @@ class XgCompiler final : public GrammarCompiler {
       case GrammarKind::kJsonObject:
         return xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", !spec.compact_json, no_indent, std::nullopt,
                                                  /*strict_mode=*/false);
-      case GrammarKind::kJsonSchema: {
-        std::string source = spec.source;
-        if (nlohmann::ordered_json schema = nlohmann::ordered_json::parse(source, nullptr, false);
-            !schema.is_discarded() && narrow_formats(schema))
-          source = schema.dump();
-        xgrammar::Grammar grammar =
-            xgrammar::Grammar::FromJSONSchema(source, !spec.compact_json, no_indent, std::nullopt, spec.strict);
-        // The converter's grammar, rewritten where it is wrong or slow: patterns through the
-        // regex expansion (grammar/pattern_regexes.h: its automaton accepts strings the pattern
-        // does not match), runs of digits bounded (grammar/digit_runs.h: every number ends),
-        // length-bounded strings with JSON's characters and as chains of rules
-        // (grammar/bounded_strings.h: valid JSON, cheap masks).
-        std::string text = grammar.ToString();
-        bool rewritten = false;
-        if (std::optional<std::string> expanded = expand_pattern_regexes(text, [](const std::string& pattern) {
-              try {
-                return std::optional<std::string>(xgrammar::Grammar::FromRegex(pattern).ToString());
-              } catch (const std::exception&) {
-                return std::optional<std::string>();
-              }
-            })) {
-          text = std::move(*expanded);
-          rewritten = true;
-        }
-        if (std::optional<std::string> capped = cap_digit_runs(text)) {
-          text = std::move(*capped);
-          rewritten = true;
-        }
-        if (std::optional<std::string> unrolled = unroll_bounded_strings(text)) {
-          text = std::move(*unrolled);
-          rewritten = true;
-        }
-        if (rewritten) {
-          try {
-            grammar = xgrammar::Grammar::FromEBNF(text, "root");
-          } catch (const std::exception& e) {
-            return Status::internal(fmt::format("the rewritten grammar of the schema does not parse: {}", e.what()));
-          }
-        }
-        return grammar;
-      }
+      case GrammarKind::kJsonSchema:
+        return rewritten(xgrammar::Grammar::FromJSONSchema(with_narrow_formats(spec.source), !spec.compact_json,
+                                                           no_indent, std::nullopt, spec.strict));
       case GrammarKind::kRegex:
         return xgrammar::Grammar::FromRegex(spec.source);
       case GrammarKind::kChoice: {
@@ -357,8 +359,9 @@ class XgCompiler final : public GrammarCompiler {
       case GrammarKind::kEbnf:
         return xgrammar::Grammar::FromEBNF(spec.source, "root");
       case GrammarKind::kStructuralTag: {
-        auto g = xgrammar::Grammar::FromStructuralTag(spec.source, info_);
-        if (auto* grammar = std::get_if<xgrammar::Grammar>(&g)) return std::move(*grammar);
+        // Its JSON Schemas (tool arguments, a response format) get what a json_schema request's get.
+        auto g = xgrammar::Grammar::FromStructuralTag(with_narrow_formats(spec.source), info_);
+        if (auto* grammar = std::get_if<xgrammar::Grammar>(&g)) return rewritten(std::move(*grammar));
         return Status::invalid_argument(
             std::visit([](const auto& e) { return std::string(e.what()); }, std::get<xgrammar::StructuralTagError>(g)));
       }

@@ -566,7 +566,11 @@ struct ApiServer::Impl {
     if (!tr.tools.empty()) context["tools"] = json::parse(tr.tools_json);
     if (!context.empty()) opts.extra_context_json = context.dump();
     if (tr.tool_choice.mode != ToolChoice::Mode::kNone) {
-      auto tag = tool_call_structural_tag(tool_format, tr.tools, tr.tool_choice, tr.parallel_tool_calls);
+      // A JSON response_format with tools (auto): the reply is calls, or JSON matching it.
+      std::optional<std::string> content_schema;
+      if (c.params.grammar) content_schema = c.params.grammar->kind == GrammarKind::kJsonSchema ? c.params.grammar->source
+                                                                                                : R"({"type": "object"})";
+      auto tag = tool_call_structural_tag(tool_format, tr.tools, tr.tool_choice, tr.parallel_tool_calls, content_schema);
       if (!tag.is_ok()) return error(r, 400, tag.status().message(), "tool_choice");
       c.params.grammar = GrammarSpec{GrammarKind::kStructuralTag, *tag};
       c.params.grammar_field = "tools";

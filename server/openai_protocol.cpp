@@ -275,7 +275,7 @@ Result<ChatRequest> parse_chat_request(std::string_view body) {
   TESSERA_RETURN_IF_ERROR(get_bool(j, "logprobs", r.logprobs));
   TESSERA_RETURN_IF_ERROR(get_int(j, "top_logprobs", r.top_logprobs, 0, 20));
   if (r.top_logprobs > 0 && !r.logprobs) return field_error("top_logprobs", "needs 'logprobs': true");
-  TESSERA_RETURN_IF_ERROR(parse_tools(j, r.tools_request, r.params.grammar_field));
+  TESSERA_RETURN_IF_ERROR(parse_tools(j, r.tools_request, r.params.grammar, r.params.grammar_field));
   if (auto k = j.find("chat_template_kwargs"); k != j.end() && !k->is_null()) {
     if (!k->is_object()) return field_error("chat_template_kwargs", "must be an object of template variables");
     if (k->contains("messages") || k->contains("tools") || k->contains("add_generation_prompt"))

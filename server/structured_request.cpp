@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "grammar/schema_check.h"
+
 namespace tessera {
 
 using json = nlohmann::json;
@@ -109,7 +111,8 @@ Status parse_structured_output(const json& j, std::optional<GrammarSpec>& gramma
 }
 
 // tools, tool_choice, parallel_tool_calls.
-Status parse_tools(const json& j, ToolRequest& r, const std::string& grammar_field) {
+Status parse_tools(const json& j, ToolRequest& r, const std::optional<GrammarSpec>& grammar,
+                   const std::string& grammar_field) {
   TESSERA_RETURN_IF_ERROR(get_bool(j, "parallel_tool_calls", r.parallel_tool_calls));
   auto t = j.find("tools");
   const bool has_tools = t != j.end() && !t->is_null() && !(t->is_array() && t->empty());
@@ -131,6 +134,15 @@ Status parse_tools(const json& j, ToolRequest& r, const std::string& grammar_fie
       if (auto p = f.find("parameters"); p != f.end() && !p->is_null()) {
         if (!p->is_object()) return field_error(at + ".function.parameters", "must be a JSON Schema object");
         d.parameters_json = p->dump();
+        // What the grammar engine would not enforce in the arguments is refused, as in a json_schema.
+        if (Status c = check_json_schema(d.parameters_json); !c.is_ok()) {
+          // "$.properties.x.uniqueItems: 'uniqueItems' is not ..." -> under this function's parameters.
+          const std::string& message = c.message();
+          const size_t colon = message.find(": ");
+          if (!message.starts_with("$") || colon == std::string::npos)
+            return field_error(at + ".function.parameters", message);
+          return field_error(at + ".function.parameters" + message.substr(1, colon - 1), message.substr(colon + 2));
+        }
       }
       r.tools.push_back(std::move(d));
     }
@@ -157,9 +169,11 @@ Status parse_tools(const json& j, ToolRequest& r, const std::string& grammar_fie
   if (r.tool_choice.mode == ToolChoice::Mode::kNamed &&
       std::none_of(r.tools.begin(), r.tools.end(), [&](const ToolDef& d) { return d.name == r.tool_choice.name; }))
     return field_error("tool_choice", fmt::format("function '{}' is not among the tools", r.tool_choice.name));
-  if (r.tool_choice.mode != ToolChoice::Mode::kNone && !grammar_field.empty())
-    return field_error("tool_choice", fmt::format("tool calls together with '{}' are not supported; give one of them "
-                                                  "(or tool_choice \"none\")", grammar_field));
+  if (r.tool_choice.mode != ToolChoice::Mode::kNone && grammar && grammar->kind != GrammarKind::kJsonSchema &&
+      grammar->kind != GrammarKind::kJsonObject)
+    return field_error("tool_choice", fmt::format("tool calls together with '{}' are not supported (only a JSON "
+                                                  "response_format or guided_json combines with tools); give one of "
+                                                  "them (or tool_choice \"none\")", grammar_field));
   return Status::ok();
 }
 

@@ -36,8 +36,13 @@ struct ToolRequest {
   ToolChoice tool_choice;          // default: auto with tools, none without
   bool parallel_tool_calls = true;
 };
-// tools, tool_choice, parallel_tool_calls of a chat request. `grammar_field`: the output
-// constraint the request also has ("" when none); calls together with one are refused.
-Status parse_tools(const nlohmann::json& request, ToolRequest& tools, const std::string& grammar_field);
+// tools, tool_choice, parallel_tool_calls of a chat request; every function's parameters are
+// checked as a json_schema request's schema would be (an unsupported keyword is refused with its
+// path under tools[i].function.parameters). `grammar`: the request's output constraint, if any
+// (`grammar_field` names its field): a JSON one (response_format json_schema / json_object,
+// guided_json) combines with tools (the reply is calls, or JSON matching it); a regex, choice or
+// grammar does not.
+Status parse_tools(const nlohmann::json& request, ToolRequest& tools, const std::optional<GrammarSpec>& grammar,
+                   const std::string& grammar_field);
 
 }  // namespace tessera

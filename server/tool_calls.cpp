@@ -110,7 +110,8 @@ ToolFormat tool_format_for_template(std::string_view source) {
 }
 
 Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vector<ToolDef>& tools,
-                                             const ToolChoice& choice, bool parallel) {
+                                             const ToolChoice& choice, bool parallel,
+                                             const std::optional<std::string>& content_schema) {
   json tags = json::array();
   for (const ToolDef& t : tools) {
     if (choice.mode == ToolChoice::Mode::kNamed && t.name != choice.name) continue;
@@ -135,7 +136,8 @@ Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vecto
   }
   if (tags.empty())
     return Status::invalid_argument(fmt::format("tool_choice names function '{}', which is not among the tools", choice.name));
-  const bool required = choice.mode != ToolChoice::Mode::kAuto;
+  const bool json_reply = content_schema.has_value() && choice.mode == ToolChoice::Mode::kAuto;
+  const bool required = choice.mode != ToolChoice::Mode::kAuto || json_reply;
   const bool one = !parallel || choice.mode == ToolChoice::Mode::kNamed;
   json format_json;
   if (required) {
@@ -154,6 +156,15 @@ Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vecto
                    {"tags", tags},
                    {"at_least_one", false},
                    {"stop_after_first", one}};
+  }
+  if (json_reply) {
+    // Calls, or a JSON reply: no free text either way.
+    json schema = json::parse(*content_schema, nullptr, false);
+    if (schema.is_discarded()) return Status::invalid_argument("the response format's schema is not JSON");
+    format_json = {{"type", "or"},
+                   {"elements", json::array({format_json, {{"type", "json_schema"},
+                                                           {"json_schema", schema},
+                                                           {"max_whitespace_cnt", 1}}})}};  // as the arguments
   }
   return json({{"type", "structural_tag"}, {"format", format_json}}).dump();
 }

@@ -51,9 +51,12 @@ struct ToolCall {
 // The grammar engine's structural tag (xgrammar's JSON format) for these tools: free text with
 // calls whose arguments follow each function's schema (auto), at least one call and no text
 // before it (required), or one call of the named function. parallel: more than one call.
-// InvalidArgument for a named function that is not among the tools.
+// `content_schema` (a JSON Schema, with auto: the request's JSON response_format): the reply is
+// calls, or instead of free text a JSON value matching it. InvalidArgument for a named function
+// that is not among the tools.
 Result<std::string> tool_call_structural_tag(ToolFormat format, const std::vector<ToolDef>& tools,
-                                             const ToolChoice& choice, bool parallel);
+                                             const ToolChoice& choice, bool parallel,
+                                             const std::optional<std::string>& content_schema = std::nullopt);
 
 // Turns text deltas into content deltas and complete calls. Text that may begin a call is held
 // back until the call is complete (or proves not to be one).

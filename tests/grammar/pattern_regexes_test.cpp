@@ -78,6 +78,28 @@ TEST(PatternRegexes, CompiledSchemaRefusesWhatThePatternDoesNotMatch) {
   }
 }
 
+// A structural tag's schemas (tool arguments) get the same rewrites as a json_schema request's.
+TEST(PatternRegexes, StructuralTagSchemasAreRewrittenToo) {
+  std::vector<std::string> tokens = {"", "\"", "v", "x", "0", "2", "<", ">"};
+  auto compiler = GrammarCompiler::create(tokens, static_cast<int64_t>(tokens.size()), {0}, {});
+  ASSERT_TRUE(compiler.is_ok()) << compiler.status().to_string();
+  const std::string tag = R"({"type": "structural_tag", "format": {"type": "tag", "begin": "<", "end": ">",
+      "content": {"type": "json_schema", "json_schema": {"type": "string", "pattern": "^v[0-9]{1,2}(x[0-9]{1,2})?$"}}}})";
+  auto g = (*compiler)->compile({GrammarKind::kStructuralTag, tag});
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const auto walk = [&](const std::string& text) {
+    auto m = (*g)->matcher();
+    for (char c : text) {
+      const auto it = std::find(tokens.begin(), tokens.end(), std::string(1, c));
+      if (it == tokens.end() || !m->accept(static_cast<int32_t>(it - tokens.begin()))) return false;
+    }
+    return m->completed();
+  };
+  EXPECT_TRUE(walk(R"(<"v20">)"));
+  EXPECT_TRUE(walk(R"(<"v20x2">)"));
+  EXPECT_FALSE(walk(R"(<"v202">)"));
+}
+
 // xgrammar's ipv4 format took "026"; PyPI's jsonschema and RFC 2673 do not. The property order
 // of the schema stays (the rewritten schema is re-serialized in order).
 TEST(PatternRegexes, Ipv4FormatHasNoLeadingZerosAndOrderStays) {

@@ -122,7 +122,36 @@ def test_tool_results_render_and_errors_name_the_field(server):
     for body, needle in [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
                          ({"tool_choice": "sometimes"}, "sometimes"),
                          ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
-                         ({"response_format": {"type": "json_object"}}, "tool_choice")]:
+                         ({"guided_regex": "a+"}, "tool_choice"),
+                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                             "type": "array", "uniqueItems": True}}}]}, "tools[0].function.parameters.uniqueItems")]:
         status, text = server.post_raw("/v1/chat/completions", json.dumps(
             {"model": "test-model", "messages": MESSAGES, "tools": TOOLS, **body}).encode())
         assert status == 400 and needle in text, text
+
+
+def test_tools_with_a_json_response_format(server):
+    """tools (auto) and a JSON response_format together: the reply is calls, or JSON that matches
+    the response format (never free text), and streamed equals whole."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}}, "required": ["answer"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    kinds = set()
+    for temperature, seed in [(0.0, 1), (1.0, 2), (1.0, 3), (1.0, 4)]:
+        kwargs = dict(model="test-model", messages=MESSAGES, tools=TOOLS, response_format=fmt, max_tokens=150,
+                      temperature=temperature, seed=seed, parallel_tool_calls=False)
+        r = server.client.chat.completions.create(**kwargs)
+        m = r.choices[0].message
+        if m.tool_calls:
+            check_calls(m.tool_calls)
+            assert not m.content and r.choices[0].finish_reason == "tool_calls", m
+            kinds.add("calls")
+        else:
+            jsonschema.validate(json.loads(m.content), schema)
+            assert r.choices[0].finish_reason == "stop", m
+            kinds.add("json")
+        content, calls, finish = streamed(server, **kwargs)
+        assert finish == r.choices[0].finish_reason and content == (m.content or "")
+        assert [(c["name"], c["arguments"]) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+    assert kinds, "no reply"
