@@ -12,6 +12,16 @@
 namespace tessera {
 namespace {
 
+// Whether `text`, one single-character token at a time over `tokens`, is accepted and complete.
+bool accepts_whole(const CompiledGrammar& g, const std::vector<std::string>& tokens, const std::string& text) {
+  auto m = g.matcher();
+  for (char c : text) {
+    const auto it = std::find(tokens.begin(), tokens.end(), std::string(1, c));
+    if (it == tokens.end() || !m->accept(static_cast<int32_t>(it - tokens.begin()))) return false;
+  }
+  return m->completed();
+}
+
 TEST(PatternRegexes, JsonSafePatterns) {
   for (const char* p : {"^[A-Z]{2}[0-9]{2}$", "^v[0-9]{1,2}(\\.[0-9]{1,2})?$", "^(small|medium|large)$", "\\d+\\w*",
                         "^#[0-9a-fA-F]{6}$", "^[a-z0-9]{1,6}(-[a-z0-9]{1,6}){0,2}$", "^\\+?[0-9]{3}-[0-9]{4}$",
@@ -87,14 +97,7 @@ TEST(PatternRegexes, StructuralTagSchemasAreRewrittenToo) {
       "content": {"type": "json_schema", "json_schema": {"type": "string", "pattern": "^v[0-9]{1,2}(x[0-9]{1,2})?$"}}}})";
   auto g = (*compiler)->compile({GrammarKind::kStructuralTag, tag});
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-  const auto walk = [&](const std::string& text) {
-    auto m = (*g)->matcher();
-    for (char c : text) {
-      const auto it = std::find(tokens.begin(), tokens.end(), std::string(1, c));
-      if (it == tokens.end() || !m->accept(static_cast<int32_t>(it - tokens.begin()))) return false;
-    }
-    return m->completed();
-  };
+  const auto walk = [&](const std::string& text) { return accepts_whole(**g, tokens, text); };
   EXPECT_TRUE(walk(R"(<"v20">)"));
   EXPECT_TRUE(walk(R"(<"v20x2">)"));
   EXPECT_FALSE(walk(R"(<"v202">)"));
@@ -110,14 +113,7 @@ TEST(PatternRegexes, Ipv4FormatHasNoLeadingZerosAndOrderStays) {
       {GrammarKind::kJsonSchema, R"({"type": "object", "properties": {"b": {"type": "string", "format": "ipv4"},
                                      "a": {"const": {"format": "ipv4"}}}, "required": ["b"]})"});
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-  const auto walk = [&](const std::string& text) {
-    auto m = (*g)->matcher();
-    for (char c : text) {
-      const auto it = std::find(tokens.begin(), tokens.end(), std::string(1, c));
-      if (it == tokens.end() || !m->accept(static_cast<int32_t>(it - tokens.begin()))) return false;
-    }
-    return m->completed();
-  };
+  const auto walk = [&](const std::string& text) { return accepts_whole(**g, tokens, text); };
   EXPECT_TRUE(walk(R"({"b": "1.2.0.26"})"));
   EXPECT_TRUE(walk(R"({"b": "126.0.0.1"})"));
   EXPECT_FALSE(walk(R"({"b": "1.2.0.026"})"));
