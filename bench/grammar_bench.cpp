@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "grammar/grammar.h"
+#include "grammar/mask_cost.h"
 #include "kernels/cpu/cpu_info.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,35 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
-
-// A schema of n properties of mixed kinds (string, integer, number, boolean, enum, array),
-// all required; `salt` makes a new schema of the same shape (a cache miss).
-std::string schema_of(int n, int salt) {
-  std::string props;
-  std::string required;
-  for (int i = 0; i < n; ++i) {
-    std::string kind;
-    switch (i % 6) {
-      case 0: kind = R"({"type": "string", "maxLength": 12})"; break;
-      case 1: kind = R"({"type": "integer", "minimum": 0, "maximum": 100000})"; break;
-      case 2: kind = R"({"type": "number"})"; break;
-      case 3: kind = R"({"type": "boolean"})"; break;
-      case 4: kind = R"({"enum": ["alpha", "beta", "gamma", "delta"]})"; break;
-      default: kind = R"({"type": "array", "items": {"type": "integer"}, "maxItems": 3})"; break;
-    }
-    const std::string name = fmt::format("field_{}_{}", i, salt);
-    props += fmt::format("{}\"{}\": {}", i ? ", " : "", name, kind);
-    required += fmt::format("{}\"{}\"", i ? ", " : "", name);
-  }
-  return fmt::format(R"({{"type": "object", "properties": {{{}}}, "required": [{}], "additionalProperties": false}})",
-                     props, required);
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
 
 std::string read_file(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -138,7 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--model-vocab", model_vocab, "the logits' width (default: the tokenizer's vocabulary)");
   app.add_option("--properties", sizes, "schema sizes (properties)")->capture_default_str();
   app.add_option("--walks", walks, "outputs walked per size")->capture_default_str();
-  app.add_option("--compiles", compiles, "new schemas compiled per size")->capture_default_str();
+  app.add_option("--compiles", compiles, "new schemas compiled per size")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--schema", schema_file,
                  "trace mode: a JSON Schema file; the masks along --instance (its tokenization) are timed and the "
                  "slowest states printed");
@@ -176,49 +147,26 @@ int main(int argc, char** argv) {
                  read_file(instance_file), slowest);
   std::printf("| properties | compile ms (new schema) p50 / max | mask us p50 | mask us p99 | mask us max | tokens "
               "timed | masks that restrict |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-  std::mt19937_64 rng(1234);
   for (int n : sizes) {
     std::vector<double> compile_ms;
-    std::shared_ptr<const tessera::CompiledGrammar> g;
+    tessera::MaskCost walked;
     for (int c = 0; c < compiles; ++c) {
-      const auto tc = Clock::now();
-      auto r = (*compiler)->compile({tessera::GrammarKind::kJsonSchema, schema_of(n, c)});
-      compile_ms.push_back(us_since(tc) / 1000);
+      // New schemas each time (cache misses); the last one's outputs are walked.
+      auto r = tessera::measure_mask_cost(**compiler, {tessera::GrammarKind::kJsonSchema, tessera::mixed_schema(n, c)},
+                                          c == compiles - 1 ? walks : 0, 1234, (*tok)->eos_ids());
       if (!r.is_ok()) {
         std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
         return 1;
       }
-      g = *r;
+      compile_ms.push_back(r->compile_ms);
+      if (c == compiles - 1) walked = std::move(*r);
     }
-    std::vector<double> mask_us;
-    int64_t restricting = 0;
-    std::vector<uint32_t> mask(static_cast<size_t>(g->mask_words()));
-    std::vector<int32_t> allowed;
-    for (int w = 0; w < walks; ++w) {
-      auto m = g->matcher();
-      for (int step = 0; step < 4000 && !m->terminated(); ++step) {
-        const auto tm = Clock::now();
-        const bool restricts = m->fill_mask(mask);
-        mask_us.push_back(us_since(tm));
-        restricting += restricts ? 1 : 0;
-        allowed.clear();
-        for (size_t i = 0; i < mask.size(); ++i)
-          for (uint32_t bits = mask[i]; bits; bits &= bits - 1)
-            allowed.push_back(static_cast<int32_t>(i * 32 + static_cast<size_t>(__builtin_ctz(bits))));
-        if (allowed.empty()) break;
-        // Prefer short continuations of a string or number (a model would end them): half of the
-        // time the structural choice (the allowed token with the fewest alternatives is unknown,
-        // so: a stop token when allowed, else any allowed token).
-        int32_t pick = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
-        for (int32_t e : (*tok)->eos_ids())
-          if (m->completed() && e < model_vocab && ((mask[static_cast<size_t>(e) / 32] >> (e % 32)) & 1u)) pick = e;
-        if (!m->accept(pick)) break;
-      }
-    }
-    std::printf("| %d | %.1f / %.1f | %.1f | %.1f | %.1f | %zu | %lld |\n", n, percentile(compile_ms, 0.5),
-                *std::max_element(compile_ms.begin(), compile_ms.end()), percentile(mask_us, 0.5),
-                percentile(mask_us, 0.99), *std::max_element(mask_us.begin(), mask_us.end()), mask_us.size(),
-                static_cast<long long>(restricting));
+    const std::vector<double>& mask_us = walked.mask_us;
+    std::printf("| %d | %.1f / %.1f | %.1f | %.1f | %.1f | %zu | %lld |\n", n, tessera::quantile(compile_ms, 0.5),
+                *std::max_element(compile_ms.begin(), compile_ms.end()), tessera::quantile(mask_us, 0.5),
+                tessera::quantile(mask_us, 0.99),
+                mask_us.empty() ? 0.0 : *std::max_element(mask_us.begin(), mask_us.end()), mask_us.size(),
+                static_cast<long long>(walked.restricting));
   }
   return 0;
 }

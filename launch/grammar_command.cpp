@@ -77,19 +77,21 @@ Result<GrammarSpec> spec_from(const GrammarArgs& a) {
 // grammar may end after the last, else where and why it stops.
 nlohmann::json check_instance(const CompiledGrammar& g, const Tokenizer& tok, const std::string& text) {
   nlohmann::json r;
-  const std::vector<int32_t> ids = tok.encode(text, /*add_special=*/false);
-  if (tok.decode(ids) != text) {
+  // As output continues text (no SentencePiece dummy prefix): the grammar's own spelling, the
+  // longest token at each position.
+  const std::vector<int32_t> ids = g.spell(text);
+  const auto bytes = [&](std::span<const int32_t> part) { return tok.decode_raw(part, false, /*continuation=*/true); };
+  if (bytes(ids) != text) {
     r["accepted"] = false;
-    r["error"] = "the text does not survive tokenization (decode(encode(text)) differs)";
+    r["error"] = "the vocabulary cannot spell the text";
     return r;
   }
   auto m = g.matcher();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!m->accept(ids[i])) {
-      const std::string before = tok.decode(std::span(ids.data(), i));
       r["accepted"] = false;
-      r["refused_at_byte"] = before.size();
-      r["refused_token"] = tok.decode(std::span(ids.data() + i, 1));
+      r["refused_at_byte"] = bytes(std::span(ids.data(), i)).size();
+      r["refused_token"] = bytes(std::span(ids.data() + i, 1));
       r["error"] = "token " + std::to_string(i) + " is refused";
       return r;
     }

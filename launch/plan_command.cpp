@@ -5,8 +5,12 @@
 // --measure runs the engine in this process (launch/measure_step.h): decode steps of `batch`
 // sequences at the decode context, timed.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,8 +24,11 @@
 #include "cli/default_model.h"
 #include "cli/flags.h"
 #include "eval/report.h"
+#include "grammar/grammar.h"
+#include "grammar/mask_cost.h"
 #include "launch/commands.h"
 #include "launch/measure_step.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -53,6 +60,8 @@ struct PlanArgs {
   bool json = false;
   bool measure = false;
   int measure_steps = 16;
+  int64_t constrained = 0;  // sequences of the decode batch under a structured-output constraint
+  std::string schema;       // their JSON Schema file (default: grammar/mask_cost.h's 20-property one)
 };
 
 
@@ -196,6 +205,70 @@ std::string quality_section(const PlanArgs& a, const PlanModel& model) {
   return format_quality_bill(it->second, path);
 }
 
+// Structured outputs (--constrained N): the schema's compile time and token mask times measured on
+// this model's vocabulary, and what N masks a step cost beside the predicted step. The engine
+// computes a step's masks one after another on its own thread while the ranks run the forward
+// pass (docs/structured_outputs.md), so they cost the step nothing until they take longer than it.
+Result<nlohmann::ordered_json> constrained_bill(const PlanArgs& a, const Plan& plan) {
+  auto tok = load_tokenizer_for_model(a.model);
+  if (!tok.is_ok()) return tok.status().with_context("--constrained measures masks on the model's vocabulary");
+  std::string schema = mixed_schema(20);
+  std::string source = "a 20-property schema (strings with maxLength 12, integer ranges, numbers, booleans, enums, arrays)";
+  if (!a.schema.empty()) {
+    std::ifstream f(a.schema, std::ios::binary);
+    if (!f) return Status::not_found(a.schema + ": cannot be read (--schema)");
+    std::ostringstream text;
+    text << f.rdbuf();
+    schema = text.str();
+    source = a.schema;
+  }
+  GrammarCompilerOptions go;
+  go.compile_timeout = std::chrono::milliseconds(600000);
+  TESSERA_ASSIGN_OR_RETURN(auto compiler, GrammarCompiler::create(**tok, (*tok)->vocab_size(), (*tok)->eos_ids(), go));
+  auto cost = measure_mask_cost(*compiler, {GrammarKind::kJsonSchema, schema}, 5, 1234, (*tok)->eos_ids());
+  if (!cost.is_ok()) return cost.status().with_context(source);
+  double mean = 0;
+  for (double us : cost->mask_us) mean += us;
+  mean /= std::max<size_t>(1, cost->mask_us.size());
+  const double n = static_cast<double>(a.constrained);
+  const double step_ms = plan.time.step_graph_s * 1e3;
+  const double masks_ms = n * mean / 1e3, masks_p99_ms = n * quantile(cost->mask_us, 0.99) / 1e3;
+  return nlohmann::ordered_json{
+      {"constrained_sequences", a.constrained},
+      {"schema", source},
+      {"vocabulary", (*tok)->vocab_size()},
+      {"compile_ms", cost->compile_ms},
+      {"mask_us_p50", quantile(cost->mask_us, 0.5)},
+      {"mask_us_p99", quantile(cost->mask_us, 0.99)},
+      {"mask_us_mean", mean},
+      {"masks_timed", cost->mask_us.size()},
+      {"step_masks_ms", masks_ms},
+      {"step_masks_p99_ms", masks_p99_ms},
+      {"predicted_step_ms", step_ms},
+      {"predicted_step_with_masks_ms", std::max(step_ms, masks_ms)},
+  };
+}
+
+std::string format_constrained(const nlohmann::ordered_json& j, bool cpu) {
+  const double masks = j["step_masks_ms"].get<double>(), step = j["predicted_step_ms"].get<double>();
+  std::string out = fmt::format(
+      "\nStructured outputs ({} of the batch's sequences constrained by {}; measured on this {}-token vocabulary):\n"
+      "  compile {:.1f} ms once per schema (then cached); mask per token p50 {:.1f} us, p99 {:.1f} us, mean {:.1f} us "
+      "({} masks timed)\n"
+      "  a step's masks: {:.3f} ms (mean; {:.3f} ms at p99), computed on the engine thread while the forward pass "
+      "runs (predicted {:.3f} ms): ",
+      j["constrained_sequences"].get<int64_t>(), j["schema"].get<std::string>(), j["vocabulary"].get<int64_t>(),
+      j["compile_ms"].get<double>(), j["mask_us_p50"].get<double>(), j["mask_us_p99"].get<double>(),
+      j["mask_us_mean"].get<double>(), j["masks_timed"].get<size_t>(), masks, j["step_masks_p99_ms"].get<double>(),
+      step);
+  out += masks <= step ? "hidden behind it\n"
+                       : fmt::format("{:.3f} ms longer than it: the step takes the masks' time\n", masks - step);
+  if (cpu)
+    out += "  (on a CPU deployment the engine thread shares the cores with the shards: the masks' time is taken from "
+           "them, bench/results/structured-outputs.md)\n";
+  return out;
+}
+
 int run_plan(const PlanArgs& a) {
   auto model = load_plan_model(a.model);
   if (!model.is_ok()) return fail(model.status().to_string());
@@ -214,9 +287,18 @@ int run_plan(const PlanArgs& a) {
   auto plan = make_plan(*in);
   if (!plan.is_ok()) return fail(plan.status().to_string());
 
+  std::optional<nlohmann::ordered_json> constrained;
+  if (a.constrained > 0) {
+    if (a.constrained > a.batch)
+      return fail(fmt::format("--constrained {}: more than the decode batch (--batch {})", a.constrained, a.batch));
+    auto c = constrained_bill(a, *plan);
+    if (!c.is_ok()) return fail(c.status().to_string());
+    constrained = std::move(*c);
+  }
   // The bill first: a measurement that fails (or takes a while) still leaves it on the screen.
   if (!a.json) {
     std::fputs(format_plan(*plan).c_str(), stdout);
+    if (constrained) std::fputs(format_constrained(*constrained, a.card == "cpu" || a.card == "CPU").c_str(), stdout);
     std::fputs(quality_section(a, *model).c_str(), stdout);
     std::fflush(stdout);
   }
@@ -241,6 +323,7 @@ int run_plan(const PlanArgs& a) {
   }
   if (a.json) {
     std::string text = plan_to_json(*plan);
+    if (constrained) text = text.substr(0, text.rfind('}')) + ",\n  \"structured_outputs\": " + to_json_text(*constrained) + "\n}";
     if (a.measure) {
       // Splice the measurement in as one more top-level field.
       text = text.substr(0, text.rfind('}')) + ",\n  \"measured\": " + measured_text + "\n}";
@@ -296,6 +379,11 @@ Runner add_plan_command(CLI::App& app) {
   app.add_flag("--json", a->json, "print the bill as JSON");
   app.add_flag("--measure", a->measure, "also run the local engine (CPU) on this configuration and print measured numbers");
   app.add_option("--measure-steps", a->measure_steps, "decode steps to time with --measure")->capture_default_str();
+  app.add_option("--constrained", a->constrained,
+                 "sequences of the decode batch under a structured-output constraint: the schema's compile time and "
+                 "token mask times measured on the model's vocabulary, and a step's masks beside the predicted step")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--schema", a->schema, "with --constrained: their JSON Schema file (default: a 20-property schema)");
   return [a] {
     const Status model = resolve_model_flag(a->model);
     if (!model.is_ok()) return fail(model.to_string());

@@ -132,6 +132,67 @@ TEST_F(CliTest, BadInputsGiveClearErrors) {
   EXPECT_LT(t.exit_code, 128) << t.output;
 }
 
+// `tessera grammar`: a schema compiled as a request's would be, texts checked against it (exit 1
+// when one is refused, with where), the refused keywords listed; bad input named.
+TEST_F(CliTest, GrammarChecksTextsAgainstASchema) {
+  const fs::path schema = tmp_ / "schema.json", texts = tmp_ / "texts.jsonl";
+  std::ofstream(schema) << R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+                              "required": ["n"], "additionalProperties": false})";
+  std::ofstream(texts) << "\"{\\\"n\\\": 3}\"\n\"{\\\"n\\\": 30}\"\n\"{\\\"n\\\": \"\n";
+  const std::string base = bin("tessera") + " grammar --model " + quote(stories_ + "/hf") + " --json-schema " +
+                           quote(schema.string());
+  ProcessResult r = run(base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"compiled\":true"), std::string::npos) << r.output;
+  r = run(base + " --instances " + quote(texts.string()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::istringstream lines(r.output);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("{")) out.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(out.size(), 4u) << r.output;
+  EXPECT_TRUE(out[1]["accepted"].get<bool>()) << r.output;
+  EXPECT_FALSE(out[2]["accepted"].get<bool>()) << r.output;
+  EXPECT_EQ(out[2]["refused_at_byte"].get<int>(), 7) << r.output;  // after {"n": 3
+  EXPECT_FALSE(out[3]["accepted"].get<bool>()) << r.output;          // a prefix: cannot end there
+  r = run(bin("tessera") + " grammar --list-unsupported");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"keyword\":\"uniqueItems\""), std::string::npos) << r.output;
+  std::ofstream(schema) << R"({"type": "array", "uniqueItems": true})";
+  r = run(base);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("$.uniqueItems: 'uniqueItems' is not supported"), std::string::npos) << r.output;
+  r = run(bin("tessera") + " grammar --model " + quote(stories_ + "/hf") + " --regex a --json-object");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("exactly one of"), std::string::npos) << r.output;
+}
+
+// `tessera plan --constrained N`: mask and compile times measured on the model's vocabulary
+// beside the predicted step; a count past the batch and a schema it cannot compile are errors.
+TEST_F(CliTest, PlanBillsConstrainedSequences) {
+  const std::string base = bin("tessera") + " plan --model " + quote(stories_ + "/hf") + " --card cpu --batch 4";
+  ProcessResult r = run(base + " --constrained 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  const nlohmann::json& so = j["structured_outputs"];
+  EXPECT_EQ(so["constrained_sequences"], 2);
+  EXPECT_EQ(so["vocabulary"], 512);
+  EXPECT_GT(so["masks_timed"].get<int>(), 20);
+  EXPECT_GE(so["mask_us_p99"].get<double>(), so["mask_us_p50"].get<double>());
+  EXPECT_GE(so["predicted_step_with_masks_ms"].get<double>(), so["predicted_step_ms"].get<double>());
+  r = run(base + " --constrained 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Structured outputs (2 of the batch's sequences constrained"), std::string::npos) << r.output;
+  r = run(base + " --constrained 5");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--constrained 5: more than the decode batch"), std::string::npos) << r.output;
+  const fs::path bad = tmp_ / "bad.json";
+  std::ofstream(bad) << R"({"type": "array", "contains": {"type": "integer"}})";
+  r = run(base + " --constrained 1 --schema " + quote(bad.string()));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("'contains' is not supported"), std::string::npos) << r.output;
+}
+
 // No --model: the default model. A $TESSERA_MODEL that names nothing is an error that says so
 // (these need no test data); with the real Gemma 3 file present, generate runs from it.
 TEST(DefaultModelCli, MissingTesseraModelIsAClearError) {
