@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -19,6 +18,7 @@
 #include <string>
 
 #include "cli/default_model.h"
+#include "common/mapped_file.h"
 #include "grammar/grammar.h"
 #include "grammar/schema_check.h"
 #include "launch/commands.h"
@@ -40,13 +40,10 @@ struct GrammarArgs {
   bool list_unsupported = false;
 };
 
+// A file's text, or stdin's for "-".
 Result<std::string> read_text(const std::string& path) {
   if (path == "-") return std::string((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::not_found(path + ": cannot be read");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+  return read_text_file(path);
 }
 
 Result<GrammarSpec> spec_from(const GrammarArgs& a) {

@@ -8,9 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
 #include "engine/scheduler_config.h"
@@ -215,11 +214,9 @@ Result<nlohmann::ordered_json> constrained_bill(const PlanArgs& a, const Plan& p
   std::string schema = mixed_schema(20);
   std::string source = "a 20-property schema (strings with maxLength 12, integer ranges, numbers, booleans, enums, arrays)";
   if (!a.schema.empty()) {
-    std::ifstream f(a.schema, std::ios::binary);
-    if (!f) return Status::not_found(a.schema + ": cannot be read (--schema)");
-    std::ostringstream text;
-    text << f.rdbuf();
-    schema = text.str();
+    auto text = read_text_file(a.schema);
+    if (!text.is_ok()) return text.status().with_context("--schema");
+    schema = std::move(*text);
     source = a.schema;
   }
   GrammarCompilerOptions go;
