@@ -177,6 +177,16 @@ void ToolCallParser::scan(Output& out, bool at_end) {
   }
 }
 
+bool ToolCallParser::content_until(Output& out, std::string_view marker, bool at_end) {
+  const size_t open = pending_.find(marker);
+  const size_t take = open != std::string::npos ? open
+                      : at_end                  ? pending_.size()
+                                                : pending_.size() - partial_suffix(pending_, marker);
+  out.content += pending_.substr(0, take);
+  pending_.erase(0, take);
+  return open != std::string::npos;
+}
+
 bool ToolCallParser::skip_blanks_after_call() {
   if (!after_call_) return true;
   pending_.erase(0, skip_blanks(pending_));
@@ -189,15 +199,7 @@ void ToolCallParser::scan_hermes(Output& out, bool at_end) {
   for (;;) {
     // The blanks a model puts after a call (between calls, before its last words) are not content.
     if (!skip_blanks_after_call()) return;
-    const size_t open = pending_.find(kHermesOpen);
-    if (open == std::string::npos) {
-      const size_t keep = at_end ? 0 : partial_suffix(pending_, kHermesOpen);
-      out.content += pending_.substr(0, pending_.size() - keep);
-      pending_.erase(0, pending_.size() - keep);
-      return;
-    }
-    out.content += pending_.substr(0, open);
-    pending_.erase(0, open);
+    if (!content_until(out, kHermesOpen, at_end)) return;
     const size_t close = pending_.find(kHermesClose);
     if (close == std::string::npos) {
       if (at_end) {
@@ -276,15 +278,7 @@ void ToolCallParser::scan_llama3(Output& out, bool at_end) {
 void ToolCallParser::scan_mistral(Output& out, bool at_end) {
   for (;;) {
     if (!skip_blanks_after_call()) return;
-    const size_t open = pending_.find(kMistralCalls);
-    if (open == std::string::npos) {
-      const size_t keep = at_end ? 0 : partial_suffix(pending_, kMistralCalls);
-      out.content += pending_.substr(0, pending_.size() - keep);
-      pending_.erase(0, pending_.size() - keep);
-      return;
-    }
-    out.content += pending_.substr(0, open);
-    pending_.erase(0, open);
+    if (!content_until(out, kMistralCalls, at_end)) return;
     const auto wait_or_content = [&] {  // the block is not complete yet
       if (at_end) {
         out.content += pending_;

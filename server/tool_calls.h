@@ -76,6 +76,9 @@ class ToolCallParser {
   void scan_hermes(Output& out, bool at_end);
   void scan_llama3(Output& out, bool at_end);
   void scan_mistral(Output& out, bool at_end);
+  // Moves the text before `marker` into the content, holding back a suffix that may begin it
+  // (unless at_end); true when pending_ now starts with the marker.
+  bool content_until(Output& out, std::string_view marker, bool at_end);
   // Drops the blanks after a call; false when nothing else is pending yet.
   bool skip_blanks_after_call();
   ToolFormat format_;
