@@ -28,6 +28,15 @@ void set_block_states(MetricsRegistry& m, const char* name, const BlockPoolStats
                       {"state=\"cached\"", static_cast<double>(kv.cached_free_blocks)}});
 }
 
+// How many of `tokens`, from the first, the grammar accepts where the matcher is (stopping after a
+// stop token); the matcher is left where it was.
+size_t accepted_prefix(GrammarMatcher& matcher, std::span<const int32_t> tokens) {
+  size_t ok = 0;
+  while (ok < tokens.size() && !matcher.terminated() && matcher.accept(tokens[ok])) ++ok;
+  if (ok > 0) matcher.rollback(static_cast<int>(ok));
+  return ok;
+}
+
 }  // namespace
 
 struct Engine::JobState {
@@ -549,6 +558,7 @@ void Engine::jump_forward() {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;
     SeqState& s = *it->second;
+    s.forced_drafts = false;  // whatever drafts it has now are n-gram ones (or none)
     const Job& job = s.job->job;
     if (!s.matcher || s.finished || s.generated < job.min_tokens) continue;
     const std::string forced = s.matcher->forced_string();
@@ -559,10 +569,7 @@ void Engine::jump_forward() {
       most = std::min<int64_t>(most, options_.max_positions - (s.prompt_len + s.generated) - 1);
     if (most <= 0) continue;
     if (static_cast<int64_t>(tokens.size()) > most) tokens.resize(static_cast<size_t>(most));
-    size_t ok = 0;
-    while (ok < tokens.size() && s.matcher->accept(tokens[ok])) ++ok;
-    if (ok > 0) s.matcher->rollback(static_cast<int>(ok));
-    tokens.resize(ok);
+    tokens.resize(accepted_prefix(*s.matcher, tokens));
     if (tokens.empty()) continue;
     scheduler_->set_draft(id, std::move(tokens));  // in place of any n-gram drafts
     s.forced_drafts = true;
@@ -594,9 +601,7 @@ void Engine::propose_drafts() {
     SeqState& s = *seqs_.at(id);
     if (s.matcher) {
       // Only the prefix the grammar accepts: a draft it refuses could never be sampled.
-      size_t ok = 0;
-      while (ok < draft.size() && !s.matcher->terminated() && s.matcher->accept(draft[ok])) ++ok;
-      if (ok > 0) s.matcher->rollback(static_cast<int>(ok));
+      const size_t ok = accepted_prefix(*s.matcher, draft);
       metrics_.add("tessera_grammar_drafts_refused_total", static_cast<double>(draft.size() - ok));
       draft.resize(ok);
       if (draft.empty()) continue;
